@@ -1,0 +1,578 @@
+//! An async IBP client: one [`Connection`] per depot socket, reused across
+//! commands as the reference depot allows.
+//!
+//! Every wait has a deadline ([`ClientConfig`]); data phases use an inactivity
+//! deadline per chunk, so a slow but live transfer is not cut off while a stalled
+//! one is.
+//!
+//! ```no_run
+//! # async fn demo() -> lors_ibp::Result<()> {
+//! use lors_ibp::{ClientConfig, Connection};
+//! use lors_ibp::proto::{AllocType, Reliability};
+//! let mut c = Connection::connect("127.0.0.1:6714", &ClientConfig::default()).await?;
+//! let caps = c.allocate("0", Reliability::Hard, AllocType::ByteArray, 3600, 1 << 20).await?;
+//! c.store(&caps.write, b"hello").await?;
+//! let mut out = vec![0; 5];
+//! c.load(&caps.read, 0, &mut out).await?;
+//! assert_eq!(&out, b"hello");
+//! # Ok(()) }
+//! ```
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+use tokio::time::timeout;
+
+use crate::caps::{CapKind, CapSet, Capability};
+use crate::error::{Error, Result};
+use crate::proto::limits::{MAX_LINE_BYTES, MAX_STATUS_BODY_BYTES};
+use crate::proto::{
+    AllocType, Allocate, KeyToken, ManageOp, Reliability, Request, StatusCode, StatusOp, Timeout,
+    Version, split_reply,
+};
+use crate::wire::{Line, read_line};
+
+/// Default connect deadline.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default inactivity deadline for replies and data chunks.
+pub const DEFAULT_IO_TIMEOUT: Duration = Duration::from_secs(60);
+/// Chunk size for streaming data phases.
+const CHUNK_BYTES: usize = 1 << 20;
+
+/// Client deadlines.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// Deadline for establishing the TCP connection.
+    pub connect_timeout: Duration,
+    /// Deadline for each reply line and each data chunk.
+    pub io_timeout: Duration,
+    /// The server-side timeout field sent in requests.
+    pub server_timeout: Timeout,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        ClientConfig {
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            io_timeout: DEFAULT_IO_TIMEOUT,
+            server_timeout: Timeout::Secs(60),
+        }
+    }
+}
+
+/// What MANAGE PROBE reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProbeInfo {
+    /// Read reference count.
+    pub read_refs: i64,
+    /// Write reference count.
+    pub write_refs: i64,
+    /// Bytes stored (queued bytes for FIFO/circular).
+    pub size: u64,
+    /// Maximum size.
+    pub max_size: u64,
+    /// Seconds until expiry.
+    pub seconds_left: i64,
+    /// 1 soft, 2 hard.
+    pub reliability: i64,
+    /// Allocation type number.
+    pub alloc_type: i64,
+}
+
+/// The `KEY:VALUE` fields of a v1.4 STATUS INQ reply (sizes in bytes).
+#[derive(Debug, Clone, Default)]
+pub struct StatusInfo {
+    /// All fields as sent.
+    pub fields: BTreeMap<String, String>,
+}
+
+impl StatusInfo {
+    /// A numeric field.
+    pub fn get_u64(&self, key: &str) -> Option<u64> {
+        self.fields.get(key)?.parse().ok()
+    }
+}
+
+/// Runs one I/O future under the inactivity deadline; any failure marks the
+/// connection unhealthy. A macro rather than a method so the future may borrow
+/// `self.stream` while the error path touches other fields.
+macro_rules! io {
+    ($conn:expr, $during:expr, $fut:expr) => {{
+        let res = match timeout($conn.cfg.io_timeout, $fut).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(source)) => Err(Error::Io {
+                addr: $conn.addr.clone(),
+                during: $during,
+                source,
+            }),
+            Err(_) => Err(Error::Timeout {
+                addr: $conn.addr.clone(),
+                during: $during,
+                secs: $conn.cfg.io_timeout.as_secs(),
+            }),
+        };
+        if res.is_err() {
+            $conn.healthy = false;
+        }
+        res
+    }};
+}
+
+/// One open connection to a depot.
+pub struct Connection {
+    stream: BufReader<TcpStream>,
+    addr: String,
+    cfg: ClientConfig,
+    line: Vec<u8>,
+    healthy: bool,
+}
+
+impl Connection {
+    /// Connects to `addr` (`host:port`).
+    pub async fn connect(addr: &str, cfg: &ClientConfig) -> Result<Connection> {
+        let stream = match timeout(cfg.connect_timeout, TcpStream::connect(addr)).await {
+            Ok(Ok(s)) => s,
+            Ok(Err(source)) => {
+                return Err(Error::Connect {
+                    addr: addr.to_owned(),
+                    source,
+                });
+            }
+            Err(_) => {
+                return Err(Error::Timeout {
+                    addr: addr.to_owned(),
+                    during: "connect",
+                    secs: cfg.connect_timeout.as_secs(),
+                });
+            }
+        };
+        // Small request lines must not wait for Nagle.
+        let _ = stream.set_nodelay(true);
+        Ok(Connection {
+            stream: BufReader::with_capacity(64 * 1024, stream),
+            addr: addr.to_owned(),
+            cfg: cfg.clone(),
+            line: Vec::with_capacity(256),
+            healthy: true,
+        })
+    }
+
+    /// Connects to the depot a capability names.
+    pub async fn connect_cap(cap: &Capability, cfg: &ClientConfig) -> Result<Connection> {
+        Connection::connect(&cap.address(), cfg).await
+    }
+
+    /// The depot address.
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    /// False once any error happened: the depot may have closed the socket or
+    /// the stream may be mid-reply, so the connection must not be reused.
+    pub fn is_healthy(&self) -> bool {
+        self.healthy
+    }
+
+    async fn send_line(&mut self, during: &'static str, line: &str) -> Result<()> {
+        io!(
+            self,
+            during,
+            self.stream.get_mut().write_all(line.as_bytes())
+        )
+    }
+
+    /// Reads one reply line and returns its text (without the newline).
+    pub async fn read_reply_line(&mut self, during: &'static str) -> Result<String> {
+        let mut buf = std::mem::take(&mut self.line);
+        let res = io!(
+            self,
+            during,
+            read_line(&mut self.stream, MAX_LINE_BYTES, &mut buf)
+        );
+        let text = String::from_utf8_lossy(&buf).trim_end().to_owned();
+        self.line = buf;
+        match res? {
+            Line::Complete => Ok(text),
+            Line::Eof | Line::Truncated => {
+                self.healthy = false;
+                Err(Error::Closed {
+                    addr: self.addr.clone(),
+                    during,
+                })
+            }
+            Line::TooLong => {
+                self.healthy = false;
+                Err(self.protocol(during, &text))
+            }
+        }
+    }
+
+    fn protocol(&self, during: &'static str, line: &str) -> Error {
+        let mut line = line.to_owned();
+        line.truncate(200);
+        Error::Protocol {
+            addr: self.addr.clone(),
+            during,
+            line,
+        }
+    }
+
+    /// Reads a reply line, turning a negative status into [`Error::Depot`], and
+    /// returns the fields after the status.
+    async fn expect_ok(&mut self, during: &'static str) -> Result<Vec<String>> {
+        let line = self.read_reply_line(during).await?;
+        let Some((status, rest)) = split_reply(&line) else {
+            self.healthy = false;
+            return Err(self.protocol(during, &line));
+        };
+        if status != 1 {
+            // The reference depot closes the connection after most errors.
+            self.healthy = false;
+            return Err(Error::Depot {
+                addr: self.addr.clone(),
+                during,
+                code: StatusCode::from_code(status),
+            });
+        }
+        Ok(rest.into_iter().map(str::to_owned).collect())
+    }
+
+    fn number<T: std::str::FromStr>(&self, during: &'static str, s: Option<&String>) -> Result<T> {
+        s.and_then(|v| v.parse().ok())
+            .ok_or_else(|| self.protocol(during, s.map_or("", |v| v.as_str())))
+    }
+
+    /// Sends a raw request line and returns the first reply line (tests, tools).
+    pub async fn raw(&mut self, line: &str) -> Result<String> {
+        self.send_line("raw request", line).await?;
+        self.read_reply_line("raw request").await
+    }
+
+    /// ALLOCATE (v1.4 form) on resource `rid` (`"0"` = depot chooses).
+    pub async fn allocate(
+        &mut self,
+        rid: &str,
+        reliability: Reliability,
+        alloc_type: AllocType,
+        duration_secs: i64,
+        size: u64,
+    ) -> Result<CapSet> {
+        let req = Request::Allocate(Allocate {
+            version: Version::V14,
+            rid: Some(rid.to_owned()),
+            reliability,
+            alloc_type,
+            duration: duration_secs,
+            size,
+            timeout: self.cfg.server_timeout,
+        });
+        self.send_line("ALLOCATE", &req.encode()).await?;
+        let fields = self.expect_ok("ALLOCATE").await?;
+        let caps: Vec<Capability> = fields
+            .iter()
+            .filter_map(|f| Capability::parse(f).ok())
+            .collect();
+        match &caps[..] {
+            [r, w, m]
+                if r.kind == CapKind::Read
+                    && w.kind == CapKind::Write
+                    && m.kind == CapKind::Manage =>
+            {
+                Ok(CapSet {
+                    read: r.clone(),
+                    write: w.clone(),
+                    manage: m.clone(),
+                })
+            }
+            _ => {
+                self.healthy = false;
+                Err(self.protocol("ALLOCATE", &fields.join(" ")))
+            }
+        }
+    }
+
+    /// STORE: appends `data` to the allocation; returns the bytes stored.
+    pub async fn store(&mut self, cap: &Capability, data: &[u8]) -> Result<u64> {
+        let req = Request::Store {
+            version: Version::V14,
+            key: KeyToken::of(cap),
+            typekey: cap.typekey.clone(),
+            length: data.len() as u64,
+            timeout: self.cfg.server_timeout,
+        };
+        self.data_out("STORE", &req.encode(), data).await
+    }
+
+    /// WRITE: writes `data` at `offset`; returns the bytes written.
+    pub async fn write_at(&mut self, cap: &Capability, offset: u64, data: &[u8]) -> Result<u64> {
+        let req = Request::Write {
+            version: Version::V14,
+            key: KeyToken::of(cap),
+            typekey: cap.typekey.clone(),
+            offset,
+            length: data.len() as u64,
+            timeout: self.cfg.server_timeout,
+        };
+        self.data_out("WRITE", &req.encode(), data).await
+    }
+
+    async fn data_out(&mut self, during: &'static str, line: &str, data: &[u8]) -> Result<u64> {
+        self.send_line(during, line).await?;
+        // The depot answers "1 \n" before it reads data, or an error.
+        self.expect_ok(during).await?;
+        for chunk in data.chunks(CHUNK_BYTES) {
+            io!(self, during, self.stream.get_mut().write_all(chunk))?;
+        }
+        let fields = self.expect_ok(during).await?;
+        let n: u64 = self.number(during, fields.first())?;
+        if n != data.len() as u64 {
+            self.healthy = false;
+            return Err(self.protocol(during, &fields.join(" ")));
+        }
+        Ok(n)
+    }
+
+    /// LOAD: reads `out.len()` bytes at `offset` into `out`.
+    pub async fn load(&mut self, cap: &Capability, offset: u64, out: &mut [u8]) -> Result<()> {
+        let len = out.len() as u64;
+        self.load_header(cap, offset, len).await?;
+        for chunk in out.chunks_mut(CHUNK_BYTES) {
+            io!(self, "LOAD data", self.stream.read_exact(chunk))?;
+        }
+        Ok(())
+    }
+
+    /// LOAD streamed into a writer (a file, a socket, a sink) without holding
+    /// the whole range in memory. Returns the bytes copied.
+    pub async fn load_to<W: AsyncWrite + Unpin>(
+        &mut self,
+        cap: &Capability,
+        offset: u64,
+        len: u64,
+        w: &mut W,
+    ) -> Result<u64> {
+        self.load_header(cap, offset, len).await?;
+        let mut left = len;
+        let mut buf = vec![
+            0u8;
+            CHUNK_BYTES
+                .min(usize::try_from(len).unwrap_or(CHUNK_BYTES))
+                .max(1)
+        ];
+        while left > 0 {
+            let want = usize::try_from(left).unwrap_or(usize::MAX).min(buf.len());
+            let n = io!(self, "LOAD data", self.stream.read(&mut buf[..want]))?;
+            if n == 0 {
+                self.healthy = false;
+                return Err(Error::Closed {
+                    addr: self.addr.clone(),
+                    during: "LOAD data",
+                });
+            }
+            let fut = w.write_all(&buf[..n]);
+            if let Err(source) = fut.await {
+                self.healthy = false;
+                return Err(Error::Io {
+                    addr: "local output".into(),
+                    during: "LOAD output",
+                    source,
+                });
+            }
+            left -= n as u64;
+        }
+        Ok(len)
+    }
+
+    async fn load_header(&mut self, cap: &Capability, offset: u64, len: u64) -> Result<()> {
+        let req = Request::Load {
+            version: Version::V14,
+            key: KeyToken::of(cap),
+            typekey: cap.typekey.clone(),
+            offset,
+            length: len,
+            timeout: self.cfg.server_timeout,
+        };
+        self.send_line("LOAD", &req.encode()).await?;
+        let fields = self.expect_ok("LOAD").await?;
+        let n: u64 = self.number("LOAD", fields.first())?;
+        if n != len {
+            self.healthy = false;
+            return Err(self.protocol("LOAD", &fields.join(" ")));
+        }
+        Ok(())
+    }
+
+    /// SEND: the depot holding `src` (a read capability) appends
+    /// `[offset, offset+len)` to `dest` (a write capability on any depot).
+    pub async fn send(
+        &mut self,
+        src: &Capability,
+        dest: &Capability,
+        offset: u64,
+        len: u64,
+    ) -> Result<u64> {
+        let req = Request::Send {
+            version: Version::V14,
+            key: KeyToken::of(src),
+            dest: dest.clone(),
+            typekey: src.typekey.clone(),
+            offset,
+            length: len,
+            timeout: self.cfg.server_timeout,
+            dest_timeout: self.cfg.server_timeout,
+            client_timeout: self.cfg.server_timeout,
+        };
+        self.send_line("SEND", &req.encode()).await?;
+        let fields = self.expect_ok("SEND").await?;
+        self.number("SEND", fields.first())
+    }
+
+    async fn manage(&mut self, cap: &Capability, op: ManageOp) -> Result<Vec<String>> {
+        let req = Request::Manage {
+            version: Version::V14,
+            key: KeyToken::of(cap),
+            typekey: cap.typekey.clone(),
+            op,
+            timeout: self.cfg.server_timeout,
+        };
+        self.send_line("MANAGE", &req.encode()).await?;
+        self.expect_ok("MANAGE").await
+    }
+
+    /// MANAGE PROBE.
+    pub async fn probe(&mut self, cap: &Capability) -> Result<ProbeInfo> {
+        let f = self
+            .manage(
+                cap,
+                ManageOp::Probe {
+                    cap_type: cap.kind.number(),
+                },
+            )
+            .await?;
+        if f.len() < 7 {
+            self.healthy = false;
+            return Err(self.protocol("PROBE", &f.join(" ")));
+        }
+        Ok(ProbeInfo {
+            read_refs: self.number("PROBE", f.first())?,
+            write_refs: self.number("PROBE", f.get(1))?,
+            size: self.number("PROBE", f.get(2))?,
+            max_size: self.number("PROBE", f.get(3))?,
+            seconds_left: self.number("PROBE", f.get(4))?,
+            reliability: self.number("PROBE", f.get(5))?,
+            alloc_type: self.number("PROBE", f.get(6))?,
+        })
+    }
+
+    /// MANAGE INCR of the read or write reference count.
+    pub async fn incr(&mut self, cap: &Capability, which: CapKind) -> Result<()> {
+        self.manage(
+            cap,
+            ManageOp::Incr {
+                cap_type: which.number(),
+            },
+        )
+        .await
+        .map(drop)
+    }
+
+    /// MANAGE DECR; the allocation is deleted when both counts reach zero.
+    pub async fn decr(&mut self, cap: &Capability, which: CapKind) -> Result<()> {
+        self.manage(
+            cap,
+            ManageOp::Decr {
+                cap_type: which.number(),
+            },
+        )
+        .await
+        .map(drop)
+    }
+
+    /// MANAGE CHNG: new max size (0 = keep), relative duration (negative = keep),
+    /// reliability (`None` = keep).
+    pub async fn change(
+        &mut self,
+        cap: &Capability,
+        max_size: u64,
+        duration_secs: i64,
+        reliability: Option<Reliability>,
+    ) -> Result<()> {
+        let op = ManageOp::Change {
+            cap_type: cap.kind.number(),
+            max_size,
+            duration: duration_secs,
+            reliability: reliability.map_or(-1, Reliability::number),
+        };
+        self.manage(cap, op).await.map(drop)
+    }
+
+    /// MANAGE TRUNCATE.
+    pub async fn truncate(&mut self, cap: &Capability, size: u64) -> Result<()> {
+        self.manage(cap, ManageOp::Truncate { size })
+            .await
+            .map(drop)
+    }
+
+    /// STATUS INQ, v1.4 form.
+    pub async fn status(&mut self, rid: &str, password: &str) -> Result<StatusInfo> {
+        let req = Request::Status {
+            version: Version::V14,
+            op: StatusOp::Inquire {
+                rid: Some(rid.to_owned()),
+                password: password.to_owned(),
+            },
+            timeout: self.cfg.server_timeout,
+        };
+        self.send_line("STATUS", &req.encode()).await?;
+        let f = self.expect_ok("STATUS").await?;
+        let n: usize = self.number("STATUS", f.first())?;
+        if n > MAX_STATUS_BODY_BYTES {
+            self.healthy = false;
+            return Err(self.protocol("STATUS", &f.join(" ")));
+        }
+        let mut body = vec![0u8; n];
+        io!(self, "STATUS body", self.stream.read_exact(&mut body))?;
+        let text = String::from_utf8_lossy(&body);
+        let fields = text
+            .split_ascii_whitespace()
+            .filter_map(|t| t.split_once(':'))
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
+        Ok(StatusInfo { fields })
+    }
+
+    /// STATUS RES: the depot's resource ids.
+    pub async fn resources(&mut self) -> Result<Vec<String>> {
+        let req = Request::Status {
+            version: Version::V14,
+            op: StatusOp::Resources,
+            timeout: self.cfg.server_timeout,
+        };
+        self.send_line("STATUS RES", &req.encode()).await?;
+        self.expect_ok("STATUS RES").await
+    }
+
+    /// STATUS VERSION: the human-readable report (lines up to `END`).
+    pub async fn version(&mut self) -> Result<String> {
+        let req = Request::Status {
+            version: Version::V14,
+            op: StatusOp::Version,
+            timeout: self.cfg.server_timeout,
+        };
+        self.send_line("STATUS VERSION", &req.encode()).await?;
+        self.expect_ok("STATUS VERSION").await?;
+        let mut out = String::new();
+        for _ in 0..1000 {
+            let line = self.read_reply_line("STATUS VERSION").await?;
+            if line == "END" {
+                return Ok(out);
+            }
+            out.push_str(&line);
+            out.push('\n');
+        }
+        self.healthy = false;
+        Err(self.protocol("STATUS VERSION", "report without END"))
+    }
+}

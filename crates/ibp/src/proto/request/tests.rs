@@ -1,0 +1,446 @@
+use proptest::prelude::*;
+
+use super::*;
+use crate::caps::CapKind;
+
+fn key_text() -> impl Strategy<Value = String> {
+    "[A-Za-z0-9+-]{1,40}"
+}
+
+fn key_token() -> impl Strategy<Value = KeyToken> {
+    (proptest::option::of("[0-9a-z]{1,8}"), key_text()).prop_map(|(rid, k)| KeyToken {
+        rid,
+        key: Key::new(&k).unwrap(),
+    })
+}
+
+fn timeout() -> impl Strategy<Value = Timeout> {
+    prop_oneof![
+        Just(Timeout::Default),
+        (1u32..=u32::MAX).prop_map(Timeout::Secs)
+    ]
+}
+
+fn version() -> impl Strategy<Value = Version> {
+    prop_oneof![Just(Version::V13), Just(Version::V14)]
+}
+
+fn typekey() -> impl Strategy<Value = String> {
+    "[0-9]{1,20}"
+}
+
+fn capability() -> impl Strategy<Value = Capability> {
+    (
+        "[a-z0-9.]{1,20}",
+        1u16..,
+        "[0-9]{1,3}",
+        key_text(),
+        typekey(),
+    )
+        .prop_map(|(h, p, rid, k, t)| Capability {
+            host: h,
+            port: p,
+            rid: Some(rid),
+            key: Key::new(&k).unwrap(),
+            typekey: t,
+            kind: CapKind::Write,
+        })
+}
+
+fn manage_op() -> impl Strategy<Value = ManageOp> {
+    prop_oneof![
+        (0u32..4).prop_map(|c| ManageOp::Probe { cap_type: c }),
+        (0u32..4).prop_map(|c| ManageOp::Incr { cap_type: c }),
+        (0u32..4).prop_map(|c| ManageOp::Decr { cap_type: c }),
+        (0u32..4, any::<u64>(), any::<i64>(), -1i64..3).prop_map(|(c, s, d, r)| {
+            ManageOp::Change {
+                cap_type: c,
+                max_size: s,
+                duration: d,
+                reliability: r,
+            }
+        }),
+        any::<u64>().prop_map(|s| ManageOp::Truncate { size: s }),
+    ]
+}
+
+fn status_op(v: Version) -> BoxedStrategy<StatusOp> {
+    let pw = "[a-zA-Z0-9@]{1,12}";
+    match v {
+        Version::V13 => prop_oneof![
+            pw.prop_map(|p| StatusOp::Inquire {
+                rid: None,
+                password: p
+            }),
+            pw.prop_map(|p| StatusOp::Change {
+                rid: None,
+                password: p
+            }),
+        ]
+        .boxed(),
+        Version::V14 => prop_oneof![
+            ("[0-9a-z]{1,8}", pw).prop_map(|(r, p)| StatusOp::Inquire {
+                rid: Some(r),
+                password: p
+            }),
+            ("[0-9a-z]{1,8}", pw).prop_map(|(r, p)| StatusOp::Change {
+                rid: Some(r),
+                password: p
+            }),
+            Just(StatusOp::Resources),
+            Just(StatusOp::Version),
+        ]
+        .boxed(),
+    }
+}
+
+fn reliability() -> impl Strategy<Value = Reliability> {
+    prop_oneof![Just(Reliability::Soft), Just(Reliability::Hard)]
+}
+
+fn alloc_type() -> impl Strategy<Value = AllocType> {
+    prop_oneof![
+        Just(AllocType::ByteArray),
+        Just(AllocType::Buffer),
+        Just(AllocType::Fifo),
+        Just(AllocType::Circular)
+    ]
+}
+
+fn request() -> impl Strategy<Value = Request> {
+    let off_len = (0u64..u64::MAX / 2, 0u64..u64::MAX / 2);
+    prop_oneof![
+        (
+            version(),
+            "[0-9a-z]{1,8}",
+            reliability(),
+            alloc_type(),
+            any::<i64>(),
+            any::<u64>(),
+            timeout()
+        )
+            .prop_map(|(v, rid, r, t, d, s, to)| Request::Allocate(Allocate {
+                version: v,
+                rid: (v == Version::V14).then_some(rid),
+                reliability: r,
+                alloc_type: t,
+                duration: d,
+                size: s,
+                timeout: to,
+            })),
+        (version(), key_token(), typekey(), any::<u64>(), timeout()).prop_map(
+            |(version, key, typekey, length, timeout)| Request::Store {
+                version,
+                key,
+                typekey,
+                length,
+                timeout
+            }
+        ),
+        (
+            version(),
+            key_token(),
+            typekey(),
+            off_len.clone(),
+            timeout()
+        )
+            .prop_map(|(version, key, typekey, (offset, length), timeout)| {
+                Request::Write {
+                    version,
+                    key,
+                    typekey,
+                    offset,
+                    length,
+                    timeout,
+                }
+            }),
+        (
+            version(),
+            key_token(),
+            typekey(),
+            off_len.clone(),
+            timeout()
+        )
+            .prop_map(
+                |(version, key, typekey, (offset, length), timeout)| Request::Load {
+                    version,
+                    key,
+                    typekey,
+                    offset,
+                    length,
+                    timeout
+                }
+            ),
+        (
+            version(),
+            key_token(),
+            capability(),
+            typekey(),
+            off_len,
+            timeout(),
+            timeout(),
+            timeout()
+        )
+            .prop_map(
+                |(version, key, dest, typekey, (offset, length), t1, t2, t3)| {
+                    Request::Send {
+                        version,
+                        key,
+                        dest,
+                        typekey,
+                        offset,
+                        length,
+                        timeout: t1,
+                        dest_timeout: t2,
+                        client_timeout: t3,
+                    }
+                }
+            ),
+        (version(), key_token(), typekey(), manage_op(), timeout()).prop_map(
+            |(version, key, typekey, op, timeout)| Request::Manage {
+                version,
+                key,
+                typekey,
+                op,
+                timeout
+            }
+        ),
+        version()
+            .prop_flat_map(|v| (Just(v), status_op(v), timeout()))
+            .prop_map(|(version, op, timeout)| Request::Status {
+                version,
+                op,
+                timeout
+            }),
+    ]
+}
+
+proptest! {
+    #[test]
+    fn every_request_round_trips_through_the_codec(req in request()) {
+        let line = req.encode();
+        prop_assert!(line.len() <= MAX_LINE_BYTES);
+        prop_assert_eq!(Request::parse(line.as_bytes()), Ok(req));
+    }
+
+    #[test]
+    fn parser_never_panics_on_arbitrary_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..600)) {
+        let _ = Request::parse(&bytes);
+    }
+}
+
+#[test]
+fn parses_what_lors_0_82_sends() {
+    // ibp-protocol.md §1.10, observed traffic of the original tools.
+    let r = Request::parse(b"1 4 0 1 ibp 0\n").unwrap();
+    assert_eq!(
+        r,
+        Request::Status {
+            version: Version::V14,
+            op: StatusOp::Inquire {
+                rid: Some("0".into()),
+                password: "ibp".into()
+            },
+            timeout: Timeout::Default
+        }
+    );
+    let r = Request::parse(b"0 4 1 ibp 0\n").unwrap();
+    assert!(matches!(
+        r,
+        Request::Status {
+            version: Version::V13,
+            op: StatusOp::Inquire { rid: None, .. },
+            ..
+        }
+    ));
+    let r = Request::parse(b"1 1 0 2 1 3600 65536 0\n").unwrap();
+    assert!(matches!(
+        r,
+        Request::Allocate(Allocate {
+            size: 65536,
+            duration: 3600,
+            ..
+        })
+    ));
+    let r = Request::parse(b"0 2 1#abcDEF12 14571742334203452377 65536 30 \n").unwrap();
+    assert!(matches!(
+        r,
+        Request::Store {
+            version: Version::V13,
+            length: 65536,
+            timeout: Timeout::Secs(30),
+            ..
+        }
+    ));
+    let r = Request::parse(b"0 9 1#abcDEF12 1457 40 0 0 0 0 0\n").unwrap();
+    assert!(matches!(
+        r,
+        Request::Manage {
+            op: ManageOp::Probe { cap_type: 0 },
+            ..
+        }
+    ));
+    let r = Request::parse(b"0 8 1#abcDEF12 1457 0 65536 61 \n").unwrap();
+    assert!(matches!(
+        r,
+        Request::Load {
+            offset: 0,
+            length: 65536,
+            ..
+        }
+    ));
+    // The reference depot's RID-less STATUS forms.
+    assert!(matches!(
+        Request::parse(b"1 4 3 10\n").unwrap(),
+        Request::Status {
+            op: StatusOp::Resources,
+            ..
+        }
+    ));
+    assert!(matches!(
+        Request::parse(b"1 4 5 10\n").unwrap(),
+        Request::Status {
+            op: StatusOp::Version,
+            ..
+        }
+    ));
+}
+
+#[test]
+fn fractional_and_zero_timeouts_mean_default() {
+    assert_eq!(parse_timeout("0"), Ok(Timeout::Default));
+    assert_eq!(parse_timeout("0.5"), Ok(Timeout::Default));
+    assert_eq!(parse_timeout(".5"), Ok(Timeout::Default));
+    assert_eq!(parse_timeout("2.5"), Ok(Timeout::Secs(3)));
+    assert_eq!(parse_timeout("2.0"), Ok(Timeout::Secs(2)));
+    assert!(parse_timeout("-1").is_err());
+    assert!(parse_timeout("1e3").is_err());
+    assert!(parse_timeout(".").is_err());
+}
+
+/// One named case per malformed-input class, with the status the depot sends.
+#[test]
+fn rejection_table() {
+    let long = format!("1 8 1#k 1 0 1 {}\n", "9".repeat(MAX_LINE_BYTES));
+    let many = format!("1 2 {}\n", "1 ".repeat(40));
+    let cases: Vec<(&str, &[u8], StatusCode)> = vec![
+        ("garbage", b"garbage\n", StatusCode::BAD_FORMAT),
+        ("empty line", b"\n", StatusCode::BAD_FORMAT),
+        ("version only", b"1\n", StatusCode::BAD_FORMAT),
+        ("non-numeric command", b"1 x\n", StatusCode::BAD_FORMAT),
+        (
+            "unknown command",
+            b"1 77 a b\n",
+            StatusCode::UNKNOWN_FUNCTION,
+        ),
+        (
+            "unsupported version",
+            b"7 1 0 2 1 10 10 10\n",
+            StatusCode::PROT_VERS,
+        ),
+        ("line too long", long.as_bytes(), StatusCode::BAD_FORMAT),
+        ("too many fields", many.as_bytes(), StatusCode::BAD_FORMAT),
+        (
+            "non-ascii",
+            "1 8 1#kéy 1 0 1 1\n".as_bytes(),
+            StatusCode::BAD_FORMAT,
+        ),
+        (
+            "invalid utf8",
+            b"1 8 \xff\xfe 1 0 1 1\n",
+            StatusCode::BAD_FORMAT,
+        ),
+        ("nul byte", b"1 8 1#k\0 1 0 1 1\n", StatusCode::BAD_FORMAT),
+        (
+            "store missing field",
+            b"1 2 1#k 1 10\n",
+            StatusCode::BAD_FORMAT,
+        ),
+        (
+            "store trailing field",
+            b"1 2 1#k 1 10 10 10\n",
+            StatusCode::BAD_FORMAT,
+        ),
+        (
+            "negative length",
+            b"1 2 1#k 1 -5 10\n",
+            StatusCode::INVALID_PARAMETER,
+        ),
+        (
+            "length overflow",
+            b"1 2 1#k 1 99999999999999999999999 10\n",
+            StatusCode::INVALID_PARAMETER,
+        ),
+        (
+            "offset+length overflow",
+            b"1 8 1#k 1 18446744073709551615 1 10\n",
+            StatusCode::INVALID_PARAMETER,
+        ),
+        (
+            "plus-signed number",
+            b"1 8 1#k 1 +5 1 10\n",
+            StatusCode::INVALID_PARAMETER,
+        ),
+        (
+            "bad reliability",
+            b"1 1 0 7 1 10 10 10\n",
+            StatusCode::INVALID_PARAMETER,
+        ),
+        (
+            "bad type",
+            b"1 1 0 2 9 10 10 10\n",
+            StatusCode::INVALID_PARAMETER,
+        ),
+        (
+            "allocate v1.4 without rid",
+            b"1 1 2 1 10 10 10\n",
+            StatusCode::BAD_FORMAT,
+        ),
+        (
+            "empty key",
+            b"1 8 1# 1 0 1 1\n",
+            StatusCode::INVALID_PARAMETER,
+        ),
+        (
+            "key with slash",
+            b"1 8 1#a/b 1 0 1 1\n",
+            StatusCode::INVALID_PARAMETER,
+        ),
+        (
+            "bad timeout",
+            b"1 8 1#k 1 0 1 soon\n",
+            StatusCode::INVALID_PARAMETER,
+        ),
+        (
+            "send bad cap",
+            b"1 5 1#k http://x/y 1 0 1 1 1 1\n",
+            StatusCode::WRONG_CAP_FORMAT,
+        ),
+        (
+            "manage unknown sub",
+            b"1 9 1#k 1 99 1 10\n",
+            StatusCode::INVALID_PARAMETER,
+        ),
+        (
+            "probe wrong count",
+            b"1 9 1#k 1 40 0 10\n",
+            StatusCode::BAD_FORMAT,
+        ),
+        (
+            "status unknown sub",
+            b"1 4 0 9 pw 10\n",
+            StatusCode::INVALID_PARAMETER,
+        ),
+        (
+            "status wrong count",
+            b"1 4 0 1 pw 1 2 3\n",
+            StatusCode::BAD_FORMAT,
+        ),
+    ];
+    for (name, line, status) in cases {
+        match Request::parse(line) {
+            Ok(r) => panic!("{name}: accepted as {r:?}"),
+            Err(e) => assert_eq!(e.status(), status, "{name}: {e}"),
+        }
+    }
+}
