@@ -1,1 +1,77 @@
-fn main() {}
+//! `lors`: the LoRS command-line tool. Thin: parse arguments, set up logging,
+//! call a library, map the result to an exit code.
+//!
+//! Exit codes: 0 success, 1 runtime failure, 2 bad usage or configuration.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod commands;
+
+/// Logistical networking storage: IBP depots and the LoRS tools.
+#[derive(Parser)]
+#[command(name = "lors", version, about, long_about = None)]
+struct Cli {
+    /// More log output (-v info, -vv debug, -vvv trace); RUST_LOG overrides.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run an IBP storage depot.
+    Depot(commands::depot::Args),
+}
+
+/// An error that should exit with status 2 (bad usage/configuration).
+#[derive(Debug)]
+pub struct UsageError(pub String);
+
+impl std::fmt::Display for UsageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+impl std::error::Error for UsageError {}
+
+fn init_logging(verbose: u8, default: &str) {
+    use tracing_subscriber::EnvFilter;
+    let level = match verbose {
+        0 => default,
+        1 => "info",
+        2 => "debug",
+        _ => "trace",
+    };
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(level));
+    use std::io::IsTerminal as _;
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Depot(args) => {
+            // Daemons log at info by default, as operators expect.
+            init_logging(cli.verbose, "info");
+            commands::depot::run(args)
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("lors: error: {e:#}");
+            if e.downcast_ref::<UsageError>().is_some() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::from(1)
+            }
+        }
+    }
+}

@@ -319,19 +319,55 @@ impl Connection {
     }
 
     async fn data_out(&mut self, during: &'static str, line: &str, data: &[u8]) -> Result<u64> {
-        self.send_line(during, line).await?;
-        // The depot answers "1 \n" before it reads data, or an error.
-        self.expect_ok(during).await?;
+        self.begin_data(during, line).await?;
         for chunk in data.chunks(CHUNK_BYTES) {
             io!(self, during, self.stream.get_mut().write_all(chunk))?;
         }
+        self.finish_data(during, data.len() as u64).await
+    }
+
+    async fn begin_data(&mut self, during: &'static str, line: &str) -> Result<()> {
+        self.send_line(during, line).await?;
+        // The depot answers "1 \n" before it reads data, or an error.
+        self.expect_ok(during).await.map(drop)
+    }
+
+    async fn finish_data(&mut self, during: &'static str, len: u64) -> Result<u64> {
+        self.healthy = true;
         let fields = self.expect_ok(during).await?;
         let n: u64 = self.number(during, fields.first())?;
-        if n != data.len() as u64 {
+        if n != len {
             self.healthy = false;
             return Err(self.protocol(during, &fields.join(" ")));
         }
         Ok(n)
+    }
+
+    /// Starts a STORE of `len` bytes and waits for the depot's go-ahead. The
+    /// caller then writes exactly `len` bytes to [`Connection::socket`] and
+    /// calls [`Connection::finish_store`]. Used for zero-copy depot-to-depot
+    /// copies.
+    pub async fn begin_store(&mut self, cap: &Capability, len: u64) -> Result<()> {
+        let req = Request::Store {
+            version: Version::V14,
+            key: KeyToken::of(cap),
+            typekey: cap.typekey.clone(),
+            length: len,
+            timeout: self.cfg.server_timeout,
+        };
+        self.begin_data("STORE", &req.encode()).await
+    }
+
+    /// Reads the reply that ends a STORE begun with [`Connection::begin_store`].
+    pub async fn finish_store(&mut self, len: u64) -> Result<u64> {
+        self.finish_data("STORE", len).await
+    }
+
+    /// The raw socket, for writing a data phase directly. Nothing is buffered
+    /// on the write side, so writes go straight out.
+    pub fn socket(&mut self) -> &mut TcpStream {
+        self.healthy = false; // until finish_store proves the stream is in step
+        self.stream.get_mut()
     }
 
     /// LOAD: reads `out.len()` bytes at `offset` into `out`.

@@ -1,0 +1,344 @@
+//! Depot configuration: a TOML file, overridable by command-line flags.
+//!
+//! Every field has a default, so `lors depot --data DIR` needs no file at all.
+//! See `docs/depot.md` and `examples/depot.toml` for the annotated format.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// Default IBP listen address (port 6714).
+pub const DEFAULT_LISTEN: &str = "0.0.0.0:6714";
+/// Default resource size when none is configured: 10 GiB.
+pub const DEFAULT_RESOURCE_BYTES: u64 = 10 << 30;
+/// Default maximum allocation duration: 30 days, as the reference depot's mkfs.
+pub const DEFAULT_MAX_DURATION: Duration = Duration::from_secs(30 * 86_400);
+/// Default STATUS password. LoRS 0.82 always sends `ibp`.
+pub const DEFAULT_PASSWORD: &str = "ibp";
+
+/// A size in bytes written as `1024`, `"64MiB"`, `"10G"` or `"1.5 TiB"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ByteSize(pub u64);
+
+/// A duration written as `3600`, `"90s"`, `"30m"`, `"12h"`, `"30d"` or `"2w"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Span(pub Duration);
+
+/// Parses `10`, `10K`, `10KiB`, `1.5G` (binary multiples, as LoRS's `-b 5M`).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let unit = unit.trim().to_ascii_lowercase();
+    let mult: u64 = match unit.as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        "t" | "tb" | "tib" => 1 << 40,
+        _ => return Err(format!("unknown size unit in {s:?} (use K, M, G or T)")),
+    };
+    let bytes = if num.contains('.') {
+        let v: f64 = num.parse().map_err(|_| format!("bad size {s:?}"))?;
+        let b = v * mult as f64;
+        if !(0.0..1.8e19).contains(&b) {
+            return Err(format!("size {s:?} out of range"));
+        }
+        b as u64
+    } else {
+        let v: u64 = num.parse().map_err(|_| format!("bad size {s:?}"))?;
+        v.checked_mul(mult)
+            .ok_or_else(|| format!("size {s:?} out of range"))?
+    };
+    Ok(bytes)
+}
+
+/// Parses `3600`, `90s`, `30m`, `12h`, `30d`, `2w`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let v: u64 = num.parse().map_err(|_| format!("bad duration {s:?}"))?;
+    let mult = match unit.trim() {
+        "" | "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        "w" => 7 * 86_400,
+        _ => {
+            return Err(format!(
+                "unknown duration unit in {s:?} (use s, m, h, d or w)"
+            ));
+        }
+    };
+    v.checked_mul(mult)
+        .map(Duration::from_secs)
+        .ok_or_else(|| format!("duration {s:?} out of range"))
+}
+
+impl<'de> Deserialize<'de> for ByteSize {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            N(u64),
+            S(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::N(n) => Ok(ByteSize(n)),
+            Raw::S(s) => parse_size(&s)
+                .map(ByteSize)
+                .map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Span {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            N(u64),
+            S(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::N(n) => Ok(Span(Duration::from_secs(n))),
+            Raw::S(s) => parse_duration(&s)
+                .map(Span)
+                .map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+/// When the depot forces acknowledged data to stable storage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum SyncPolicy {
+    /// `fdatasync` the data, then the header, before every STORE/WRITE reply
+    /// (survives power loss). The default.
+    #[default]
+    Always,
+    /// Leave flushing to the OS: acknowledged data survives a depot crash or
+    /// `kill -9` but not a power failure. For scratch depots and benchmarks.
+    Never,
+}
+
+/// Allocation types a resource may offer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TypeName {
+    /// IBP_BYTEARRAY.
+    ByteArray,
+    /// IBP_FIFO.
+    Fifo,
+    /// IBP_CIRQ.
+    Circular,
+}
+
+/// One storage resource (an RID): a directory and its limits.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResourceConfig {
+    /// Resource id as it appears in capabilities. Must not be `0`.
+    pub rid: String,
+    /// Directory holding the metadata database and the data files.
+    pub path: PathBuf,
+    /// Total bytes this resource rents out (sum of allocation max sizes).
+    #[serde(default = "default_size")]
+    pub size: ByteSize,
+    /// Cap on hard allocations (default: `size`).
+    pub hard_size: Option<ByteSize>,
+    /// Cap on soft allocations (default: `size`).
+    pub soft_size: Option<ByteSize>,
+    /// Longest allocation lifetime (default 30 days).
+    #[serde(default = "default_max_duration")]
+    pub max_duration: Span,
+    /// Largest single allocation (default: `size`).
+    pub max_alloc_size: Option<ByteSize>,
+    /// Largest FIFO / circular-queue allocation (default 64 MiB); queue STOREs
+    /// are staged in memory, so this bounds memory per queue transfer.
+    #[serde(default = "default_max_queue")]
+    pub max_queue_size: ByteSize,
+    /// Offered types (default: all three).
+    #[serde(default = "default_types")]
+    pub types: Vec<TypeName>,
+}
+
+fn default_size() -> ByteSize {
+    ByteSize(DEFAULT_RESOURCE_BYTES)
+}
+fn default_max_duration() -> Span {
+    Span(DEFAULT_MAX_DURATION)
+}
+fn default_max_queue() -> ByteSize {
+    ByteSize(64 << 20)
+}
+fn default_types() -> Vec<TypeName> {
+    vec![TypeName::ByteArray, TypeName::Fifo, TypeName::Circular]
+}
+
+impl ResourceConfig {
+    /// A resource with every default, at `path`.
+    pub fn new(rid: &str, path: PathBuf) -> Self {
+        ResourceConfig {
+            rid: rid.to_owned(),
+            path,
+            size: default_size(),
+            hard_size: None,
+            soft_size: None,
+            max_duration: default_max_duration(),
+            max_alloc_size: None,
+            max_queue_size: default_max_queue(),
+            types: default_types(),
+        }
+    }
+}
+
+/// The whole depot configuration.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// IBP listen address (default `0.0.0.0:6714`; port 0 picks a free one).
+    #[serde(default = "default_listen")]
+    pub listen: SocketAddr,
+    /// Host (and optional `:port`) written into capabilities. Default: the
+    /// listen IP, or the machine's host name when listening on all interfaces.
+    pub advertise: Option<String>,
+    /// Optional Prometheus metrics listen address (serves `/metrics`).
+    pub metrics_listen: Option<SocketAddr>,
+    /// STATUS password (default `ibp`).
+    #[serde(default = "default_password")]
+    pub password: String,
+    /// Also accept `ibp` for STATUS INQ whatever `password` is, because LoRS
+    /// 0.82 always sends it (default true).
+    #[serde(default = "yes")]
+    pub accept_default_password: bool,
+    /// Most simultaneous client connections; more get `-66` (busy).
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
+    /// Close a connection idle this long between commands (default 60 s).
+    #[serde(default = "default_idle")]
+    pub idle_timeout: Span,
+    /// Abort a data phase with no progress for this long (default 60 s).
+    #[serde(default = "default_idle")]
+    pub io_timeout: Span,
+    /// How often the expiry worker runs at most (default 1 s).
+    #[serde(default = "default_reap")]
+    pub reap_interval: Span,
+    /// Memory for in-flight transfer buffers across all connections.
+    #[serde(default = "default_buffer_memory")]
+    pub buffer_memory: ByteSize,
+    /// fsync policy.
+    #[serde(default)]
+    pub sync: SyncPolicy,
+    /// Storage resources; at least one.
+    #[serde(default, rename = "resource")]
+    pub resources: Vec<ResourceConfig>,
+}
+
+fn default_listen() -> SocketAddr {
+    DEFAULT_LISTEN.parse().expect("constant address parses")
+}
+fn default_password() -> String {
+    DEFAULT_PASSWORD.to_owned()
+}
+fn yes() -> bool {
+    true
+}
+fn default_max_connections() -> usize {
+    1024
+}
+fn default_idle() -> Span {
+    Span(Duration::from_secs(60))
+}
+fn default_reap() -> Span {
+    Span(Duration::from_secs(1))
+}
+fn default_buffer_memory() -> ByteSize {
+    ByteSize(256 << 20)
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        toml::from_str("").expect("an empty config takes every default")
+    }
+}
+
+impl Config {
+    /// Parses a TOML document.
+    pub fn from_toml(text: &str) -> Result<Config, String> {
+        toml::from_str(text).map_err(|e| e.to_string())
+    }
+
+    /// Checks cross-field rules; returns a message that says what to fix.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.resources.is_empty() {
+            return Err(
+                "no storage resource configured: pass --data DIR or add a [[resource]] section"
+                    .into(),
+            );
+        }
+        let mut seen = std::collections::HashSet::new();
+        for r in &self.resources {
+            if r.rid == "0" || !lors_ibp::caps::valid_rid(&r.rid) {
+                return Err(format!(
+                    "resource id {:?} is invalid: use a short name or number other than 0",
+                    r.rid
+                ));
+            }
+            if !seen.insert(&r.rid) {
+                return Err(format!("resource id {:?} appears twice", r.rid));
+            }
+            if r.size.0 == 0 {
+                return Err(format!("resource {:?} has size 0", r.rid));
+            }
+            if r.types.is_empty() {
+                return Err(format!("resource {:?} offers no allocation type", r.rid));
+            }
+        }
+        if self.max_connections == 0 {
+            return Err("max_connections must be at least 1".into());
+        }
+        if self.buffer_memory.0 < (4 << 20) {
+            return Err("buffer_memory must be at least 4MiB".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_and_durations_parse_with_units() {
+        assert_eq!(parse_size("1024"), Ok(1024));
+        assert_eq!(parse_size("64MiB"), Ok(64 << 20));
+        assert_eq!(parse_size("10G"), Ok(10 << 30));
+        assert_eq!(parse_size("1.5 KiB"), Ok(1536));
+        assert!(parse_size("5 parsecs").is_err());
+        assert!(parse_size("99999999999T").is_err());
+        assert_eq!(parse_duration("90s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("30d"), Ok(Duration::from_secs(30 * 86_400)));
+        assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
+        assert!(parse_duration("2 fortnights").is_err());
+    }
+
+    #[test]
+    fn the_sample_config_parses_and_validates() {
+        let text = include_str!("../../../examples/depot.toml");
+        let cfg = Config::from_toml(text).unwrap();
+        cfg.validate().unwrap();
+        assert_eq!(cfg.resources.len(), 2);
+    }
+
+    #[test]
+    fn unknown_fields_are_rejected_with_their_name() {
+        let err = Config::from_toml("lisen = \"0.0.0.0:1\"").unwrap_err();
+        assert!(err.contains("lisen"), "{err}");
+    }
+}

@@ -1,0 +1,258 @@
+//! The IBP server: accepts connections, bounds them, and hands each to a
+//! per-connection task ([`conn`]). Shutdown: stop accepting, let idle
+//! connections close, wait for in-flight commands (bounded).
+
+mod conn;
+mod copy;
+mod transfer;
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpListener;
+use tokio::sync::{Semaphore, watch};
+
+use crate::config::Config;
+use crate::metrics::{self, Metrics};
+use crate::store::{Store, StoreError, now_secs};
+
+/// Size of one transfer buffer; `buffer_memory` is counted in these.
+pub const CHUNK_BYTES: usize = 1 << 20;
+
+/// Why a depot could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum DepotError {
+    /// Configuration problem; the message says what to fix.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// Opening the storage failed.
+    #[error("cannot open storage: {0}")]
+    Store(#[from] StoreError),
+    /// Binding a socket failed.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// OS error.
+        source: std::io::Error,
+    },
+}
+
+/// A running depot's shared state.
+pub struct Depot {
+    /// Configuration.
+    pub cfg: Config,
+    /// Storage engine.
+    pub store: Arc<Store>,
+    /// Counters.
+    pub metrics: Metrics,
+    /// Transfer-buffer budget, in [`CHUNK_BYTES`] units.
+    pub(crate) buffers: Arc<Semaphore>,
+    buffer_permits: u32,
+    /// Host and port written into capabilities (set when serving starts).
+    advertise: OnceLock<(String, u16)>,
+    /// The address we are bound to.
+    bound: OnceLock<SocketAddr>,
+    started: Instant,
+    /// Commands served.
+    pub(crate) commands: std::sync::atomic::AtomicU64,
+}
+
+/// The sockets a depot serves on.
+pub struct Listeners {
+    /// IBP.
+    pub ibp: TcpListener,
+    /// Prometheus metrics, if configured.
+    pub metrics: Option<TcpListener>,
+}
+
+impl Depot {
+    /// Validates the configuration and opens the storage.
+    pub async fn open(cfg: Config) -> Result<Arc<Depot>, DepotError> {
+        cfg.validate().map_err(DepotError::Config)?;
+        let store_cfg = cfg.clone();
+        let store = tokio::task::spawn_blocking(move || Store::open(&store_cfg))
+            .await
+            .map_err(|e| StoreError::Write(std::io::Error::other(e.to_string())))??;
+        let permits = u32::try_from(cfg.buffer_memory.0 / CHUNK_BYTES as u64)
+            .unwrap_or(u32::MAX)
+            .max(4);
+        Ok(Arc::new(Depot {
+            cfg,
+            store: Arc::new(store),
+            metrics: Metrics::default(),
+            buffers: Arc::new(Semaphore::new(permits as usize)),
+            buffer_permits: permits,
+            advertise: OnceLock::new(),
+            bound: OnceLock::new(),
+            started: Instant::now(),
+            commands: Default::default(),
+        }))
+    }
+
+    /// Binds the configured addresses.
+    pub async fn bind(&self) -> Result<Listeners, DepotError> {
+        let addr = self.cfg.listen;
+        let ibp = TcpListener::bind(addr)
+            .await
+            .map_err(|source| DepotError::Bind { addr, source })?;
+        let metrics = match self.cfg.metrics_listen {
+            Some(addr) => Some(
+                TcpListener::bind(addr)
+                    .await
+                    .map_err(|source| DepotError::Bind { addr, source })?,
+            ),
+            None => None,
+        };
+        Ok(Listeners { ibp, metrics })
+    }
+
+    /// Host and port clients should use, as written into capabilities.
+    pub fn advertised(&self) -> (String, u16) {
+        self.advertise
+            .get()
+            .cloned()
+            .unwrap_or_else(|| (self.cfg.listen.ip().to_string(), self.cfg.listen.port()))
+    }
+
+    /// Whether `host:port` names this depot (for SEND to ourselves).
+    pub(crate) fn is_self(&self, host: &str, port: u16) -> bool {
+        let (ahost, aport) = self.advertised();
+        if port == aport && host.eq_ignore_ascii_case(&ahost) {
+            return true;
+        }
+        match (self.bound.get(), host.parse::<std::net::IpAddr>()) {
+            (Some(b), Ok(ip)) if b.port() == port => {
+                ip == b.ip() || (b.ip().is_unspecified() && ip.is_loopback())
+            }
+            _ => false,
+        }
+    }
+
+    /// Buffer permits needed for `bytes`, capped at the whole budget so a large
+    /// request waits rather than deadlocks.
+    pub(crate) fn permits_for(&self, bytes: u64) -> u32 {
+        u32::try_from(bytes.div_ceil(CHUNK_BYTES as u64))
+            .unwrap_or(u32::MAX)
+            .clamp(1, self.buffer_permits)
+    }
+
+    /// Reserves transfer-buffer budget for `bytes`; waits while the depot is
+    /// at its memory budget.
+    pub(crate) async fn budget(&self, bytes: u64) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        self.buffers
+            .clone()
+            .acquire_many_owned(self.permits_for(bytes))
+            .await
+            .ok()
+    }
+
+    /// Seconds since start.
+    pub fn uptime(&self) -> Duration {
+        self.started.elapsed()
+    }
+}
+
+fn default_advertise(bound: SocketAddr) -> String {
+    if !bound.ip().is_unspecified() {
+        return bound.ip().to_string();
+    }
+    rustix::system::uname()
+        .nodename()
+        .to_str()
+        .ok()
+        .filter(|s| !s.is_empty())
+        .map_or_else(|| "localhost".to_owned(), str::to_owned)
+}
+
+/// Serves IBP on `listeners` until `shutdown` turns true.
+pub async fn run(
+    listeners: Listeners,
+    depot: Arc<Depot>,
+    mut shutdown: watch::Receiver<bool>,
+) -> std::io::Result<()> {
+    let bound = listeners.ibp.local_addr()?;
+    let _ = depot.bound.set(bound);
+    let adv = match &depot.cfg.advertise {
+        Some(a) => match lors_ibp::caps::split_host_port(a) {
+            Some((h, p)) => (h.to_owned(), p),
+            None => (a.clone(), bound.port()),
+        },
+        None => (default_advertise(bound), bound.port()),
+    };
+    let _ = depot.advertise.set(adv);
+
+    if let Some(m) = listeners.metrics {
+        tokio::spawn(metrics::serve(m, depot.clone(), shutdown.clone()));
+    }
+    tokio::spawn(expiry_worker(depot.clone(), shutdown.clone()));
+
+    let max = depot.cfg.max_connections;
+    let conns = Arc::new(Semaphore::new(max));
+    loop {
+        let (mut sock, peer) = tokio::select! {
+            r = listeners.ibp.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    // EMFILE and friends: back off instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = shutdown.changed() => break,
+        };
+        depot.metrics.connections_total.fetch_add(1, Relaxed);
+        let Ok(permit) = conns.clone().try_acquire_owned() else {
+            // The reference depot's busy reply: wait this many seconds, retry.
+            depot.metrics.connections_rejected.fetch_add(1, Relaxed);
+            tokio::spawn(async move {
+                let _ = tokio::time::timeout(Duration::from_secs(2), sock.write_all(b"-66 1.0\n"))
+                    .await;
+            });
+            continue;
+        };
+        let _ = sock.set_nodelay(true);
+        let depot = depot.clone();
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            depot.metrics.connections_open.fetch_add(1, Relaxed);
+            conn::serve(depot.clone(), sock, peer, shutdown).await;
+            depot.metrics.connections_open.fetch_sub(1, Relaxed);
+            drop(permit);
+        });
+    }
+    // Drain: connections see the shutdown signal between commands.
+    let drain = conns.acquire_many(u32::try_from(max).unwrap_or(u32::MAX));
+    if tokio::time::timeout(Duration::from_secs(10), drain)
+        .await
+        .is_err()
+    {
+        tracing::warn!("shutdown: some connections still busy after 10s");
+    }
+    Ok(())
+}
+
+/// Deletes expired allocations, at most once per `reap_interval`.
+async fn expiry_worker(depot: Arc<Depot>, mut shutdown: watch::Receiver<bool>) {
+    let every = depot.cfg.reap_interval.0.max(Duration::from_millis(100));
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = shutdown.changed() => return,
+        }
+        if depot.store.next_expiry().is_none_or(|t| t > now_secs()) {
+            continue;
+        }
+        let store = depot.store.clone();
+        if let Ok(n) = tokio::task::spawn_blocking(move || store.reap_expired(now_secs())).await {
+            if n > 0 {
+                tracing::info!(count = n, "deleted expired allocations");
+                depot.metrics.expired.fetch_add(n as u64, Relaxed);
+            }
+        }
+    }
+}

@@ -1,0 +1,765 @@
+//! One client connection: read a bounded line, parse it, run the command,
+//! repeat. Protocol errors get an error reply and the connection survives;
+//! errors around a data phase close it, because the client may already have
+//! sent bytes we can no longer frame.
+
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
+
+use lors_ibp::caps::{CapKind, Capability};
+use lors_ibp::proto::{
+    AllocType, Allocate, MAX_LINE_BYTES, ManageOp, Request, StatusCode, StatusOp, Timeout, Version,
+    status_line,
+};
+use lors_ibp::wire::{Line, read_line};
+use tokio::io::{AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+use tokio::time::timeout;
+
+use super::transfer::{XferError, copy_range, read_exact_idle, recv_to_file, send_file};
+use super::{Depot, copy};
+use crate::metrics::command_index;
+use crate::store::datafile::{self, Extent, HEADER_BYTES};
+use crate::store::{Alloc, AllocRequest, StoreError, now_secs};
+
+/// What to do after a command.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Flow {
+    Continue,
+    Close,
+}
+
+/// A failed command: the status to send and whether to close afterwards.
+#[derive(Debug)]
+pub(super) struct Fail {
+    pub code: StatusCode,
+    pub close: bool,
+}
+
+impl Fail {
+    pub fn new(code: StatusCode) -> Self {
+        Fail { code, close: false }
+    }
+    pub fn closing(code: StatusCode) -> Self {
+        Fail { code, close: true }
+    }
+}
+
+impl From<StoreError> for Fail {
+    fn from(e: StoreError) -> Self {
+        if matches!(
+            e,
+            StoreError::Meta(_) | StoreError::Write(_) | StoreError::Read(_)
+        ) {
+            tracing::error!(error = %e, "storage failure");
+        }
+        Fail::new(e.status())
+    }
+}
+
+type Res<T = Flow> = Result<T, Fail>;
+
+/// Runs blocking store work off the async threads.
+pub(super) async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
+) -> Result<T, StoreError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| StoreError::Write(std::io::Error::other(e.to_string())))?
+}
+
+pub(super) struct Conn {
+    pub depot: Arc<Depot>,
+    pub rd: BufReader<TcpStream>,
+    pub peer: SocketAddr,
+}
+
+pub(super) async fn serve(
+    depot: Arc<Depot>,
+    sock: TcpStream,
+    peer: SocketAddr,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut c = Conn {
+        depot,
+        rd: BufReader::with_capacity(64 * 1024, sock),
+        peer,
+    };
+    let idle = c.depot.cfg.idle_timeout.0;
+    let mut line = Vec::with_capacity(256);
+    loop {
+        if *shutdown.borrow() {
+            return;
+        }
+        let got = tokio::select! {
+            r = timeout(idle, read_line(&mut c.rd, MAX_LINE_BYTES, &mut line)) => r,
+            _ = shutdown.changed() => return,
+        };
+        match got {
+            Err(_) | Ok(Err(_)) | Ok(Ok(Line::Eof | Line::Truncated)) => return,
+            Ok(Ok(Line::TooLong)) => {
+                c.metric_error("INVALID");
+                let _ = c.reply(&status_line(StatusCode::BAD_FORMAT)).await;
+                return;
+            }
+            Ok(Ok(Line::Complete)) => {}
+        }
+        c.depot.commands.fetch_add(1, Relaxed);
+        let req = match Request::parse(&line) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::debug!(peer = %c.peer, error = %e, "rejected request");
+                c.metric_error("INVALID");
+                if c.reply(&status_line(e.status())).await.is_err() {
+                    return;
+                }
+                continue;
+            }
+        };
+        let name = req.command_name();
+        c.depot.metrics.requests[command_index(name)].fetch_add(1, Relaxed);
+        match c.dispatch(req).await {
+            Ok(Flow::Continue) => {}
+            Ok(Flow::Close) => return,
+            Err(f) => {
+                c.metric_error(name);
+                tracing::debug!(peer = %c.peer, command = name, code = f.code.code(), "command failed");
+                if c.reply(&status_line(f.code)).await.is_err() || f.close {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+impl Conn {
+    fn metric_error(&self, name: &str) {
+        self.depot.metrics.errors[command_index(name)].fetch_add(1, Relaxed);
+    }
+
+    fn io_deadline(&self, t: Timeout) -> Duration {
+        let floor = self.depot.cfg.io_timeout.0;
+        match t {
+            Timeout::Secs(s) => floor.max(Duration::from_secs(u64::from(s).min(3600))),
+            Timeout::Default => floor,
+        }
+    }
+
+    pub async fn reply(&mut self, text: &str) -> std::io::Result<()> {
+        self.reply_bytes(text.as_bytes()).await
+    }
+
+    async fn reply_bytes(&mut self, b: &[u8]) -> std::io::Result<()> {
+        match timeout(self.depot.cfg.io_timeout.0, self.rd.get_mut().write_all(b)).await {
+            Ok(r) => r,
+            Err(_) => Err(std::io::ErrorKind::TimedOut.into()),
+        }
+    }
+
+    /// Sends a success reply; a failure to send ends the connection.
+    async fn ok(&mut self, text: &str) -> Res {
+        match self.reply(text).await {
+            Ok(()) => Ok(Flow::Continue),
+            Err(_) => Ok(Flow::Close),
+        }
+    }
+
+    async fn dispatch(&mut self, req: Request) -> Res {
+        match req {
+            Request::Allocate(a) => self.allocate(a).await,
+            Request::Store {
+                key,
+                length,
+                timeout,
+                ..
+            } => {
+                let a = self
+                    .depot
+                    .store
+                    .lookup(&key, Some(CapKind::Write))
+                    .map_err(closing)?;
+                self.store(&a, length, timeout).await
+            }
+            Request::Write {
+                key,
+                offset,
+                length,
+                timeout,
+                ..
+            } => {
+                let a = self
+                    .depot
+                    .store
+                    .lookup(&key, Some(CapKind::Write))
+                    .map_err(closing)?;
+                self.write(&a, offset, length, timeout).await
+            }
+            Request::Load {
+                key,
+                offset,
+                length,
+                timeout,
+                ..
+            } => {
+                let a = self.depot.store.lookup(&key, Some(CapKind::Read))?;
+                self.load(&a, offset, length, timeout).await
+            }
+            Request::Send {
+                key,
+                dest,
+                offset,
+                length,
+                timeout,
+                dest_timeout,
+                ..
+            } => {
+                let a = self.depot.store.lookup(&key, Some(CapKind::Read))?;
+                self.send(&a, &dest, offset, length, timeout, dest_timeout)
+                    .await
+            }
+            Request::Manage { key, op, .. } => self.manage(&key, op).await,
+            Request::Status { version, op, .. } => self.status(version, op).await,
+        }
+    }
+
+    async fn allocate(&mut self, a: Allocate) -> Res {
+        let req = AllocRequest {
+            rid: a.rid,
+            reliability: a.reliability,
+            atype: a.alloc_type,
+            duration: a.duration,
+            size: a.size,
+        };
+        let store = self.depot.store.clone();
+        let new = blocking(move || store.allocate(&req)).await?;
+        let (host, port) = self.depot.advertised();
+        let [r, w, m] = new.keys;
+        let cap = |key, kind| Capability::new(&host, port, &new.rid, key, new.id, kind).to_url();
+        let text = format!(
+            "1 {} {} {} \n",
+            cap(r, CapKind::Read),
+            cap(w, CapKind::Write),
+            cap(m, CapKind::Manage)
+        );
+        tracing::info!(peer = %self.peer, rid = %new.rid, id = new.id, size = a.size, "allocated");
+        self.ok(&text).await
+    }
+
+    async fn store(&mut self, a: &Arc<Alloc>, length: u64, t: Timeout) -> Res {
+        let idle = self.io_deadline(t);
+        let _w = a.writer.lock().await;
+        let (_, ext) = a.snapshot();
+        let max = a.max_size();
+        match a.atype {
+            AllocType::ByteArray => {
+                let end = ext
+                    .len
+                    .checked_add(length)
+                    .ok_or(Fail::closing(StatusCode::WOULD_EXCEED_LIMIT))?;
+                if end > max {
+                    return Err(Fail::closing(StatusCode::WOULD_EXCEED_LIMIT));
+                }
+                let start = ext.len;
+                self.receive_bytearray(a, start, length, idle).await
+            }
+            AllocType::Fifo | AllocType::Circular => self.enqueue(a, length, idle).await,
+            AllocType::Buffer => Err(Fail::closing(StatusCode::TYPE_NOT_SUPPORTED)),
+        }
+    }
+
+    async fn write(&mut self, a: &Arc<Alloc>, offset: u64, length: u64, t: Timeout) -> Res {
+        if a.atype != AllocType::ByteArray {
+            return Err(Fail::closing(StatusCode::INVALID_CMD));
+        }
+        let idle = self.io_deadline(t);
+        let _w = a.writer.lock().await;
+        let end = offset
+            .checked_add(length)
+            .ok_or(Fail::closing(StatusCode::WOULD_EXCEED_LIMIT))?;
+        if end > a.max_size() {
+            return Err(Fail::closing(StatusCode::WOULD_EXCEED_LIMIT));
+        }
+        let (_, ext) = a.snapshot();
+        if offset >= ext.len {
+            return self.receive_bytearray(a, offset, length, idle).await;
+        }
+        // Overlaps committed bytes: stage the data so a cut-short WRITE leaves
+        // the old bytes intact, then copy it into place.
+        let stage_path = a
+            .res
+            .temp_path(a.id ^ now_secs().rotate_left(17) ^ u64::from(self.peer.port()));
+        let sp = stage_path.clone();
+        let stage = blocking(move || {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&sp)
+                .map_err(StoreError::Write)
+        })
+        .await
+        .map_err(|e| Fail::closing(e.status()))?;
+        let stage = Arc::new(stage);
+        let _ = std::fs::remove_file(&stage_path); // unlinked: gone even on crash
+        self.go_ahead().await?;
+        let _budget = self
+            .depot
+            .budget(length.min(2 * super::CHUNK_BYTES as u64))
+            .await;
+        if let Err(e) = recv_to_file(&mut self.rd, stage.clone(), 0, length, idle).await {
+            return self.data_failed(e, None, a);
+        }
+        self.depot.metrics.bytes_in.fetch_add(length, Relaxed);
+        let file = blocking({
+            let a = a.clone();
+            move || a.file_for_write()
+        })
+        .await
+        .map_err(|e| Fail::closing(e.status()))?;
+        let res = blocking({
+            let (a, file) = (a.clone(), file.clone());
+            move || {
+                copy_range(&stage, 0, &file, HEADER_BYTES + offset, length)
+                    .map_err(StoreError::Write)?;
+                let ext = a.snapshot().1;
+                a.commit(
+                    &file,
+                    Extent {
+                        len: ext.len.max(end),
+                        ..ext
+                    },
+                )
+            }
+        })
+        .await;
+        match res {
+            Ok(()) => self.ok(&format!("1 {length} \n")).await,
+            Err(e) => Err(Fail::closing(e.status())),
+        }
+    }
+
+    async fn go_ahead(&mut self) -> Result<(), Fail> {
+        self.reply("1 \n")
+            .await
+            .map_err(|_| Fail::closing(StatusCode::SOCK_WRITE))
+    }
+
+    /// STORE/WRITE into a byte array at `start` ≥ the committed length: bytes
+    /// land beyond what readers see and become visible at commit.
+    async fn receive_bytearray(
+        &mut self,
+        a: &Arc<Alloc>,
+        start: u64,
+        length: u64,
+        idle: Duration,
+    ) -> Res {
+        let file = blocking({
+            let a = a.clone();
+            move || a.file_for_write()
+        })
+        .await
+        .map_err(|e| Fail::closing(e.status()))?;
+        self.go_ahead().await?;
+        let budget = self
+            .depot
+            .budget(length.min(2 * super::CHUNK_BYTES as u64))
+            .await;
+        let got = recv_to_file(
+            &mut self.rd,
+            file.clone(),
+            HEADER_BYTES + start,
+            length,
+            idle,
+        )
+        .await;
+        drop(budget);
+        if let Err(e) = got {
+            return self.data_failed(e, Some(&file), a);
+        }
+        self.depot.metrics.bytes_in.fetch_add(length, Relaxed);
+        let res = blocking({
+            let a = a.clone();
+            let file = file.clone();
+            move || {
+                let ext = a.snapshot().1;
+                let end = start + length;
+                a.commit(
+                    &file,
+                    Extent {
+                        len: ext.len.max(end),
+                        ..ext
+                    },
+                )
+            }
+        })
+        .await;
+        match res {
+            Ok(()) => self.ok(&format!("1 {length} \n")).await,
+            Err(e) => {
+                a.rollback(&file);
+                Err(Fail::closing(e.status()))
+            }
+        }
+    }
+
+    fn data_failed(
+        &mut self,
+        e: XferError,
+        file: Option<&Arc<std::fs::File>>,
+        a: &Arc<Alloc>,
+    ) -> Res {
+        if let Some(f) = file {
+            a.rollback(f);
+        }
+        match e {
+            XferError::Peer(err) => {
+                tracing::info!(peer = %self.peer, error = %err, "data phase cut short; rolled back");
+                Ok(Flow::Close)
+            }
+            XferError::Disk(err) => {
+                tracing::error!(peer = %self.peer, error = %err, "disk write failed; rolled back");
+                Err(Fail::closing(StatusCode::FILE_WRITE))
+            }
+        }
+    }
+
+    /// STORE into a FIFO or circular queue: the data is staged in memory (queues
+    /// are bounded by `max_queue_size`), then written into the ring and committed.
+    async fn enqueue(&mut self, a: &Arc<Alloc>, length: u64, idle: Duration) -> Res {
+        let (_, ext) = a.snapshot();
+        let cap = a.max_size();
+        let fits = match a.atype {
+            AllocType::Fifo => ext.len.checked_add(length).is_some_and(|e| e <= cap),
+            _ => length <= cap,
+        };
+        if !fits {
+            return Err(Fail::closing(StatusCode::WOULD_EXCEED_LIMIT));
+        }
+        let file = blocking({
+            let a = a.clone();
+            move || a.file_for_write()
+        })
+        .await
+        .map_err(|e| Fail::closing(e.status()))?;
+        self.go_ahead().await?;
+        let _budget = self.depot.budget(length).await;
+        let n =
+            usize::try_from(length).map_err(|_| Fail::closing(StatusCode::WOULD_EXCEED_LIMIT))?;
+        let mut buf = vec![0u8; n];
+        if let Err(e) = read_exact_idle(&mut self.rd, &mut buf, idle).await {
+            return self.data_failed(XferError::Peer(e), None, a);
+        }
+        self.depot.metrics.bytes_in.fetch_add(length, Relaxed);
+        let res = blocking({
+            let a = a.clone();
+            move || {
+                let ext = a.snapshot().1;
+                let capacity = ext.capacity;
+                // Circular queues drop the oldest bytes to make room.
+                let overflow = (ext.len + length).saturating_sub(capacity);
+                let head = (ext.head + overflow) % capacity;
+                let len = ext.len + length - overflow;
+                let tail = (head + len - length) % capacity;
+                datafile::ring_write(&file, capacity, tail, &buf).map_err(StoreError::Write)?;
+                a.commit(
+                    &file,
+                    Extent {
+                        head,
+                        len,
+                        capacity,
+                    },
+                )
+            }
+        })
+        .await;
+        match res {
+            Ok(()) => self.ok(&format!("1 {length} \n")).await,
+            Err(e) => Err(Fail::closing(e.status())),
+        }
+    }
+
+    async fn load(&mut self, a: &Arc<Alloc>, offset: u64, length: u64, t: Timeout) -> Res {
+        let idle = self.io_deadline(t);
+        if a.is_queue() {
+            return self.dequeue(a, offset, length, idle).await;
+        }
+        let (file, ext) = a.snapshot();
+        let end = offset
+            .checked_add(length)
+            .ok_or(Fail::new(StatusCode::WOULD_EXCEED_LIMIT))?;
+        if end > ext.len {
+            return Err(Fail::new(StatusCode::WOULD_EXCEED_LIMIT));
+        }
+        if self.reply(&format!("1 {length} \n")).await.is_err() {
+            return Ok(Flow::Close);
+        }
+        if length == 0 {
+            return Ok(Flow::Continue);
+        }
+        let Some(file) = file else {
+            return Ok(Flow::Close); // unreachable: len > 0 implies a file
+        };
+        match send_file(
+            self.rd.get_ref(),
+            &file,
+            HEADER_BYTES + offset,
+            length,
+            idle,
+        )
+        .await
+        {
+            Ok(()) => {
+                self.depot.metrics.bytes_out.fetch_add(length, Relaxed);
+                Ok(Flow::Continue)
+            }
+            Err(e) => {
+                if let XferError::Disk(err) = e {
+                    tracing::error!(id = a.id, error = %err, "reading allocation failed mid-LOAD");
+                }
+                Ok(Flow::Close)
+            }
+        }
+    }
+
+    /// LOAD from a queue: the oldest `length` bytes, consumed once sent.
+    async fn dequeue(&mut self, a: &Arc<Alloc>, offset: u64, length: u64, idle: Duration) -> Res {
+        if offset != 0 {
+            return Err(Fail::new(StatusCode::INVALID_PARAMETER));
+        }
+        let _w = a.writer.lock().await;
+        let (file, ext) = a.snapshot();
+        if length > ext.len {
+            return Err(Fail::new(StatusCode::WOULD_EXCEED_LIMIT));
+        }
+        let n = usize::try_from(length).map_err(|_| Fail::new(StatusCode::WOULD_EXCEED_LIMIT))?;
+        let _budget = self.depot.budget(length).await;
+        let (file, buf) = match file {
+            Some(f) if n > 0 => {
+                let f2 = f.clone();
+                let buf = blocking(move || {
+                    let mut buf = vec![0u8; n];
+                    datafile::ring_read(&f2, ext.capacity, ext.head, &mut buf)
+                        .map_err(StoreError::Read)?;
+                    Ok(buf)
+                })
+                .await?;
+                (Some(f), buf)
+            }
+            _ => (None, Vec::new()),
+        };
+        if self.reply(&format!("1 {length} \n")).await.is_err() {
+            return Ok(Flow::Close);
+        }
+        if timeout(idle, self.rd.get_mut().write_all(&buf))
+            .await
+            .map_or(true, |r| r.is_err())
+        {
+            return Ok(Flow::Close); // not consumed: the reader never got it
+        }
+        self.depot.metrics.bytes_out.fetch_add(length, Relaxed);
+        if let Some(f) = file {
+            let a2 = a.clone();
+            let next = Extent {
+                head: (ext.head + length) % ext.capacity,
+                len: ext.len - length,
+                ..ext
+            };
+            if let Err(e) = blocking(move || a2.commit(&f, next)).await {
+                tracing::error!(id = a.id, error = %e, "could not record queue consumption");
+            }
+        }
+        Ok(Flow::Continue)
+    }
+
+    async fn send(
+        &mut self,
+        a: &Arc<Alloc>,
+        dest: &Capability,
+        offset: u64,
+        length: u64,
+        t: Timeout,
+        dest_t: Timeout,
+    ) -> Res {
+        let idle = self.io_deadline(t);
+        let n = copy::send(&self.depot, a, dest, offset, length, idle, dest_t).await?;
+        self.depot.metrics.bytes_copied.fetch_add(n, Relaxed);
+        self.ok(&format!("1 {n} \n")).await
+    }
+
+    async fn manage(&mut self, key: &lors_ibp::proto::KeyToken, op: ManageOp) -> Res {
+        let store = self.depot.store.clone();
+        match op {
+            ManageOp::Probe { .. } => {
+                // Any of the three keys may probe: LoRS 0.82 probes with the read key.
+                let a = store.lookup(key, None)?;
+                let p = a.probe();
+                let text = format!(
+                    "1 {} {} {} {} {} {} {} \n",
+                    p.read_refs,
+                    p.write_refs,
+                    p.size,
+                    p.max_size,
+                    p.seconds_left,
+                    p.reliability,
+                    p.alloc_type
+                );
+                self.ok(&text).await
+            }
+            ManageOp::Incr { cap_type } | ManageOp::Decr { cap_type } => {
+                let up = matches!(op, ManageOp::Incr { .. });
+                if !(cap_type == 1 || cap_type == 2) {
+                    return Err(Fail::new(StatusCode::WRONG_CAP_FORMAT));
+                }
+                let a = store.lookup(key, Some(CapKind::Manage))?;
+                blocking(move || store.change_refcount(&a, cap_type, up)).await?;
+                self.ok("1 \n").await
+            }
+            ManageOp::Change {
+                max_size,
+                duration,
+                reliability,
+                ..
+            } => {
+                let a = store.lookup(key, Some(CapKind::Manage))?;
+                blocking(move || store.change(&a, max_size, duration, reliability)).await?;
+                self.ok("1 \n").await
+            }
+            ManageOp::Truncate { size } => {
+                let a = store.lookup(key, Some(CapKind::Manage))?;
+                let _w = a.writer.lock().await;
+                let a2 = a.clone();
+                blocking(move || store.truncate(&a2, size)).await?;
+                self.ok("1 \n").await
+            }
+        }
+    }
+
+    async fn status(&mut self, version: Version, op: StatusOp) -> Res {
+        match op {
+            StatusOp::Inquire { rid, password } => {
+                if !self.password_ok(&password) {
+                    return Err(Fail::new(StatusCode::WRONG_PASSWD));
+                }
+                let all = self.depot.store.status();
+                let chosen: Vec<_> = match rid.as_deref() {
+                    None | Some("0") => all,
+                    Some(r) => {
+                        let v: Vec<_> = all.into_iter().filter(|s| s.rid == r).collect();
+                        if v.is_empty() {
+                            return Err(Fail::new(StatusCode::INVALID_RID));
+                        }
+                        v
+                    }
+                };
+                let sum = |f: &dyn Fn(&crate::store::ResourceStatus) -> u64| {
+                    chosen.iter().map(f).sum::<u64>()
+                };
+                let total = sum(&|s| s.total);
+                let hard_total = sum(&|s| s.hard_total);
+                let soft_total = sum(&|s| s.soft_total);
+                let used_hard = sum(&|s| s.usage.hard);
+                let used_soft = sum(&|s| s.usage.soft);
+                let free = sum(&|s| s.free());
+                let hard_free = sum(&|s| s.hard_free());
+                let max_dur = chosen.iter().map(|s| s.max_duration).max().unwrap_or(0);
+                let rid_name = rid.as_deref().unwrap_or("0");
+                if version == Version::V13 {
+                    let body = format!(
+                        "{} {} {} {} {} \n",
+                        hard_total >> 20,
+                        used_hard >> 20,
+                        soft_total >> 20,
+                        used_soft >> 20,
+                        max_dur
+                    );
+                    return self.ok(&body).await;
+                }
+                let body = format!(
+                    "VS:1.4:1.0 DT:1  RID:{rid_name} RT:1 CT:{total} ST:{total} UT:{} UH:{used_hard} SH:{hard_total} CH:{hard_total} AT:{free} AH:{hard_free} DR:{max_dur} RE \n",
+                    used_hard + used_soft
+                );
+                self.ok(&format!("1 {} \n{body}", body.len())).await
+            }
+            StatusOp::Change { .. } => {
+                // A second line with new limits follows; read it so the stream
+                // stays in step, then refuse as the reference depot does.
+                let mut line = Vec::new();
+                let _ = timeout(
+                    Duration::from_secs(5),
+                    read_line(&mut self.rd, MAX_LINE_BYTES, &mut line),
+                )
+                .await;
+                Err(Fail::new(StatusCode::INVALID_CMD))
+            }
+            StatusOp::Resources => {
+                let mut text = String::from("1 ");
+                for r in self.depot.store.resources() {
+                    text.push_str(r.rid());
+                    text.push(' ');
+                }
+                text.push('\n');
+                self.ok(&text).await
+            }
+            StatusOp::Version => {
+                let text = self.version_report();
+                self.ok(&text).await
+            }
+        }
+    }
+
+    fn password_ok(&self, given: &str) -> bool {
+        let cfg = &self.depot.cfg;
+        lors_ibp::caps::ct_eq(given.as_bytes(), cfg.password.as_bytes())
+            || (cfg.accept_default_password && given == crate::config::DEFAULT_PASSWORD)
+    }
+
+    fn version_report(&self) -> String {
+        let d = &self.depot;
+        let (host, port) = d.advertised();
+        let mut s = String::from("1\n");
+        let _ = writeln!(
+            s,
+            "LoRS depot {} (IBP 1.4 compatible; byte arrays, FIFO and circular queues)",
+            env!("CARGO_PKG_VERSION")
+        );
+        let _ = writeln!(s, "Interfaces(1): {host}:{port};");
+        let _ = writeln!(s, "Uptime: {}s", d.uptime().as_secs());
+        let _ = writeln!(
+            s,
+            "Total Commands: {}  Connections: {}",
+            d.commands.load(Relaxed),
+            d.metrics.connections_total.load(Relaxed)
+        );
+        let _ = writeln!(
+            s,
+            "Depot Transfer Stats --  Read: {} b Write: {} b Copied: {} b",
+            d.metrics.bytes_out.load(Relaxed),
+            d.metrics.bytes_in.load(Relaxed),
+            d.metrics.bytes_copied.load(Relaxed)
+        );
+        for r in d.store.status() {
+            let _ = writeln!(
+                s,
+                "RID: {} Max: {} b Used: {} b Free: {} b Allocations: {} Max duration: {} s",
+                r.rid,
+                r.total,
+                r.usage.hard + r.usage.soft,
+                r.free(),
+                r.usage.count,
+                r.max_duration
+            );
+        }
+        s.push_str("END\n");
+        s
+    }
+}
+
+/// STORE/WRITE lookups close the connection on failure: data may follow.
+fn closing(e: StoreError) -> Fail {
+    Fail::closing(e.status())
+}

@@ -1,0 +1,118 @@
+//! SEND: third-party copy of a byte range to another allocation, appended
+//! there (`docs/ibp-protocol.md` §2.6). To another depot we act as an IBP
+//! client issuing STORE and stream with `sendfile`; to ourselves we copy
+//! between files inside the kernel.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lors_ibp::caps::{CapKind, Capability};
+use lors_ibp::proto::{AllocType, KeyToken, StatusCode, Timeout};
+use lors_ibp::{ClientConfig, Connection, Error as ClientError};
+
+use super::Depot;
+use super::conn::{Fail, blocking};
+use super::transfer::{XferError, copy_range, send_file};
+use crate::store::datafile::{Extent, HEADER_BYTES};
+use crate::store::{Alloc, StoreError};
+
+pub(super) async fn send(
+    depot: &Arc<Depot>,
+    src: &Arc<Alloc>,
+    dest: &Capability,
+    offset: u64,
+    length: u64,
+    idle: Duration,
+    dest_timeout: Timeout,
+) -> Result<u64, Fail> {
+    if src.atype != AllocType::ByteArray {
+        return Err(Fail::new(StatusCode::INVALID_CMD));
+    }
+    if dest.kind != CapKind::Write {
+        return Err(Fail::new(StatusCode::WRONG_CAP_FORMAT));
+    }
+    let (file, ext) = src.snapshot();
+    let end = offset
+        .checked_add(length)
+        .ok_or(Fail::new(StatusCode::WOULD_EXCEED_LIMIT))?;
+    if end > ext.len {
+        return Err(Fail::new(StatusCode::WOULD_EXCEED_LIMIT));
+    }
+    if depot.is_self(&dest.host, dest.port) {
+        return local(depot, file, dest, offset, length).await;
+    }
+    let cfg = ClientConfig {
+        connect_timeout: Duration::from_secs(10),
+        io_timeout: idle,
+        server_timeout: dest_timeout,
+    };
+    let map = |e: ClientError| {
+        tracing::info!(dest = ?dest, error = %e, "SEND to remote depot failed");
+        Fail::new(match &e {
+            ClientError::Depot { code, .. } => *code,
+            ClientError::Timeout { .. } => StatusCode::SERVER_TIMEOUT,
+            _ => StatusCode::CONNECTION,
+        })
+    };
+    let mut conn = Connection::connect_cap(dest, &cfg).await.map_err(map)?;
+    conn.begin_store(dest, length).await.map_err(map)?;
+    if length > 0 {
+        let Some(file) = file else {
+            return Err(Fail::new(StatusCode::FILE_READ));
+        };
+        if let Err(e) = send_file(conn.socket(), &file, HEADER_BYTES + offset, length, idle).await {
+            return Err(Fail::new(match e {
+                XferError::Peer(_) => StatusCode::CONNECTION,
+                XferError::Disk(_) => StatusCode::FILE_READ,
+            }));
+        }
+    }
+    conn.finish_store(length).await.map_err(map)
+}
+
+/// Copy into one of our own allocations (possibly the source itself).
+async fn local(
+    depot: &Arc<Depot>,
+    src_file: Option<Arc<std::fs::File>>,
+    dest: &Capability,
+    offset: u64,
+    length: u64,
+) -> Result<u64, Fail> {
+    let d = depot
+        .store
+        .lookup(&KeyToken::of(dest), Some(CapKind::Write))
+        .map_err(|e| Fail::new(e.status()))?;
+    if d.atype != AllocType::ByteArray {
+        return Err(Fail::new(StatusCode::INVALID_CMD));
+    }
+    let _w = d.writer.lock().await;
+    let (_, dext) = d.snapshot();
+    let end = dext
+        .len
+        .checked_add(length)
+        .ok_or(Fail::new(StatusCode::WOULD_EXCEED_LIMIT))?;
+    if end > d.max_size() {
+        return Err(Fail::new(StatusCode::WOULD_EXCEED_LIMIT));
+    }
+    let d2 = d.clone();
+    blocking(move || {
+        let dst = d2.file_for_write()?;
+        if length > 0 {
+            let src = src_file.ok_or(StoreError::Corrupt)?;
+            if let Err(e) = copy_range(
+                &src,
+                HEADER_BYTES + offset,
+                &dst,
+                HEADER_BYTES + dext.len,
+                length,
+            ) {
+                d2.rollback(&dst);
+                return Err(StoreError::Write(e));
+            }
+        }
+        d2.commit(&dst, Extent { len: end, ..dext })
+    })
+    .await
+    .map_err(|e| Fail::new(e.status()))?;
+    Ok(length)
+}

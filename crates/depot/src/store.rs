@@ -1,0 +1,904 @@
+//! The depot's storage engine: resources, allocations, the key index, space
+//! accounting, soft revocation and expiry. No sockets here; the server drives
+//! it from `spawn_blocking` for anything that touches the disk.
+//!
+//! Lock order: an allocation's `info` before the store's `state`; neither is
+//! held across an `.await`. The per-allocation `writer` (async) serializes
+//! data phases and is taken before either.
+
+pub mod datafile;
+pub mod meta;
+
+use std::collections::{BTreeSet, HashMap};
+use std::fs::File;
+use std::io;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use lors_ibp::ProbeInfo;
+use lors_ibp::caps::{CapKind, Key};
+use lors_ibp::proto::{AllocType, KeyToken, Reliability, StatusCode};
+
+use crate::config::{Config, ResourceConfig, SyncPolicy, TypeName};
+use datafile::Extent;
+use meta::{AllocRecord, MetaDb};
+
+/// Store failures, each mapped to the IBP status a client sees.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// No live allocation has this key (wrong kind, deleted or expired).
+    #[error("capability not found")]
+    NotFound,
+    /// No resource has this id.
+    #[error("no such resource")]
+    InvalidRid,
+    /// Not enough space in the allocation or on the resource.
+    #[error("would exceed the size limit or free space")]
+    NoSpace,
+    /// Against the depot's policy (allocation size, duration change).
+    #[error("against depot policy: {0}")]
+    Policy(&'static str),
+    /// Duration longer than the resource allows.
+    #[error("duration longer than the resource maximum")]
+    LongDuration,
+    /// A parameter out of range.
+    #[error("invalid parameter: {0}")]
+    Invalid(&'static str),
+    /// Type not offered, or the operation does not apply to this type.
+    #[error("allocation type not supported here")]
+    TypeNotSupported,
+    /// The command does not apply to this allocation.
+    #[error("operation not allowed on this allocation")]
+    InvalidCmd,
+    /// Would destroy stored data.
+    #[error("would damage stored data")]
+    WouldDamage,
+    /// Reading the disk failed.
+    #[error("disk read failed: {0}")]
+    Read(io::Error),
+    /// Writing the disk failed (full disk, I/O error).
+    #[error("disk write failed: {0}")]
+    Write(io::Error),
+    /// The metadata database failed.
+    #[error("metadata database: {0}")]
+    Meta(#[from] redb::Error),
+    /// The allocation's data file is damaged.
+    #[error("allocation data is damaged")]
+    Corrupt,
+}
+
+impl StoreError {
+    /// The wire status for this failure.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            StoreError::NotFound => StatusCode::CAP_NOT_FOUND,
+            StoreError::InvalidRid => StatusCode::INVALID_RID,
+            StoreError::NoSpace => StatusCode::WOULD_EXCEED_LIMIT,
+            StoreError::Policy(_) => StatusCode::WOULD_EXCEED_POLICY,
+            StoreError::LongDuration => StatusCode::LONG_DURATION,
+            StoreError::Invalid(_) => StatusCode::INVALID_PARAMETER,
+            StoreError::TypeNotSupported => StatusCode::TYPE_NOT_SUPPORTED,
+            StoreError::InvalidCmd => StatusCode::INVALID_CMD,
+            StoreError::WouldDamage => StatusCode::WOULD_DAMAGE_DATA,
+            StoreError::Read(_) | StoreError::Corrupt => StatusCode::FILE_READ,
+            StoreError::Write(_) => StatusCode::FILE_WRITE,
+            StoreError::Meta(_) => StatusCode::INTERNAL,
+        }
+    }
+}
+
+/// Result alias for the store.
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+/// Current Unix time in seconds.
+pub fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding one of these locks is a bug already reported by
+    // the panic itself; the data under it is still consistent enough to serve.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn key_hash(key: &Key) -> [u8; 32] {
+    *blake3::hash(key.expose().as_bytes()).as_bytes()
+}
+
+/// One storage resource.
+pub struct Resource {
+    /// Position in the depot's resource list.
+    pub idx: usize,
+    /// Its configuration (rid, limits).
+    pub cfg: ResourceConfig,
+    db: MetaDb,
+    data_dir: PathBuf,
+    tmp_dir: PathBuf,
+}
+
+impl Resource {
+    /// Resource id.
+    pub fn rid(&self) -> &str {
+        &self.cfg.rid
+    }
+    fn hard_limit(&self) -> u64 {
+        self.cfg.hard_size.map_or(self.cfg.size.0, |s| s.0)
+    }
+    fn soft_limit(&self) -> u64 {
+        self.cfg.soft_size.map_or(self.cfg.size.0, |s| s.0)
+    }
+    fn offers(&self, t: AllocType) -> bool {
+        let name = match t {
+            AllocType::ByteArray => TypeName::ByteArray,
+            AllocType::Fifo => TypeName::Fifo,
+            AllocType::Circular => TypeName::Circular,
+            AllocType::Buffer => return false,
+        };
+        self.cfg.types.contains(&name)
+    }
+    fn data_path(&self, id: u64) -> PathBuf {
+        self.data_dir
+            .join(format!("{:02x}", id & 0xff))
+            .join(format!("{id:016x}"))
+    }
+    /// A scratch path for staging an overlapping WRITE.
+    pub fn temp_path(&self, tag: u64) -> PathBuf {
+        self.tmp_dir.join(format!("stage-{tag:016x}"))
+    }
+}
+
+/// Space in use on one resource (sum of allocation max sizes).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Usage {
+    /// Hard bytes.
+    pub hard: u64,
+    /// Soft bytes.
+    pub soft: u64,
+    /// Number of allocations.
+    pub count: u64,
+}
+
+/// Mutable allocation attributes.
+#[derive(Debug, Clone)]
+pub struct AllocInfo {
+    /// Persisted fields.
+    pub rec: AllocRecord,
+    /// Set once deleted; later commits are no-ops.
+    pub deleted: bool,
+}
+
+/// Data-file state.
+#[derive(Debug, Default)]
+pub struct DataState {
+    /// Open file, once created.
+    pub file: Option<Arc<File>>,
+    /// Committed extent.
+    pub extent: Extent,
+}
+
+/// One allocation.
+pub struct Alloc {
+    /// Allocation id (also the typekey in its capabilities).
+    pub id: u64,
+    /// Its resource.
+    pub res: Arc<Resource>,
+    /// Type (fixed at creation).
+    pub atype: AllocType,
+    /// Attributes.
+    pub info: Mutex<AllocInfo>,
+    /// Data file and committed extent.
+    pub data: Mutex<DataState>,
+    /// Serializes data phases (STORE/WRITE, and queue LOADs that consume).
+    pub writer: tokio::sync::Mutex<()>,
+    sync: bool,
+}
+
+impl Alloc {
+    fn type_num(&self) -> u32 {
+        u32::try_from(self.atype.number()).expect("type numbers are small")
+    }
+
+    /// Maximum size now.
+    pub fn max_size(&self) -> u64 {
+        lock(&self.info).rec.max_size
+    }
+
+    /// Whether this is a queue type.
+    pub fn is_queue(&self) -> bool {
+        matches!(self.atype, AllocType::Fifo | AllocType::Circular)
+    }
+
+    /// The committed extent and the open file (if any bytes were ever written).
+    pub fn snapshot(&self) -> (Option<Arc<File>>, Extent) {
+        let d = lock(&self.data);
+        (d.file.clone(), d.extent)
+    }
+
+    /// The data file, created on first use (lazy allocation, as the reference
+    /// depot does by default). Blocking.
+    pub fn file_for_write(&self) -> Result<Arc<File>> {
+        let mut d = lock(&self.data);
+        if let Some(f) = &d.file {
+            return Ok(f.clone());
+        }
+        let capacity = if self.is_queue() { self.max_size() } else { 0 };
+        let f = datafile::create(
+            &self.res.data_path(self.id),
+            self.type_num(),
+            capacity,
+            self.sync,
+        )
+        .map_err(StoreError::Write)?;
+        let f = Arc::new(f);
+        d.file = Some(f.clone());
+        d.extent = Extent {
+            head: 0,
+            len: 0,
+            capacity,
+        };
+        Ok(f)
+    }
+
+    /// Makes `extent` the committed state (header write, fsync per policy).
+    /// Blocking; call with the writer lock held.
+    pub fn commit(&self, file: &File, extent: Extent) -> Result<()> {
+        if lock(&self.info).deleted {
+            return Ok(());
+        }
+        datafile::commit(file, self.type_num(), extent, self.sync).map_err(StoreError::Write)?;
+        lock(&self.data).extent = extent;
+        Ok(())
+    }
+
+    /// Cuts the file back to the committed extent after a failed data phase.
+    pub fn rollback(&self, file: &File) {
+        let e = lock(&self.data).extent;
+        if e.capacity == 0 {
+            let _ = file.set_len(datafile::HEADER_BYTES + e.len);
+        }
+    }
+
+    /// Probe result.
+    pub fn probe(&self) -> ProbeInfo {
+        let info = lock(&self.info);
+        let ext = lock(&self.data).extent;
+        ProbeInfo {
+            read_refs: i64::from(info.rec.read_refs),
+            write_refs: i64::from(info.rec.write_refs),
+            size: ext.len,
+            max_size: info.rec.max_size,
+            seconds_left: i64::try_from(info.rec.expires_at.saturating_sub(now_secs()))
+                .unwrap_or(i64::MAX),
+            reliability: info.rec.reliability.number(),
+            alloc_type: self.atype.number(),
+        }
+    }
+}
+
+/// What the state keeps per allocation, so accounting never needs an
+/// allocation's own lock (which would invert the lock order).
+struct Entry {
+    alloc: Arc<Alloc>,
+    reliability: Reliability,
+    max_size: u64,
+    expires_at: u64,
+    key_hashes: [[u8; 32]; 3],
+}
+
+struct State {
+    allocs: HashMap<u64, Entry>,
+    keys: HashMap<[u8; 32], (u64, CapKind)>,
+    expiry: BTreeSet<(u64, u64)>,
+    usage: Vec<Usage>,
+}
+
+impl State {
+    fn insert(&mut self, a: Arc<Alloc>, rec: &AllocRecord) {
+        for (kind, h) in CapKind::ALL.iter().zip(rec.key_hashes.iter()) {
+            self.keys.insert(*h, (a.id, *kind));
+        }
+        self.expiry.insert((rec.expires_at, a.id));
+        let u = &mut self.usage[a.res.idx];
+        match rec.reliability {
+            Reliability::Hard => u.hard += rec.max_size,
+            Reliability::Soft => u.soft += rec.max_size,
+        }
+        u.count += 1;
+        self.allocs.insert(
+            a.id,
+            Entry {
+                alloc: a,
+                reliability: rec.reliability,
+                max_size: rec.max_size,
+                expires_at: rec.expires_at,
+                key_hashes: rec.key_hashes,
+            },
+        );
+    }
+
+    fn remove(&mut self, id: u64) -> Option<Arc<Alloc>> {
+        let e = self.allocs.remove(&id)?;
+        for h in &e.key_hashes {
+            self.keys.remove(h);
+        }
+        self.expiry.remove(&(e.expires_at, id));
+        let u = &mut self.usage[e.alloc.res.idx];
+        match e.reliability {
+            Reliability::Hard => u.hard = u.hard.saturating_sub(e.max_size),
+            Reliability::Soft => u.soft = u.soft.saturating_sub(e.max_size),
+        }
+        u.count = u.count.saturating_sub(1);
+        Some(e.alloc)
+    }
+}
+
+/// What ALLOCATE asks for.
+#[derive(Debug, Clone)]
+pub struct AllocRequest {
+    /// Resource id; `None` or `"0"` lets the depot choose.
+    pub rid: Option<String>,
+    /// Soft or hard.
+    pub reliability: Reliability,
+    /// Type.
+    pub atype: AllocType,
+    /// Relative seconds; -1 = the resource maximum.
+    pub duration: i64,
+    /// Max size in bytes.
+    pub size: u64,
+}
+
+/// A new allocation's identity and keys.
+#[derive(Debug)]
+pub struct NewAlloc {
+    /// Allocation id.
+    pub id: u64,
+    /// Resource id it landed on.
+    pub rid: String,
+    /// Read, write, manage keys.
+    pub keys: [Key; 3],
+    /// Soft allocations revoked to make room.
+    pub revoked: usize,
+}
+
+/// A per-resource status summary.
+#[derive(Debug, Clone)]
+pub struct ResourceStatus {
+    /// Resource id.
+    pub rid: String,
+    /// Configured total bytes.
+    pub total: u64,
+    /// Configured hard cap.
+    pub hard_total: u64,
+    /// Configured soft cap.
+    pub soft_total: u64,
+    /// Usage now.
+    pub usage: Usage,
+    /// Max duration in seconds.
+    pub max_duration: u64,
+}
+
+impl ResourceStatus {
+    /// Bytes still allocatable of any kind.
+    pub fn free(&self) -> u64 {
+        self.total.saturating_sub(self.usage.hard + self.usage.soft)
+    }
+    /// Bytes still allocatable as hard storage.
+    pub fn hard_free(&self) -> u64 {
+        self.hard_total
+            .saturating_sub(self.usage.hard)
+            .min(self.free())
+    }
+}
+
+/// All resources of one depot.
+pub struct Store {
+    resources: Vec<Arc<Resource>>,
+    state: Mutex<State>,
+    sync: bool,
+}
+
+impl Store {
+    /// Opens (creating as needed) every configured resource and loads its
+    /// allocations. Blocking.
+    pub fn open(cfg: &Config) -> Result<Store> {
+        let sync = cfg.sync == SyncPolicy::Always;
+        let mut resources = Vec::new();
+        let mut state = State {
+            allocs: HashMap::new(),
+            keys: HashMap::new(),
+            expiry: BTreeSet::new(),
+            usage: vec![Usage::default(); cfg.resources.len()],
+        };
+        for (idx, rc) in cfg.resources.iter().enumerate() {
+            let data_dir = rc.path.join("data");
+            let tmp_dir = rc.path.join("tmp");
+            std::fs::create_dir_all(&data_dir).map_err(StoreError::Write)?;
+            // Staged writes left by a crash were never acknowledged.
+            let _ = std::fs::remove_dir_all(&tmp_dir);
+            std::fs::create_dir_all(&tmp_dir).map_err(StoreError::Write)?;
+            let db = MetaDb::open(&rc.path.join("meta.redb"))?;
+            let res = Arc::new(Resource {
+                idx,
+                cfg: rc.clone(),
+                db,
+                data_dir,
+                tmp_dir,
+            });
+            let (records, bad) = res.db.load_all()?;
+            for id in bad {
+                tracing::error!(rid = %rc.rid, id, "skipping undecodable allocation record");
+            }
+            for (id, rec) in records {
+                let (file, extent) = match datafile::open(&res.data_path(id)) {
+                    Ok((f, e)) => (Some(Arc::new(f)), e),
+                    Err(datafile::DataFileError::Io(e)) if e.kind() == io::ErrorKind::NotFound => {
+                        (None, Extent::default())
+                    }
+                    Err(e) => {
+                        // Keep the record (its owner can still DECR it) but
+                        // serve no bytes from a damaged file.
+                        tracing::error!(rid = %rc.rid, id, error = %e, "allocation data file is damaged");
+                        (None, Extent::default())
+                    }
+                };
+                let a = Arc::new(Alloc {
+                    id,
+                    res: res.clone(),
+                    atype: rec.atype,
+                    info: Mutex::new(AllocInfo {
+                        rec: rec.clone(),
+                        deleted: false,
+                    }),
+                    data: Mutex::new(DataState { file, extent }),
+                    writer: tokio::sync::Mutex::new(()),
+                    sync,
+                });
+                state.insert(a, &rec);
+            }
+            remove_orphans(&res, &state.allocs);
+            resources.push(res);
+        }
+        Ok(Store {
+            resources,
+            state: Mutex::new(state),
+            sync,
+        })
+    }
+
+    /// Whether acknowledged data is fsynced.
+    pub fn syncs(&self) -> bool {
+        self.sync
+    }
+
+    /// The resources, in configuration order.
+    pub fn resources(&self) -> &[Arc<Resource>] {
+        &self.resources
+    }
+
+    /// Looks up a resource by id.
+    pub fn resource(&self, rid: &str) -> Option<&Arc<Resource>> {
+        self.resources.iter().find(|r| r.rid() == rid)
+    }
+
+    /// Status of every resource.
+    pub fn status(&self) -> Vec<ResourceStatus> {
+        let st = lock(&self.state);
+        self.resources
+            .iter()
+            .map(|r| ResourceStatus {
+                rid: r.rid().to_owned(),
+                total: r.cfg.size.0,
+                hard_total: r.hard_limit(),
+                soft_total: r.soft_limit(),
+                usage: st.usage[r.idx],
+                max_duration: r.cfg.max_duration.0.as_secs(),
+            })
+            .collect()
+    }
+
+    /// Number of live allocations.
+    pub fn allocation_count(&self) -> usize {
+        lock(&self.state).allocs.len()
+    }
+
+    /// Finds the live allocation a key token names. `want` is the capability
+    /// kind the command needs; `None` accepts any (PROBE, as LoCI did).
+    pub fn lookup(&self, token: &KeyToken, want: Option<CapKind>) -> Result<Arc<Alloc>> {
+        if let Some(rid) = &token.rid {
+            if self.resource(rid).is_none() {
+                return Err(StoreError::InvalidRid);
+            }
+        }
+        let h = key_hash(&token.key);
+        let st = lock(&self.state);
+        let (id, kind) = *st.keys.get(&h).ok_or(StoreError::NotFound)?;
+        if want.is_some_and(|w| w != kind) {
+            return Err(StoreError::NotFound);
+        }
+        let a = st
+            .allocs
+            .get(&id)
+            .ok_or(StoreError::NotFound)?
+            .alloc
+            .clone();
+        drop(st);
+        if token.rid.as_deref().is_some_and(|r| r != a.res.rid()) {
+            return Err(StoreError::NotFound);
+        }
+        if lock(&a.info).rec.expires_at <= now_secs() {
+            return Err(StoreError::NotFound);
+        }
+        Ok(a)
+    }
+
+    /// ALLOCATE. Blocking (one metadata transaction).
+    pub fn allocate(&self, req: &AllocRequest) -> Result<NewAlloc> {
+        if req.size == 0 {
+            return Err(StoreError::Invalid("size 0"));
+        }
+        if req.duration == 0 || req.duration < -1 {
+            return Err(StoreError::Invalid("duration"));
+        }
+        if req.atype == AllocType::Buffer {
+            return Err(StoreError::TypeNotSupported);
+        }
+        let now = now_secs();
+        let keys = [Key::generate(), Key::generate(), Key::generate()];
+        let keys = match keys {
+            [Ok(r), Ok(w), Ok(m)] => [r, w, m],
+            _ => {
+                return Err(StoreError::Write(io::Error::other(
+                    "OS random source failed",
+                )));
+            }
+        };
+        let key_hashes = [key_hash(&keys[0]), key_hash(&keys[1]), key_hash(&keys[2])];
+
+        let mut st = lock(&self.state);
+        let candidates: Vec<&Arc<Resource>> = match req.rid.as_deref() {
+            None | Some("0") => self.resources.iter().collect(),
+            Some(rid) => vec![self.resource(rid).ok_or(StoreError::InvalidRid)?],
+        };
+        // Pick the offering resource with the most room; remember the most
+        // telling error for when none fits.
+        let mut err = StoreError::TypeNotSupported;
+        let mut best: Option<(&Arc<Resource>, u64, Vec<Arc<Alloc>>)> = None;
+        for r in candidates {
+            if !r.offers(req.atype) {
+                continue;
+            }
+            let max_dur = r.cfg.max_duration.0.as_secs();
+            let dur = if req.duration == -1 {
+                max_dur
+            } else {
+                req.duration.unsigned_abs()
+            };
+            if dur > max_dur {
+                err = StoreError::LongDuration;
+                continue;
+            }
+            let limit = if req.atype == AllocType::ByteArray {
+                r.cfg.max_alloc_size.map_or(r.cfg.size.0, |s| s.0)
+            } else {
+                r.cfg.max_queue_size.0
+            };
+            if req.size > limit {
+                err = StoreError::Policy("allocation larger than the depot allows");
+                continue;
+            }
+            match plan_space(&st, r, req.reliability, req.size) {
+                Some((room, revoke)) => {
+                    if best.as_ref().is_none_or(|(_, b, _)| room > *b) {
+                        best = Some((r, room, revoke));
+                    }
+                }
+                None => err = StoreError::NoSpace,
+            }
+        }
+        let Some((res, _, revoke)) = best else {
+            return Err(err);
+        };
+        let res = res.clone();
+        let max_dur = res.cfg.max_duration.0.as_secs();
+        let dur = if req.duration == -1 {
+            max_dur
+        } else {
+            req.duration.unsigned_abs()
+        };
+        let mut revoked_ids = Vec::new();
+        for a in &revoke {
+            if st.remove(a.id).is_some() {
+                revoked_ids.push(a.id);
+            }
+        }
+        let id = loop {
+            let mut b = [0u8; 8];
+            getrandom::fill(&mut b)
+                .map_err(|e| StoreError::Write(io::Error::other(e.to_string())))?;
+            let id = u64::from_le_bytes(b);
+            if id != 0 && !st.allocs.contains_key(&id) {
+                break id;
+            }
+        };
+        let rec = AllocRecord {
+            atype: req.atype,
+            reliability: req.reliability,
+            max_size: req.size,
+            expires_at: now.saturating_add(dur),
+            created_at: now,
+            read_refs: 1,
+            write_refs: 0,
+            key_hashes,
+        };
+        let alloc = Arc::new(Alloc {
+            id,
+            res: res.clone(),
+            atype: req.atype,
+            info: Mutex::new(AllocInfo {
+                rec: rec.clone(),
+                deleted: false,
+            }),
+            data: Mutex::new(DataState::default()),
+            writer: tokio::sync::Mutex::new(()),
+            sync: self.sync,
+        });
+        // Reserve now so concurrent ALLOCATEs see the space as taken; nobody
+        // can use the allocation before we reply with its keys.
+        st.insert(alloc.clone(), &rec);
+        drop(st);
+        for a in &revoke {
+            lock(&a.info).deleted = true;
+        }
+        if let Err(e) = res.db.apply(&[(id, rec.clone())], &revoked_ids) {
+            lock(&self.state).remove(id);
+            return Err(e.into());
+        }
+        for a in &revoke {
+            tracing::info!(rid = %a.res.rid(), id = a.id, "revoked soft allocation to make room");
+            let _ = std::fs::remove_file(a.res.data_path(a.id));
+        }
+        Ok(NewAlloc {
+            id,
+            rid: res.rid().to_owned(),
+            keys,
+            revoked: revoked_ids.len(),
+        })
+    }
+
+    /// Persists `a`'s record after `f` changes it; `f` returns whether to keep
+    /// the allocation (false = both refcounts hit zero: delete it).
+    fn update(
+        &self,
+        a: &Arc<Alloc>,
+        f: impl FnOnce(&mut AllocRecord, &mut State) -> Result<bool>,
+    ) -> Result<()> {
+        let mut info = lock(&a.info);
+        if info.deleted {
+            return Err(StoreError::NotFound);
+        }
+        let old = info.rec.clone();
+        let mut rec = old.clone();
+        let mut st = lock(&self.state);
+        let keep = f(&mut rec, &mut st)?;
+        if keep {
+            // Re-account with the new attributes.
+            st.remove(a.id);
+            st.insert(a.clone(), &rec);
+            drop(st);
+            if let Err(e) = a.res.db.apply(&[(a.id, rec.clone())], &[]) {
+                let mut st = lock(&self.state);
+                st.remove(a.id);
+                st.insert(a.clone(), &old);
+                return Err(e.into());
+            }
+            info.rec = rec;
+        } else {
+            st.remove(a.id);
+            drop(st);
+            info.deleted = true;
+            a.res.db.apply(&[], &[a.id])?;
+            let _ = std::fs::remove_file(a.res.data_path(a.id));
+        }
+        Ok(())
+    }
+
+    /// MANAGE INCR/DECR. `cap_type` 1 = read count, 2 = write count. Blocking.
+    pub fn change_refcount(&self, a: &Arc<Alloc>, cap_type: u32, up: bool) -> Result<()> {
+        self.update(a, |rec, _| {
+            let c = match cap_type {
+                1 => &mut rec.read_refs,
+                2 => &mut rec.write_refs,
+                _ => return Err(StoreError::Invalid("cap type")),
+            };
+            *c = if up {
+                c.saturating_add(1)
+            } else {
+                c.saturating_sub(1)
+            };
+            Ok(rec.read_refs > 0 || rec.write_refs > 0)
+        })
+    }
+
+    /// MANAGE CHNG. Blocking.
+    pub fn change(
+        &self,
+        a: &Arc<Alloc>,
+        max_size: u64,
+        duration: i64,
+        reliability: i64,
+    ) -> Result<()> {
+        let len = a.snapshot().1.len;
+        let res = a.res.clone();
+        let queue = a.is_queue();
+        self.update(a, |rec, st| {
+            if duration == 0 {
+                return Err(StoreError::Invalid("duration 0"));
+            }
+            let new_rel = match reliability {
+                -1 => rec.reliability,
+                n => Reliability::from_number(n).ok_or(StoreError::Invalid("reliability"))?,
+            };
+            let new_size = if max_size == 0 {
+                rec.max_size
+            } else {
+                max_size
+            };
+            if new_size < len {
+                return Err(StoreError::WouldDamage);
+            }
+            if queue && new_size != rec.max_size {
+                return Err(StoreError::InvalidCmd);
+            }
+            let max_dur = res.cfg.max_duration.0.as_secs();
+            if duration > 0 {
+                if duration.unsigned_abs() > max_dur {
+                    return Err(StoreError::Policy("duration beyond the resource maximum"));
+                }
+                rec.expires_at = now_secs().saturating_add(duration.unsigned_abs());
+            }
+            // Check the space the new attributes need, as if newly allocated.
+            let mut probe = st.usage[res.idx];
+            match rec.reliability {
+                Reliability::Hard => probe.hard -= rec.max_size,
+                Reliability::Soft => probe.soft -= rec.max_size,
+            }
+            let (hard, soft) = match new_rel {
+                Reliability::Hard => (probe.hard + new_size, probe.soft),
+                Reliability::Soft => (probe.hard, probe.soft + new_size),
+            };
+            let grows = new_size > rec.max_size || new_rel != rec.reliability;
+            if grows
+                && (hard + soft > res.cfg.size.0
+                    || hard > res.hard_limit()
+                    || soft > res.soft_limit())
+            {
+                return Err(StoreError::NoSpace);
+            }
+            rec.max_size = new_size;
+            rec.reliability = new_rel;
+            Ok(true)
+        })
+    }
+
+    /// MANAGE TRUNCATE: the new max size; data beyond it is cut. Blocking;
+    /// call with the writer lock held.
+    pub fn truncate(&self, a: &Arc<Alloc>, size: u64) -> Result<()> {
+        if a.is_queue() {
+            return Err(StoreError::InvalidCmd);
+        }
+        if size == 0 {
+            return Err(StoreError::Invalid("size 0"));
+        }
+        let (file, ext) = a.snapshot();
+        if let Some(f) = &file {
+            if ext.len > size {
+                a.commit(f, Extent { len: size, ..ext })?;
+                f.set_len(datafile::HEADER_BYTES + size)
+                    .map_err(StoreError::Write)?;
+            }
+        }
+        self.update(a, |rec, _| {
+            rec.max_size = size;
+            Ok(true)
+        })
+    }
+
+    /// Deletes every allocation whose lease has run out. Blocking; returns how
+    /// many went.
+    pub fn reap_expired(&self, now: u64) -> usize {
+        let expired: Vec<Arc<Alloc>> = {
+            let st = lock(&self.state);
+            st.expiry
+                .range(..(now + 1, 0))
+                .filter_map(|(_, id)| st.allocs.get(id).map(|e| e.alloc.clone()))
+                .collect()
+        };
+        let mut n = 0;
+        for a in expired {
+            let res = self.update(&a, |rec, _| {
+                // Re-check under the lock: a CHNG may have extended it.
+                Ok(rec.expires_at > now)
+            });
+            match res {
+                Ok(()) if lock(&a.info).deleted => n += 1,
+                Ok(()) | Err(StoreError::NotFound) => {}
+                Err(e) => {
+                    tracing::warn!(id = a.id, error = %e, "could not delete expired allocation")
+                }
+            }
+        }
+        n
+    }
+
+    /// Seconds until the next allocation expires, if any.
+    pub fn next_expiry(&self) -> Option<u64> {
+        lock(&self.state).expiry.first().map(|(t, _)| *t)
+    }
+}
+
+/// Decides whether `size` bytes of `rel` storage fit on `r`, possibly by
+/// revoking soft allocations (soonest-expiring first) for a hard request.
+/// Returns the room left afterwards and what to revoke.
+fn plan_space(
+    st: &State,
+    r: &Arc<Resource>,
+    rel: Reliability,
+    size: u64,
+) -> Option<(u64, Vec<Arc<Alloc>>)> {
+    let u = st.usage[r.idx];
+    let total = r.cfg.size.0;
+    match rel {
+        Reliability::Soft => {
+            let fits = u.soft + size <= r.soft_limit() && u.hard + u.soft + size <= total;
+            fits.then(|| (total - (u.hard + u.soft + size), Vec::new()))
+        }
+        Reliability::Hard => {
+            if u.hard + size > r.hard_limit() || u.hard + size > total {
+                return None;
+            }
+            let mut used = u.hard + u.soft;
+            let mut revoke = Vec::new();
+            if used + size > total {
+                for (_, id) in &st.expiry {
+                    let Some(e) = st.allocs.get(id) else { continue };
+                    if e.alloc.res.idx != r.idx || e.reliability != Reliability::Soft {
+                        continue;
+                    }
+                    used -= e.max_size;
+                    revoke.push(e.alloc.clone());
+                    if used + size <= total {
+                        break;
+                    }
+                }
+            }
+            (used + size <= total).then(|| (total - (used + size), revoke))
+        }
+    }
+}
+
+/// Deletes data files with no metadata record: their allocation was deleted
+/// and the crash came before the file went.
+fn remove_orphans(res: &Resource, allocs: &HashMap<u64, Entry>) {
+    let Ok(dirs) = std::fs::read_dir(&res.data_dir) else {
+        return;
+    };
+    for d in dirs.flatten() {
+        let Ok(files) = std::fs::read_dir(d.path()) else {
+            continue;
+        };
+        for f in files.flatten() {
+            let name = f.file_name();
+            let Some(id) = name.to_str().and_then(|n| u64::from_str_radix(n, 16).ok()) else {
+                continue;
+            };
+            if !allocs.contains_key(&id) {
+                tracing::info!(rid = %res.rid(), id, "removing orphaned data file");
+                let _ = std::fs::remove_file(f.path());
+            }
+        }
+    }
+}

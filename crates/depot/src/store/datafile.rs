@@ -1,0 +1,214 @@
+//! One allocation's bytes on disk (`docs/depot-format.md`).
+//!
+//! Layout: a 4096-byte header, then data. The header holds the *committed*
+//! extent — bytes a reader may see — so a data phase can stream straight into
+//! the file beyond it and becomes visible only when the header moves:
+//!
+//! | offset | size | field                                          |
+//! |-------:|-----:|------------------------------------------------|
+//! | 0      | 8    | magic `LORSALC1`                               |
+//! | 8      | 4    | format version (1), little endian              |
+//! | 12     | 4    | allocation type number                         |
+//! | 16     | 8    | `head`: ring start (queues) or 0               |
+//! | 24     | 8    | `len`: committed bytes                         |
+//! | 32     | 8    | `capacity`: ring size (queues) or 0            |
+//! | 40     | 8    | first 8 bytes of BLAKE3 over bytes 0..40       |
+//!
+//! Byte arrays keep byte `i` at `HEADER_BYTES + i`. Queues keep a ring of
+//! `capacity` bytes; logical byte `i` of the queue is at
+//! `HEADER_BYTES + (head + i) % capacity`.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+/// Bytes before the data. Page-sized so data stays page-aligned for sendfile.
+pub const HEADER_BYTES: u64 = 4096;
+const MAGIC: &[u8; 8] = b"LORSALC1";
+const FORMAT_VERSION: u32 = 1;
+
+/// The committed extent of an allocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Extent {
+    /// Ring start (queues); 0 for byte arrays.
+    pub head: u64,
+    /// Committed bytes.
+    pub len: u64,
+    /// Ring size for queues; 0 for byte arrays.
+    pub capacity: u64,
+}
+
+fn header_bytes(type_num: u32, e: Extent) -> [u8; 48] {
+    let mut h = [0u8; 48];
+    h[0..8].copy_from_slice(MAGIC);
+    h[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+    h[12..16].copy_from_slice(&type_num.to_le_bytes());
+    h[16..24].copy_from_slice(&e.head.to_le_bytes());
+    h[24..32].copy_from_slice(&e.len.to_le_bytes());
+    h[32..40].copy_from_slice(&e.capacity.to_le_bytes());
+    let sum = blake3::hash(&h[0..40]);
+    h[40..48].copy_from_slice(&sum.as_bytes()[0..8]);
+    h
+}
+
+fn le_u64(b: &[u8]) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(b);
+    u64::from_le_bytes(a)
+}
+
+/// Why a data file could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum DataFileError {
+    /// OS error.
+    #[error("{0}")]
+    Io(#[from] io::Error),
+    /// Header damaged or of another format.
+    #[error("data file header is damaged or of an unknown format")]
+    BadHeader,
+}
+
+/// Creates a new, empty data file and makes it durable.
+pub fn create(path: &Path, type_num: u32, capacity: u64, sync: bool) -> io::Result<File> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(path)?;
+    let e = Extent {
+        head: 0,
+        len: 0,
+        capacity,
+    };
+    f.write_all_at(&header_bytes(type_num, e), 0)?;
+    if sync {
+        f.sync_all()?;
+        if let Some(dir) = path.parent() {
+            File::open(dir)?.sync_all()?;
+        }
+    }
+    Ok(f)
+}
+
+/// Opens an existing data file, checks its header and drops any bytes past the
+/// committed extent (an unacknowledged data phase cut short by a crash).
+pub fn open(path: &Path) -> Result<(File, Extent), DataFileError> {
+    let f = OpenOptions::new().read(true).write(true).open(path)?;
+    let mut h = [0u8; 48];
+    f.read_exact_at(&mut h, 0)
+        .map_err(|_| DataFileError::BadHeader)?;
+    if &h[0..8] != MAGIC || h[8..12] != FORMAT_VERSION.to_le_bytes() {
+        return Err(DataFileError::BadHeader);
+    }
+    if blake3::hash(&h[0..40]).as_bytes()[0..8] != h[40..48] {
+        return Err(DataFileError::BadHeader);
+    }
+    let e = Extent {
+        head: le_u64(&h[16..24]),
+        len: le_u64(&h[24..32]),
+        capacity: le_u64(&h[32..40]),
+    };
+    if e.capacity == 0 {
+        let want = HEADER_BYTES
+            .checked_add(e.len)
+            .ok_or(DataFileError::BadHeader)?;
+        let have = f.metadata()?.len();
+        if have > want {
+            f.set_len(want)?;
+        } else if have < want {
+            // Committed bytes missing: the file was cut by something other
+            // than us. Refuse rather than serve zeros as data.
+            return Err(DataFileError::BadHeader);
+        }
+    }
+    Ok((f, e))
+}
+
+/// Writes the header for a new committed extent. With `sync`, data written
+/// before this call is made durable first, then the header, so a crash never
+/// leaves a header that points at bytes that are not on disk.
+pub fn commit(f: &File, type_num: u32, e: Extent, sync: bool) -> io::Result<()> {
+    if sync {
+        f.sync_data()?;
+    }
+    f.write_all_at(&header_bytes(type_num, e), 0)?;
+    if sync {
+        f.sync_data()?;
+    }
+    Ok(())
+}
+
+/// Writes `buf` at logical offset `pos` of a ring of `capacity` bytes.
+pub fn ring_write(f: &File, capacity: u64, pos: u64, buf: &[u8]) -> io::Result<()> {
+    let mut done = 0usize;
+    let mut p = pos % capacity;
+    while done < buf.len() {
+        let room = usize::try_from(capacity - p).unwrap_or(usize::MAX);
+        let n = room.min(buf.len() - done);
+        f.write_all_at(&buf[done..done + n], HEADER_BYTES + p)?;
+        done += n;
+        p = (p + n as u64) % capacity;
+    }
+    Ok(())
+}
+
+/// Reads `buf.len()` bytes at logical offset `pos` of a ring.
+pub fn ring_read(f: &File, capacity: u64, pos: u64, buf: &mut [u8]) -> io::Result<()> {
+    let mut done = 0usize;
+    let mut p = pos % capacity;
+    while done < buf.len() {
+        let room = usize::try_from(capacity - p).unwrap_or(usize::MAX);
+        let n = room.min(buf.len() - done);
+        f.read_exact_at(&mut buf[done..done + n], HEADER_BYTES + p)?;
+        done += n;
+        p = (p + n as u64) % capacity;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reopen_drops_uncommitted_tail_and_detects_damage() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("a");
+        let f = create(&p, 1, 0, true).unwrap();
+        f.write_all_at(b"hello", HEADER_BYTES).unwrap();
+        commit(
+            &f,
+            1,
+            Extent {
+                head: 0,
+                len: 5,
+                capacity: 0,
+            },
+            true,
+        )
+        .unwrap();
+        // An unacknowledged store that a crash cut short.
+        f.write_all_at(b" world", HEADER_BYTES + 5).unwrap();
+        drop(f);
+        let (f, e) = open(&p).unwrap();
+        assert_eq!(e.len, 5);
+        assert_eq!(f.metadata().unwrap().len(), HEADER_BYTES + 5);
+        // Flip a header byte: refused, not served.
+        f.write_all_at(&[0xff], 25).unwrap();
+        assert!(matches!(open(&p), Err(DataFileError::BadHeader)));
+    }
+
+    #[test]
+    fn ring_wraps() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = create(&dir.path().join("q"), 3, 8, false).unwrap();
+        ring_write(&f, 8, 6, b"abcdef").unwrap();
+        let mut out = [0u8; 6];
+        ring_read(&f, 8, 6, &mut out).unwrap();
+        assert_eq!(&out, b"abcdef");
+    }
+}

@@ -1,0 +1,157 @@
+//! Allocation metadata in an embedded transactional database (redb), one per
+//! resource, so a resource directory is self-contained and can move disks.
+//!
+//! Records change on ALLOCATE, MANAGE and deletion — never on STORE/WRITE,
+//! whose committed length lives in the data file header.
+
+use std::path::Path;
+
+use lors_ibp::proto::{AllocType, Reliability};
+use redb::{Database, ReadableTable, TableDefinition};
+
+const ALLOCS: TableDefinition<u64, &[u8]> = TableDefinition::new("allocs");
+const RECORD_VERSION: u8 = 1;
+const RECORD_BYTES: usize = 132;
+
+/// What is persisted per allocation. Keys are stored as BLAKE3 hashes only, so
+/// a copied metadata file does not hand out capabilities.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AllocRecord {
+    /// Allocation type.
+    pub atype: AllocType,
+    /// Soft or hard.
+    pub reliability: Reliability,
+    /// Maximum size in bytes.
+    pub max_size: u64,
+    /// Expiry, Unix seconds.
+    pub expires_at: u64,
+    /// Creation, Unix seconds.
+    pub created_at: u64,
+    /// Read reference count.
+    pub read_refs: u32,
+    /// Write reference count.
+    pub write_refs: u32,
+    /// BLAKE3 of the read, write and manage keys.
+    pub key_hashes: [[u8; 32]; 3],
+}
+
+impl AllocRecord {
+    /// Fixed little-endian layout, version byte first.
+    pub fn encode(&self) -> [u8; RECORD_BYTES] {
+        let mut b = [0u8; RECORD_BYTES];
+        b[0] = RECORD_VERSION;
+        b[1] = u8::try_from(self.atype.number()).expect("type numbers are 1..=4");
+        b[2] = u8::try_from(self.reliability.number()).expect("reliability is 1 or 2");
+        b[4..12].copy_from_slice(&self.max_size.to_le_bytes());
+        b[12..20].copy_from_slice(&self.expires_at.to_le_bytes());
+        b[20..28].copy_from_slice(&self.created_at.to_le_bytes());
+        b[28..32].copy_from_slice(&self.read_refs.to_le_bytes());
+        b[32..36].copy_from_slice(&self.write_refs.to_le_bytes());
+        for (i, h) in self.key_hashes.iter().enumerate() {
+            b[36 + 32 * i..68 + 32 * i].copy_from_slice(h);
+        }
+        b
+    }
+
+    /// Decodes a record; `None` for an unknown version or damaged bytes.
+    pub fn decode(b: &[u8]) -> Option<AllocRecord> {
+        if b.len() != RECORD_BYTES || b[0] != RECORD_VERSION {
+            return None;
+        }
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
+        let mut key_hashes = [[0u8; 32]; 3];
+        for (i, h) in key_hashes.iter_mut().enumerate() {
+            h.copy_from_slice(&b[36 + 32 * i..68 + 32 * i]);
+        }
+        Some(AllocRecord {
+            atype: AllocType::from_number(i64::from(b[1]))?,
+            reliability: Reliability::from_number(i64::from(b[2]))?,
+            max_size: u64_at(4),
+            expires_at: u64_at(12),
+            created_at: u64_at(20),
+            read_refs: u32_at(28),
+            write_refs: u32_at(32),
+            key_hashes,
+        })
+    }
+}
+
+/// One resource's metadata database.
+pub struct MetaDb {
+    db: Database,
+}
+
+impl MetaDb {
+    /// Opens or creates `path`.
+    pub fn open(path: &Path) -> Result<MetaDb, redb::Error> {
+        let db = Database::create(path)?;
+        let txn = db.begin_write()?;
+        txn.open_table(ALLOCS)?;
+        txn.commit()?;
+        Ok(MetaDb { db })
+    }
+
+    /// Every record; undecodable ones are returned apart so the caller can log them.
+    pub fn load_all(&self) -> Result<(Vec<(u64, AllocRecord)>, Vec<u64>), redb::Error> {
+        let txn = self.db.begin_read()?;
+        let table = txn.open_table(ALLOCS)?;
+        let mut good = Vec::new();
+        let mut bad = Vec::new();
+        for item in table.iter()? {
+            let (k, v) = item?;
+            match AllocRecord::decode(v.value()) {
+                Some(r) => good.push((k.value(), r)),
+                None => bad.push(k.value()),
+            }
+        }
+        Ok((good, bad))
+    }
+
+    /// Writes `puts` and removes `deletes` in one durable transaction.
+    pub fn apply(&self, puts: &[(u64, AllocRecord)], deletes: &[u64]) -> Result<(), redb::Error> {
+        let txn = self.db.begin_write()?;
+        {
+            let mut t = txn.open_table(ALLOCS)?;
+            for (id, rec) in puts {
+                t.insert(*id, rec.encode().as_slice())?;
+            }
+            for id in deletes {
+                t.remove(*id)?;
+            }
+        }
+        txn.commit()?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_round_trip_and_persist() {
+        let dir = tempfile::tempdir().unwrap();
+        let rec = AllocRecord {
+            atype: AllocType::Fifo,
+            reliability: Reliability::Soft,
+            max_size: 12345,
+            expires_at: 99,
+            created_at: 7,
+            read_refs: 1,
+            write_refs: 3,
+            key_hashes: [[1; 32], [2; 32], [3; 32]],
+        };
+        assert_eq!(AllocRecord::decode(&rec.encode()), Some(rec.clone()));
+        {
+            let db = MetaDb::open(&dir.path().join("m.redb")).unwrap();
+            db.apply(&[(5, rec.clone()), (6, rec.clone())], &[])
+                .unwrap();
+            db.apply(&[], &[6]).unwrap();
+        }
+        let db = MetaDb::open(&dir.path().join("m.redb")).unwrap();
+        let (good, bad) = db.load_all().unwrap();
+        assert_eq!(good, vec![(5, rec)]);
+        assert!(bad.is_empty());
+    }
+}
