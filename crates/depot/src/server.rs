@@ -1,5 +1,5 @@
 //! The IBP server: accepts connections, bounds them, and hands each to a
-//! per-connection task ([`conn`]). Shutdown: stop accepting, let idle
+//! per-connection task (`conn`). Shutdown: stop accepting, let idle
 //! connections close, wait for in-flight commands (bounded).
 
 mod conn;

@@ -63,10 +63,16 @@ pub enum StoreError {
     Write(io::Error),
     /// The metadata database failed.
     #[error("metadata database: {0}")]
-    Meta(#[from] redb::Error),
+    Meta(Box<redb::Error>),
     /// The allocation's data file is damaged.
     #[error("allocation data is damaged")]
     Corrupt,
+}
+
+impl From<meta::MetaError> for StoreError {
+    fn from(e: meta::MetaError) -> Self {
+        StoreError::Meta(e)
+    }
 }
 
 impl StoreError {
@@ -566,7 +572,7 @@ impl Store {
         // Pick the offering resource with the most room; remember the most
         // telling error for when none fits.
         let mut err = StoreError::TypeNotSupported;
-        let mut best: Option<(&Arc<Resource>, u64, Vec<Arc<Alloc>>)> = None;
+        let mut best: Option<Plan<'_>> = None;
         for r in candidates {
             if !r.offers(req.atype) {
                 continue;
@@ -592,14 +598,18 @@ impl Store {
             }
             match plan_space(&st, r, req.reliability, req.size) {
                 Some((room, revoke)) => {
-                    if best.as_ref().is_none_or(|(_, b, _)| room > *b) {
-                        best = Some((r, room, revoke));
+                    if best.as_ref().is_none_or(|b| room > b.room) {
+                        best = Some(Plan {
+                            res: r,
+                            room,
+                            revoke,
+                        });
                     }
                 }
                 None => err = StoreError::NoSpace,
             }
         }
-        let Some((res, _, revoke)) = best else {
+        let Some(Plan { res, revoke, .. }) = best else {
             return Err(err);
         };
         let res = res.clone();
@@ -838,6 +848,14 @@ impl Store {
     pub fn next_expiry(&self) -> Option<u64> {
         lock(&self.state).expiry.first().map(|(t, _)| *t)
     }
+}
+
+/// Where an ALLOCATE would go: the resource, the room left after it, and the
+/// soft allocations it would revoke.
+struct Plan<'a> {
+    res: &'a Arc<Resource>,
+    room: u64,
+    revoke: Vec<Arc<Alloc>>,
 }
 
 /// Decides whether `size` bytes of `rel` storage fit on `r`, possibly by

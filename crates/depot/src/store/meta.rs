@@ -77,6 +77,16 @@ impl AllocRecord {
     }
 }
 
+/// A metadata-database error (boxed: redb's error type is large).
+pub type MetaError = Box<redb::Error>;
+
+/// Records that decoded, and ids of records that did not.
+pub type Loaded = (Vec<(u64, AllocRecord)>, Vec<u64>);
+
+fn db<T, E: Into<redb::Error>>(r: Result<T, E>) -> Result<T, MetaError> {
+    r.map_err(|e| Box::new(e.into()))
+}
+
 /// One resource's metadata database.
 pub struct MetaDb {
     db: Database,
@@ -84,22 +94,22 @@ pub struct MetaDb {
 
 impl MetaDb {
     /// Opens or creates `path`.
-    pub fn open(path: &Path) -> Result<MetaDb, redb::Error> {
-        let db = Database::create(path)?;
-        let txn = db.begin_write()?;
-        txn.open_table(ALLOCS)?;
-        txn.commit()?;
+    pub fn open(path: &Path) -> Result<MetaDb, MetaError> {
+        let db = db(Database::create(path))?;
+        let txn = db_txn(db.begin_write())?;
+        self::db(txn.open_table(ALLOCS))?;
+        self::db(txn.commit())?;
         Ok(MetaDb { db })
     }
 
     /// Every record; undecodable ones are returned apart so the caller can log them.
-    pub fn load_all(&self) -> Result<(Vec<(u64, AllocRecord)>, Vec<u64>), redb::Error> {
-        let txn = self.db.begin_read()?;
-        let table = txn.open_table(ALLOCS)?;
+    pub fn load_all(&self) -> Result<Loaded, MetaError> {
+        let txn = db(self.db.begin_read())?;
+        let table = db(txn.open_table(ALLOCS))?;
         let mut good = Vec::new();
         let mut bad = Vec::new();
-        for item in table.iter()? {
-            let (k, v) = item?;
+        for item in db(table.iter())? {
+            let (k, v) = db(item)?;
             match AllocRecord::decode(v.value()) {
                 Some(r) => good.push((k.value(), r)),
                 None => bad.push(k.value()),
@@ -109,20 +119,25 @@ impl MetaDb {
     }
 
     /// Writes `puts` and removes `deletes` in one durable transaction.
-    pub fn apply(&self, puts: &[(u64, AllocRecord)], deletes: &[u64]) -> Result<(), redb::Error> {
-        let txn = self.db.begin_write()?;
+    pub fn apply(&self, puts: &[(u64, AllocRecord)], deletes: &[u64]) -> Result<(), MetaError> {
+        let txn = db_txn(self.db.begin_write())?;
         {
-            let mut t = txn.open_table(ALLOCS)?;
+            let mut t = db(txn.open_table(ALLOCS))?;
             for (id, rec) in puts {
-                t.insert(*id, rec.encode().as_slice())?;
+                db(t.insert(*id, rec.encode().as_slice()))?;
             }
             for id in deletes {
-                t.remove(*id)?;
+                db(t.remove(*id))?;
             }
         }
-        txn.commit()?;
+        db(txn.commit())?;
         Ok(())
     }
+}
+
+// begin_write's error type converts through redb::TransactionError.
+fn db_txn<T>(r: Result<T, redb::TransactionError>) -> Result<T, MetaError> {
+    db(r)
 }
 
 #[cfg(test)]

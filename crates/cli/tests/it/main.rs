@@ -1,0 +1,4 @@
+//! Integration tests: real `lors` processes on 127.0.0.1 with OS-assigned ports.
+
+mod depot;
+mod util;

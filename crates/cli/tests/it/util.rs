@@ -1,0 +1,166 @@
+//! Test harness: start real depot processes and talk to them.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use lors_ibp::{ClientConfig, Connection};
+
+/// A running `lors depot` child process.
+pub struct DepotProc {
+    child: Child,
+    /// `127.0.0.1:PORT`.
+    pub addr: String,
+    /// The port.
+    pub port: u16,
+    /// Metrics address, when enabled.
+    pub metrics: Option<String>,
+}
+
+/// A temporary directory that lives as long as the test.
+pub fn tempdir() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("lors-it-")
+        .tempdir()
+        .unwrap()
+}
+
+impl DepotProc {
+    /// Starts a depot on `--data <data>` with extra flags; `--listen
+    /// 127.0.0.1:0` unless the flags give one.
+    pub fn start(data: &Path, extra: &[&str]) -> DepotProc {
+        let mut args: Vec<String> = vec!["depot".into()];
+        if !extra.contains(&"--config") {
+            args.push("--data".into());
+            args.push(data.display().to_string());
+        }
+        if !extra.contains(&"--listen") {
+            args.push("--listen".into());
+            args.push("127.0.0.1:0".into());
+        }
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let mut child = Command::new(env!("CARGO_BIN_EXE_lors"))
+            .args(&args)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn lors depot");
+        let out = child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut addr = None;
+        let mut metrics = None;
+        loop {
+            let line = rx
+                .recv_timeout(Duration::from_secs(30))
+                .expect("depot did not report ready within 30s");
+            if let Some(a) = line.strip_prefix("lors depot: serving IBP on ") {
+                addr = Some(a.trim().to_owned());
+            } else if let Some(m) = line.strip_prefix("lors depot: metrics on http://") {
+                metrics = Some(m.trim_end_matches("/metrics").to_owned());
+            } else if line == "lors depot: ready" {
+                break;
+            }
+        }
+        let addr = addr.expect("depot printed its address");
+        let port = addr.rsplit(':').next().unwrap().parse().unwrap();
+        DepotProc {
+            child,
+            addr,
+            port,
+            metrics,
+        }
+    }
+
+    /// SIGKILL, no cleanup, as a crash.
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// A fresh client connection.
+    pub async fn connect(&self) -> Connection {
+        Connection::connect(&self.addr, &client_cfg())
+            .await
+            .expect("connect to depot")
+    }
+}
+
+impl Drop for DepotProc {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// Client settings for tests: short deadlines so a hang fails fast.
+pub fn client_cfg() -> ClientConfig {
+    ClientConfig {
+        connect_timeout: Duration::from_secs(5),
+        io_timeout: Duration::from_secs(20),
+        ..ClientConfig::default()
+    }
+}
+
+/// Deterministic test bytes.
+pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+/// A raw line-oriented socket for byte-exact protocol checks.
+pub struct Raw {
+    pub rd: tokio::io::BufReader<tokio::net::TcpStream>,
+}
+
+impl Raw {
+    pub async fn connect(addr: &str) -> Raw {
+        let s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        Raw {
+            rd: tokio::io::BufReader::new(s),
+        }
+    }
+
+    pub async fn send(&mut self, bytes: &[u8]) {
+        use tokio::io::AsyncWriteExt;
+        self.rd.get_mut().write_all(bytes).await.unwrap();
+    }
+
+    /// Next line including `\n`; empty string at EOF.
+    pub async fn line(&mut self) -> String {
+        use tokio::io::AsyncBufReadExt;
+        let mut s = String::new();
+        tokio::time::timeout(Duration::from_secs(10), self.rd.read_line(&mut s))
+            .await
+            .expect("reply within 10s")
+            .unwrap();
+        s
+    }
+
+    pub async fn bytes(&mut self, n: usize) -> Vec<u8> {
+        use tokio::io::AsyncReadExt;
+        let mut b = vec![0; n];
+        self.rd.read_exact(&mut b).await.unwrap();
+        b
+    }
+
+    /// True once the depot has closed the connection.
+    pub async fn closed(&mut self) -> bool {
+        use tokio::io::AsyncReadExt;
+        let mut b = [0u8; 1];
+        matches!(
+            tokio::time::timeout(Duration::from_secs(10), self.rd.read(&mut b)).await,
+            Ok(Ok(0)) | Ok(Err(_))
+        )
+    }
+}
