@@ -47,7 +47,7 @@ pub struct Args {
     /// Longest allocation lifetime for the --data resource, e.g. 30d [default: 30d].
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     max_duration: Option<std::time::Duration>,
-    /// Host[:port] written into capabilities [default: the listen IP, or the
+    /// HOST or HOST:PORT written into capabilities [default: the listen IP, or the
     /// host name when listening on all interfaces].
     #[arg(long, value_name = "HOST[:PORT]")]
     advertise: Option<String>,

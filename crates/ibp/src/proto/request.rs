@@ -714,12 +714,39 @@ impl Request {
                     (Version::V13, StatusOp::Change { password, .. }) => {
                         format!("0 4 2 {password} {t}")
                     }
-                    (_, StatusOp::Inquire { rid, password }) => {
-                        format!("1 4 {} 1 {password} {t}", rid.as_deref().unwrap_or("0"))
+                    (
+                        _,
+                        StatusOp::Inquire {
+                            rid: Some(rid),
+                            password,
+                        },
+                    ) => {
+                        format!("1 4 {rid} 1 {password} {t}")
                     }
-                    (_, StatusOp::Change { rid, password }) => {
-                        format!("1 4 {} 2 {password} {t}", rid.as_deref().unwrap_or("0"))
+                    (
+                        _,
+                        StatusOp::Change {
+                            rid: Some(rid),
+                            password,
+                        },
+                    ) => {
+                        format!("1 4 {rid} 2 {password} {t}")
                     }
+                    // The RID-less v1.4 forms.
+                    (
+                        _,
+                        StatusOp::Inquire {
+                            rid: None,
+                            password,
+                        },
+                    ) => format!("1 4 1 {password} {t}"),
+                    (
+                        _,
+                        StatusOp::Change {
+                            rid: None,
+                            password,
+                        },
+                    ) => format!("1 4 2 {password} {t}"),
                     (_, StatusOp::Resources) => format!("1 4 3 {t}"),
                     (_, StatusOp::Version) => format!("1 4 5 {t}"),
                 }

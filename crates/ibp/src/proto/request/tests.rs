@@ -306,6 +306,14 @@ fn parses_what_lors_0_82_sends() {
     ));
 }
 
+/// Found by the `ibp_request` fuzz target: the RID-less v1.4 INQ re-encoded
+/// with RID 0.
+#[test]
+fn rid_less_v14_inquiry_round_trips() {
+    let r = Request::parse(b"1 4  1 4  44410").unwrap();
+    assert_eq!(Request::parse(r.encode().as_bytes()), Ok(r));
+}
+
 #[test]
 fn fractional_and_zero_timeouts_mean_default() {
     assert_eq!(parse_timeout("0"), Ok(Timeout::Default));
