@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The whole test suite, exactly as CI runs it (`.ci/run` calls this):
+# format, lints, unit + integration tests, docs, benchmark build, fuzz smoke.
+# Installs what it needs on a fresh machine. Env: FUZZ_SECONDS (default 20
+# per target; 0 skips the fuzz run but still builds the targets).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+fuzz_seconds="${FUZZ_SECONDS:-20}"
+step() { printf '\n==> %s\n' "$*"; }
+
+step "toolchain components"
+if command -v rustup >/dev/null 2>&1; then
+    rustup component add rustfmt clippy >/dev/null 2>&1 || true
+fi
+if ! command -v cargo-fuzz >/dev/null 2>&1; then
+    step "installing cargo-fuzz"
+    cargo install cargo-fuzz --locked --quiet
+fi
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "cargo clippy"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+step "cargo test"
+cargo test --workspace --locked
+
+step "cargo doc"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked --quiet
+
+step "cargo bench --no-run"
+cargo bench --workspace --no-run --locked --quiet
+
+step "fuzz targets (${fuzz_seconds}s each)"
+export RUSTC_BOOTSTRAP=1 # cargo-fuzz needs nightly flags; only stable is installed
+targets=$(cargo fuzz list --fuzz-dir fuzz)
+cargo fuzz build --fuzz-dir fuzz 2>&1 | tail -n 1
+if [ "$fuzz_seconds" -gt 0 ]; then
+    for t in $targets; do
+        echo "--- $t"
+        cargo fuzz run --fuzz-dir fuzz "$t" -- -max_total_time="$fuzz_seconds" 2>&1 | grep -E '^Done|ERROR|panicked' || true
+        if [ -d "fuzz/artifacts/$t" ] && [ -n "$(ls -A "fuzz/artifacts/$t" 2>/dev/null)" ]; then
+            echo "fuzz target $t found a crash: see fuzz/artifacts/$t" >&2
+            exit 1
+        fi
+    done
+fi
+
+printf '\nall checks passed\n'
