@@ -24,7 +24,10 @@ use super::transfer::{XferError, copy_range, read_exact_idle, recv_to_file, send
 use super::{Depot, copy};
 use crate::metrics::command_index;
 use crate::store::datafile::{self, Extent, HEADER_BYTES};
-use crate::store::{Alloc, AllocRequest, StoreError, now_secs};
+use crate::store::{Alloc, AllocRequest, StoreError};
+
+/// Distinct names for staging files (opened with `create_new`, never shared).
+static STAGE_SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// What to do after a command.
 #[derive(Debug, PartialEq, Eq)]
@@ -289,16 +292,13 @@ impl Conn {
         }
         // Overlaps committed bytes: stage the data so a cut-short WRITE leaves
         // the old bytes intact, then copy it into place.
-        let stage_path = a
-            .res
-            .temp_path(a.id ^ now_secs().rotate_left(17) ^ u64::from(self.peer.port()));
+        let stage_path = a.res.temp_path(STAGE_SEQ.fetch_add(1, Relaxed));
         let sp = stage_path.clone();
         let stage = blocking(move || {
             std::fs::OpenOptions::new()
                 .read(true)
                 .write(true)
-                .create(true)
-                .truncate(true)
+                .create_new(true)
                 .open(&sp)
                 .map_err(StoreError::Write)
         })
@@ -465,6 +465,18 @@ impl Conn {
                 let head = (ext.head + overflow) % capacity;
                 let len = ext.len + length - overflow;
                 let tail = (head + len - length) % capacity;
+                if overflow > 0 {
+                    // Drop the oldest bytes in the header before overwriting
+                    // them, so a crash never exposes half-overwritten bytes.
+                    a.commit(
+                        &file,
+                        Extent {
+                            head,
+                            len: ext.len - overflow,
+                            capacity,
+                        },
+                    )?;
+                }
                 datafile::ring_write(&file, capacity, tail, &buf).map_err(StoreError::Write)?;
                 a.commit(
                     &file,
