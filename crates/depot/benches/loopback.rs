@@ -98,11 +98,13 @@ fn main() {
     let iperf_before = iperf3(3);
     let (_tx, rx) = tokio::sync::watch::channel(false);
     let addr = depot_rt.block_on(async {
-        let mut cfg = Config::default();
-        cfg.listen = "127.0.0.1:0".parse().unwrap();
         let mut r = ResourceConfig::new("1", dir.path().join("r1"));
         r.size = ByteSize(4 << 30);
-        cfg.resources.push(r);
+        let cfg = Config {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            resources: vec![r],
+            ..Config::default()
+        };
         let depot: Arc<Depot> = Depot::open(cfg).await.expect("open depot");
         let l = depot.bind().await.expect("bind");
         let addr = l.ibp.local_addr().unwrap().to_string();

@@ -25,11 +25,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = tempfile::Builder::new()
         .prefix("lors-roundtrip-")
         .tempdir()?;
-    let mut cfg = Config::default();
-    cfg.listen = "127.0.0.1:0".parse()?;
     let mut res = ResourceConfig::new("1", dir.path().join("r1"));
     res.size = ByteSize((data.len() as u64 + (64 << 20)).max(1 << 30));
-    cfg.resources.push(res);
+    let cfg = Config {
+        listen: "127.0.0.1:0".parse()?,
+        resources: vec![res],
+        ..Config::default()
+    };
     let depot: Arc<Depot> = Depot::open(cfg).await?;
     let listeners = depot.bind().await?;
     let addr = listeners.ibp.local_addr()?.to_string();
