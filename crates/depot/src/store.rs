@@ -260,6 +260,19 @@ impl Alloc {
         Ok(())
     }
 
+    /// Commits a byte-array write that ended at `end`: the committed length
+    /// becomes the high-water mark. Blocking; call with the writer lock held.
+    pub fn commit_written(&self, file: &File, end: u64) -> Result<()> {
+        let ext = self.snapshot().1;
+        self.commit(
+            file,
+            Extent {
+                len: ext.len.max(end),
+                ..ext
+            },
+        )
+    }
+
     /// Cuts the file back to the committed extent after a failed data phase.
     pub fn rollback(&self, file: &File) {
         let e = lock(&self.data).extent;

@@ -315,25 +315,13 @@ impl Conn {
             return self.data_failed(e, None, a);
         }
         self.depot.metrics.bytes_in.fetch_add(length, Relaxed);
-        let file = blocking({
-            let a = a.clone();
-            move || a.file_for_write()
-        })
-        .await
-        .map_err(|e| Fail::closing(e.status()))?;
+        let file = data_file(a).await?;
         let res = blocking({
             let (a, file) = (a.clone(), file.clone());
             move || {
                 copy_range(&stage, 0, &file, HEADER_BYTES + offset, length)
                     .map_err(StoreError::Write)?;
-                let ext = a.snapshot().1;
-                a.commit(
-                    &file,
-                    Extent {
-                        len: ext.len.max(end),
-                        ..ext
-                    },
-                )
+                a.commit_written(&file, end)
             }
         })
         .await;
@@ -358,12 +346,7 @@ impl Conn {
         length: u64,
         idle: Duration,
     ) -> Res {
-        let file = blocking({
-            let a = a.clone();
-            move || a.file_for_write()
-        })
-        .await
-        .map_err(|e| Fail::closing(e.status()))?;
+        let file = data_file(a).await?;
         self.go_ahead().await?;
         let budget = self
             .depot
@@ -383,19 +366,8 @@ impl Conn {
         }
         self.depot.metrics.bytes_in.fetch_add(length, Relaxed);
         let res = blocking({
-            let a = a.clone();
-            let file = file.clone();
-            move || {
-                let ext = a.snapshot().1;
-                let end = start + length;
-                a.commit(
-                    &file,
-                    Extent {
-                        len: ext.len.max(end),
-                        ..ext
-                    },
-                )
-            }
+            let (a, file) = (a.clone(), file.clone());
+            move || a.commit_written(&file, start + length)
         })
         .await;
         match res {
@@ -440,12 +412,7 @@ impl Conn {
         if !fits {
             return Err(Fail::closing(StatusCode::WOULD_EXCEED_LIMIT));
         }
-        let file = blocking({
-            let a = a.clone();
-            move || a.file_for_write()
-        })
-        .await
-        .map_err(|e| Fail::closing(e.status()))?;
+        let file = data_file(a).await?;
         self.go_ahead().await?;
         let _budget = self.depot.budget(length).await;
         let n =
@@ -769,6 +736,15 @@ impl Conn {
         s.push_str("END\n");
         s
     }
+}
+
+/// The allocation's data file, created on first use, off the async threads.
+/// Failure closes the connection: the client may already be sending data.
+async fn data_file(a: &Arc<Alloc>) -> Result<Arc<std::fs::File>, Fail> {
+    let a = a.clone();
+    blocking(move || a.file_for_write())
+        .await
+        .map_err(|e| Fail::closing(e.status()))
 }
 
 /// STORE/WRITE lookups close the connection on failure: data may follow.

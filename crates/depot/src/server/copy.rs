@@ -13,7 +13,7 @@ use lors_ibp::{ClientConfig, Connection, Error as ClientError};
 use super::Depot;
 use super::conn::{Fail, blocking};
 use super::transfer::{XferError, copy_range, send_file};
-use crate::store::datafile::{Extent, HEADER_BYTES};
+use crate::store::datafile::HEADER_BYTES;
 use crate::store::{Alloc, StoreError};
 
 pub(super) async fn send(
@@ -110,7 +110,7 @@ async fn local(
                 return Err(StoreError::Write(e));
             }
         }
-        d2.commit(&dst, Extent { len: end, ..dext })
+        d2.commit_written(&dst, end)
     })
     .await
     .map_err(|e| Fail::new(e.status()))?;
