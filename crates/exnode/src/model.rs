@@ -1,0 +1,246 @@
+//! The exNode model, independent of any serialization.
+
+use lors_ibp::caps::{CapKind, Capability};
+
+/// A typed metadata or function-argument value (`type=` in the XML).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value {
+    /// `type="string"`.
+    String(String),
+    /// `type="integer"`: signed 64-bit.
+    Integer(i64),
+    /// `type="double"`: finite.
+    Double(f64),
+    /// `type="meta"`: nested metadata.
+    Meta(Vec<Metadata>),
+}
+
+/// One named value.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Metadata {
+    /// The `name` attribute.
+    pub name: String,
+    /// The typed value.
+    pub value: Value,
+}
+
+impl Metadata {
+    /// A string item.
+    pub fn string(name: &str, v: &str) -> Self {
+        Metadata {
+            name: name.into(),
+            value: Value::String(v.into()),
+        }
+    }
+    /// An integer item.
+    pub fn integer(name: &str, v: i64) -> Self {
+        Metadata {
+            name: name.into(),
+            value: Value::Integer(v),
+        }
+    }
+    /// A double item.
+    pub fn double(name: &str, v: f64) -> Self {
+        Metadata {
+            name: name.into(),
+            value: Value::Double(v),
+        }
+    }
+}
+
+/// An end-to-end function applied to a mapping's bytes (checksum, encryption,
+/// compression…). The outermost function was applied last at upload and is
+/// undone first at download; `inner` holds the earlier ones.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Function {
+    /// Function name, e.g. `checksum`, `aes_encrypt`, `zlib_compress`.
+    pub name: String,
+    /// Function metadata.
+    pub metadata: Vec<Metadata>,
+    /// Function arguments (e.g. `blocksize`, `KEY`).
+    pub arguments: Vec<Metadata>,
+    /// Functions applied before this one.
+    pub inner: Vec<Function>,
+}
+
+impl Function {
+    /// An argument by name.
+    pub fn argument(&self, name: &str) -> Option<&Value> {
+        self.arguments
+            .iter()
+            .find(|m| m.name == name)
+            .map(|m| &m.value)
+    }
+
+    /// This function and its inner ones, outermost first (the order a
+    /// downloader undoes them).
+    pub fn chain(&self) -> Vec<&Function> {
+        let mut out = vec![self];
+        let mut cur = self;
+        while let Some(next) = cur.inner.first() {
+            out.push(next);
+            cur = next;
+        }
+        out
+    }
+}
+
+/// One piece of the file in one allocation.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Mapping {
+    /// Logical offset in the file.
+    pub exnode_offset: u64,
+    /// Bytes of original data covered.
+    pub logical_length: u64,
+    /// Offset inside the allocation.
+    pub alloc_offset: u64,
+    /// Bytes stored in the allocation (differs from `logical_length` with
+    /// checksums, encryption padding or compression).
+    pub alloc_length: u64,
+    /// End-to-end block size (0 = no e2e functions).
+    pub e2e_blocksize: u64,
+    /// Other mapping metadata, kept as read (e.g. dlt-lors `start`/`end`).
+    pub metadata: Vec<Metadata>,
+    /// The function chain, if any.
+    pub function: Option<Function>,
+    /// Read capability.
+    pub read: Option<Capability>,
+    /// Write capability.
+    pub write: Option<Capability>,
+    /// Manage capability.
+    pub manage: Option<Capability>,
+}
+
+impl Mapping {
+    /// End of the logical range this mapping covers.
+    pub fn logical_end(&self) -> u64 {
+        self.exnode_offset.saturating_add(self.logical_length)
+    }
+
+    /// The capability of one kind, if present.
+    pub fn cap(&self, kind: CapKind) -> Option<&Capability> {
+        match kind {
+            CapKind::Read => self.read.as_ref(),
+            CapKind::Write => self.write.as_ref(),
+            CapKind::Manage => self.manage.as_ref(),
+        }
+    }
+
+    /// `host:port` of the depot holding this mapping.
+    pub fn depot(&self) -> Option<String> {
+        self.read
+            .as_ref()
+            .or(self.manage.as_ref())
+            .or(self.write.as_ref())
+            .map(Capability::address)
+    }
+}
+
+/// Why an exNode is not usable.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ModelError {
+    /// Offsets or lengths overflow 64 bits.
+    #[error("mapping {index}: {what} overflows")]
+    Overflow {
+        /// Mapping index.
+        index: usize,
+        /// Which range.
+        what: &'static str,
+    },
+    /// A capability element holds a capability of another kind.
+    #[error("mapping {index}: the {slot} element holds a {found:?} capability")]
+    WrongCapKind {
+        /// Mapping index.
+        index: usize,
+        /// Element name.
+        slot: &'static str,
+        /// Kind found.
+        found: CapKind,
+    },
+}
+
+/// A network file.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ExNode {
+    /// File-level metadata (`filename`, `lorsversion`, …).
+    pub metadata: Vec<Metadata>,
+    /// The mappings, in document order; replicas are mappings with the same range.
+    pub mappings: Vec<Mapping>,
+}
+
+impl ExNode {
+    /// A metadata item by name.
+    pub fn meta(&self, name: &str) -> Option<&Value> {
+        self.metadata
+            .iter()
+            .find(|m| m.name == name)
+            .map(|m| &m.value)
+    }
+
+    /// Sets (replaces or appends) a metadata item.
+    pub fn set_meta(&mut self, item: Metadata) {
+        match self.metadata.iter_mut().find(|m| m.name == item.name) {
+            Some(m) => *m = item,
+            None => self.metadata.push(item),
+        }
+    }
+
+    /// The `filename` metadata.
+    pub fn filename(&self) -> Option<&str> {
+        match self.meta("filename") {
+            Some(Value::String(s)) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// The file's logical size: the end of the furthest mapping.
+    pub fn logical_size(&self) -> u64 {
+        self.mappings
+            .iter()
+            .map(Mapping::logical_end)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Checks ranges and capability kinds.
+    pub fn validate(&self) -> Result<(), ModelError> {
+        for (index, m) in self.mappings.iter().enumerate() {
+            if m.exnode_offset.checked_add(m.logical_length).is_none() {
+                return Err(ModelError::Overflow {
+                    index,
+                    what: "exnode_offset + logical_length",
+                });
+            }
+            if m.alloc_offset.checked_add(m.alloc_length).is_none() {
+                return Err(ModelError::Overflow {
+                    index,
+                    what: "alloc_offset + alloc_length",
+                });
+            }
+            for (slot, kind) in [
+                ("read", CapKind::Read),
+                ("write", CapKind::Write),
+                ("manage", CapKind::Manage),
+            ] {
+                if let Some(c) = m.cap(kind) {
+                    if c.kind != kind {
+                        return Err(ModelError::WrongCapKind {
+                            index,
+                            slot,
+                            found: c.kind,
+                        });
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether any mapping still carries a write or manage capability: such an
+    /// exNode is a secret and is written with mode 0600.
+    pub fn holds_secrets(&self) -> bool {
+        self.mappings
+            .iter()
+            .any(|m| m.write.is_some() || m.manage.is_some())
+    }
+}
