@@ -1,3 +1,139 @@
-//! One module per subcommand.
+//! One module per subcommand, plus what they share.
 
 pub mod depot;
+pub mod download;
+pub mod ls;
+pub mod upload;
+
+use std::io::{IsTerminal as _, Write as _};
+use std::path::Path;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use lors_exnode::{ExNode, xml};
+
+/// Parses `10M`-style sizes for clap.
+pub fn size_arg(s: &str) -> Result<u64, String> {
+    lors_depot::config::parse_size(s)
+}
+
+/// Parses `2h`-style durations for clap.
+pub fn duration_arg(s: &str) -> Result<Duration, String> {
+    lors_depot::config::parse_duration(s)
+}
+
+/// Reads and parses an exNode file.
+pub fn read_exnode(path: &Path) -> anyhow::Result<ExNode> {
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    xml::parse(&bytes).with_context(|| format!("parsing exNode {}", path.display()))
+}
+
+/// Writes an exNode atomically: temp file, fsync, rename. Mode 0600 when it
+/// holds write or manage capabilities (it is then a secret).
+pub fn write_exnode(path: &Path, x: &ExNode) -> anyhow::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = path.file_name().context("exNode path has no file name")?;
+    let tmp = dir.join(format!(
+        ".{}.tmp{}",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    let mode = if x.holds_secrets() { 0o600 } else { 0o644 };
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(&tmp)
+        .with_context(|| format!("creating {}", tmp.display()))?;
+    let res = (|| {
+        f.write_all(xml::write(x).as_bytes())?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)?;
+        std::fs::File::open(dir)?.sync_all()
+    })();
+    if res.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    res.with_context(|| format!("writing {}", path.display()))
+}
+
+/// A one-line progress display on stderr, drawn only on a terminal.
+pub struct TermProgress {
+    what: &'static str,
+    state: Mutex<(Option<u64>, u64, Instant, Instant)>,
+    tty: bool,
+}
+
+impl TermProgress {
+    pub fn new(what: &'static str, quiet: bool) -> Self {
+        let now = Instant::now();
+        TermProgress {
+            what,
+            state: Mutex::new((None, 0, now, now)),
+            tty: !quiet && std::io::stderr().is_terminal(),
+        }
+    }
+
+    /// Clears the line.
+    pub fn finish(&self) {
+        if self.tty {
+            eprint!("\r\x1b[2K");
+        }
+    }
+}
+
+impl lors::Progress for TermProgress {
+    fn start(&self, total: Option<u64>) {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        s.0 = total;
+        s.2 = Instant::now();
+    }
+
+    fn advance(&self, bytes: u64) {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        s.1 += bytes;
+        if !self.tty || s.3.elapsed() < Duration::from_millis(200) {
+            return;
+        }
+        s.3 = Instant::now();
+        let mib = s.1 as f64 / 1048576.0;
+        let rate = mib / s.2.elapsed().as_secs_f64().max(1e-6);
+        match s.0 {
+            Some(t) if t > 0 => eprint!(
+                "\r\x1b[2K{} {:.1}/{:.1} MiB ({:.0}%) {:.0} MiB/s",
+                self.what,
+                mib,
+                t as f64 / 1048576.0,
+                100.0 * s.1 as f64 / t as f64,
+                rate
+            ),
+            _ => eprint!("\r\x1b[2K{} {mib:.1} MiB {rate:.0} MiB/s", self.what),
+        }
+    }
+
+    fn note(&self, message: &str) {
+        self.finish();
+        eprintln!("lors: {message}");
+    }
+}
+
+/// Minimal JSON string escaping for `--json` output.
+pub fn json_str(s: &str) -> String {
+    let mut o = String::with_capacity(s.len() + 2);
+    o.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => o.push_str("\\\""),
+            '\\' => o.push_str("\\\\"),
+            c if (c as u32) < 0x20 => o.push_str(&format!("\\u{:04x}", c as u32)),
+            c => o.push(c),
+        }
+    }
+    o.push('"');
+    o
+}

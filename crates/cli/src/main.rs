@@ -24,6 +24,12 @@ struct Cli {
 enum Command {
     /// Run an IBP storage depot.
     Depot(commands::depot::Args),
+    /// Store a file on depots; write its exNode.
+    Upload(commands::upload::Args),
+    /// Fetch a file from the depots its exNode names.
+    Download(commands::download::Args),
+    /// List an exNode's mappings.
+    Ls(commands::ls::Args),
 }
 
 /// An error that should exit with status 2 (bad usage/configuration).
@@ -61,6 +67,18 @@ fn main() -> ExitCode {
             // Daemons log at info by default, as operators expect.
             init_logging(cli.verbose, "info");
             commands::depot::run(args)
+        }
+        Command::Upload(args) => {
+            init_logging(cli.verbose, "warn");
+            commands::upload::run(args)
+        }
+        Command::Download(args) => {
+            init_logging(cli.verbose, "warn");
+            commands::download::run(args)
+        }
+        Command::Ls(args) => {
+            init_logging(cli.verbose, "warn");
+            commands::ls::run(args)
         }
     };
     match result {

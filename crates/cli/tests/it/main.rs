@@ -1,4 +1,5 @@
 //! Integration tests: real `lors` processes on 127.0.0.1 with OS-assigned ports.
 
 mod depot;
+mod tools;
 mod util;

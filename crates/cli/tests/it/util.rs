@@ -102,6 +102,20 @@ impl Drop for DepotProc {
     }
 }
 
+/// Runs `lors ARGS…`, returning (success, stdout, stderr).
+pub fn lors(args: &[&str]) -> (bool, Vec<u8>, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_lors"))
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run lors");
+    (
+        out.status.success(),
+        out.stdout,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 /// Client settings for tests: short deadlines so a hang fails fast.
 pub fn client_cfg() -> ClientConfig {
     ClientConfig {

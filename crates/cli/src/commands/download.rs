@@ -1,0 +1,131 @@
+//! `lors download`: fetch an exNode's file from its depots.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lors::Pool;
+use lors::download::{DownloadOptions, Output, download};
+use lors_ibp::ClientConfig;
+
+use super::{TermProgress, duration_arg, read_exnode, size_arg};
+use crate::UsageError;
+
+/// Download a file from the depots its exNode names (fastest replicas first).
+#[derive(clap::Args)]
+#[command(after_help = "EXAMPLES:
+  lors download -o run42.dat run42.xnd
+  lors download -o - video.xnd | mplayer -        # stream to stdout, in order
+  lors download -R -o run42.dat run42.xnd         # resume an interrupted download
+  lors download -O 1G -L 100M -o part.bin run42.xnd")]
+pub struct Args {
+    /// The exNode.
+    exnode: PathBuf,
+    /// Output file; `-` writes standard output.
+    #[arg(short, long, value_name = "OUT")]
+    output: Option<PathBuf>,
+    /// Write to the exNode's recorded file name.
+    #[arg(short = 'f', long = "auto-name", conflicts_with = "output")]
+    auto_name: bool,
+    /// First byte to fetch.
+    #[arg(short = 'O', long, value_parser = size_arg, default_value = "0")]
+    offset: u64,
+    /// Bytes to fetch [default: to the end].
+    #[arg(short = 'L', long, value_parser = size_arg)]
+    length: Option<u64>,
+    /// Largest piece fetched in one request.
+    #[arg(short = 'b', long = "block-size", env = "LORS_BLOCKSIZE", value_parser = size_arg, default_value = "10M")]
+    block_size: u64,
+    /// Connections per depot.
+    #[arg(short = 'a', long = "connections", default_value_t = 4)]
+    connections: usize,
+    /// Resume an interrupted download to the same output file.
+    #[arg(short = 'R', long)]
+    resume: bool,
+    /// Never fetch a slow block twice from another replica.
+    #[arg(long)]
+    no_redundancy: bool,
+    /// Per-operation network timeout.
+    #[arg(short = 'T', long, env = "LORS_TIMEOUT", value_parser = duration_arg, default_value = "600s")]
+    timeout: Duration,
+    /// No progress display.
+    #[arg(short, long)]
+    quiet: bool,
+}
+
+pub fn run(a: Args) -> anyhow::Result<()> {
+    let x = read_exnode(&a.exnode)?;
+    let out =
+        match (&a.output, a.auto_name) {
+            (Some(o), _) => o.clone(),
+            (None, true) => PathBuf::from(
+                x.filename()
+                    .filter(|f| !f.is_empty() && !f.contains('/'))
+                    .ok_or_else(|| {
+                        UsageError("the exNode records no usable file name; use -o".into())
+                    })?,
+            ),
+            (None, false) => return Err(UsageError(
+                "say where the data goes: -o OUT (or -o - for stdout, -f for the recorded name)"
+                    .into(),
+            )
+            .into()),
+        };
+    let stdout = out.as_os_str() == "-";
+    if stdout && a.resume {
+        return Err(UsageError("-R needs an output file, not stdout".into()).into());
+    }
+    let opts = DownloadOptions {
+        offset: a.offset,
+        length: a.length,
+        block_size: a.block_size,
+        conns_per_depot: a.connections,
+        hedge: !a.no_redundancy,
+        resume: a.resume,
+        ..DownloadOptions::default()
+    };
+    let cfg = ClientConfig {
+        io_timeout: a.timeout,
+        ..ClientConfig::default()
+    };
+    let progress = Arc::new(TermProgress::new("downloading", a.quiet));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let stats = rt.block_on(async {
+        let pool = Arc::new(Pool::new(cfg));
+        let output = if stdout {
+            Output::Writer(Box::new(tokio::io::stdout()))
+        } else {
+            Output::File(out.clone())
+        };
+        download(&x, output, &opts, pool, progress.clone()).await
+    })?;
+    progress.finish();
+    if !a.quiet {
+        let secs = stats.elapsed.as_secs_f64();
+        let depots: Vec<String> = stats
+            .per_depot
+            .iter()
+            .map(|(d, b)| format!("{d} {:.1} MiB", *b as f64 / 1048576.0))
+            .collect();
+        eprintln!(
+            "lors: downloaded {} bytes in {:.2}s, {:.1} MiB/s{}{} [{}]",
+            stats.bytes,
+            secs,
+            stats.bytes as f64 / 1048576.0 / secs.max(1e-9),
+            if stats.resumed_bytes > 0 {
+                format!(", {} bytes resumed", stats.resumed_bytes)
+            } else {
+                String::new()
+            },
+            if stats.retries > 0 {
+                format!(", {} reads retried on replicas", stats.retries)
+            } else {
+                String::new()
+            },
+            depots.join(", ")
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,209 @@
+//! `lors ls`: list an exNode's mappings, probing each depot.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use lors::Pool;
+use lors_ibp::{ClientConfig, ProbeInfo};
+
+use super::{json_str, read_exnode};
+
+/// List the mappings of an exNode: offsets, depots, capabilities, leases.
+#[derive(clap::Args)]
+#[command(
+    after_help = "Row format (as lors_ls): index, flags (H/S/? reliability, r/w/m caps held,
+a = byte array), read refcount, offset, length, depot, expiry.
+
+EXAMPLES:
+  lors ls run42.xnd
+  lors ls --json run42.xnd | jq '.mappings[] | select(.error != null)'"
+)]
+pub struct Args {
+    /// The exNode.
+    exnode: PathBuf,
+    /// Machine-readable output.
+    #[arg(long)]
+    json: bool,
+    /// Do not contact depots (no refcounts or expiry).
+    #[arg(long)]
+    offline: bool,
+}
+
+/// `ctime()`-style UTC text, as the original lors_ls prints expiries.
+fn ctime(unix: u64) -> String {
+    let days = i64::try_from(unix / 86_400).unwrap_or(0);
+    let secs = unix % 86_400;
+    // Civil-from-days (proleptic Gregorian).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    let wd = (days + 4).rem_euclid(7);
+    const W: [&str; 7] = ["Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"];
+    const M: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    format!(
+        "{} {} {:2} {:02}:{:02}:{:02} {}",
+        W[wd as usize],
+        M[(m - 1) as usize],
+        d,
+        secs / 3600,
+        secs / 60 % 60,
+        secs % 60,
+        y
+    )
+}
+
+pub fn run(a: Args) -> anyhow::Result<()> {
+    let x = read_exnode(&a.exnode)?;
+    let probes: Vec<Result<ProbeInfo, String>> = if a.offline {
+        x.mappings
+            .iter()
+            .map(|_| Err("not probed".to_string()))
+            .collect()
+    } else {
+        let cfg = ClientConfig {
+            io_timeout: Duration::from_secs(20),
+            ..ClientConfig::default()
+        };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        rt.block_on(async {
+            let pool = Pool::new(cfg);
+            let mut out = Vec::new();
+            for m in &x.mappings {
+                // The manage key works on every depot; LoCI-style depots (and
+                // ours) also answer the read key.
+                let cap = m.manage.as_ref().or(m.read.as_ref()).or(m.write.as_ref());
+                let r = match cap {
+                    None => Err("no capability".to_string()),
+                    Some(c) => match pool.get(&c.address()).await {
+                        Ok(mut conn) => {
+                            let r = conn.probe(c).await.map_err(|e| e.to_string());
+                            pool.put(conn);
+                            r
+                        }
+                        Err(e) => Err(e.to_string()),
+                    },
+                };
+                out.push(r);
+            }
+            out
+        })
+    };
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let mut s = String::new();
+    if a.json {
+        let _ = write!(
+            s,
+            "{{\"filename\":{},\"size\":{},\"mappings\":[",
+            json_str(x.filename().unwrap_or("")),
+            x.logical_size()
+        );
+        for (i, (m, p)) in x.mappings.iter().zip(&probes).enumerate() {
+            if i > 0 {
+                s.push(',');
+            }
+            let _ = write!(
+                s,
+                "{{\"index\":{i},\"exnode_offset\":{},\"logical_length\":{},\"alloc_offset\":{},\"alloc_length\":{},\"depot\":{},\"read\":{},\"write\":{},\"manage\":{},\"function\":{}",
+                m.exnode_offset,
+                m.logical_length,
+                m.alloc_offset,
+                m.alloc_length,
+                json_str(&m.depot().unwrap_or_default()),
+                m.read.is_some(),
+                m.write.is_some(),
+                m.manage.is_some(),
+                m.function
+                    .as_ref()
+                    .map_or("null".to_string(), |f| json_str(&f.name)),
+            );
+            match p {
+                Ok(p) => {
+                    let _ = write!(
+                        s,
+                        ",\"reliability\":{},\"read_refs\":{},\"stored\":{},\"max_size\":{},\"expires\":{},\"error\":null}}",
+                        json_str(if p.reliability == 2 { "hard" } else { "soft" }),
+                        p.read_refs,
+                        p.size,
+                        p.max_size,
+                        now.saturating_add(u64::try_from(p.seconds_left).unwrap_or(0))
+                    );
+                }
+                Err(e) => {
+                    let _ = write!(s, ",\"error\":{}}}", json_str(e));
+                }
+            }
+        }
+        s.push_str("]}\n");
+    } else {
+        let _ = writeln!(
+            s,
+            "{}: {} bytes, {} mappings",
+            a.exnode.display(),
+            x.logical_size(),
+            x.mappings.len()
+        );
+        for (i, (m, p)) in x.mappings.iter().zip(&probes).enumerate() {
+            let rel = match p {
+                Ok(p) if p.reliability == 2 => 'H',
+                Ok(p) if p.reliability == 1 => 'S',
+                _ => '?',
+            };
+            let kind = match p {
+                Ok(p) if p.alloc_type == 1 => 'a',
+                _ => '?',
+            };
+            let flags = format!(
+                "{rel}{}{}{}{kind}",
+                if m.read.is_some() { 'r' } else { '-' },
+                if m.write.is_some() { 'w' } else { '-' },
+                if m.manage.is_some() { 'm' } else { '-' }
+            );
+            let (refs, exp) = match p {
+                Ok(p) => (
+                    p.read_refs.to_string(),
+                    ctime(now.saturating_add(u64::try_from(p.seconds_left).unwrap_or(0))),
+                ),
+                Err(_) => ("-1".into(), "Unknown".into()),
+            };
+            let _ = writeln!(
+                s,
+                "{i:>2} {flags} {refs:>2} {:>9} {:>9} {} {exp}",
+                m.exnode_offset,
+                m.logical_length,
+                m.depot().unwrap_or_else(|| "-".into())
+            );
+        }
+        let failed = probes.iter().filter(|p| p.is_err()).count();
+        if failed > 0 && !a.offline {
+            let _ = writeln!(
+                s,
+                "{failed} mapping(s) could not be probed (depot down, or allocation gone); see --json for reasons"
+            );
+        }
+    }
+    print!("{s}");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn ctime_matches_c() {
+        // Reference values from `date -u -d @N "+%a %b %e %H:%M:%S %Y"`.
+        assert_eq!(super::ctime(0), "Thu Jan  1 00:00:00 1970");
+        assert_eq!(super::ctime(1_795_300_000), "Sat Nov 21 22:26:40 2026");
+    }
+}

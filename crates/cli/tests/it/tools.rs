@@ -1,0 +1,385 @@
+//! The LoRS tools (`lors upload/download/ls`) against real depots.
+
+use std::collections::HashSet;
+use std::path::Path;
+use std::sync::Arc;
+
+use lors::download::{DownloadOptions, Output, download};
+use lors::upload::{UploadOptions, upload};
+use lors::{NoProgress, Pool};
+use lors_ibp::proto::Reliability;
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestRunner};
+
+use crate::util::{DepotProc, client_cfg, lors, pattern, tempdir};
+
+fn depots(n: usize, dir: &Path) -> Vec<DepotProc> {
+    (0..n)
+        .map(|i| DepotProc::start(&dir.join(format!("d{i}")), &["--sync", "never"]))
+        .collect()
+}
+
+fn depot_args(ds: &[DepotProc]) -> Vec<String> {
+    ds.iter()
+        .flat_map(|d| ["--depot".to_string(), d.addr.clone()])
+        .collect()
+}
+
+/// Every copy of a block sits on a different depot.
+fn assert_distinct_replicas(x: &lors_exnode::ExNode) {
+    let mut by_block: std::collections::BTreeMap<u64, Vec<String>> = Default::default();
+    for m in &x.mappings {
+        by_block
+            .entry(m.exnode_offset)
+            .or_default()
+            .push(m.depot().unwrap());
+    }
+    for (off, ds) in by_block {
+        let set: HashSet<_> = ds.iter().collect();
+        assert_eq!(
+            set.len(),
+            ds.len(),
+            "block {off}: replicas share a depot: {ds:?}"
+        );
+    }
+}
+
+#[test]
+fn round_trips_over_sizes_block_sizes_copies_and_threads() {
+    let dir = tempdir();
+    let ds = depots(3, dir.path());
+    let addrs: Vec<String> = ds.iter().map(|d| d.addr.clone()).collect();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mut runner = TestRunner::new(Config {
+        cases: 24,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let strategy = (
+        prop_oneof![Just(0usize), Just(1), 2usize..5000, 5000usize..300_000],
+        prop_oneof![Just(1024u64), Just(4096), 1000u64..70_000],
+        1usize..=3,
+        1usize..=6,
+        any::<u8>(),
+    );
+    runner
+        .run(&strategy, |(size, bs, copies, threads, seed)| {
+            let data = pattern(size, seed);
+            let opts = UploadOptions {
+                depots: addrs.clone(),
+                block_size: bs,
+                copies,
+                threads,
+                duration: std::time::Duration::from_secs(600),
+                reliability: Reliability::Hard,
+                filename: "p.bin".into(),
+            };
+            let (x, back) = rt.block_on(async {
+                let pool = Arc::new(Pool::new(client_cfg()));
+                let x = upload(
+                    &data[..],
+                    Some(size as u64),
+                    &opts,
+                    pool.clone(),
+                    Arc::new(NoProgress),
+                )
+                .await
+                .unwrap();
+                let (tx, mut rx) = tokio::io::duplex(1 << 20);
+                let dl = DownloadOptions {
+                    block_size: bs.max(4096),
+                    ..DownloadOptions::default()
+                };
+                let reader = tokio::spawn(async move {
+                    let mut v = Vec::new();
+                    tokio::io::AsyncReadExt::read_to_end(&mut rx, &mut v)
+                        .await
+                        .unwrap();
+                    v
+                });
+                download(
+                    &x,
+                    Output::Writer(Box::new(tx)),
+                    &dl,
+                    pool,
+                    Arc::new(NoProgress),
+                )
+                .await
+                .unwrap();
+                (x, reader.await.unwrap())
+            });
+            prop_assert_eq!(x.logical_size(), size as u64);
+            prop_assert_eq!(
+                x.mappings.len(),
+                (size as u64).div_ceil(bs) as usize * copies
+            );
+            assert_distinct_replicas(&x);
+            prop_assert!(
+                back == data,
+                "downloaded bytes differ (size {}, bs {}, copies {})",
+                size,
+                bs,
+                copies
+            );
+            Ok(())
+        })
+        .unwrap();
+}
+
+#[test]
+fn cli_upload_ls_download_and_stream() {
+    let dir = tempdir();
+    let ds = depots(3, dir.path());
+    let src = dir.path().join("in.bin");
+    let data = pattern(3_000_001, 5);
+    std::fs::write(&src, &data).unwrap();
+    let xnd = dir.path().join("in.xnd");
+    let mut args = vec![
+        "upload",
+        "-q",
+        "-c",
+        "2",
+        "-b",
+        "256K",
+        "-o",
+        xnd.to_str().unwrap(),
+    ];
+    let da = depot_args(&ds);
+    args.extend(da.iter().map(String::as_str));
+    args.push(src.to_str().unwrap());
+    let (ok, _, err) = lors(&args);
+    assert!(ok, "{err}");
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&xnd).unwrap().permissions().mode() & 0o777,
+        0o600,
+        "exNodes with write caps are secrets"
+    );
+    let x = lors_exnode::xml::parse(&std::fs::read(&xnd).unwrap()).unwrap();
+    assert_eq!(x.filename(), Some("in.bin"));
+    assert_eq!(x.mappings.len(), 12 * 2);
+    assert_distinct_replicas(&x);
+    // ls: LoRS rows, every mapping probed as hard, 1 read ref, byte array.
+    let (ok, out, err) = lors(&["ls", xnd.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    let text = String::from_utf8(out).unwrap();
+    assert_eq!(
+        text.lines().filter(|l| l.contains(" Hrwma  1 ")).count(),
+        24,
+        "{text}"
+    );
+    let (ok, out, _) = lors(&["ls", "--json", xnd.to_str().unwrap()]);
+    assert!(ok);
+    let json = String::from_utf8(out).unwrap();
+    assert!(
+        json.contains("\"size\":3000001") && json.contains("\"reliability\":\"hard\""),
+        "{json}"
+    );
+    // Download to a file and to stdout.
+    let dst = dir.path().join("out.bin");
+    let (ok, _, err) = lors(&[
+        "download",
+        "-q",
+        "-o",
+        dst.to_str().unwrap(),
+        xnd.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    assert!(std::fs::read(&dst).unwrap() == data);
+    let (ok, out, err) = lors(&["download", "-q", "-o", "-", xnd.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    assert!(out == data);
+    // A byte range.
+    let (ok, out, _) = lors(&[
+        "download",
+        "-q",
+        "-O",
+        "1000",
+        "-L",
+        "300000",
+        "-o",
+        "-",
+        xnd.to_str().unwrap(),
+    ]);
+    assert!(ok);
+    assert!(out == data[1000..301_000]);
+}
+
+#[test]
+fn download_completes_from_replicas_when_a_depot_dies_mid_transfer() {
+    let dir = tempdir();
+    let mut ds = depots(3, dir.path());
+    let src = dir.path().join("big.bin");
+    let data = pattern(40 << 20, 9);
+    std::fs::write(&src, &data).unwrap();
+    let xnd = dir.path().join("big.xnd");
+    let mut args = vec![
+        "upload",
+        "-q",
+        "-c",
+        "2",
+        "-b",
+        "1M",
+        "-o",
+        xnd.to_str().unwrap(),
+    ];
+    let da = depot_args(&ds);
+    args.extend(da.iter().map(String::as_str));
+    args.push(src.to_str().unwrap());
+    assert!(lors(&args).0);
+    let dst = dir.path().join("big.out");
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_lors"))
+        .args([
+            "download",
+            "-q",
+            "-a",
+            "1",
+            "-b",
+            "256K",
+            "-o",
+            dst.to_str().unwrap(),
+            xnd.to_str().unwrap(),
+        ])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(150));
+    ds[1].kill9();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        std::fs::read(&dst).unwrap() == data,
+        "output differs after a depot died"
+    );
+}
+
+#[test]
+fn interrupted_download_resumes_without_refetching_finished_blocks() {
+    let dir = tempdir();
+    let mut ds = depots(2, dir.path());
+    let src = dir.path().join("r.bin");
+    let data = pattern(8 << 20, 3);
+    std::fs::write(&src, &data).unwrap();
+    let xnd = dir.path().join("r.xnd");
+    let mut args = vec![
+        "upload",
+        "-q",
+        "-c",
+        "1",
+        "-b",
+        "512K",
+        "-o",
+        xnd.to_str().unwrap(),
+    ];
+    let da = depot_args(&ds);
+    args.extend(da.iter().map(String::as_str));
+    args.push(src.to_str().unwrap());
+    assert!(lors(&args).0);
+    // One depot goes away: with one copy, its blocks are unreachable.
+    let port = ds[1].port;
+    let x = lors_exnode::xml::parse(&std::fs::read(&xnd).unwrap()).unwrap();
+    let live: u64 = x
+        .mappings
+        .iter()
+        .filter(|m| m.depot().unwrap() != ds[1].addr)
+        .map(|m| m.logical_length)
+        .sum();
+    assert!(
+        live > 0 && live < data.len() as u64,
+        "blocks are spread over both depots"
+    );
+    ds[1].kill9();
+    let dst = dir.path().join("r.out");
+    let (ok, _, err) = lors(&[
+        "download",
+        "-q",
+        "-o",
+        dst.to_str().unwrap(),
+        xnd.to_str().unwrap(),
+    ]);
+    assert!(!ok, "must fail while blocks are unreachable");
+    assert!(err.contains("could not be read from any replica"), "{err}");
+    let record = dir.path().join("r.out.lors-part");
+    assert!(record.exists(), "the resume record is kept");
+    // The depot comes back (same data, same port); resume fetches only the rest.
+    let _back = DepotProc::start(
+        &dir.path().join("d1"),
+        &["--sync", "never", "--listen", &format!("127.0.0.1:{port}")],
+    );
+    let (ok, _, err) = lors(&[
+        "download",
+        "-R",
+        "-o",
+        dst.to_str().unwrap(),
+        xnd.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        err.contains(&format!(", {live} bytes resumed")),
+        "everything reachable was kept: {err}"
+    );
+    assert!(std::fs::read(&dst).unwrap() == data);
+    assert!(!record.exists(), "the record is removed when complete");
+    // Kill the downloader itself mid-way, then resume: output identical.
+    let dst2 = dir.path().join("r2.out");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_lors"))
+        .args([
+            "download",
+            "-q",
+            "-a",
+            "1",
+            "-b",
+            "64K",
+            "-o",
+            dst2.to_str().unwrap(),
+            xnd.to_str().unwrap(),
+        ])
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(60));
+    let _ = child.kill();
+    let _ = child.wait();
+    let (ok, _, err) = lors(&[
+        "download",
+        "-q",
+        "-R",
+        "-o",
+        dst2.to_str().unwrap(),
+        xnd.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    assert!(std::fs::read(&dst2).unwrap() == data);
+}
+
+#[test]
+fn tools_explain_bad_usage() {
+    let (ok, _, err) = lors(&[
+        "upload",
+        "--depot",
+        "127.0.0.1:1",
+        "-c",
+        "2",
+        "-o",
+        "/tmp/x.xnd",
+        "/etc/hostname",
+    ]);
+    assert!(
+        !ok && err.contains("2 copies need 2 distinct depots"),
+        "{err}"
+    );
+    let (ok, _, err) = lors(&[
+        "upload",
+        "--depot",
+        "127.0.0.1:1",
+        "-c",
+        "1",
+        "/etc/hostname",
+    ]);
+    assert!(!ok && err.contains("-o OUT.xnd"), "{err}");
+    let (ok, _, err) = lors(&["download", "-o", "/tmp/x", "/nonexistent.xnd"]);
+    assert!(!ok && err.contains("reading /nonexistent.xnd"), "{err}");
+}

@@ -1,0 +1,576 @@
+//! Download: the adaptive block scheduler of DESIGN.md / seed 001 §3.
+//!
+//! The range is planned into segments ([`crate::plan`]). Each depot gets
+//! `conns_per_depot` workers; a worker takes the first pending segment its
+//! depot holds, so faster depots take more. A failed read marks that replica
+//! bad for the segment and puts the segment back. When nothing is pending, an
+//! idle worker fetches the oldest in-flight segment again from another replica
+//! (progress-driven redundancy); the first copy to arrive wins. Output goes to
+//! a file with positional writes (resumable through a sidecar record), or to a
+//! writer in order through a bounded reorder window.
+
+use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::fs::File;
+use std::io::Write as _;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use lors_exnode::ExNode;
+use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::sync::{Notify, mpsc};
+
+use crate::error::{Error, Result};
+use crate::plan::plan;
+use crate::pool::Pool;
+use crate::progress::Progress;
+
+/// Download settings.
+#[derive(Debug, Clone)]
+pub struct DownloadOptions {
+    /// First logical byte.
+    pub offset: u64,
+    /// Bytes to fetch; `None` = to the end of the file.
+    pub length: Option<u64>,
+    /// Largest segment fetched in one LOAD.
+    pub block_size: u64,
+    /// Parallel connections per depot.
+    pub conns_per_depot: usize,
+    /// Fetch stragglers again from another replica when idle.
+    pub hedge: bool,
+    /// Continue an interrupted download to a file.
+    pub resume: bool,
+    /// Segments an ordered (stream) output may run ahead of the writer.
+    pub window: usize,
+}
+
+impl Default for DownloadOptions {
+    fn default() -> Self {
+        DownloadOptions {
+            offset: 0,
+            length: None,
+            block_size: 10 << 20,
+            conns_per_depot: 4,
+            hedge: true,
+            resume: false,
+            window: 16,
+        }
+    }
+}
+
+/// Where the bytes go.
+pub enum Output {
+    /// A file, written with positional writes; resumable.
+    File(PathBuf),
+    /// A stream (stdout, a pipe), written in order.
+    Writer(Box<dyn AsyncWrite + Unpin + Send>),
+}
+
+/// What happened.
+#[derive(Debug, Clone, Default)]
+pub struct Stats {
+    /// Bytes delivered to the output.
+    pub bytes: u64,
+    /// Bytes skipped because a resumed download already had them.
+    pub resumed_bytes: u64,
+    /// Reads that failed and were retried elsewhere.
+    pub retries: u64,
+    /// Segments fetched twice to beat a straggler.
+    pub hedged: u64,
+    /// Bytes read per depot (`host:port`, bytes).
+    pub per_depot: Vec<(String, u64)>,
+    /// Wall time.
+    pub elapsed: Duration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum St {
+    Pending,
+    Running,
+    Done,
+}
+
+struct Seg {
+    offset: u64,
+    len: u64,
+    sources: Vec<usize>,
+    failed: HashSet<usize>,
+    running_on: Vec<usize>,
+    started: Instant,
+    st: St,
+}
+
+struct Sched {
+    segs: Vec<Seg>,
+    pending: VecDeque<usize>,
+    done: usize,
+    /// Stream output: index of the first segment not yet written.
+    written: usize,
+    /// Local failures (the output cannot be written): stop at once.
+    fatal: Option<Error>,
+    /// Segments no replica could serve; the rest is still fetched so a
+    /// resumed download has less to do.
+    lost: Vec<(u64, u64, String)>,
+    stats: Stats,
+    depot_bytes: BTreeMap<String, u64>,
+    /// Depots we could not connect to: their replicas are skipped.
+    dead: HashSet<String>,
+}
+
+struct Ctx {
+    x: ExNode,
+    sched: Mutex<Sched>,
+    wake: Notify,
+    pool: Arc<Pool>,
+    progress: Arc<dyn Progress>,
+    opts: DownloadOptions,
+    base: u64,
+    stream: bool,
+}
+
+enum Pick {
+    Fetch(usize, usize),
+    Wait,
+    Exit,
+}
+
+impl Ctx {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Sched> {
+        self.sched.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn depot(&self, m: usize) -> String {
+        self.x.mappings[m]
+            .read
+            .as_ref()
+            .map(|c| c.address())
+            .unwrap_or_default()
+    }
+
+    fn usable(&self, s: &Seg, depot: &str) -> Option<usize> {
+        s.sources
+            .iter()
+            .copied()
+            .find(|m| !s.failed.contains(m) && !s.running_on.contains(m) && self.depot(*m) == depot)
+    }
+
+    fn pick(&self, depot: &str) -> Pick {
+        let mut g = self.lock();
+        if g.fatal.is_some() || g.done + g.lost.len() == g.segs.len() || g.dead.contains(depot) {
+            return Pick::Exit;
+        }
+        let limit = if self.stream {
+            g.written + self.opts.window
+        } else {
+            usize::MAX
+        };
+        let mut could_later = false;
+        let pos = g.pending.iter().position(|&i| {
+            let s = &g.segs[i];
+            match self.usable(s, depot) {
+                Some(_) if i < limit => true,
+                Some(_) => {
+                    could_later = true;
+                    false
+                }
+                None => false,
+            }
+        });
+        if let Some(p) = pos {
+            let i = g.pending.remove(p).expect("position is in range");
+            let m = self.usable(&g.segs[i], depot).expect("checked above");
+            let s = &mut g.segs[i];
+            s.st = St::Running;
+            s.started = Instant::now();
+            s.running_on.push(m);
+            return Pick::Fetch(i, m);
+        }
+        // Nothing pending here: help with the oldest straggler, once.
+        let mut best: Option<(usize, usize, Instant)> = None;
+        for (i, s) in g.segs.iter().enumerate() {
+            if s.st != St::Running || i >= limit {
+                continue;
+            }
+            if let Some(m) = self.usable(s, depot) {
+                could_later = true;
+                if self.opts.hedge
+                    && s.running_on.len() == 1
+                    && best.is_none_or(|b| s.started < b.2)
+                {
+                    best = Some((i, m, s.started));
+                }
+            }
+        }
+        if let Some((i, m, _)) = best {
+            g.segs[i].running_on.push(m);
+            g.stats.hedged += 1;
+            return Pick::Fetch(i, m);
+        }
+        if could_later
+            || g.pending
+                .iter()
+                .any(|&i| self.usable(&g.segs[i], depot).is_some())
+        {
+            Pick::Wait
+        } else {
+            Pick::Exit
+        }
+    }
+
+    /// A read failed: that replica is bad for this segment. A depot we cannot
+    /// connect to is dead for the whole download: every segment it holds
+    /// moves on to other replicas at once.
+    fn failed(&self, i: usize, m: usize, err: &lors_ibp::Error) {
+        let depot = self.depot(m);
+        let unreachable = matches!(err, lors_ibp::Error::Connect { .. });
+        let mut g = self.lock();
+        g.stats.retries += 1;
+        let newly_dead = unreachable && g.dead.insert(depot.clone());
+        let victims: Vec<(usize, usize)> = if unreachable {
+            g.segs
+                .iter()
+                .enumerate()
+                .flat_map(|(si, s)| {
+                    s.sources
+                        .iter()
+                        .filter(|&&x| self.depot(x) == depot)
+                        .map(move |&x| (si, x))
+                })
+                .collect()
+        } else {
+            vec![(i, m)]
+        };
+        for (si, x) in victims {
+            let s = &mut g.segs[si];
+            if !s.failed.insert(x) && si != i {
+                continue;
+            }
+            if si == i {
+                s.running_on.retain(|&r| r != x);
+            }
+            if s.st == St::Running && s.running_on.is_empty() {
+                s.st = St::Pending;
+                g.pending.push_front(si);
+            }
+            let s = &g.segs[si];
+            if s.st == St::Pending && s.sources.iter().all(|y| s.failed.contains(y)) {
+                let lost = (s.offset, s.offset + s.len, err.to_string());
+                g.segs[si].st = St::Done; // settled: nobody will fetch it
+                g.pending.retain(|&p| p != si);
+                g.lost.push(lost);
+            }
+        }
+        drop(g);
+        if newly_dead {
+            self.progress.note(&format!(
+                "depot {depot} is unreachable ({err}); reading its blocks from other replicas"
+            ));
+        } else if !unreachable {
+            self.progress.note(&format!(
+                "read from {depot} failed ({err}); trying another replica"
+            ));
+        }
+        self.wake.notify_waiters();
+    }
+
+    /// Claims a fetched segment; false if another replica already won.
+    fn claim(&self, i: usize, m: usize, depot: &str) -> bool {
+        let mut g = self.lock();
+        let s = &mut g.segs[i];
+        s.running_on.retain(|&x| x != m);
+        if s.st == St::Done {
+            return false;
+        }
+        s.st = St::Done;
+        let len = s.len;
+        g.done += 1;
+        g.stats.bytes += len;
+        *g.depot_bytes.entry(depot.to_owned()).or_default() += len;
+        true
+    }
+}
+
+async fn worker(
+    ctx: Arc<Ctx>,
+    depot: String,
+    tx: Option<mpsc::Sender<(usize, Vec<u8>)>>,
+    out: Option<Arc<OutFile>>,
+) {
+    loop {
+        let (i, m) = match ctx.pick(&depot) {
+            Pick::Exit => return,
+            Pick::Wait => {
+                let notified = ctx.wake.notified();
+                let _ = tokio::time::timeout(Duration::from_millis(50), notified).await;
+                continue;
+            }
+            Pick::Fetch(i, m) => (i, m),
+        };
+        let (offset, len) = {
+            let g = ctx.lock();
+            (g.segs[i].offset, g.segs[i].len)
+        };
+        let map = &ctx.x.mappings[m];
+        let cap = map.read.as_ref().expect("planned mappings are readable");
+        let at = map.alloc_offset + (offset - map.exnode_offset);
+        let mut buf = vec![0u8; usize::try_from(len).unwrap_or(usize::MAX)];
+        let res = async {
+            let mut c = ctx.pool.get(&depot).await?;
+            c.load(cap, at, &mut buf).await?;
+            ctx.pool.put(c);
+            Ok::<_, lors_ibp::Error>(())
+        }
+        .await;
+        if let Err(e) = res {
+            ctx.failed(i, m, &e);
+            continue;
+        }
+        if !ctx.claim(i, m, &depot) {
+            continue; // a hedged copy arrived first
+        }
+        ctx.progress.advance(len);
+        if let Some(f) = &out {
+            let f = f.clone();
+            let pos = offset - ctx.base;
+            let r = tokio::task::spawn_blocking(move || f.write_segment(pos, offset, &buf)).await;
+            if let Err(e) = r
+                .map_err(|e| std::io::Error::other(e.to_string()))
+                .and_then(|r| r)
+            {
+                ctx.lock()
+                    .fatal
+                    .get_or_insert(Error::io("writing the output file", e));
+            }
+        } else if let Some(tx) = &tx {
+            if tx.send((i, buf)).await.is_err() {
+                return;
+            }
+        }
+        ctx.wake.notify_waiters();
+    }
+}
+
+/// The output file and its resume record.
+struct OutFile {
+    file: File,
+    record: Mutex<File>,
+}
+
+impl OutFile {
+    fn write_segment(&self, pos: u64, offset: u64, data: &[u8]) -> std::io::Result<()> {
+        self.file.write_all_at(data, pos)?;
+        // The record follows the data: a segment listed there is in the file.
+        let mut r = self.record.lock().unwrap_or_else(|e| e.into_inner());
+        writeln!(r, "{offset} {}", data.len())
+    }
+}
+
+fn sidecar(path: &Path) -> PathBuf {
+    let mut s = path.as_os_str().to_owned();
+    s.push(".lors-part");
+    PathBuf::from(s)
+}
+
+/// Segments an earlier run finished, from its resume record.
+fn resumed(record: &Path, header: &str) -> HashSet<(u64, u64)> {
+    let Ok(text) = std::fs::read_to_string(record) else {
+        return HashSet::new();
+    };
+    let mut lines = text.lines();
+    if lines.next() != Some(header) {
+        return HashSet::new();
+    }
+    lines
+        .filter_map(|l| {
+            let (a, b) = l.split_once(' ')?;
+            Some((a.parse().ok()?, b.parse().ok()?))
+        })
+        .collect()
+}
+
+/// Downloads the range `opts` names from the exNode into `out`.
+pub async fn download(
+    x: &ExNode,
+    out: Output,
+    opts: &DownloadOptions,
+    pool: Arc<Pool>,
+    progress: Arc<dyn Progress>,
+) -> Result<Stats> {
+    let t0 = Instant::now();
+    let size = x.logical_size();
+    let start = opts.offset.min(size);
+    let len = opts.length.unwrap_or(size - start).min(size - start);
+    let planned = plan(&x.mappings, start, len, opts.block_size)?;
+    let mut segs: Vec<Seg> = planned
+        .into_iter()
+        .map(|p| Seg {
+            offset: p.offset,
+            len: p.len,
+            sources: p.sources,
+            failed: HashSet::new(),
+            running_on: Vec::new(),
+            started: Instant::now(),
+            st: St::Pending,
+        })
+        .collect();
+    let mut stats = Stats::default();
+    let (file_out, stream) = match out {
+        Output::File(path) => {
+            let header = format!("lors-partial v1 {start} {len} {}", opts.block_size);
+            let record_path = sidecar(&path);
+            let done = if opts.resume {
+                resumed(&record_path, &header)
+            } else {
+                HashSet::new()
+            };
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(!opts.resume)
+                .open(&path)
+                .map_err(|e| Error::io(format!("opening {}", path.display()), e))?;
+            file.set_len(len)
+                .map_err(|e| Error::io(format!("sizing {}", path.display()), e))?;
+            for s in &mut segs {
+                if done.contains(&(s.offset, s.len)) {
+                    s.st = St::Done;
+                    stats.resumed_bytes += s.len;
+                }
+            }
+            let mut record = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&record_path)
+                .map_err(|e| Error::io(format!("opening {}", record_path.display()), e))?;
+            if done.is_empty() {
+                record
+                    .set_len(0)
+                    .map_err(|e| Error::io("resetting the resume record", e))?;
+                writeln!(record, "{header}")
+                    .map_err(|e| Error::io("writing the resume record", e))?;
+            }
+            (
+                Some((
+                    Arc::new(OutFile {
+                        file,
+                        record: Mutex::new(record),
+                    }),
+                    path,
+                    record_path,
+                )),
+                None,
+            )
+        }
+        Output::Writer(w) => (None, Some(w)),
+    };
+    let pending: VecDeque<usize> = (0..segs.len())
+        .filter(|&i| segs[i].st == St::Pending)
+        .collect();
+    let done = segs.len() - pending.len();
+    progress.start(Some(len - stats.resumed_bytes));
+    let mut depots: Vec<String> = segs
+        .iter()
+        .flat_map(|s| s.sources.iter())
+        .filter_map(|&m| x.mappings[m].read.as_ref().map(|c| c.address()))
+        .collect();
+    depots.sort();
+    depots.dedup();
+    let ctx = Arc::new(Ctx {
+        x: x.clone(),
+        sched: Mutex::new(Sched {
+            segs,
+            pending,
+            done,
+            written: 0,
+            fatal: None,
+            lost: Vec::new(),
+            stats,
+            depot_bytes: BTreeMap::new(),
+            dead: HashSet::new(),
+        }),
+        wake: Notify::new(),
+        pool,
+        progress,
+        opts: opts.clone(),
+        base: start,
+        stream: stream.is_some(),
+    });
+    let (tx, writer) = match stream {
+        Some(mut w) => {
+            let (tx, mut rx) = mpsc::channel::<(usize, Vec<u8>)>(opts.window.max(1));
+            let c2 = ctx.clone();
+            let writer = tokio::spawn(async move {
+                let mut held: BTreeMap<usize, Vec<u8>> = BTreeMap::new();
+                let mut next = 0usize;
+                while let Some((i, data)) = rx.recv().await {
+                    held.insert(i, data);
+                    while let Some(d) = held.remove(&next) {
+                        w.write_all(&d).await?;
+                        next += 1;
+                        c2.lock().written = next;
+                        c2.wake.notify_waiters();
+                    }
+                }
+                w.flush().await?;
+                Ok::<_, std::io::Error>(())
+            });
+            (Some(tx), Some(writer))
+        }
+        None => (None, None),
+    };
+    let mut workers = tokio::task::JoinSet::new();
+    for d in &depots {
+        for _ in 0..opts.conns_per_depot.max(1) {
+            workers.spawn(worker(
+                ctx.clone(),
+                d.clone(),
+                tx.clone(),
+                file_out.as_ref().map(|f| f.0.clone()),
+            ));
+        }
+    }
+    drop(tx);
+    while workers.join_next().await.is_some() {}
+    if let Some(w) = writer {
+        w.await
+            .map_err(|e| Error::io("output writer", std::io::Error::other(e.to_string())))?
+            .map_err(|e| Error::io("writing the output", e))?;
+    }
+    let mut g = ctx.lock();
+    if let Some(e) = g.fatal.take() {
+        return Err(e);
+    }
+    if let Some((offset, end, last)) = g.lost.iter().min_by_key(|l| l.0).cloned() {
+        let n = g.lost.len();
+        let last = if n > 1 {
+            format!("{last} (and {} more pieces unreadable)", n - 1)
+        } else {
+            last
+        };
+        return Err(Error::Unreadable { offset, end, last });
+    }
+    if g.done < g.segs.len() {
+        let s = g
+            .segs
+            .iter()
+            .find(|s| s.st != St::Done)
+            .expect("some segment is not done");
+        return Err(Error::Unreadable {
+            offset: s.offset,
+            end: s.offset + s.len,
+            last: "every depot holding it failed".into(),
+        });
+    }
+    if let Some((f, _, record_path)) = &file_out {
+        f.file
+            .sync_all()
+            .map_err(|e| Error::io("flushing the output file", e))?;
+        let _ = std::fs::remove_file(record_path);
+    }
+    let mut stats = std::mem::take(&mut g.stats);
+    stats.per_depot = g.depot_bytes.iter().map(|(k, v)| (k.clone(), *v)).collect();
+    stats.elapsed = t0.elapsed();
+    Ok(stats)
+}

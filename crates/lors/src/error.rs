@@ -1,0 +1,64 @@
+//! Errors of LoRS operations.
+
+/// Result alias.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What went wrong.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// No depots to work with.
+    #[error("no depots: give --depot HOST:PORT, DEPOT lines in ~/.xndrc, or LBONE_SERVER")]
+    NoDepots,
+    /// Fewer depots than copies requested.
+    #[error(
+        "{copies} copies need {copies} distinct depots but only {depots} given: add depots or lower -c"
+    )]
+    NotEnoughDepots {
+        /// Copies asked for.
+        copies: usize,
+        /// Depots usable.
+        depots: usize,
+    },
+    /// A block could not be stored on any depot.
+    #[error("block at offset {offset} could not be stored on any depot; last error: {last}")]
+    Store {
+        /// Logical offset.
+        offset: u64,
+        /// Last depot error.
+        last: String,
+    },
+    /// Part of the file cannot be read from any replica.
+    #[error("bytes {offset}..{end} could not be read from any replica; last error: {last}")]
+    Unreadable {
+        /// First byte.
+        offset: u64,
+        /// One past the last byte.
+        end: u64,
+        /// Last depot error.
+        last: String,
+    },
+    /// The exNode does not cover the requested range.
+    #[error(transparent)]
+    Plan(#[from] crate::plan::PlanError),
+    /// Local file I/O.
+    #[error("{what}: {source}")]
+    Io {
+        /// What we were doing.
+        what: String,
+        /// OS error.
+        source: std::io::Error,
+    },
+    /// A depot operation failed.
+    #[error(transparent)]
+    Ibp(#[from] lors_ibp::Error),
+}
+
+impl Error {
+    pub(crate) fn io(what: impl Into<String>, source: std::io::Error) -> Self {
+        Error::Io {
+            what: what.into(),
+            source,
+        }
+    }
+}

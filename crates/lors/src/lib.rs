@@ -1,0 +1,21 @@
+//! LoRS operations over IBP depots: files become exNodes of striped,
+//! replicated, time-limited allocations (seed 000 §5, seed 001 §3).
+//!
+//! * [`upload`] — cut input into blocks, place each on the least-busy depot,
+//!   make extra copies depot-to-depot (SEND), return the exNode.
+//! * [`download`] — the adaptive scheduler: per-depot workers take the next
+//!   block their depot holds; failures go to another replica; stragglers are
+//!   fetched again elsewhere, first finisher wins.
+//! * [`plan`] — cutting a byte range into servable segments.
+//! * [`pool`] — reused depot connections.
+
+pub mod download;
+pub mod error;
+pub mod plan;
+pub mod pool;
+pub mod progress;
+pub mod upload;
+
+pub use error::{Error, Result};
+pub use pool::Pool;
+pub use progress::{NoProgress, Progress};

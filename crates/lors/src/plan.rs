@@ -1,0 +1,184 @@
+//! Download planning: cut a byte range into segments, each servable by every
+//! mapping that fully covers it. Pure; no I/O.
+//!
+//! Replicas need not share block boundaries, so the cut points are every
+//! mapping start and end inside the range, then pieces longer than the block
+//! size are split further so work can spread over depots.
+
+use lors_exnode::Mapping;
+
+/// One piece of the output and where it can come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Segment {
+    /// Logical offset in the file.
+    pub offset: u64,
+    /// Length in bytes.
+    pub len: u64,
+    /// Indices into the exNode's mappings that hold this whole piece and can
+    /// be read (have a read capability).
+    pub sources: Vec<usize>,
+}
+
+/// Why a range cannot be planned.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlanError {
+    /// Bytes in the range that no readable mapping covers.
+    #[error(
+        "bytes {start}..{end} are not held by any readable mapping (trimmed or never uploaded)"
+    )]
+    Hole {
+        /// First missing byte.
+        start: u64,
+        /// One past the last missing byte.
+        end: u64,
+    },
+}
+
+/// Plans `[start, start+len)` into segments of at most `max_seg` bytes.
+pub fn plan(
+    mappings: &[Mapping],
+    start: u64,
+    len: u64,
+    max_seg: u64,
+) -> Result<Vec<Segment>, PlanError> {
+    let end = start.saturating_add(len);
+    let max_seg = max_seg.max(1);
+    let readable: Vec<(usize, &Mapping)> = mappings
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| m.read.is_some() && m.logical_length > 0)
+        .collect();
+    let mut cuts = vec![start, end];
+    for (_, m) in &readable {
+        for p in [m.exnode_offset, m.logical_end()] {
+            if p > start && p < end {
+                cuts.push(p);
+            }
+        }
+    }
+    cuts.sort_unstable();
+    cuts.dedup();
+    let mut out = Vec::new();
+    for w in cuts.windows(2) {
+        let (a, b) = (w[0], w[1]);
+        let sources: Vec<usize> = readable
+            .iter()
+            .filter(|(_, m)| m.exnode_offset <= a && m.logical_end() >= b)
+            .map(|(i, _)| *i)
+            .collect();
+        if sources.is_empty() {
+            return Err(PlanError::Hole { start: a, end: b });
+        }
+        let mut off = a;
+        while off < b {
+            let l = (b - off).min(max_seg);
+            out.push(Segment {
+                offset: off,
+                len: l,
+                sources: sources.clone(),
+            });
+            off += l;
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lors_ibp::caps::{CapKind, Capability, Key};
+    use proptest::prelude::*;
+
+    fn m(off: u64, len: u64, host: &str) -> Mapping {
+        Mapping {
+            exnode_offset: off,
+            logical_length: len,
+            alloc_length: len,
+            read: Some(Capability::new(
+                host,
+                1,
+                "1",
+                Key::new("k").unwrap(),
+                1,
+                CapKind::Read,
+            )),
+            ..Mapping::default()
+        }
+    }
+
+    #[test]
+    fn replicas_with_different_boundaries_are_cut_at_every_edge() {
+        let maps = [
+            m(0, 100, "a"),
+            m(100, 100, "a"),
+            m(0, 150, "b"),
+            m(150, 50, "b"),
+        ];
+        let segs = plan(&maps, 0, 200, 1000).unwrap();
+        let got: Vec<(u64, u64, Vec<usize>)> = segs
+            .iter()
+            .map(|s| (s.offset, s.len, s.sources.clone()))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (0, 100, vec![0, 2]),
+                (100, 50, vec![1, 2]),
+                (150, 50, vec![1, 3])
+            ]
+        );
+    }
+
+    #[test]
+    fn ranges_and_holes() {
+        let maps = [m(0, 100, "a"), m(200, 100, "a")];
+        assert_eq!(
+            plan(&maps, 0, 300, 1000),
+            Err(PlanError::Hole {
+                start: 100,
+                end: 200
+            })
+        );
+        let segs = plan(&maps, 250, 30, 1000).unwrap();
+        assert_eq!(
+            (segs[0].offset, segs[0].len, segs[0].sources.clone()),
+            (250, 30, vec![1])
+        );
+        assert_eq!(plan(&maps, 0, 0, 10).unwrap(), vec![]);
+        let mut unreadable = m(100, 100, "b");
+        unreadable.read = None;
+        assert!(plan(&[m(0, 100, "a"), unreadable], 0, 200, 10).is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn segments_tile_the_range_exactly_and_sources_cover_them(
+            blocks in proptest::collection::vec(1u64..500, 1..20),
+            bs2 in 1u64..700,
+            max_seg in 1u64..300,
+            a in 0u64..2000, l in 0u64..2000,
+        ) {
+            // Copy 1 with variable blocks, copy 2 with fixed blocks of bs2.
+            let mut maps = Vec::new();
+            let mut off = 0;
+            for b in &blocks { maps.push(m(off, *b, "a")); off += b; }
+            let total = off;
+            let mut o = 0;
+            while o < total { let l = bs2.min(total - o); maps.push(m(o, l, "b")); o += l; }
+            let start = a.min(total);
+            let len = l.min(total - start);
+            let segs = plan(&maps, start, len, max_seg).unwrap();
+            let mut pos = start;
+            for s in &segs {
+                prop_assert_eq!(s.offset, pos);
+                prop_assert!(s.len > 0 && s.len <= max_seg);
+                prop_assert!(!s.sources.is_empty());
+                for &i in &s.sources {
+                    prop_assert!(maps[i].exnode_offset <= s.offset && maps[i].logical_end() >= s.offset + s.len);
+                }
+                pos += s.len;
+            }
+            prop_assert_eq!(pos, start + len);
+        }
+    }
+}

@@ -1,0 +1,317 @@
+//! Upload: input → blocks → allocations on depots → exNode.
+//!
+//! Placement is "least busy first": each block goes to the usable depot with
+//! the fewest transfers in flight, so faster depots, finishing sooner, take
+//! more blocks. A depot that fails is skipped for the rest of the upload and
+//! the block retried elsewhere. Copies after the first are made by the depot
+//! holding the block (SEND), not re-sent by us; if that fails we store the
+//! copy from memory.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use lors_exnode::{ExNode, Mapping, Metadata};
+use lors_ibp::proto::{AllocType, Reliability};
+use lors_ibp::{CapSet, Connection};
+use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::sync::Semaphore;
+
+use crate::error::{Error, Result};
+use crate::pool::Pool;
+use crate::progress::Progress;
+
+/// Upload settings.
+#[derive(Debug, Clone)]
+pub struct UploadOptions {
+    /// Depots (`host:port`) to use.
+    pub depots: Vec<String>,
+    /// Block (allocation) size in bytes.
+    pub block_size: u64,
+    /// Replicas of each block, on distinct depots.
+    pub copies: usize,
+    /// Blocks in flight at once.
+    pub threads: usize,
+    /// Allocation lifetime.
+    pub duration: Duration,
+    /// Hard or soft storage.
+    pub reliability: Reliability,
+    /// File name recorded in the exNode.
+    pub filename: String,
+}
+
+struct Depots {
+    addrs: Vec<String>,
+    busy: Vec<usize>,
+    dead: Vec<bool>,
+}
+
+impl Depots {
+    /// Least-busy live depot not in `avoid`; marks it busy.
+    fn pick(&mut self, avoid: &HashSet<usize>, salt: usize) -> Option<usize> {
+        let n = self.addrs.len();
+        let best = (0..n)
+            .map(|k| (k + salt) % n)
+            .filter(|i| !self.dead[*i] && !avoid.contains(i))
+            .min_by_key(|i| self.busy[*i])?;
+        self.busy[best] += 1;
+        Some(best)
+    }
+    fn release(&mut self, i: usize) {
+        self.busy[i] = self.busy[i].saturating_sub(1);
+    }
+}
+
+struct Shared {
+    opts: UploadOptions,
+    pool: Arc<Pool>,
+    depots: Mutex<Depots>,
+    progress: Arc<dyn Progress>,
+}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Depots> {
+        self.depots.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn fail(&self, i: usize, err: &lors_ibp::Error) {
+        let mut d = self.lock();
+        d.release(i);
+        // A depot that is full or refuses us is skipped from now on; so is one
+        // we cannot reach.
+        if !d.dead[i] {
+            d.dead[i] = true;
+            let addr = d.addrs[i].clone();
+            drop(d);
+            self.progress
+                .note(&format!("depot {addr} failed ({err}); using the others"));
+        }
+    }
+
+    async fn allocate_store(&self, addr: &str, data: &[u8]) -> lors_ibp::Result<CapSet> {
+        let mut c = self.pool.get(addr).await?;
+        let caps = c
+            .allocate(
+                "0",
+                self.opts.reliability,
+                AllocType::ByteArray,
+                i64::try_from(self.opts.duration.as_secs()).unwrap_or(i64::MAX),
+                data.len().max(1) as u64,
+            )
+            .await?;
+        c.store(&caps.write, data).await?;
+        self.pool.put(c);
+        Ok(caps)
+    }
+
+    /// Stores one copy on some depot not in `avoid`.
+    async fn place(
+        &self,
+        offset: u64,
+        data: &[u8],
+        avoid: &mut HashSet<usize>,
+        salt: usize,
+    ) -> Result<(usize, CapSet)> {
+        let mut last = String::from("no usable depot left");
+        loop {
+            let Some(i) = self.lock().pick(avoid, salt) else {
+                return Err(Error::Store { offset, last });
+            };
+            let addr = self.lock().addrs[i].clone();
+            match self.allocate_store(&addr, data).await {
+                Ok(caps) => {
+                    self.lock().release(i);
+                    avoid.insert(i);
+                    return Ok((i, caps));
+                }
+                Err(e) => {
+                    last = e.to_string();
+                    self.fail(i, &e);
+                    avoid.insert(i);
+                }
+            }
+        }
+    }
+
+    /// A further copy: allocate on a new depot and have the source depot SEND.
+    async fn copy(
+        &self,
+        offset: u64,
+        data: &[u8],
+        src: &(usize, CapSet),
+        avoid: &mut HashSet<usize>,
+        salt: usize,
+    ) -> Result<(usize, CapSet)> {
+        let mut last = String::from("no usable depot left");
+        loop {
+            let Some(i) = self.lock().pick(avoid, salt) else {
+                return Err(Error::Store { offset, last });
+            };
+            avoid.insert(i);
+            let addr = self.lock().addrs[i].clone();
+            let attempt: lors_ibp::Result<CapSet> = async {
+                let mut c = self.pool.get(&addr).await?;
+                let caps = c
+                    .allocate(
+                        "0",
+                        self.opts.reliability,
+                        AllocType::ByteArray,
+                        i64::try_from(self.opts.duration.as_secs()).unwrap_or(i64::MAX),
+                        data.len().max(1) as u64,
+                    )
+                    .await?;
+                self.pool.put(c);
+                let src_addr = src.1.read.address();
+                let mut s: Connection = self.pool.get(&src_addr).await?;
+                let sent = s.send(&src.1.read, &caps.write, 0, data.len() as u64).await;
+                self.pool.put(s);
+                match sent {
+                    Ok(_) => Ok(caps),
+                    Err(e) => {
+                        // Depot-to-depot failed (e.g. the depots cannot reach
+                        // each other): send the copy ourselves.
+                        tracing::info!(error = %e, "SEND failed; storing the copy directly");
+                        let mut c = self.pool.get(&addr).await?;
+                        c.store(&caps.write, data).await?;
+                        self.pool.put(c);
+                        Ok(caps)
+                    }
+                }
+            }
+            .await;
+            match attempt {
+                Ok(caps) => {
+                    self.lock().release(i);
+                    return Ok((i, caps));
+                }
+                Err(e) => {
+                    last = e.to_string();
+                    self.fail(i, &e);
+                }
+            }
+        }
+    }
+}
+
+fn mapping(offset: u64, len: u64, caps: CapSet) -> Mapping {
+    Mapping {
+        exnode_offset: offset,
+        logical_length: len,
+        alloc_offset: 0,
+        alloc_length: len,
+        e2e_blocksize: 0,
+        read: Some(caps.read),
+        write: Some(caps.write),
+        manage: Some(caps.manage),
+        ..Mapping::default()
+    }
+}
+
+/// Uploads everything `input` yields. `size` (when known) is only for progress.
+///
+/// Blocks are read sequentially; at most `threads` are in memory and in flight.
+/// The returned exNode lists each block's copies in the order they were made.
+/// On failure nothing is returned; allocations already made expire with their
+/// lease.
+pub async fn upload<R: AsyncRead + Unpin>(
+    mut input: R,
+    size: Option<u64>,
+    opts: &UploadOptions,
+    pool: Arc<Pool>,
+    progress: Arc<dyn Progress>,
+) -> Result<ExNode> {
+    let mut addrs = opts.depots.clone();
+    addrs.sort();
+    addrs.dedup();
+    if addrs.is_empty() {
+        return Err(Error::NoDepots);
+    }
+    let copies = opts.copies.max(1);
+    if copies > addrs.len() {
+        return Err(Error::NotEnoughDepots {
+            copies,
+            depots: addrs.len(),
+        });
+    }
+    let n = addrs.len();
+    let shared = Arc::new(Shared {
+        opts: opts.clone(),
+        pool,
+        depots: Mutex::new(Depots {
+            addrs,
+            busy: vec![0; n],
+            dead: vec![false; n],
+        }),
+        progress: progress.clone(),
+    });
+    progress.start(size);
+    let bs = usize::try_from(opts.block_size.max(1)).unwrap_or(usize::MAX);
+    let slots = Arc::new(Semaphore::new(opts.threads.max(1)));
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut results: Vec<(usize, Vec<Mapping>)> = Vec::new();
+    let mut offset = 0u64;
+    let mut index = 0usize;
+    loop {
+        let permit = slots
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("semaphore never closed");
+        // Surface failures early instead of reading the whole input first.
+        while let Some(done) = tasks.try_join_next() {
+            results.push(joined(done)?);
+        }
+        let mut buf = vec![0u8; bs];
+        let mut got = 0;
+        while got < bs {
+            let k = input
+                .read(&mut buf[got..])
+                .await
+                .map_err(|e| Error::io("reading input", e))?;
+            if k == 0 {
+                break;
+            }
+            got += k;
+        }
+        if got == 0 {
+            break;
+        }
+        buf.truncate(got);
+        let sh = shared.clone();
+        let (block_off, salt) = (offset, index);
+        tasks.spawn(async move {
+            let _permit = permit;
+            let mut avoid = HashSet::new();
+            let first = sh.place(block_off, &buf, &mut avoid, salt).await?;
+            let len = buf.len() as u64;
+            let mut out = vec![mapping(block_off, len, first.1.clone())];
+            for _ in 1..copies {
+                let c = sh.copy(block_off, &buf, &first, &mut avoid, salt).await?;
+                out.push(mapping(block_off, len, c.1));
+            }
+            sh.progress.advance(len);
+            Ok::<_, Error>((salt, out))
+        });
+        offset += got as u64;
+        index += 1;
+        if got < bs {
+            break;
+        }
+    }
+    while let Some(done) = tasks.join_next().await {
+        results.push(joined(done)?);
+    }
+    results.sort_by_key(|(i, _)| *i);
+    let mut x = ExNode::default();
+    x.set_meta(Metadata::string("filename", &opts.filename));
+    x.set_meta(Metadata::double(
+        "lorsversion",
+        lors_exnode::xml::LORS_VERSION,
+    ));
+    x.mappings = results.into_iter().flat_map(|(_, m)| m).collect();
+    Ok(x)
+}
+
+fn joined<T>(r: std::result::Result<Result<T>, tokio::task::JoinError>) -> Result<T> {
+    r.map_err(|e| Error::io("upload task", std::io::Error::other(e.to_string())))?
+}
