@@ -1,5 +1,6 @@
 //! One module per subcommand, plus what they share.
 
+pub mod demo;
 pub mod depot;
 pub mod download;
 pub mod ls;

@@ -22,6 +22,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run the whole system locally: 4 depots, upload, a depot failure, download.
+    Demo(commands::demo::Args),
     /// Run an IBP storage depot.
     Depot(commands::depot::Args),
     /// Store a file on depots; write its exNode.
@@ -67,6 +69,10 @@ fn main() -> ExitCode {
             // Daemons log at info by default, as operators expect.
             init_logging(cli.verbose, "info");
             commands::depot::run(args)
+        }
+        Command::Demo(args) => {
+            init_logging(cli.verbose, "warn");
+            commands::demo::run(args)
         }
         Command::Upload(args) => {
             init_logging(cli.verbose, "warn");

@@ -383,3 +383,14 @@ fn tools_explain_bad_usage() {
     let (ok, _, err) = lors(&["download", "-o", "/tmp/x", "/nonexistent.xnd"]);
     assert!(!ok && err.contains("reading /nonexistent.xnd"), "{err}");
 }
+
+#[test]
+fn demo_runs_and_verifies() {
+    let (ok, out, err) = lors(&["demo", "--size", "24M", "-b", "1M"]);
+    let out = String::from_utf8(out).unwrap();
+    assert!(ok, "{out}{err}");
+    assert!(
+        out.contains("== killed depot") && out.contains("demo OK"),
+        "{out}"
+    );
+}
