@@ -1,9 +1,15 @@
 //! One module per subcommand, plus what they share.
 
+pub mod augment;
 pub mod demo;
 pub mod depot;
 pub mod download;
 pub mod ls;
+pub mod modify;
+pub mod refresh;
+pub mod route;
+pub mod stat;
+pub mod trim;
 pub mod upload;
 
 use std::io::{IsTerminal as _, Write as _};

@@ -32,6 +32,18 @@ enum Command {
     Download(commands::download::Args),
     /// List an exNode's mappings.
     Ls(commands::ls::Args),
+    /// Summarize an exNode: size, replicas, depots, leases.
+    Stat(commands::stat::Args),
+    /// Add replicas on other depots (copied depot to depot).
+    Augment(commands::augment::Args),
+    /// Remove mappings, optionally releasing their allocations.
+    Trim(commands::trim::Args),
+    /// Extend the leases of an exNode's allocations.
+    Refresh(commands::refresh::Args),
+    /// Strip capabilities to share an exNode safely.
+    Modify(commands::modify::Args),
+    /// Move a file onto other depots.
+    Route(commands::route::Args),
 }
 
 /// An error that should exit with status 2 (bad usage/configuration).
@@ -64,28 +76,25 @@ fn init_logging(verbose: u8, default: &str) {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Daemons log at info by default, as operators expect; tools at warn.
+    let default_level = if matches!(cli.command, Command::Depot(_)) {
+        "info"
+    } else {
+        "warn"
+    };
+    init_logging(cli.verbose, default_level);
     let result = match cli.command {
-        Command::Depot(args) => {
-            // Daemons log at info by default, as operators expect.
-            init_logging(cli.verbose, "info");
-            commands::depot::run(args)
-        }
-        Command::Demo(args) => {
-            init_logging(cli.verbose, "warn");
-            commands::demo::run(args)
-        }
-        Command::Upload(args) => {
-            init_logging(cli.verbose, "warn");
-            commands::upload::run(args)
-        }
-        Command::Download(args) => {
-            init_logging(cli.verbose, "warn");
-            commands::download::run(args)
-        }
-        Command::Ls(args) => {
-            init_logging(cli.verbose, "warn");
-            commands::ls::run(args)
-        }
+        Command::Demo(a) => commands::demo::run(a),
+        Command::Depot(a) => commands::depot::run(a),
+        Command::Upload(a) => commands::upload::run(a),
+        Command::Download(a) => commands::download::run(a),
+        Command::Ls(a) => commands::ls::run(a),
+        Command::Stat(a) => commands::stat::run(a),
+        Command::Augment(a) => commands::augment::run(a),
+        Command::Trim(a) => commands::trim::run(a),
+        Command::Refresh(a) => commands::refresh::run(a),
+        Command::Modify(a) => commands::modify::run(a),
+        Command::Route(a) => commands::route::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -11,6 +11,7 @@
 
 pub mod download;
 pub mod error;
+pub mod manage;
 pub mod plan;
 pub mod pool;
 pub mod progress;

@@ -76,28 +76,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
-        rt.block_on(async {
-            let pool = Pool::new(cfg);
-            let mut out = Vec::new();
-            for m in &x.mappings {
-                // The manage key works on every depot; LoCI-style depots (and
-                // ours) also answer the read key.
-                let cap = m.manage.as_ref().or(m.read.as_ref()).or(m.write.as_ref());
-                let r = match cap {
-                    None => Err("no capability".to_string()),
-                    Some(c) => match pool.get(&c.address()).await {
-                        Ok(mut conn) => {
-                            let r = conn.probe(c).await.map_err(|e| e.to_string());
-                            pool.put(conn);
-                            r
-                        }
-                        Err(e) => Err(e.to_string()),
-                    },
-                };
-                out.push(r);
-            }
-            out
-        })
+        rt.block_on(async { lors::manage::probe_all(&x, &Pool::new(cfg)).await })
     };
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)

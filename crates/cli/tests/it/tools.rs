@@ -394,3 +394,197 @@ fn demo_runs_and_verifies() {
         "{out}"
     );
 }
+
+fn upload_to(
+    ds: &[DepotProc],
+    dir: &Path,
+    name: &str,
+    data: &[u8],
+    copies: &str,
+) -> std::path::PathBuf {
+    let src = dir.join(name);
+    std::fs::write(&src, data).unwrap();
+    let xnd = dir.join(format!("{name}.xnd"));
+    let mut args = vec![
+        "upload",
+        "-q",
+        "-c",
+        copies,
+        "-b",
+        "100K",
+        "-o",
+        xnd.to_str().unwrap(),
+    ];
+    let da = depot_args(ds);
+    args.extend(da.iter().map(String::as_str));
+    args.push(src.to_str().unwrap());
+    let (ok, _, err) = lors(&args);
+    assert!(ok, "{err}");
+    xnd
+}
+
+fn read_x(p: &Path) -> lors_exnode::ExNode {
+    lors_exnode::xml::parse(&std::fs::read(p).unwrap()).unwrap()
+}
+
+async fn probe(m: &lors_exnode::Mapping) -> Result<lors_ibp::ProbeInfo, lors_ibp::Error> {
+    let cap = m.manage.as_ref().unwrap();
+    let mut c = lors_ibp::Connection::connect(&cap.address(), &client_cfg()).await?;
+    c.probe(cap).await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn augment_trim_refresh_modify_route_as_the_depots_see_them() {
+    let dir = tempdir();
+    let ds = depots(4, dir.path());
+    let data = pattern(450_000, 11);
+    let xnd = upload_to(&ds[..2], dir.path(), "m.bin", &data, "1");
+    let x0 = read_x(&xnd);
+    assert_eq!(x0.mappings.len(), 5);
+
+    // augment: one more replica of each block, on depots 3/4 only.
+    let aug = dir.path().join("aug.xnd");
+    let (ok, _, err) = lors(&[
+        "augment",
+        "-q",
+        "--depot",
+        &ds[2].addr,
+        "--depot",
+        &ds[3].addr,
+        "-c",
+        "1",
+        "-o",
+        aug.to_str().unwrap(),
+        xnd.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let x1 = read_x(&aug);
+    assert_eq!(x1.mappings.len(), 10);
+    assert_distinct_replicas(&x1);
+    for m in &x1.mappings[5..] {
+        let d = m.depot().unwrap();
+        assert!(d == ds[2].addr || d == ds[3].addr, "new replica on {d}");
+        let p = probe(m).await.unwrap();
+        assert_eq!(p.size, m.logical_length, "the depot holds the copied bytes");
+    }
+
+    // trim -d the originals: their allocations are freed (probe: not found),
+    // and the file still downloads from the new replicas only.
+    let trimmed = dir.path().join("trim.xnd");
+    let (ok, _, err) = lors(&[
+        "trim",
+        "--depot",
+        &ds[0].addr,
+        "--depot",
+        &ds[1].addr,
+        "-d",
+        "-o",
+        trimmed.to_str().unwrap(),
+        aug.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let x2 = read_x(&trimmed);
+    assert_eq!(x2.mappings.len(), 5);
+    for m in &x1.mappings[..5] {
+        let e = probe(m).await.unwrap_err();
+        assert_eq!(
+            e.status().unwrap().code(),
+            -4,
+            "released allocation is gone"
+        );
+    }
+    let out = dir.path().join("m.out");
+    let (ok, _, err) = lors(&[
+        "download",
+        "-q",
+        "-o",
+        out.to_str().unwrap(),
+        trimmed.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    assert!(std::fs::read(&out).unwrap() == data);
+    // Removing the last replica needs --allow-holes.
+    let (ok, _, err) = lors(&[
+        "trim",
+        "-m",
+        "0",
+        "-o",
+        "/dev/null",
+        trimmed.to_str().unwrap(),
+    ]);
+    assert!(!ok && err.contains("last replica"), "{err}");
+
+    // refresh: leases as the depots report them.
+    let (ok, _, err) = lors(&["refresh", "-s", "3h", trimmed.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    for m in &x2.mappings {
+        let s = probe(m).await.unwrap().seconds_left;
+        assert!((3 * 3600 - 10..=3 * 3600).contains(&s), "{s}");
+    }
+    let (ok, _, err) = lors(&["refresh", "-d", "1h", trimmed.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    let s = probe(&x2.mappings[0]).await.unwrap().seconds_left;
+    assert!((4 * 3600 - 10..=4 * 3600).contains(&s), "{s}");
+    let (ok, _, err) = lors(&["refresh", "-m", trimmed.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    let s = probe(&x2.mappings[0]).await.unwrap().seconds_left;
+    assert!(s > 29 * 86_400, "depot maximum is 30 days: {s}");
+
+    // modify: a read-only copy, world-readable, that still downloads.
+    let share = dir.path().join("share.xnd");
+    let (ok, _, err) = lors(&[
+        "modify",
+        "-w",
+        "-m",
+        "-o",
+        share.to_str().unwrap(),
+        trimmed.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let x3 = read_x(&share);
+    assert!(
+        x3.mappings
+            .iter()
+            .all(|m| m.read.is_some() && m.write.is_none() && m.manage.is_none())
+    );
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&share).unwrap().permissions().mode() & 0o777,
+        0o644
+    );
+    let (ok, out, _) = lors(&["download", "-q", "-o", "-", share.to_str().unwrap()]);
+    assert!(ok && out == data);
+
+    // route: everything onto depot 1, old replicas released.
+    let routed = dir.path().join("routed.xnd");
+    let (ok, _, err) = lors(&[
+        "route",
+        "-q",
+        "--depot",
+        &ds[0].addr,
+        "-o",
+        routed.to_str().unwrap(),
+        trimmed.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let x4 = read_x(&routed);
+    assert_eq!(x4.mappings.len(), 5);
+    assert!(x4.mappings.iter().all(|m| m.depot().unwrap() == ds[0].addr));
+    for m in &x2.mappings {
+        assert_eq!(probe(m).await.unwrap_err().status().unwrap().code(), -4);
+    }
+    let (ok, out, _) = lors(&["download", "-q", "-o", "-", routed.to_str().unwrap()]);
+    assert!(ok && out == data);
+
+    // stat sums it up.
+    let (ok, out, err) = lors(&["stat", "--json", routed.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    let s = String::from_utf8(out).unwrap();
+    assert!(
+        s.contains("\"size\":450000")
+            && s.contains("\"blocks\":5")
+            && s.contains("\"min_live_replicas\":1")
+            && s.contains("\"blocks_lost\":0"),
+        "{s}"
+    );
+}

@@ -1,0 +1,76 @@
+//! `lors augment`: add replicas, copied depot to depot.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lors::Pool;
+use lors_ibp::ClientConfig;
+use lors_ibp::proto::Reliability;
+
+use super::{TermProgress, duration_arg, read_exnode, write_exnode};
+
+/// Add replicas of every block on other depots (copied depot to depot).
+#[derive(clap::Args)]
+#[command(after_help = "EXAMPLES:
+  lors augment --depot d4:6714 -c 1 -o run42-3copies.xnd run42.xnd
+  lors augment --depot d4:6714 --depot d5:6714 -c 2 run42.xnd     # in place")]
+pub struct Args {
+    /// The exNode.
+    exnode: PathBuf,
+    /// Depot HOST:PORT for the new replicas (repeat for several).
+    #[arg(long = "depot", value_name = "HOST:PORT", required = true)]
+    depots: Vec<String>,
+    /// New replicas per block, each on a depot that does not hold it yet.
+    #[arg(short, long, default_value_t = 1)]
+    copies: usize,
+    /// Lease of the new allocations.
+    #[arg(short, long, env = "LORS_DURATION", value_parser = duration_arg, default_value = "1d")]
+    duration: Duration,
+    /// Soft (revocable) storage.
+    #[arg(short = 's', long)]
+    soft: bool,
+    /// Write the result here [default: replace the input].
+    #[arg(short, long, value_name = "NEW.xnd")]
+    output: Option<PathBuf>,
+    /// No progress display.
+    #[arg(short, long)]
+    quiet: bool,
+}
+
+pub fn run(a: Args) -> anyhow::Result<()> {
+    let x = read_exnode(&a.exnode)?;
+    let progress = Arc::new(TermProgress::new("augmenting", a.quiet));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let rel = if a.soft {
+        Reliability::Soft
+    } else {
+        Reliability::Hard
+    };
+    let y = rt.block_on(async {
+        let pool = Pool::new(ClientConfig::default());
+        lors::manage::augment(
+            &x,
+            &a.depots,
+            a.copies,
+            a.duration,
+            rel,
+            &pool,
+            progress.as_ref(),
+        )
+        .await
+    })?;
+    progress.finish();
+    let out = a.output.unwrap_or(a.exnode);
+    write_exnode(&out, &y)?;
+    if !a.quiet {
+        eprintln!(
+            "lors: added {} mappings -> {}",
+            y.mappings.len() - x.mappings.len(),
+            out.display()
+        );
+    }
+    Ok(())
+}

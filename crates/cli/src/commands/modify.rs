@@ -1,0 +1,36 @@
+//! `lors modify`: strip capabilities for sharing.
+
+use std::path::PathBuf;
+
+use super::{read_exnode, write_exnode};
+use crate::UsageError;
+
+/// Write a copy of an exNode without some capabilities, to share it safely.
+#[derive(clap::Args)]
+#[command(after_help = "EXAMPLES:
+  lors modify -w -m -o share.xnd run42.xnd   # read-only copy to hand out")]
+pub struct Args {
+    /// The exNode.
+    exnode: PathBuf,
+    /// Remove read capabilities.
+    #[arg(short = 'r', long = "strip-read")]
+    read: bool,
+    /// Remove write capabilities.
+    #[arg(short = 'w', long = "strip-write")]
+    write: bool,
+    /// Remove manage capabilities.
+    #[arg(short = 'm', long = "strip-manage")]
+    manage: bool,
+    /// Where to write the modified copy.
+    #[arg(short, long, value_name = "NEW.xnd", required = true)]
+    output: PathBuf,
+}
+
+pub fn run(a: Args) -> anyhow::Result<()> {
+    if !(a.read || a.write || a.manage) {
+        return Err(UsageError("say which capabilities to strip: -r, -w and/or -m".into()).into());
+    }
+    let x = read_exnode(&a.exnode)?;
+    let y = lors::manage::modify(&x, a.read, a.write, a.manage);
+    write_exnode(&a.output, &y)
+}

@@ -1,0 +1,76 @@
+//! `lors refresh`: extend leases.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use lors::Pool;
+use lors::manage::Lease;
+use lors_ibp::ClientConfig;
+
+use super::{duration_arg, read_exnode};
+use crate::UsageError;
+
+/// Extend the leases of an exNode's allocations (MANAGE CHNG).
+#[derive(clap::Args)]
+#[command(after_help = "EXAMPLES:
+  lors refresh -d 2h run42.xnd      # two more hours on every allocation
+  lors refresh -s 7d run42.xnd      # expire 7 days from now
+  lors refresh -m run42.xnd         # as long as each depot allows")]
+pub struct Args {
+    /// The exNode.
+    exnode: PathBuf,
+    /// Extend by this much.
+    #[arg(short = 'd', long = "by", value_parser = duration_arg, conflicts_with_all = ["to", "max"])]
+    by: Option<Duration>,
+    /// Set to expire this long from now.
+    #[arg(short = 's', long = "to", value_parser = duration_arg, conflicts_with = "max")]
+    to: Option<Duration>,
+    /// To each depot's maximum.
+    #[arg(short = 'm', long)]
+    max: bool,
+}
+
+pub fn run(a: Args) -> anyhow::Result<()> {
+    let lease = match (a.by, a.to, a.max) {
+        (Some(d), _, _) => Lease::By(d),
+        (_, Some(d), _) => Lease::To(d),
+        (_, _, true) => Lease::Max,
+        _ => {
+            return Err(UsageError(
+                "say how: -d DURATION (extend by), -s DURATION (from now) or -m (maximum)".into(),
+            )
+            .into());
+        }
+    };
+    let x = read_exnode(&a.exnode)?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let res = rt.block_on(lors::manage::refresh(
+        &x,
+        lease,
+        &Pool::new(ClientConfig::default()),
+    ));
+    let mut failed = 0;
+    for (i, r) in &res {
+        match r {
+            Ok(secs) => println!(
+                "{i:>3} {:<22} expires in {secs} s",
+                x.mappings[*i].depot().unwrap_or_default()
+            ),
+            Err(e) => {
+                failed += 1;
+                println!(
+                    "{i:>3} {:<22} not refreshed: {e}",
+                    x.mappings[*i].depot().unwrap_or_default()
+                );
+            }
+        }
+    }
+    anyhow::ensure!(
+        failed == 0,
+        "{failed} of {} allocations were not refreshed",
+        res.len()
+    );
+    Ok(())
+}

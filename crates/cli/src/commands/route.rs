@@ -1,0 +1,85 @@
+//! `lors route`: move a file onto other depots.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lors::Pool;
+use lors::manage::Selection;
+use lors_ibp::ClientConfig;
+use lors_ibp::proto::Reliability;
+
+use super::{TermProgress, duration_arg, read_exnode, write_exnode};
+
+/// Move a file: copy its blocks onto the target depots (depot to depot), then
+/// remove and release the replicas elsewhere.
+#[derive(clap::Args)]
+#[command(after_help = "EXAMPLES:
+  lors route --depot d7:6714 --depot d8:6714 -c 2 run42.xnd")]
+pub struct Args {
+    /// The exNode.
+    exnode: PathBuf,
+    /// Target depot HOST:PORT (repeatable).
+    #[arg(long = "depot", value_name = "HOST:PORT", required = true)]
+    depots: Vec<String>,
+    /// Replicas per block on the targets.
+    #[arg(short, long, default_value_t = 1)]
+    copies: usize,
+    /// Lease of the new allocations.
+    #[arg(short, long, env = "LORS_DURATION", value_parser = duration_arg, default_value = "1d")]
+    duration: Duration,
+    /// Keep the old allocations (only drop them from the exNode).
+    #[arg(long)]
+    keep_old: bool,
+    /// Write the result here [default: replace the input].
+    #[arg(short, long, value_name = "NEW.xnd")]
+    output: Option<PathBuf>,
+    /// No progress display.
+    #[arg(short, long)]
+    quiet: bool,
+}
+
+pub fn run(a: Args) -> anyhow::Result<()> {
+    let x = read_exnode(&a.exnode)?;
+    // Replicas already on a target count toward the copies wanted.
+    let progress = Arc::new(TermProgress::new("routing", a.quiet));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let t = rt.block_on(async {
+        let pool = Pool::new(ClientConfig::default());
+        let y = lors::manage::augment(
+            &x,
+            &a.depots,
+            a.copies,
+            a.duration,
+            Reliability::Hard,
+            &pool,
+            progress.as_ref(),
+        )
+        .await?;
+        lors::manage::trim(
+            &y,
+            &Selection::NotOn(a.depots.clone()),
+            !a.keep_old,
+            false,
+            &pool,
+        )
+        .await
+    })?;
+    progress.finish();
+    let out = a.output.unwrap_or(a.exnode);
+    write_exnode(&out, &t.exnode)?;
+    for (i, e) in &t.release_errors {
+        eprintln!("lors: old mapping {i} was not released: {e}");
+    }
+    if !a.quiet {
+        eprintln!(
+            "lors: routed onto {} depots; {} old mappings removed -> {}",
+            a.depots.len(),
+            t.removed,
+            out.display()
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,90 @@
+//! `lors stat`: a summary of an exNode and its health.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use lors::Pool;
+use lors_ibp::ClientConfig;
+
+use super::{json_str, read_exnode};
+
+/// Summarize an exNode: size, blocks, replicas, depots, leases, problems.
+#[derive(clap::Args)]
+pub struct Args {
+    /// The exNode.
+    exnode: PathBuf,
+    /// Machine-readable output.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(a: Args) -> anyhow::Result<()> {
+    let x = read_exnode(&a.exnode)?;
+    let cfg = ClientConfig {
+        io_timeout: Duration::from_secs(20),
+        ..ClientConfig::default()
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let probes = rt.block_on(async { lors::manage::probe_all(&x, &Pool::new(cfg)).await });
+    let blocks = lors::manage::blocks(&x);
+    let live = |i: usize| probes[i].is_ok();
+    let replicas: Vec<usize> = blocks
+        .values()
+        .map(|v| v.iter().filter(|&&i| live(i)).count())
+        .collect();
+    let min_live = replicas.iter().copied().min().unwrap_or(0);
+    let lost = replicas.iter().filter(|&&r| r == 0).count();
+    let mut per_depot: BTreeMap<String, usize> = BTreeMap::new();
+    for m in &x.mappings {
+        *per_depot.entry(m.depot().unwrap_or_default()).or_default() += 1;
+    }
+    let soonest = probes
+        .iter()
+        .filter_map(|p| p.as_ref().ok())
+        .map(|p| p.seconds_left)
+        .min();
+    if a.json {
+        let depots: Vec<String> = per_depot
+            .iter()
+            .map(|(d, n)| format!("{{\"depot\":{},\"mappings\":{n}}}", json_str(d)))
+            .collect();
+        println!(
+            "{{\"filename\":{},\"size\":{},\"mappings\":{},\"blocks\":{},\"min_live_replicas\":{min_live},\"blocks_lost\":{lost},\"soonest_expiry_s\":{},\"depots\":[{}]}}",
+            json_str(x.filename().unwrap_or("")),
+            x.logical_size(),
+            x.mappings.len(),
+            blocks.len(),
+            soonest.map_or("null".into(), |s| s.to_string()),
+            depots.join(",")
+        );
+    } else {
+        println!("file:      {}", x.filename().unwrap_or("(no name)"));
+        println!("size:      {} bytes", x.logical_size());
+        println!(
+            "blocks:    {} ({} mappings)",
+            blocks.len(),
+            x.mappings.len()
+        );
+        println!(
+            "replicas:  at least {min_live} reachable per block{}",
+            if lost > 0 {
+                format!(", {lost} blocks with none!")
+            } else {
+                String::new()
+            }
+        );
+        if let Some(s) = soonest {
+            println!(
+                "expires:   first allocation in {s} s ({:.1} h); extend with `lors refresh`",
+                s as f64 / 3600.0
+            );
+        }
+        for (d, n) in &per_depot {
+            println!("depot:     {d} — {n} mappings");
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,71 @@
+//! `lors trim`: remove mappings.
+
+use std::path::PathBuf;
+
+use lors::Pool;
+use lors::manage::Selection;
+use lors_ibp::ClientConfig;
+
+use super::{read_exnode, write_exnode};
+use crate::UsageError;
+
+/// Remove mappings by index or depot; with -d also release their allocations.
+#[derive(clap::Args)]
+#[command(after_help = "EXAMPLES:
+  lors trim --depot d2:6714 -d run42.xnd            # drop and free everything on d2
+  lors trim -m 0,3 -o smaller.xnd run42.xnd          # drop mappings 0 and 3 (see lors ls)")]
+pub struct Args {
+    /// The exNode.
+    exnode: PathBuf,
+    /// Mapping indices to remove (as `lors ls` numbers them).
+    #[arg(
+        short = 'm',
+        long = "mappings",
+        value_delimiter = ',',
+        conflicts_with = "depots"
+    )]
+    mappings: Vec<usize>,
+    /// Remove every mapping on this depot (repeatable).
+    #[arg(long = "depot", value_name = "HOST:PORT")]
+    depots: Vec<String>,
+    /// Also release the allocations (DECR their read count so the depot frees them now).
+    #[arg(short = 'd', long = "decrement")]
+    decrement: bool,
+    /// Allow removing the last replica of a block (the file gets holes).
+    #[arg(long)]
+    allow_holes: bool,
+    /// Write the result here [default: replace the input].
+    #[arg(short, long, value_name = "NEW.xnd")]
+    output: Option<PathBuf>,
+}
+
+pub fn run(a: Args) -> anyhow::Result<()> {
+    let sel = match (a.mappings.is_empty(), a.depots.is_empty()) {
+        (false, _) => Selection::Indices(a.mappings.clone()),
+        (true, false) => Selection::Depots(a.depots.clone()),
+        (true, true) => {
+            return Err(UsageError(
+                "say what to remove: -m INDEX[,INDEX] or --depot HOST:PORT".into(),
+            )
+            .into());
+        }
+    };
+    let x = read_exnode(&a.exnode)?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let t = rt.block_on(lors::manage::trim(
+        &x,
+        &sel,
+        a.decrement,
+        a.allow_holes,
+        &Pool::new(ClientConfig::default()),
+    ))?;
+    let out = a.output.unwrap_or(a.exnode);
+    write_exnode(&out, &t.exnode)?;
+    for (i, e) in &t.release_errors {
+        eprintln!("lors: mapping {i}: removed, but its allocation was not released: {e}");
+    }
+    eprintln!("lors: removed {} mappings -> {}", t.removed, out.display());
+    Ok(())
+}

@@ -1,0 +1,311 @@
+//! Operations on an existing exNode: augment (more replicas, copied depot to
+//! depot), trim (drop mappings, optionally releasing their allocations),
+//! refresh (extend leases), modify (strip capabilities for sharing), route
+//! (augment onto target depots, then trim the rest), and probing for stat.
+
+use std::collections::{BTreeMap, HashSet};
+use std::time::Duration;
+
+use lors_exnode::{ExNode, Mapping};
+use lors_ibp::ProbeInfo;
+use lors_ibp::caps::CapKind;
+use lors_ibp::proto::{AllocType, Reliability};
+
+use crate::error::{Error, Result};
+use crate::pool::Pool;
+use crate::progress::Progress;
+
+/// Blocks of an exNode: each distinct logical range with the indices of the
+/// mappings (replicas) that hold it.
+pub fn blocks(x: &ExNode) -> BTreeMap<(u64, u64), Vec<usize>> {
+    let mut b: BTreeMap<(u64, u64), Vec<usize>> = BTreeMap::new();
+    for (i, m) in x.mappings.iter().enumerate() {
+        b.entry((m.exnode_offset, m.logical_length))
+            .or_default()
+            .push(i);
+    }
+    b
+}
+
+/// Adds `copies` replicas of every block on `depots`, each on a depot that
+/// does not hold that block yet, copied depot-to-depot from an existing
+/// replica. New mappings are appended; the input exNode is not changed.
+pub async fn augment(
+    x: &ExNode,
+    depots: &[String],
+    copies: usize,
+    duration: Duration,
+    reliability: Reliability,
+    pool: &Pool,
+    progress: &dyn Progress,
+) -> Result<ExNode> {
+    if depots.is_empty() {
+        return Err(Error::NoDepots);
+    }
+    let mut out = x.clone();
+    let mut load: BTreeMap<String, usize> = depots.iter().map(|d| (d.clone(), 0)).collect();
+    progress.start(Some(
+        x.mappings.iter().map(|m| m.logical_length).sum::<u64>(),
+    ));
+    for ((offset, len), idx) in blocks(x) {
+        let mut holders: HashSet<String> =
+            idx.iter().filter_map(|&i| x.mappings[i].depot()).collect();
+        let sources: Vec<&Mapping> = idx
+            .iter()
+            .map(|&i| &x.mappings[i])
+            .filter(|m| m.read.is_some())
+            .collect();
+        if sources.is_empty() {
+            return Err(Error::Unreadable {
+                offset,
+                end: offset + len,
+                last: "no replica has a read capability".into(),
+            });
+        }
+        for _ in 0..copies {
+            let mut last = String::from("no depot left that does not already hold this block");
+            let mut done = false;
+            // Least-loaded target first; every source tried before giving up.
+            let mut targets: Vec<String> = load
+                .keys()
+                .filter(|d| !holders.contains(*d))
+                .cloned()
+                .collect();
+            targets.sort_by_key(|d| load[d]);
+            'targets: for t in targets {
+                for src in &sources {
+                    let cap = src.read.as_ref().expect("filtered above");
+                    let size = src.alloc_length.max(1);
+                    let attempt = async {
+                        let mut c = pool.get(&t).await?;
+                        let caps = c
+                            .allocate(
+                                "0",
+                                reliability,
+                                AllocType::ByteArray,
+                                i64::try_from(duration.as_secs()).unwrap_or(i64::MAX),
+                                size,
+                            )
+                            .await?;
+                        pool.put(c);
+                        let mut s = pool.get(&cap.address()).await?;
+                        s.send(cap, &caps.write, src.alloc_offset, src.alloc_length)
+                            .await?;
+                        pool.put(s);
+                        Ok::<_, lors_ibp::Error>(caps)
+                    }
+                    .await;
+                    match attempt {
+                        Ok(caps) => {
+                            out.mappings.push(Mapping {
+                                alloc_offset: 0,
+                                read: Some(caps.read),
+                                write: Some(caps.write),
+                                manage: Some(caps.manage),
+                                ..(*src).clone()
+                            });
+                            holders.insert(t.clone());
+                            *load.get_mut(&t).expect("target is in the map") += 1;
+                            done = true;
+                            break 'targets;
+                        }
+                        Err(e) => {
+                            last = e.to_string();
+                            progress.note(&format!("copy of block at {offset} to {t} failed: {e}"));
+                        }
+                    }
+                }
+            }
+            if !done {
+                return Err(Error::Store { offset, last });
+            }
+        }
+        progress.advance(len);
+    }
+    Ok(out)
+}
+
+/// Which mappings to act on.
+#[derive(Debug, Clone)]
+pub enum Selection {
+    /// By index in the exNode.
+    Indices(Vec<usize>),
+    /// Every mapping on one of these depots (`host:port`).
+    Depots(Vec<String>),
+    /// Every mapping not on one of these depots.
+    NotOn(Vec<String>),
+}
+
+impl Selection {
+    /// Whether mapping `i` is selected.
+    pub fn contains(&self, i: usize, m: &Mapping) -> bool {
+        let d = m.depot().unwrap_or_default();
+        match self {
+            Selection::Indices(v) => v.contains(&i),
+            Selection::Depots(v) => v.contains(&d),
+            Selection::NotOn(v) => !v.contains(&d),
+        }
+    }
+}
+
+/// Result of a trim.
+#[derive(Debug)]
+pub struct Trimmed {
+    /// The exNode without the selected mappings.
+    pub exnode: ExNode,
+    /// How many mappings were removed.
+    pub removed: usize,
+    /// Mappings whose release (DECR) failed: `(index, error)`. They are removed
+    /// from the exNode all the same; their leases will expire.
+    pub release_errors: Vec<(usize, String)>,
+}
+
+/// Removes the selected mappings. With `release`, each removed allocation's
+/// read reference is dropped first (MANAGE DECR), so the depot frees it now
+/// instead of at expiry. Refuses to remove the last replica of any block
+/// unless `allow_holes`.
+pub async fn trim(
+    x: &ExNode,
+    sel: &Selection,
+    release: bool,
+    allow_holes: bool,
+    pool: &Pool,
+) -> Result<Trimmed> {
+    if !allow_holes {
+        for ((offset, len), idx) in blocks(x) {
+            if idx.iter().all(|&i| sel.contains(i, &x.mappings[i])) {
+                return Err(Error::Unreadable {
+                    offset,
+                    end: offset + len,
+                    last: "trimming would remove its last replica (pass --allow-holes to do it anyway)".into(),
+                });
+            }
+        }
+    }
+    let mut keep = ExNode {
+        metadata: x.metadata.clone(),
+        mappings: Vec::new(),
+    };
+    let mut removed = 0;
+    let mut release_errors = Vec::new();
+    for (i, m) in x.mappings.iter().enumerate() {
+        if !sel.contains(i, m) {
+            keep.mappings.push(m.clone());
+            continue;
+        }
+        removed += 1;
+        if release {
+            let r = match &m.manage {
+                None => Err("no manage capability".to_string()),
+                Some(cap) => async {
+                    let mut c = pool.get(&cap.address()).await?;
+                    c.decr(cap, CapKind::Read).await?;
+                    pool.put(c);
+                    Ok::<_, lors_ibp::Error>(())
+                }
+                .await
+                .map_err(|e| e.to_string()),
+            };
+            if let Err(e) = r {
+                release_errors.push((i, e));
+            }
+        }
+    }
+    Ok(Trimmed {
+        exnode: keep,
+        removed,
+        release_errors,
+    })
+}
+
+/// How to extend leases.
+#[derive(Debug, Clone, Copy)]
+pub enum Lease {
+    /// Add this much to each allocation's remaining time.
+    By(Duration),
+    /// Expire this long from now.
+    To(Duration),
+    /// As long as each depot allows.
+    Max,
+}
+
+/// Extends the lease of every mapping that has a manage capability. Returns
+/// per-mapping outcomes: new seconds left, or the error.
+pub async fn refresh(
+    x: &ExNode,
+    lease: Lease,
+    pool: &Pool,
+) -> Vec<(usize, std::result::Result<i64, String>)> {
+    let mut out = Vec::new();
+    for (i, m) in x.mappings.iter().enumerate() {
+        let Some(cap) = &m.manage else {
+            out.push((i, Err("no manage capability".into())));
+            continue;
+        };
+        let r = async {
+            let mut c = pool.get(&cap.address()).await?;
+            let secs = match lease {
+                Lease::To(d) => i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+                Lease::By(d) => {
+                    let p = c.probe(cap).await?;
+                    p.seconds_left
+                        .saturating_add(i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+                }
+                Lease::Max => {
+                    let rid = cap.rid.clone().unwrap_or_else(|| "0".into());
+                    let st = c.status(&rid, "ibp").await?;
+                    i64::try_from(st.get_u64("DR").unwrap_or(0))
+                        .unwrap_or(i64::MAX)
+                        .max(1)
+                }
+            };
+            c.change(cap, 0, secs.max(1), None).await?;
+            let p = c.probe(cap).await?;
+            pool.put(c);
+            Ok::<_, lors_ibp::Error>(p.seconds_left)
+        }
+        .await
+        .map_err(|e| e.to_string());
+        out.push((i, r));
+    }
+    out
+}
+
+/// A copy of the exNode without the chosen capabilities, for sharing: strip
+/// write and manage to hand out a read-only file.
+pub fn modify(x: &ExNode, strip_read: bool, strip_write: bool, strip_manage: bool) -> ExNode {
+    let mut y = x.clone();
+    for m in &mut y.mappings {
+        if strip_read {
+            m.read = None;
+        }
+        if strip_write {
+            m.write = None;
+        }
+        if strip_manage {
+            m.manage = None;
+        }
+    }
+    y
+}
+
+/// Probes every mapping (manage key, else read key): what the depots report.
+pub async fn probe_all(x: &ExNode, pool: &Pool) -> Vec<std::result::Result<ProbeInfo, String>> {
+    let mut out = Vec::new();
+    for m in &x.mappings {
+        let cap = m.manage.as_ref().or(m.read.as_ref()).or(m.write.as_ref());
+        let r = match cap {
+            None => Err("no capability".to_string()),
+            Some(c) => async {
+                let mut conn = pool.get(&c.address()).await?;
+                let p = conn.probe(c).await?;
+                pool.put(conn);
+                Ok::<_, lors_ibp::Error>(p)
+            }
+            .await
+            .map_err(|e| e.to_string()),
+        };
+        out.push(r);
+    }
+    out
+}
