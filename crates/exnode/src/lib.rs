@@ -18,6 +18,7 @@
 //! assert_eq!(xml::parse(xml::write(&x).as_bytes()).unwrap(), x);
 //! ```
 
+pub mod functions;
 pub mod model;
 pub mod xml;
 

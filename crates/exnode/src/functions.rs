@@ -1,0 +1,383 @@
+//! End-to-end functions: what a client does to each block's bytes before they
+//! leave it, and undoes after they come back (`docs/exnode.md` §Functions).
+//!
+//! A mapping's data is cut into e2e blocks of `e2e_blocksize` bytes, each
+//! encoded on its own by the chain's steps in order (compress, encrypt,
+//! checksum); the stored bytes are the encoded blocks back to back. Chains
+//! with compression prefix each encoded block with its length (u32, little
+//! endian); others have a fixed overhead per block, so their layout is exactly
+//! the original LoRS one for the `checksum` (MD5) step.
+//!
+//! Decoding detects corruption (checksum mismatch, failed AEAD tag, bad
+//! frame) and never inflates a block beyond its logical size.
+
+use std::fmt::Write as _;
+
+use aes_gcm::aead::{Aead, KeyInit};
+use md5::{Digest, Md5};
+
+use crate::model::{Function, Mapping, Metadata, Value};
+
+/// Bytes of nonce stored in front of each encrypted block.
+pub const NONCE_BYTES: usize = 12;
+/// Bytes of AEAD tag after each encrypted block.
+pub const TAG_BYTES: usize = 16;
+
+/// One transformation.
+#[derive(Clone, PartialEq, Eq)]
+pub enum Step {
+    /// BLAKE3 of the block appended (`blake3_checksum`).
+    Blake3,
+    /// The original LoRS `checksum`: 32 hex MD5 digits, `:`, the block.
+    Md5,
+    /// zstd compression (`zstd_compress`).
+    Zstd {
+        /// Compression level (1–19).
+        level: i32,
+    },
+    /// AES-256-GCM with a random nonce per block (`aes256gcm_encrypt`).
+    Aes256Gcm {
+        /// The key, kept in the exNode.
+        key: [u8; 32],
+    },
+    /// ChaCha20-Poly1305 with a random nonce per block (`chacha20poly1305_encrypt`).
+    ChaCha20Poly1305 {
+        /// The key, kept in the exNode.
+        key: [u8; 32],
+    },
+}
+
+impl std::fmt::Debug for Step {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Keys are secrets: never in Debug output.
+        f.write_str(match self {
+            Step::Blake3 => "Blake3",
+            Step::Md5 => "Md5",
+            Step::Zstd { .. } => "Zstd",
+            Step::Aes256Gcm { .. } => "Aes256Gcm(key redacted)",
+            Step::ChaCha20Poly1305 { .. } => "ChaCha20Poly1305(key redacted)",
+        })
+    }
+}
+
+impl Step {
+    /// The function name in the exNode.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Step::Blake3 => "blake3_checksum",
+            Step::Md5 => "checksum",
+            Step::Zstd { .. } => "zstd_compress",
+            Step::Aes256Gcm { .. } => "aes256gcm_encrypt",
+            Step::ChaCha20Poly1305 { .. } => "chacha20poly1305_encrypt",
+        }
+    }
+
+    /// Fixed bytes added per block, or `None` when the size varies.
+    fn overhead(&self) -> Option<u64> {
+        match self {
+            Step::Blake3 => Some(32),
+            Step::Md5 => Some(33),
+            Step::Zstd { .. } => None,
+            Step::Aes256Gcm { .. } | Step::ChaCha20Poly1305 { .. } => {
+                Some((NONCE_BYTES + TAG_BYTES) as u64)
+            }
+        }
+    }
+
+    /// A fresh random 256-bit key for a cipher step.
+    pub fn random_key() -> std::io::Result<[u8; 32]> {
+        let mut k = [0u8; 32];
+        getrandom::fill(&mut k).map_err(|e| std::io::Error::other(e.to_string()))?;
+        Ok(k)
+    }
+}
+
+/// Why stored bytes could not be decoded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum E2eError {
+    /// The bytes are damaged (checksum, tag or frame mismatch).
+    #[error("block {block} is corrupted: {what}")]
+    Corrupt {
+        /// e2e block index within the mapping.
+        block: u64,
+        /// What failed.
+        what: &'static str,
+    },
+    /// A function this version cannot undo.
+    #[error("end-to-end function {0:?} is not supported")]
+    Unsupported(String),
+    /// The function description in the exNode is malformed.
+    #[error("malformed function description: {0}")]
+    Malformed(&'static str),
+}
+
+/// A chain of steps in the order they are applied at upload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Chain {
+    /// Logical bytes per e2e block.
+    pub block_size: u64,
+    /// Steps, first applied first.
+    pub steps: Vec<Step>,
+}
+
+fn random_nonce() -> [u8; NONCE_BYTES] {
+    let mut n = [0u8; NONCE_BYTES];
+    // The OS CSPRNG does not fail on Linux after boot; if it ever did, a
+    // counter-free zero nonce would be catastrophic, so stop instead.
+    getrandom::fill(&mut n).expect("OS random source available");
+    n
+}
+
+fn hex(bytes: &[u8]) -> String {
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        let _ = write!(s, "{b:02x}");
+    }
+    s
+}
+
+fn unhex(s: &str) -> Option<Vec<u8>> {
+    if s.len() % 2 != 0 {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+impl Chain {
+    fn framed(&self) -> bool {
+        self.steps.iter().any(|s| s.overhead().is_none())
+    }
+
+    fn encode_block(&self, data: &[u8]) -> Vec<u8> {
+        let mut cur = data.to_vec();
+        for s in &self.steps {
+            cur = match s {
+                Step::Blake3 => {
+                    let h = blake3::hash(&cur);
+                    cur.extend_from_slice(h.as_bytes());
+                    cur
+                }
+                Step::Md5 => {
+                    let mut out = hex(&Md5::digest(&cur)).into_bytes();
+                    out.push(b':');
+                    out.extend_from_slice(&cur);
+                    out
+                }
+                Step::Zstd { level } => {
+                    zstd::bulk::compress(&cur, *level).expect("in-memory compression does not fail")
+                }
+                Step::Aes256Gcm { key } => seal(&aes_gcm::Aes256Gcm::new(key.into()), &cur),
+                Step::ChaCha20Poly1305 { key } => {
+                    seal(&chacha20poly1305::ChaCha20Poly1305::new(key.into()), &cur)
+                }
+            };
+        }
+        cur
+    }
+
+    /// Encodes a mapping's data.
+    pub fn encode(&self, data: &[u8]) -> Vec<u8> {
+        let bs = usize::try_from(self.block_size.max(1)).unwrap_or(usize::MAX);
+        let mut out = Vec::with_capacity(data.len() + data.len() / bs * 64 + 64);
+        for block in data.chunks(bs) {
+            let enc = self.encode_block(block);
+            if self.framed() {
+                out.extend_from_slice(
+                    &u32::try_from(enc.len())
+                        .expect("block fits u32")
+                        .to_le_bytes(),
+                );
+            }
+            out.extend_from_slice(&enc);
+        }
+        out
+    }
+
+    fn decode_block(&self, index: u64, stored: &[u8], logical: usize) -> Result<Vec<u8>, E2eError> {
+        let corrupt = |what| E2eError::Corrupt { block: index, what };
+        let mut cur = stored.to_vec();
+        for s in self.steps.iter().rev() {
+            cur = match s {
+                Step::Blake3 => {
+                    if cur.len() < 32 {
+                        return Err(corrupt("short block"));
+                    }
+                    let (d, h) = cur.split_at(cur.len() - 32);
+                    if blake3::hash(d).as_bytes() != h {
+                        return Err(corrupt("BLAKE3 checksum mismatch"));
+                    }
+                    d.to_vec()
+                }
+                Step::Md5 => {
+                    if cur.len() < 33 || cur[32] != b':' {
+                        return Err(corrupt("malformed MD5 checksum header"));
+                    }
+                    let (h, d) = (&cur[..32], &cur[33..]);
+                    if hex(&Md5::digest(d)).as_bytes() != h {
+                        return Err(corrupt("MD5 checksum mismatch"));
+                    }
+                    d.to_vec()
+                }
+                Step::Zstd { .. } => {
+                    let out = zstd::bulk::decompress(&cur, logical)
+                        .map_err(|_| corrupt("zstd data is invalid"))?;
+                    if out.len() != logical {
+                        return Err(corrupt("decompressed size differs"));
+                    }
+                    out
+                }
+                Step::Aes256Gcm { key } => open(&aes_gcm::Aes256Gcm::new(key.into()), &cur)
+                    .ok_or(corrupt("AES-GCM authentication failed"))?,
+                Step::ChaCha20Poly1305 { key } => {
+                    open(&chacha20poly1305::ChaCha20Poly1305::new(key.into()), &cur)
+                        .ok_or(corrupt("ChaCha20-Poly1305 authentication failed"))?
+                }
+            };
+        }
+        if cur.len() != logical {
+            return Err(corrupt("decoded size differs"));
+        }
+        Ok(cur)
+    }
+
+    /// Decodes a mapping's stored bytes back to its `logical_len` bytes.
+    pub fn decode(&self, stored: &[u8], logical_len: u64) -> Result<Vec<u8>, E2eError> {
+        let bs = self.block_size.max(1);
+        let n_blocks = logical_len.div_ceil(bs);
+        let mut out = Vec::with_capacity(usize::try_from(logical_len).unwrap_or(0));
+        let mut pos = 0usize;
+        let fixed: u64 = self.steps.iter().filter_map(Step::overhead).sum();
+        for i in 0..n_blocks {
+            let logical = usize::try_from((logical_len - i * bs).min(bs))
+                .map_err(|_| E2eError::Malformed("block size"))?;
+            let len = if self.framed() {
+                let hdr = stored.get(pos..pos + 4).ok_or(E2eError::Corrupt {
+                    block: i,
+                    what: "truncated frame",
+                })?;
+                pos += 4;
+                u32::from_le_bytes(hdr.try_into().expect("4 bytes")) as usize
+            } else {
+                logical + usize::try_from(fixed).map_err(|_| E2eError::Malformed("overhead"))?
+            };
+            let end = pos.checked_add(len).ok_or(E2eError::Corrupt {
+                block: i,
+                what: "frame length",
+            })?;
+            let block = stored.get(pos..end).ok_or(E2eError::Corrupt {
+                block: i,
+                what: "truncated data",
+            })?;
+            out.extend_from_slice(&self.decode_block(i, block, logical)?);
+            pos = end;
+        }
+        if pos != stored.len() {
+            return Err(E2eError::Corrupt {
+                block: n_blocks,
+                what: "trailing bytes",
+            });
+        }
+        Ok(out)
+    }
+
+    /// The exNode function element for this chain: the last step applied is
+    /// the outermost function, earlier ones nest inside.
+    pub fn to_function(&self) -> Option<Function> {
+        let mut inner: Option<Function> = None;
+        let mut size = self.block_size;
+        for s in &self.steps {
+            let mut args = Vec::new();
+            match s {
+                Step::Aes256Gcm { key } | Step::ChaCha20Poly1305 { key } => {
+                    args.push(Metadata::string("KEY", &hex(key)))
+                }
+                Step::Zstd { level } => args.push(Metadata::integer("level", i64::from(*level))),
+                _ => {}
+            }
+            if let Some(o) = s.overhead() {
+                size += o;
+            }
+            // As LoRS does: blocksize = this step's output block size (fixed steps).
+            if s.overhead().is_some() && !self.framed() {
+                args.push(Metadata::integer(
+                    "blocksize",
+                    i64::try_from(size).unwrap_or(i64::MAX),
+                ));
+            }
+            inner = Some(Function {
+                name: s.name().into(),
+                metadata: vec![],
+                arguments: args,
+                inner: inner.into_iter().collect(),
+            });
+        }
+        inner
+    }
+
+    /// The chain a mapping records, if any.
+    pub fn from_mapping(m: &Mapping) -> Result<Option<Chain>, E2eError> {
+        let Some(f) = &m.function else {
+            return Ok(None);
+        };
+        if f.name == "identity" && f.inner.is_empty() {
+            return Ok(None);
+        }
+        let mut steps = Vec::new();
+        for func in f.chain().into_iter().rev() {
+            let key = || -> Result<[u8; 32], E2eError> {
+                match func.argument("KEY") {
+                    Some(Value::String(k)) => unhex(k)
+                        .and_then(|v| <[u8; 32]>::try_from(v).ok())
+                        .ok_or(E2eError::Malformed("KEY must be 64 hex digits")),
+                    _ => Err(E2eError::Malformed("cipher without KEY")),
+                }
+            };
+            steps.push(match func.name.as_str() {
+                "blake3_checksum" => Step::Blake3,
+                "checksum" => Step::Md5,
+                "zstd_compress" => Step::Zstd { level: 3 },
+                "aes256gcm_encrypt" => Step::Aes256Gcm { key: key()? },
+                "chacha20poly1305_encrypt" => Step::ChaCha20Poly1305 { key: key()? },
+                "identity" => continue,
+                other => return Err(E2eError::Unsupported(other.to_owned())),
+            });
+        }
+        if m.e2e_blocksize == 0 {
+            return Err(E2eError::Malformed("function without e2e_blocksize"));
+        }
+        Ok(Some(Chain {
+            block_size: m.e2e_blocksize,
+            steps,
+        }))
+    }
+}
+
+fn seal<C: Aead>(cipher: &C, data: &[u8]) -> Vec<u8> {
+    let nonce = random_nonce();
+    let ct = cipher
+        .encrypt(
+            aes_gcm::aead::generic_array::GenericArray::from_slice(&nonce),
+            data,
+        )
+        .expect("in-memory encryption does not fail");
+    let mut out = Vec::with_capacity(NONCE_BYTES + ct.len());
+    out.extend_from_slice(&nonce);
+    out.extend_from_slice(&ct);
+    out
+}
+
+fn open<C: Aead>(cipher: &C, stored: &[u8]) -> Option<Vec<u8>> {
+    if stored.len() < NONCE_BYTES + TAG_BYTES {
+        return None;
+    }
+    let (n, ct) = stored.split_at(NONCE_BYTES);
+    cipher
+        .decrypt(
+            aes_gcm::aead::generic_array::GenericArray::from_slice(n),
+            ct,
+        )
+        .ok()
+}
