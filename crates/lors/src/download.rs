@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use lors_exnode::ExNode;
+use lors_exnode::functions::Chain;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::sync::{Notify, mpsc};
 
@@ -218,12 +219,11 @@ impl Ctx {
         }
     }
 
-    /// A read failed: that replica is bad for this segment. A depot we cannot
-    /// connect to is dead for the whole download: every segment it holds
-    /// moves on to other replicas at once.
-    fn failed(&self, i: usize, m: usize, err: &lors_ibp::Error) {
+    /// A read failed (or returned corrupted bytes): that replica is bad for
+    /// this segment. A depot we cannot connect to is dead for the whole
+    /// download: every segment it holds moves on to other replicas at once.
+    fn failed(&self, i: usize, m: usize, err: &str, unreachable: bool) {
         let depot = self.depot(m);
-        let unreachable = matches!(err, lors_ibp::Error::Connect { .. });
         let mut g = self.lock();
         g.stats.retries += 1;
         let newly_dead = unreachable && g.dead.insert(depot.clone());
@@ -255,7 +255,7 @@ impl Ctx {
             }
             let s = &g.segs[si];
             if s.st == St::Pending && s.sources.iter().all(|y| s.failed.contains(y)) {
-                let lost = (s.offset, s.offset + s.len, err.to_string());
+                let lost = (s.offset, s.offset + s.len, err.to_owned());
                 g.segs[si].st = St::Done; // settled: nobody will fetch it
                 g.pending.retain(|&p| p != si);
                 g.lost.push(lost);
@@ -313,19 +313,48 @@ async fn worker(
         };
         let map = &ctx.x.mappings[m];
         let cap = map.read.as_ref().expect("planned mappings are readable");
-        let at = map.alloc_offset + (offset - map.exnode_offset);
-        let mut buf = vec![0u8; usize::try_from(len).unwrap_or(usize::MAX)];
-        let res = async {
-            let mut c = ctx.pool.get(&depot).await?;
-            c.load(cap, at, &mut buf).await?;
-            ctx.pool.put(c);
-            Ok::<_, lors_ibp::Error>(())
+        let fetched = async {
+            match Chain::from_mapping(map) {
+                Err(e) => Err((e.to_string(), false)),
+                Ok(None) => {
+                    let at = map.alloc_offset + (offset - map.exnode_offset);
+                    let mut buf = vec![0u8; usize::try_from(len).unwrap_or(usize::MAX)];
+                    let mut c = ctx.pool.get(&depot).await.map_err(ibp_err)?;
+                    c.load(cap, at, &mut buf).await.map_err(ibp_err)?;
+                    ctx.pool.put(c);
+                    Ok(buf)
+                }
+                Ok(Some(chain)) => {
+                    // Encoded mappings are fetched and verified whole, then cut.
+                    let mut stored =
+                        vec![0u8; usize::try_from(map.alloc_length).unwrap_or(usize::MAX)];
+                    let mut c = ctx.pool.get(&depot).await.map_err(ibp_err)?;
+                    c.load(cap, map.alloc_offset, &mut stored)
+                        .await
+                        .map_err(ibp_err)?;
+                    ctx.pool.put(c);
+                    let logical = map.logical_length;
+                    let plain = tokio::task::spawn_blocking(move || chain.decode(&stored, logical))
+                        .await
+                        .map_err(|e| (e.to_string(), false))?
+                        .map_err(|e| (format!("{e} (from {depot})"), false))?;
+                    let from = usize::try_from(offset - map.exnode_offset).unwrap_or(usize::MAX);
+                    let to = from.saturating_add(usize::try_from(len).unwrap_or(usize::MAX));
+                    plain
+                        .get(from..to)
+                        .map(<[u8]>::to_vec)
+                        .ok_or(("mapping shorter than recorded".to_string(), false))
+                }
+            }
         }
         .await;
-        if let Err(e) = res {
-            ctx.failed(i, m, &e);
-            continue;
-        }
+        let buf = match fetched {
+            Ok(b) => b,
+            Err((why, unreachable)) => {
+                ctx.failed(i, m, &why, unreachable);
+                continue;
+            }
+        };
         if !ctx.claim(i, m, &depot) {
             continue; // a hedged copy arrived first
         }
@@ -349,6 +378,11 @@ async fn worker(
         }
         ctx.wake.notify_waiters();
     }
+}
+
+fn ibp_err(e: lors_ibp::Error) -> (String, bool) {
+    let unreachable = matches!(e, lors_ibp::Error::Connect { .. });
+    (e.to_string(), unreachable)
 }
 
 /// The output file and its resume record.
@@ -401,7 +435,14 @@ pub async fn download(
     let size = x.logical_size();
     let start = opts.offset.min(size);
     let len = opts.length.unwrap_or(size - start).min(size - start);
-    let planned = plan(&x.mappings, start, len, opts.block_size)?;
+    // Mappings with functions are verified whole: do not cut them smaller.
+    let whole = x.mappings.iter().any(|m| m.function.is_some());
+    let planned = plan(
+        &x.mappings,
+        start,
+        len,
+        if whole { u64::MAX } else { opts.block_size },
+    )?;
     let mut segs: Vec<Seg> = planned
         .into_iter()
         .map(|p| Seg {

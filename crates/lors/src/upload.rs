@@ -11,6 +11,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use lors_exnode::functions::Chain;
 use lors_exnode::{ExNode, Mapping, Metadata};
 use lors_ibp::proto::{AllocType, Reliability};
 use lors_ibp::{CapSet, Connection};
@@ -38,6 +39,8 @@ pub struct UploadOptions {
     pub reliability: Reliability,
     /// File name recorded in the exNode.
     pub filename: String,
+    /// End-to-end functions applied to every block (`None`: bytes as they are).
+    pub e2e: Option<Chain>,
 }
 
 struct Depots {
@@ -193,13 +196,14 @@ impl Shared {
     }
 }
 
-fn mapping(offset: u64, len: u64, caps: CapSet) -> Mapping {
+fn mapping(offset: u64, len: u64, stored: u64, chain: Option<&Chain>, caps: CapSet) -> Mapping {
     Mapping {
         exnode_offset: offset,
         logical_length: len,
         alloc_offset: 0,
-        alloc_length: len,
-        e2e_blocksize: 0,
+        alloc_length: stored,
+        e2e_blocksize: chain.map_or(0, |c| c.block_size),
+        function: chain.and_then(Chain::to_function),
         read: Some(caps.read),
         write: Some(caps.write),
         manage: Some(caps.manage),
@@ -281,13 +285,27 @@ pub async fn upload<R: AsyncRead + Unpin>(
         let (block_off, salt) = (offset, index);
         tasks.spawn(async move {
             let _permit = permit;
-            let mut avoid = HashSet::new();
-            let first = sh.place(block_off, &buf, &mut avoid, salt).await?;
             let len = buf.len() as u64;
-            let mut out = vec![mapping(block_off, len, first.1.clone())];
+            // Checksums, compression and encryption are CPU work: off the
+            // async threads.
+            let stored = match sh.opts.e2e.clone() {
+                Some(chain) => tokio::task::spawn_blocking(move || chain.encode(&buf))
+                    .await
+                    .map_err(|e| {
+                        Error::io("encoding a block", std::io::Error::other(e.to_string()))
+                    })?,
+                None => buf,
+            };
+            let chain = sh.opts.e2e.as_ref();
+            let slen = stored.len() as u64;
+            let mut avoid = HashSet::new();
+            let first = sh.place(block_off, &stored, &mut avoid, salt).await?;
+            let mut out = vec![mapping(block_off, len, slen, chain, first.1.clone())];
             for _ in 1..copies {
-                let c = sh.copy(block_off, &buf, &first, &mut avoid, salt).await?;
-                out.push(mapping(block_off, len, c.1));
+                let c = sh
+                    .copy(block_off, &stored, &first, &mut avoid, salt)
+                    .await?;
+                out.push(mapping(block_off, len, slen, chain, c.1));
             }
             sh.progress.advance(len);
             Ok::<_, Error>((salt, out))

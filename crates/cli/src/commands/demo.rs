@@ -79,6 +79,10 @@ async fn demo(a: &Args, dir: &std::path::Path) -> anyhow::Result<()> {
         duration: Duration::from_secs(3600),
         reliability: Reliability::Hard,
         filename: "demo.bin".into(),
+        e2e: Some(lors_exnode::functions::Chain {
+            block_size: 1 << 20,
+            steps: vec![lors_exnode::functions::Step::Blake3],
+        }),
     };
     let t = Instant::now();
     let x = upload(

@@ -7,6 +7,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use lors::Pool;
 use lors::upload::{UploadOptions, upload};
+use lors_exnode::functions::{Chain, Step};
 use lors_ibp::ClientConfig;
 use lors_ibp::proto::Reliability;
 
@@ -18,7 +19,11 @@ use crate::UsageError;
 #[command(after_help = "EXAMPLES:
   lors upload --depot d1:6714 --depot d2:6714 -c 2 -b 10M -o run42.xnd run42.dat
   tar c data/ | lors upload --depot d1:6714 -c 1 -o data.tar.xnd -
-  lors upload --depot d1:6714 -c 1 -f video.mp4          # writes video.mp4.xnd")]
+  lors upload --depot d1:6714 -c 1 -f video.mp4          # writes video.mp4.xnd
+  lors upload --depot d1:6714 -c 1 -z -e aes -o s.xnd secret.tar   # compress + encrypt
+  lors upload --depot d1:6714 -c 1 -k md5 -o old.xnd f   # readable by LoRS 0.82 tools
+
+Every e2e block is checksummed with BLAKE3 unless -n or -k none.")]
 pub struct Args {
     /// File to upload; `-` reads standard input.
     file: PathBuf,
@@ -43,9 +48,23 @@ pub struct Args {
     /// Per-operation network timeout, e.g. 60s.
     #[arg(short = 'T', long, env = "LORS_TIMEOUT", value_parser = duration_arg, default_value = "600s")]
     timeout: Duration,
-    /// No end-to-end functions (the only mode so far; accepted for LoRS compatibility).
-    #[arg(short = 'n', long = "none")]
+    /// No end-to-end functions: store the bytes as they are.
+    #[arg(short = 'n', long = "none", conflicts_with_all = ["checksum", "compress", "encrypt"])]
     no_e2e: bool,
+    /// Checksum every e2e block: `blake3` (default) or `md5` (the original
+    /// LoRS format, readable by lors_download 0.82).
+    #[arg(short = 'k', long, value_name = "KIND", value_parser = ["blake3", "md5", "none"], default_value = "blake3")]
+    checksum: String,
+    /// Compress every e2e block with zstd.
+    #[arg(short = 'z', long)]
+    compress: bool,
+    /// Encrypt every e2e block: `aes` (AES-256-GCM) or `chacha`
+    /// (ChaCha20-Poly1305). The key is kept in the exNode (written 0600).
+    #[arg(short = 'e', long, value_name = "CIPHER", value_parser = ["aes", "chacha"])]
+    encrypt: Option<String>,
+    /// e2e block size: the unit checksums, compression and encryption work on.
+    #[arg(short = 'E', long = "e2e-block-size", value_parser = size_arg, default_value = "1M")]
+    e2e_block_size: u64,
     /// Write the exNode here.
     #[arg(short, long, value_name = "OUT.xnd", conflicts_with = "auto_name")]
     output: Option<PathBuf>,
@@ -57,8 +76,43 @@ pub struct Args {
     quiet: bool,
 }
 
+/// The function chain the flags ask for.
+fn chain(a: &Args) -> anyhow::Result<Option<Chain>> {
+    if a.no_e2e {
+        return Ok(None);
+    }
+    let mut steps = Vec::new();
+    if a.compress {
+        steps.push(Step::Zstd { level: 3 });
+    }
+    match a.encrypt.as_deref() {
+        Some("aes") => steps.push(Step::Aes256Gcm {
+            key: Step::random_key()?,
+        }),
+        Some(_) => steps.push(Step::ChaCha20Poly1305 {
+            key: Step::random_key()?,
+        }),
+        None => {}
+    }
+    match a.checksum.as_str() {
+        "blake3" => steps.push(Step::Blake3),
+        "md5" => steps.push(Step::Md5),
+        _ => {}
+    }
+    if steps.is_empty() {
+        return Ok(None);
+    }
+    if a.e2e_block_size == 0 || a.e2e_block_size > u64::from(u32::MAX) {
+        return Err(UsageError("-E must be between 1 byte and 4 GiB".into()).into());
+    }
+    Ok(Some(Chain {
+        block_size: a.e2e_block_size,
+        steps,
+    }))
+}
+
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let _ = a.no_e2e;
+    let e2e = chain(&a)?;
     let stdin = a.file.as_os_str() == "-";
     let out = match (&a.output, a.auto_name) {
         (Some(o), _) => o.clone(),
@@ -94,6 +148,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             Reliability::Hard
         },
         filename,
+        e2e,
     };
     let cfg = ClientConfig {
         io_timeout: a.timeout,

@@ -61,68 +61,90 @@ fn round_trips_over_sizes_block_sizes_copies_and_threads() {
         1usize..=3,
         1usize..=6,
         any::<u8>(),
+        (0usize..5, 100u64..5000),
     );
     runner
-        .run(&strategy, |(size, bs, copies, threads, seed)| {
-            let data = pattern(size, seed);
-            let opts = UploadOptions {
-                depots: addrs.clone(),
-                block_size: bs,
-                copies,
-                threads,
-                duration: std::time::Duration::from_secs(600),
-                reliability: Reliability::Hard,
-                filename: "p.bin".into(),
-            };
-            let (x, back) = rt.block_on(async {
-                let pool = Arc::new(Pool::new(client_cfg()));
-                let x = upload(
-                    &data[..],
-                    Some(size as u64),
-                    &opts,
-                    pool.clone(),
-                    Arc::new(NoProgress),
-                )
-                .await
-                .unwrap();
-                let (tx, mut rx) = tokio::io::duplex(1 << 20);
-                let dl = DownloadOptions {
-                    block_size: bs.max(4096),
-                    ..DownloadOptions::default()
+        .run(
+            &strategy,
+            |(size, bs, copies, threads, seed, (which, ebs))| {
+                use lors_exnode::functions::{Chain, Step};
+                let key = Step::random_key().unwrap();
+                let steps = match which {
+                    0 => vec![],
+                    1 => vec![Step::Blake3],
+                    2 => vec![Step::Md5],
+                    3 => vec![
+                        Step::Zstd { level: 3 },
+                        Step::Aes256Gcm { key },
+                        Step::Blake3,
+                    ],
+                    _ => vec![Step::ChaCha20Poly1305 { key }, Step::Md5],
                 };
-                let reader = tokio::spawn(async move {
-                    let mut v = Vec::new();
-                    tokio::io::AsyncReadExt::read_to_end(&mut rx, &mut v)
-                        .await
-                        .unwrap();
-                    v
+                let chain = (!steps.is_empty()).then_some(Chain {
+                    block_size: ebs,
+                    steps,
                 });
-                download(
-                    &x,
-                    Output::Writer(Box::new(tx)),
-                    &dl,
-                    pool,
-                    Arc::new(NoProgress),
-                )
-                .await
-                .unwrap();
-                (x, reader.await.unwrap())
-            });
-            prop_assert_eq!(x.logical_size(), size as u64);
-            prop_assert_eq!(
-                x.mappings.len(),
-                (size as u64).div_ceil(bs) as usize * copies
-            );
-            assert_distinct_replicas(&x);
-            prop_assert!(
-                back == data,
-                "downloaded bytes differ (size {}, bs {}, copies {})",
-                size,
-                bs,
-                copies
-            );
-            Ok(())
-        })
+                let data = pattern(size, seed);
+                let opts = UploadOptions {
+                    depots: addrs.clone(),
+                    block_size: bs,
+                    copies,
+                    threads,
+                    duration: std::time::Duration::from_secs(600),
+                    reliability: Reliability::Hard,
+                    filename: "p.bin".into(),
+                    e2e: chain.clone(),
+                };
+                let (x, back) = rt.block_on(async {
+                    let pool = Arc::new(Pool::new(client_cfg()));
+                    let x = upload(
+                        &data[..],
+                        Some(size as u64),
+                        &opts,
+                        pool.clone(),
+                        Arc::new(NoProgress),
+                    )
+                    .await
+                    .unwrap();
+                    let (tx, mut rx) = tokio::io::duplex(1 << 20);
+                    let dl = DownloadOptions {
+                        block_size: bs.max(4096),
+                        ..DownloadOptions::default()
+                    };
+                    let reader = tokio::spawn(async move {
+                        let mut v = Vec::new();
+                        tokio::io::AsyncReadExt::read_to_end(&mut rx, &mut v)
+                            .await
+                            .unwrap();
+                        v
+                    });
+                    download(
+                        &x,
+                        Output::Writer(Box::new(tx)),
+                        &dl,
+                        pool,
+                        Arc::new(NoProgress),
+                    )
+                    .await
+                    .unwrap();
+                    (x, reader.await.unwrap())
+                });
+                prop_assert_eq!(x.logical_size(), size as u64);
+                prop_assert_eq!(
+                    x.mappings.len(),
+                    (size as u64).div_ceil(bs) as usize * copies
+                );
+                assert_distinct_replicas(&x);
+                prop_assert!(
+                    back == data,
+                    "downloaded bytes differ (size {}, bs {}, copies {})",
+                    size,
+                    bs,
+                    copies
+                );
+                Ok(())
+            },
+        )
         .unwrap();
 }
 
@@ -465,7 +487,10 @@ async fn augment_trim_refresh_modify_route_as_the_depots_see_them() {
         let d = m.depot().unwrap();
         assert!(d == ds[2].addr || d == ds[3].addr, "new replica on {d}");
         let p = probe(m).await.unwrap();
-        assert_eq!(p.size, m.logical_length, "the depot holds the copied bytes");
+        assert_eq!(
+            p.size, m.alloc_length,
+            "the depot holds the copied (encoded) bytes"
+        );
     }
 
     // trim -d the originals: their allocations are freed (probe: not found),
@@ -587,4 +612,84 @@ async fn augment_trim_refresh_modify_route_as_the_depots_see_them() {
             && s.contains("\"blocks_lost\":0"),
         "{s}"
     );
+}
+
+/// The data file of a mapping's allocation inside a depot's `--data` directory.
+fn stored_file(depot_dir: &Path, m: &lors_exnode::Mapping) -> std::path::PathBuf {
+    let id: u64 = m.read.as_ref().unwrap().typekey.parse().unwrap();
+    depot_dir
+        .join("data")
+        .join(format!("{:02x}", id & 0xff))
+        .join(format!("{id:016x}"))
+}
+
+#[test]
+fn a_flipped_byte_on_a_depot_is_detected_and_read_from_the_replica() {
+    use std::os::unix::fs::FileExt;
+    let dir = tempdir();
+    let ds = depots(2, dir.path());
+    for (flags, label) in [
+        (vec![], "blake3 (default)"),
+        (vec!["-k", "md5"], "md5"),
+        (vec!["-z", "-e", "chacha"], "zstd+chacha+blake3"),
+    ] {
+        let src = dir.path().join("c.bin");
+        let data = pattern(700_000, 21);
+        std::fs::write(&src, &data).unwrap();
+        let xnd = dir.path().join("c.xnd");
+        let mut args = vec![
+            "upload",
+            "-q",
+            "-c",
+            "2",
+            "-b",
+            "256K",
+            "-E",
+            "64K",
+            "-o",
+            xnd.to_str().unwrap(),
+        ];
+        args.extend(flags.iter().copied());
+        let da = depot_args(&ds);
+        args.extend(da.iter().map(String::as_str));
+        args.push(src.to_str().unwrap());
+        let (ok, _, err) = lors(&args);
+        assert!(ok, "{label}: {err}");
+        let x = read_x(&xnd);
+        // Damage the first replica of block 1 on its depot's disk.
+        let victim = x
+            .mappings
+            .iter()
+            .find(|m| m.exnode_offset == 256 << 10)
+            .unwrap();
+        let di = ds
+            .iter()
+            .position(|d| Some(&d.addr) == victim.depot().as_ref())
+            .unwrap();
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(stored_file(&dir.path().join(format!("d{di}")), victim))
+            .unwrap();
+        let mut b = [0u8; 1];
+        f.read_exact_at(&mut b, 4096 + 1000).unwrap();
+        f.write_all_at(&[b[0] ^ 0x10], 4096 + 1000).unwrap();
+        drop(f);
+        let out = dir.path().join("c.out");
+        let (ok, _, err) = lors(&[
+            "download",
+            "-o",
+            out.to_str().unwrap(),
+            xnd.to_str().unwrap(),
+        ]);
+        assert!(ok, "{label}: {err}");
+        assert!(
+            std::fs::read(&out).unwrap() == data,
+            "{label}: output differs"
+        );
+        assert!(
+            err.contains("corrupted"),
+            "{label}: the damage is reported: {err}"
+        );
+    }
 }
