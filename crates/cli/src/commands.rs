@@ -22,12 +22,12 @@ use lors_exnode::{ExNode, xml};
 
 /// Parses `10M`-style sizes for clap.
 pub fn size_arg(s: &str) -> Result<u64, String> {
-    lors_depot::config::parse_size(s)
+    lors_ibp::units::parse_size(s)
 }
 
 /// Parses `2h`-style durations for clap.
 pub fn duration_arg(s: &str) -> Result<Duration, String> {
-    lors_depot::config::parse_duration(s)
+    lors_ibp::units::parse_duration(s)
 }
 
 /// Reads and parses an exNode file.

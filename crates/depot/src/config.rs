@@ -26,59 +26,7 @@ pub struct ByteSize(pub u64);
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Span(pub Duration);
 
-/// Parses `10`, `10K`, `10KiB`, `1.5G` (binary multiples, as LoRS's `-b 5M`).
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let unit = unit.trim().to_ascii_lowercase();
-    let mult: u64 = match unit.as_str() {
-        "" | "b" => 1,
-        "k" | "kb" | "kib" => 1 << 10,
-        "m" | "mb" | "mib" => 1 << 20,
-        "g" | "gb" | "gib" => 1 << 30,
-        "t" | "tb" | "tib" => 1 << 40,
-        _ => return Err(format!("unknown size unit in {s:?} (use K, M, G or T)")),
-    };
-    let bytes = if num.contains('.') {
-        let v: f64 = num.parse().map_err(|_| format!("bad size {s:?}"))?;
-        let b = v * mult as f64;
-        if !(0.0..1.8e19).contains(&b) {
-            return Err(format!("size {s:?} out of range"));
-        }
-        b as u64
-    } else {
-        let v: u64 = num.parse().map_err(|_| format!("bad size {s:?}"))?;
-        v.checked_mul(mult)
-            .ok_or_else(|| format!("size {s:?} out of range"))?
-    };
-    Ok(bytes)
-}
-
-/// Parses `3600`, `90s`, `30m`, `12h`, `30d`, `2w`.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let t = s.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let v: u64 = num.parse().map_err(|_| format!("bad duration {s:?}"))?;
-    let mult = match unit.trim() {
-        "" | "s" => 1,
-        "m" => 60,
-        "h" => 3600,
-        "d" => 86_400,
-        "w" => 7 * 86_400,
-        _ => {
-            return Err(format!(
-                "unknown duration unit in {s:?} (use s, m, h, d or w)"
-            ));
-        }
-    };
-    v.checked_mul(mult)
-        .map(Duration::from_secs)
-        .ok_or_else(|| format!("duration {s:?} out of range"))
-}
+pub use lors_ibp::units::{parse_duration, parse_size};
 
 impl<'de> Deserialize<'de> for ByteSize {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -313,20 +261,6 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sizes_and_durations_parse_with_units() {
-        assert_eq!(parse_size("1024"), Ok(1024));
-        assert_eq!(parse_size("64MiB"), Ok(64 << 20));
-        assert_eq!(parse_size("10G"), Ok(10 << 30));
-        assert_eq!(parse_size("1.5 KiB"), Ok(1536));
-        assert!(parse_size("5 parsecs").is_err());
-        assert!(parse_size("99999999999T").is_err());
-        assert_eq!(parse_duration("90s"), Ok(Duration::from_secs(90)));
-        assert_eq!(parse_duration("30d"), Ok(Duration::from_secs(30 * 86_400)));
-        assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
-        assert!(parse_duration("2 fortnights").is_err());
-    }
 
     #[test]
     fn the_sample_config_parses_and_validates() {

@@ -21,6 +21,7 @@ pub mod caps;
 pub mod client;
 pub mod error;
 pub mod proto;
+pub mod units;
 pub mod wire;
 
 pub use caps::{CapKind, CapSet, Capability, Key};

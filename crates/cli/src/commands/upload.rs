@@ -7,6 +7,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use lors::Pool;
 use lors::upload::{UploadOptions, upload};
+use lors::xndrc::Xndrc;
 use lors_exnode::functions::{Chain, Step};
 use lors_ibp::ClientConfig;
 use lors_ibp::proto::Reliability;
@@ -27,27 +28,32 @@ Every e2e block is checksummed with BLAKE3 unless -n or -k none.")]
 pub struct Args {
     /// File to upload; `-` reads standard input.
     file: PathBuf,
-    /// Depot HOST:PORT to use (repeat for several).
-    #[arg(long = "depot", value_name = "HOST:PORT", required = true)]
+    /// Depot HOST:PORT to use (repeat for several) [default: the DEPOT lines
+    /// of ~/.xndrc].
+    #[arg(long = "depot", value_name = "HOST:PORT")]
     depots: Vec<String>,
-    /// Copies of each block, on distinct depots [default: 3].
-    #[arg(short, long, env = "LORS_COPIES", default_value_t = 3)]
-    copies: usize,
-    /// Block (allocation) size, e.g. 10M.
-    #[arg(short = 'b', long = "block-size", env = "LORS_BLOCKSIZE", value_parser = size_arg, default_value = "10M")]
-    block_size: u64,
-    /// Blocks transferred at once.
-    #[arg(short, long, env = "LORS_THREADS", default_value_t = 8)]
-    threads: usize,
-    /// Allocation lifetime, e.g. 2h, 7d.
-    #[arg(short, long, env = "LORS_DURATION", value_parser = duration_arg, default_value = "1d")]
-    duration: Duration,
-    /// Soft (revocable) storage instead of hard.
+    /// Copies of each block, on distinct depots [default: COPIES in
+    /// ~/.xndrc, else 3].
+    #[arg(short, long, env = "LORS_COPIES")]
+    copies: Option<usize>,
+    /// Block (allocation) size, e.g. 10M [default: DATA_BLOCKSIZE, else 10M].
+    #[arg(short = 'b', long = "block-size", env = "LORS_BLOCKSIZE", value_parser = size_arg)]
+    block_size: Option<u64>,
+    /// Blocks transferred at once [default: THREADS, else 8].
+    #[arg(short, long, env = "LORS_THREADS")]
+    threads: Option<usize>,
+    /// Allocation lifetime, e.g. 2h, 7d [default: DURATION, else 1d].
+    #[arg(short, long, env = "LORS_DURATION", value_parser = duration_arg)]
+    duration: Option<Duration>,
+    /// Soft (revocable) storage instead of hard [default: STORAGE_TYPE, else hard].
     #[arg(short = 's', long)]
     soft: bool,
-    /// Per-operation network timeout, e.g. 60s.
-    #[arg(short = 'T', long, env = "LORS_TIMEOUT", value_parser = duration_arg, default_value = "600s")]
-    timeout: Duration,
+    /// Per-operation network timeout, e.g. 60s [default: TIMEOUT, else 600s].
+    #[arg(short = 'T', long, env = "LORS_TIMEOUT", value_parser = duration_arg)]
+    timeout: Option<Duration>,
+    /// Settings file [default: ~/.xndrc].
+    #[arg(long, value_name = "FILE")]
+    xndrc: Option<PathBuf>,
     /// No end-to-end functions: store the bytes as they are.
     #[arg(short = 'n', long = "none", conflicts_with_all = ["checksum", "compress", "encrypt"])]
     no_e2e: bool,
@@ -62,9 +68,10 @@ pub struct Args {
     /// (ChaCha20-Poly1305). The key is kept in the exNode (written 0600).
     #[arg(short = 'e', long, value_name = "CIPHER", value_parser = ["aes", "chacha"])]
     encrypt: Option<String>,
-    /// e2e block size: the unit checksums, compression and encryption work on.
-    #[arg(short = 'E', long = "e2e-block-size", value_parser = size_arg, default_value = "1M")]
-    e2e_block_size: u64,
+    /// e2e block size: the unit checksums, compression and encryption work
+    /// on [default: E2E_BLOCKSIZE, else 1M].
+    #[arg(short = 'E', long = "e2e-block-size", value_parser = size_arg)]
+    e2e_block_size: Option<u64>,
     /// Write the exNode here.
     #[arg(short, long, value_name = "OUT.xnd", conflicts_with = "auto_name")]
     output: Option<PathBuf>,
@@ -77,7 +84,7 @@ pub struct Args {
 }
 
 /// The function chain the flags ask for.
-fn chain(a: &Args) -> anyhow::Result<Option<Chain>> {
+fn chain(a: &Args, rc: &Xndrc) -> anyhow::Result<Option<Chain>> {
     if a.no_e2e {
         return Ok(None);
     }
@@ -102,17 +109,29 @@ fn chain(a: &Args) -> anyhow::Result<Option<Chain>> {
     if steps.is_empty() {
         return Ok(None);
     }
-    if a.e2e_block_size == 0 || a.e2e_block_size > u64::from(u32::MAX) {
+    let block_size = a.e2e_block_size.or(rc.e2e_block_size).unwrap_or(1 << 20);
+    if block_size == 0 || block_size > u64::from(u32::MAX) {
         return Err(UsageError("-E must be between 1 byte and 4 GiB".into()).into());
     }
-    Ok(Some(Chain {
-        block_size: a.e2e_block_size,
-        steps,
-    }))
+    Ok(Some(Chain { block_size, steps }))
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let e2e = chain(&a)?;
+    let rc = lors::xndrc::load(a.xndrc.as_deref()).map_err(UsageError)?;
+    let e2e = chain(&a, &rc)?;
+    let depots = if a.depots.is_empty() {
+        rc.depots.clone()
+    } else {
+        a.depots.clone()
+    };
+    if depots.is_empty() {
+        return Err(UsageError(
+            "no depots: give --depot HOST:PORT (repeatable) or DEPOT lines in ~/.xndrc".into(),
+        )
+        .into());
+    }
+    let copies = a.copies.or(rc.copies).unwrap_or(3);
+    let timeout = a.timeout.or(rc.timeout).unwrap_or(Duration::from_secs(600));
     let stdin = a.file.as_os_str() == "-";
     let out = match (&a.output, a.auto_name) {
         (Some(o), _) => o.clone(),
@@ -137,12 +156,15 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             .map_or_else(String::new, |s| s.to_string_lossy().into_owned())
     };
     let opts = UploadOptions {
-        depots: a.depots.clone(),
-        block_size: a.block_size,
-        copies: a.copies,
-        threads: a.threads,
-        duration: a.duration,
-        reliability: if a.soft {
+        depots,
+        block_size: a.block_size.or(rc.block_size).unwrap_or(10 << 20),
+        copies,
+        threads: a.threads.or(rc.threads).unwrap_or(8),
+        duration: a
+            .duration
+            .or(rc.duration)
+            .unwrap_or(Duration::from_secs(86_400)),
+        reliability: if a.soft || rc.hard == Some(false) {
             Reliability::Soft
         } else {
             Reliability::Hard
@@ -151,7 +173,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         e2e,
     };
     let cfg = ClientConfig {
-        io_timeout: a.timeout,
+        io_timeout: timeout,
         ..ClientConfig::default()
     };
     let progress = Arc::new(TermProgress::new("uploading", a.quiet));
@@ -181,7 +203,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             "lors: uploaded {} bytes as {} mappings ({} copies) in {:.2}s, {:.1} MiB/s -> {}",
             size,
             x.mappings.len(),
-            a.copies,
+            copies,
             secs,
             size as f64 / 1048576.0 / secs.max(1e-9),
             out.display()

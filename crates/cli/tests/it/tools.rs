@@ -693,3 +693,86 @@ fn a_flipped_byte_on_a_depot_is_detected_and_read_from_the_replica() {
         );
     }
 }
+
+#[test]
+fn xndrc_supplies_depots_and_defaults_below_flags_and_env() {
+    let dir = tempdir();
+    let ds = depots(2, dir.path());
+    let rc = dir.path().join("xndrc");
+    std::fs::write(
+        &rc,
+        format!(
+            "# as lors_setup.sh writes it\nDEPOT {} {}\nDEPOT {}\nCOPIES 2\nDATA_BLOCKSIZE 64K\nDURATION 2h\nSTORAGE_TYPE SOFT\n",
+            ds[0].addr.split(':').next().unwrap(),
+            ds[0].port,
+            ds[1].addr
+        ),
+    )
+    .unwrap();
+    let src = dir.path().join("f.bin");
+    std::fs::write(&src, pattern(200_000, 1)).unwrap();
+    let xnd = dir.path().join("f.xnd");
+    let (ok, _, err) = lors(&[
+        "upload",
+        "-q",
+        "--xndrc",
+        rc.to_str().unwrap(),
+        "-o",
+        xnd.to_str().unwrap(),
+        src.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let x = read_x(&xnd);
+    assert_eq!(
+        x.mappings.len(),
+        4 * 2,
+        "64K blocks, 2 copies, from the file"
+    );
+    let (ok, out, _) = lors(&["ls", "--json", xnd.to_str().unwrap()]);
+    assert!(ok);
+    assert!(
+        String::from_utf8(out)
+            .unwrap()
+            .contains("\"reliability\":\"soft\"")
+    );
+    // A flag beats the file; the environment beats the file too.
+    let (ok, _, err) = lors(&[
+        "upload",
+        "-q",
+        "--xndrc",
+        rc.to_str().unwrap(),
+        "-c",
+        "1",
+        "-o",
+        xnd.to_str().unwrap(),
+        src.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    assert_eq!(read_x(&xnd).mappings.len(), 4);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_lors"))
+        .args([
+            "upload",
+            "-q",
+            "--xndrc",
+            rc.to_str().unwrap(),
+            "-o",
+            xnd.to_str().unwrap(),
+            src.to_str().unwrap(),
+        ])
+        .env("LORS_BLOCKSIZE", "100K")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert_eq!(read_x(&xnd).mappings.len(), 2 * 2);
+    // A malformed file is reported with its line.
+    std::fs::write(&rc, "COPIES many\n").unwrap();
+    let (ok, _, err) = lors(&[
+        "upload",
+        "--xndrc",
+        rc.to_str().unwrap(),
+        "-o",
+        xnd.to_str().unwrap(),
+        src.to_str().unwrap(),
+    ]);
+    assert!(!ok && err.contains("line 1: COPIES"), "{err}");
+}
