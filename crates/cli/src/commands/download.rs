@@ -51,6 +51,9 @@ pub struct Args {
     /// No progress display.
     #[arg(short, long)]
     quiet: bool,
+    /// Print a JSON summary (on stderr when the data goes to stdout).
+    #[arg(long)]
+    json: bool,
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
@@ -102,6 +105,27 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         download(&x, output, &opts, pool, progress.clone()).await
     })?;
     progress.finish();
+    if a.json {
+        let depots: Vec<String> = stats
+            .per_depot
+            .iter()
+            .map(|(d, b)| format!("{{\"depot\":{},\"bytes\":{b}}}", super::json_str(d)))
+            .collect();
+        let line = format!(
+            "{{\"bytes\":{},\"resumed_bytes\":{},\"retries\":{},\"hedged\":{},\"seconds\":{:.3},\"per_depot\":[{}]}}",
+            stats.bytes,
+            stats.resumed_bytes,
+            stats.retries,
+            stats.hedged,
+            stats.elapsed.as_secs_f64(),
+            depots.join(",")
+        );
+        if stdout {
+            eprintln!("{line}");
+        } else {
+            println!("{line}");
+        }
+    }
     if !a.quiet {
         let secs = stats.elapsed.as_secs_f64();
         let depots: Vec<String> = stats

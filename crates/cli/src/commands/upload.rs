@@ -81,6 +81,9 @@ pub struct Args {
     /// No progress display.
     #[arg(short, long)]
     quiet: bool,
+    /// Print a JSON summary on stdout.
+    #[arg(long)]
+    json: bool,
 }
 
 /// The function chain the flags ask for.
@@ -198,6 +201,14 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     write_exnode(&out, &x)?;
     let size = x.logical_size();
     let secs = started.elapsed().as_secs_f64();
+    if a.json {
+        println!(
+            "{{\"exnode\":{},\"size\":{size},\"mappings\":{},\"copies\":{copies},\"seconds\":{secs:.3},\"mib_per_s\":{:.1}}}",
+            super::json_str(&out.display().to_string()),
+            x.mappings.len(),
+            size as f64 / 1048576.0 / secs.max(1e-9)
+        );
+    }
     if !a.quiet {
         eprintln!(
             "lors: uploaded {} bytes as {} mappings ({} copies) in {:.2}s, {:.1} MiB/s -> {}",

@@ -211,6 +211,22 @@ fn cli_upload_ls_download_and_stream() {
     let (ok, out, err) = lors(&["download", "-q", "-o", "-", xnd.to_str().unwrap()]);
     assert!(ok, "{err}");
     assert!(out == data);
+    // JSON summaries for scripts.
+    let (ok, out, _) = lors(&[
+        "download",
+        "-q",
+        "--json",
+        "-o",
+        dst.to_str().unwrap(),
+        xnd.to_str().unwrap(),
+    ]);
+    assert!(ok);
+    let j = String::from_utf8(out).unwrap();
+    assert!(
+        j.starts_with("{\"bytes\":3000001,\"resumed_bytes\":0,")
+            && j.contains("\"per_depot\":[{\"depot\":"),
+        "{j}"
+    );
     // A byte range.
     let (ok, out, _) = lors(&[
         "download",
