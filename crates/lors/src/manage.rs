@@ -9,7 +9,7 @@ use std::time::Duration;
 use lors_exnode::{ExNode, Mapping};
 use lors_ibp::ProbeInfo;
 use lors_ibp::caps::CapKind;
-use lors_ibp::proto::{AllocType, Reliability};
+use lors_ibp::proto::Reliability;
 
 use crate::error::{Error, Result};
 use crate::pool::Pool;
@@ -77,21 +77,9 @@ pub async fn augment(
                     let cap = src.read.as_ref().expect("filtered above");
                     let size = src.alloc_length.max(1);
                     let attempt = async {
-                        let mut c = pool.get(&t).await?;
-                        let caps = c
-                            .allocate(
-                                "0",
-                                reliability,
-                                AllocType::ByteArray,
-                                i64::try_from(duration.as_secs()).unwrap_or(i64::MAX),
-                                size,
-                            )
+                        let caps = pool.allocate(&t, reliability, duration, size).await?;
+                        pool.send(cap, &caps.write, src.alloc_offset, src.alloc_length)
                             .await?;
-                        pool.put(c);
-                        let mut s = pool.get(&cap.address()).await?;
-                        s.send(cap, &caps.write, src.alloc_offset, src.alloc_length)
-                            .await?;
-                        pool.put(s);
                         Ok::<_, lors_ibp::Error>(caps)
                     }
                     .await;

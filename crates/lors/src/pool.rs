@@ -4,7 +4,10 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use lors_ibp::{ClientConfig, Connection, Result};
+use std::time::Duration;
+
+use lors_ibp::proto::{AllocType, Reliability};
+use lors_ibp::{CapSet, Capability, ClientConfig, Connection, Result};
 
 /// Idle connections kept per depot.
 const MAX_IDLE_PER_DEPOT: usize = 16;
@@ -53,5 +56,45 @@ impl Pool {
         if v.len() < MAX_IDLE_PER_DEPOT {
             v.push(c);
         }
+    }
+
+    /// ALLOCATE a byte array of `size` bytes on `addr` (depot chooses the
+    /// resource) over a pooled connection.
+    pub async fn allocate(
+        &self,
+        addr: &str,
+        reliability: Reliability,
+        duration: Duration,
+        size: u64,
+    ) -> Result<CapSet> {
+        let mut c = self.get(addr).await?;
+        let secs = i64::try_from(duration.as_secs()).unwrap_or(i64::MAX);
+        let caps = c
+            .allocate("0", reliability, AllocType::ByteArray, secs, size.max(1))
+            .await?;
+        self.put(c);
+        Ok(caps)
+    }
+
+    /// STORE `data` into `cap` over a pooled connection.
+    pub async fn store(&self, cap: &Capability, data: &[u8]) -> Result<u64> {
+        let mut c = self.get(&cap.address()).await?;
+        let n = c.store(cap, data).await?;
+        self.put(c);
+        Ok(n)
+    }
+
+    /// Has the depot holding `src` copy `[offset, offset+len)` to `dest` (SEND).
+    pub async fn send(
+        &self,
+        src: &Capability,
+        dest: &Capability,
+        offset: u64,
+        len: u64,
+    ) -> Result<u64> {
+        let mut c = self.get(&src.address()).await?;
+        let n = c.send(src, dest, offset, len).await?;
+        self.put(c);
+        Ok(n)
     }
 }

@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use lors_exnode::functions::Chain;
 use lors_exnode::{ExNode, Mapping, Metadata};
-use lors_ibp::proto::{AllocType, Reliability};
-use lors_ibp::{CapSet, Connection};
+use lors_ibp::CapSet;
+use lors_ibp::proto::Reliability;
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::sync::Semaphore;
 
@@ -91,19 +91,15 @@ impl Shared {
         }
     }
 
+    async fn allocate(&self, addr: &str, size: usize) -> lors_ibp::Result<CapSet> {
+        self.pool
+            .allocate(addr, self.opts.reliability, self.opts.duration, size as u64)
+            .await
+    }
+
     async fn allocate_store(&self, addr: &str, data: &[u8]) -> lors_ibp::Result<CapSet> {
-        let mut c = self.pool.get(addr).await?;
-        let caps = c
-            .allocate(
-                "0",
-                self.opts.reliability,
-                AllocType::ByteArray,
-                i64::try_from(self.opts.duration.as_secs()).unwrap_or(i64::MAX),
-                data.len().max(1) as u64,
-            )
-            .await?;
-        c.store(&caps.write, data).await?;
-        self.pool.put(c);
+        let caps = self.allocate(addr, data.len()).await?;
+        self.pool.store(&caps.write, data).await?;
         Ok(caps)
     }
 
@@ -153,33 +149,18 @@ impl Shared {
             avoid.insert(i);
             let addr = self.lock().addrs[i].clone();
             let attempt: lors_ibp::Result<CapSet> = async {
-                let mut c = self.pool.get(&addr).await?;
-                let caps = c
-                    .allocate(
-                        "0",
-                        self.opts.reliability,
-                        AllocType::ByteArray,
-                        i64::try_from(self.opts.duration.as_secs()).unwrap_or(i64::MAX),
-                        data.len().max(1) as u64,
-                    )
-                    .await?;
-                self.pool.put(c);
-                let src_addr = src.1.read.address();
-                let mut s: Connection = self.pool.get(&src_addr).await?;
-                let sent = s.send(&src.1.read, &caps.write, 0, data.len() as u64).await;
-                self.pool.put(s);
-                match sent {
-                    Ok(_) => Ok(caps),
-                    Err(e) => {
-                        // Depot-to-depot failed (e.g. the depots cannot reach
-                        // each other): send the copy ourselves.
-                        tracing::info!(error = %e, "SEND failed; storing the copy directly");
-                        let mut c = self.pool.get(&addr).await?;
-                        c.store(&caps.write, data).await?;
-                        self.pool.put(c);
-                        Ok(caps)
-                    }
+                let caps = self.allocate(&addr, data.len()).await?;
+                if let Err(e) = self
+                    .pool
+                    .send(&src.1.read, &caps.write, 0, data.len() as u64)
+                    .await
+                {
+                    // Depot-to-depot failed (e.g. the depots cannot reach
+                    // each other): send the copy ourselves.
+                    tracing::info!(error = %e, "SEND failed; storing the copy directly");
+                    self.pool.store(&caps.write, data).await?;
                 }
+                Ok(caps)
             }
             .await;
             match attempt {

@@ -152,25 +152,8 @@ fn round_trips_over_sizes_block_sizes_copies_and_threads() {
 fn cli_upload_ls_download_and_stream() {
     let dir = tempdir();
     let ds = depots(3, dir.path());
-    let src = dir.path().join("in.bin");
     let data = pattern(3_000_001, 5);
-    std::fs::write(&src, &data).unwrap();
-    let xnd = dir.path().join("in.xnd");
-    let mut args = vec![
-        "upload",
-        "-q",
-        "-c",
-        "2",
-        "-b",
-        "256K",
-        "-o",
-        xnd.to_str().unwrap(),
-    ];
-    let da = depot_args(&ds);
-    args.extend(da.iter().map(String::as_str));
-    args.push(src.to_str().unwrap());
-    let (ok, _, err) = lors(&args);
-    assert!(ok, "{err}");
+    let xnd = upload_cli(&ds, dir.path(), "in.bin", &data, &["-c", "2", "-b", "256K"]);
     use std::os::unix::fs::PermissionsExt;
     assert_eq!(
         std::fs::metadata(&xnd).unwrap().permissions().mode() & 0o777,
@@ -247,24 +230,8 @@ fn cli_upload_ls_download_and_stream() {
 fn download_completes_from_replicas_when_a_depot_dies_mid_transfer() {
     let dir = tempdir();
     let mut ds = depots(3, dir.path());
-    let src = dir.path().join("big.bin");
     let data = pattern(40 << 20, 9);
-    std::fs::write(&src, &data).unwrap();
-    let xnd = dir.path().join("big.xnd");
-    let mut args = vec![
-        "upload",
-        "-q",
-        "-c",
-        "2",
-        "-b",
-        "1M",
-        "-o",
-        xnd.to_str().unwrap(),
-    ];
-    let da = depot_args(&ds);
-    args.extend(da.iter().map(String::as_str));
-    args.push(src.to_str().unwrap());
-    assert!(lors(&args).0);
+    let xnd = upload_cli(&ds, dir.path(), "big.bin", &data, &["-c", "2", "-b", "1M"]);
     let dst = dir.path().join("big.out");
     let child = std::process::Command::new(env!("CARGO_BIN_EXE_lors"))
         .args([
@@ -299,24 +266,8 @@ fn download_completes_from_replicas_when_a_depot_dies_mid_transfer() {
 fn interrupted_download_resumes_without_refetching_finished_blocks() {
     let dir = tempdir();
     let mut ds = depots(2, dir.path());
-    let src = dir.path().join("r.bin");
     let data = pattern(8 << 20, 3);
-    std::fs::write(&src, &data).unwrap();
-    let xnd = dir.path().join("r.xnd");
-    let mut args = vec![
-        "upload",
-        "-q",
-        "-c",
-        "1",
-        "-b",
-        "512K",
-        "-o",
-        xnd.to_str().unwrap(),
-    ];
-    let da = depot_args(&ds);
-    args.extend(da.iter().map(String::as_str));
-    args.push(src.to_str().unwrap());
-    assert!(lors(&args).0);
+    let xnd = upload_cli(&ds, dir.path(), "r.bin", &data, &["-c", "1", "-b", "512K"]);
     // One depot goes away: with one copy, its blocks are unreachable.
     let port = ds[1].port;
     let x = lors_exnode::xml::parse(&std::fs::read(&xnd).unwrap()).unwrap();
@@ -433,26 +384,21 @@ fn demo_runs_and_verifies() {
     );
 }
 
-fn upload_to(
+/// `lors upload -q FLAGS… -o DIR/NAME.xnd --depot … DIR/NAME` of `data`;
+/// returns the exNode path.
+fn upload_cli(
     ds: &[DepotProc],
     dir: &Path,
     name: &str,
     data: &[u8],
-    copies: &str,
+    flags: &[&str],
 ) -> std::path::PathBuf {
     let src = dir.join(name);
     std::fs::write(&src, data).unwrap();
     let xnd = dir.join(format!("{name}.xnd"));
-    let mut args = vec![
-        "upload",
-        "-q",
-        "-c",
-        copies,
-        "-b",
-        "100K",
-        "-o",
-        xnd.to_str().unwrap(),
-    ];
+    let mut args = vec!["upload", "-q"];
+    args.extend_from_slice(flags);
+    args.extend(["-o", xnd.to_str().unwrap()]);
     let da = depot_args(ds);
     args.extend(da.iter().map(String::as_str));
     args.push(src.to_str().unwrap());
@@ -476,7 +422,13 @@ async fn augment_trim_refresh_modify_route_as_the_depots_see_them() {
     let dir = tempdir();
     let ds = depots(4, dir.path());
     let data = pattern(450_000, 11);
-    let xnd = upload_to(&ds[..2], dir.path(), "m.bin", &data, "1");
+    let xnd = upload_cli(
+        &ds[..2],
+        dir.path(),
+        "m.bin",
+        &data,
+        &["-c", "1", "-b", "100K"],
+    );
     let x0 = read_x(&xnd);
     assert_eq!(x0.mappings.len(), 5);
 
@@ -649,28 +601,10 @@ fn a_flipped_byte_on_a_depot_is_detected_and_read_from_the_replica() {
         (vec!["-k", "md5"], "md5"),
         (vec!["-z", "-e", "chacha"], "zstd+chacha+blake3"),
     ] {
-        let src = dir.path().join("c.bin");
         let data = pattern(700_000, 21);
-        std::fs::write(&src, &data).unwrap();
-        let xnd = dir.path().join("c.xnd");
-        let mut args = vec![
-            "upload",
-            "-q",
-            "-c",
-            "2",
-            "-b",
-            "256K",
-            "-E",
-            "64K",
-            "-o",
-            xnd.to_str().unwrap(),
-        ];
-        args.extend(flags.iter().copied());
-        let da = depot_args(&ds);
-        args.extend(da.iter().map(String::as_str));
-        args.push(src.to_str().unwrap());
-        let (ok, _, err) = lors(&args);
-        assert!(ok, "{label}: {err}");
+        let mut f = vec!["-c", "2", "-b", "256K", "-E", "64K"];
+        f.extend(flags.iter().copied());
+        let xnd = upload_cli(&ds, dir.path(), "c.bin", &data, &f);
         let x = read_x(&xnd);
         // Damage the first replica of block 1 on its depot's disk.
         let victim = x
