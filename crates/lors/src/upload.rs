@@ -65,6 +65,13 @@ impl Depots {
     }
 }
 
+/// What to put on a depot: the first copy (stored from memory) or a further
+/// one (copied from a depot that holds the block).
+enum Job<'a> {
+    Store,
+    CopyFrom(&'a CapSet),
+}
+
 struct Shared {
     opts: UploadOptions,
     pool: Arc<Pool>,
@@ -97,47 +104,36 @@ impl Shared {
             .await
     }
 
-    async fn allocate_store(&self, addr: &str, data: &[u8]) -> lors_ibp::Result<CapSet> {
+    /// One attempt at `job` on depot `addr`.
+    async fn attempt(&self, addr: &str, data: &[u8], job: &Job<'_>) -> lors_ibp::Result<CapSet> {
         let caps = self.allocate(addr, data.len()).await?;
-        self.pool.store(&caps.write, data).await?;
-        Ok(caps)
-    }
-
-    /// Stores one copy on some depot not in `avoid`.
-    async fn place(
-        &self,
-        offset: u64,
-        data: &[u8],
-        avoid: &mut HashSet<usize>,
-        salt: usize,
-    ) -> Result<(usize, CapSet)> {
-        let mut last = String::from("no usable depot left");
-        loop {
-            let Some(i) = self.lock().pick(avoid, salt) else {
-                return Err(Error::Store { offset, last });
-            };
-            let addr = self.lock().addrs[i].clone();
-            match self.allocate_store(&addr, data).await {
-                Ok(caps) => {
-                    self.lock().release(i);
-                    avoid.insert(i);
-                    return Ok((i, caps));
-                }
-                Err(e) => {
-                    last = e.to_string();
-                    self.fail(i, &e);
-                    avoid.insert(i);
+        match job {
+            Job::Store => {
+                self.pool.store(&caps.write, data).await?;
+            }
+            Job::CopyFrom(src) => {
+                if let Err(e) = self
+                    .pool
+                    .send(&src.read, &caps.write, 0, data.len() as u64)
+                    .await
+                {
+                    // Depot-to-depot failed (e.g. the depots cannot reach
+                    // each other): send the copy ourselves.
+                    tracing::info!(error = %e, "SEND failed; storing the copy directly");
+                    self.pool.store(&caps.write, data).await?;
                 }
             }
         }
+        Ok(caps)
     }
 
-    /// A further copy: allocate on a new depot and have the source depot SEND.
-    async fn copy(
+    /// Does `job` on the least-busy usable depot not in `avoid`, moving on to
+    /// the next when it fails (a failed depot is skipped from then on).
+    async fn on_some_depot(
         &self,
         offset: u64,
         data: &[u8],
-        src: &(usize, CapSet),
+        job: Job<'_>,
         avoid: &mut HashSet<usize>,
         salt: usize,
     ) -> Result<(usize, CapSet)> {
@@ -148,22 +144,7 @@ impl Shared {
             };
             avoid.insert(i);
             let addr = self.lock().addrs[i].clone();
-            let attempt: lors_ibp::Result<CapSet> = async {
-                let caps = self.allocate(&addr, data.len()).await?;
-                if let Err(e) = self
-                    .pool
-                    .send(&src.1.read, &caps.write, 0, data.len() as u64)
-                    .await
-                {
-                    // Depot-to-depot failed (e.g. the depots cannot reach
-                    // each other): send the copy ourselves.
-                    tracing::info!(error = %e, "SEND failed; storing the copy directly");
-                    self.pool.store(&caps.write, data).await?;
-                }
-                Ok(caps)
-            }
-            .await;
-            match attempt {
+            match self.attempt(&addr, data, &job).await {
                 Ok(caps) => {
                     self.lock().release(i);
                     return Ok((i, caps));
@@ -280,11 +261,14 @@ pub async fn upload<R: AsyncRead + Unpin>(
             let chain = sh.opts.e2e.as_ref();
             let slen = stored.len() as u64;
             let mut avoid = HashSet::new();
-            let first = sh.place(block_off, &stored, &mut avoid, salt).await?;
+            let first = sh
+                .on_some_depot(block_off, &stored, Job::Store, &mut avoid, salt)
+                .await?;
             let mut out = vec![mapping(block_off, len, slen, chain, first.1.clone())];
             for _ in 1..copies {
+                let job = Job::CopyFrom(&first.1);
                 let c = sh
-                    .copy(block_off, &stored, &first, &mut avoid, salt)
+                    .on_some_depot(block_off, &stored, job, &mut avoid, salt)
                     .await?;
                 out.push(mapping(block_off, len, slen, chain, c.1));
             }
