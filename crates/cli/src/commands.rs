@@ -30,6 +30,19 @@ pub fn duration_arg(s: &str) -> Result<Duration, String> {
     lors_ibp::units::parse_duration(s)
 }
 
+/// Probes every mapping of `x` (what its depots report), with a 20 s deadline
+/// per depot so one dead depot does not hang a listing.
+pub fn probe_all(x: &ExNode) -> anyhow::Result<Vec<Result<lors_ibp::ProbeInfo, String>>> {
+    let cfg = lors_ibp::ClientConfig {
+        io_timeout: Duration::from_secs(20),
+        ..lors_ibp::ClientConfig::default()
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    Ok(rt.block_on(async { lors::manage::probe_all(x, &lors::Pool::new(cfg)).await }))
+}
+
 /// Reads and parses an exNode file.
 pub fn read_exnode(path: &Path) -> anyhow::Result<ExNode> {
     let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;

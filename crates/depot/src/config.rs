@@ -28,37 +28,40 @@ pub struct Span(pub Duration);
 
 pub use lors_ibp::units::{parse_duration, parse_size};
 
+/// A plain number, or a string with a unit (`"64MiB"`, `"30d"`).
+fn number_or_text<'de, D, T>(
+    d: D,
+    from_number: impl FnOnce(u64) -> T,
+    parse: impl FnOnce(&str) -> Result<T, String>,
+) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Raw {
+        N(u64),
+        S(String),
+    }
+    match Raw::deserialize(d)? {
+        Raw::N(n) => Ok(from_number(n)),
+        Raw::S(s) => parse(&s).map_err(serde::de::Error::custom),
+    }
+}
+
 impl<'de> Deserialize<'de> for ByteSize {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Raw {
-            N(u64),
-            S(String),
-        }
-        match Raw::deserialize(d)? {
-            Raw::N(n) => Ok(ByteSize(n)),
-            Raw::S(s) => parse_size(&s)
-                .map(ByteSize)
-                .map_err(serde::de::Error::custom),
-        }
+        number_or_text(d, ByteSize, |s| parse_size(s).map(ByteSize))
     }
 }
 
 impl<'de> Deserialize<'de> for Span {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Raw {
-            N(u64),
-            S(String),
-        }
-        match Raw::deserialize(d)? {
-            Raw::N(n) => Ok(Span(Duration::from_secs(n))),
-            Raw::S(s) => parse_duration(&s)
-                .map(Span)
-                .map_err(serde::de::Error::custom),
-        }
+        number_or_text(
+            d,
+            |n| Span(Duration::from_secs(n)),
+            |s| parse_duration(s).map(Span),
+        )
     }
 }
 

@@ -2,10 +2,9 @@
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
-use lors::Pool;
-use lors_ibp::{ClientConfig, ProbeInfo};
+use lors_ibp::ProbeInfo;
 
 use super::{json_str, read_exnode};
 
@@ -69,14 +68,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             .map(|_| Err("not probed".to_string()))
             .collect()
     } else {
-        let cfg = ClientConfig {
-            io_timeout: Duration::from_secs(20),
-            ..ClientConfig::default()
-        };
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
-        rt.block_on(async { lors::manage::probe_all(&x, &Pool::new(cfg)).await })
+        super::probe_all(&x)?
     };
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)

@@ -2,10 +2,6 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::time::Duration;
-
-use lors::Pool;
-use lors_ibp::ClientConfig;
 
 use super::{json_str, read_exnode};
 
@@ -21,14 +17,7 @@ pub struct Args {
 
 pub fn run(a: Args) -> anyhow::Result<()> {
     let x = read_exnode(&a.exnode)?;
-    let cfg = ClientConfig {
-        io_timeout: Duration::from_secs(20),
-        ..ClientConfig::default()
-    };
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let probes = rt.block_on(async { lors::manage::probe_all(&x, &Pool::new(cfg)).await });
+    let probes = super::probe_all(&x)?;
     let blocks = lors::manage::blocks(&x);
     let live = |i: usize| probes[i].is_ok();
     let replicas: Vec<usize> = blocks
