@@ -18,6 +18,18 @@ use md5::{Digest, Md5};
 
 use crate::model::{Function, Mapping, Metadata, Value};
 
+pub mod legacy;
+
+pub use legacy::{LegacyChain, LegacyKind};
+
+/// Largest encoded mapping (stored or logical bytes) we decode. Encoded
+/// mappings are fetched and decoded whole in memory, so a hostile exNode must
+/// not be able to ask for more; LoRS data blocks are a few MiB.
+pub const MAX_ENCODED_MAPPING: u64 = 1 << 30;
+
+/// Largest e2e block size accepted.
+pub const MAX_E2E_BLOCK: u64 = 256 << 20;
+
 /// Bytes of nonce stored in front of each encrypted block.
 pub const NONCE_BYTES: usize = 12;
 /// Bytes of AEAD tag after each encrypted block.
@@ -247,7 +259,8 @@ impl Chain {
     pub fn decode(&self, stored: &[u8], logical_len: u64) -> Result<Vec<u8>, E2eError> {
         let bs = self.block_size.max(1);
         let n_blocks = logical_len.div_ceil(bs);
-        let mut out = Vec::with_capacity(usize::try_from(logical_len).unwrap_or(0));
+        let mut out =
+            Vec::with_capacity(usize::try_from(logical_len.min(MAX_ENCODED_MAPPING)).unwrap_or(0));
         let mut pos = 0usize;
         let fixed: u64 = self.steps.iter().filter_map(Step::overhead).sum();
         for i in 0..n_blocks {
@@ -348,10 +361,76 @@ impl Chain {
         if m.e2e_blocksize == 0 {
             return Err(E2eError::Malformed("function without e2e_blocksize"));
         }
+        if m.e2e_blocksize > MAX_E2E_BLOCK {
+            return Err(E2eError::Malformed("e2e_blocksize over 256 MiB"));
+        }
         Ok(Some(Chain {
             block_size: m.e2e_blocksize,
             steps,
         }))
+    }
+}
+
+/// How a mapping's bytes are encoded: our per-block chain or a chain of the
+/// original LoRS functions ([`legacy`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Codec {
+    /// Our functions (and the LoRS `checksum` alone, which fits both).
+    Native(Chain),
+    /// The LoRS `xor_encrypt` / `aes_encrypt` / `zlib_compress` family.
+    Legacy(LegacyChain),
+}
+
+impl Codec {
+    /// The codec a mapping records, if any.
+    ///
+    /// ```
+    /// use lors_exnode::functions::{Codec, Chain, Step};
+    /// use lors_exnode::Mapping;
+    /// let chain = Chain { block_size: 4, steps: vec![Step::Md5] };
+    /// let m = Mapping { e2e_blocksize: 4, function: chain.to_function(), ..Mapping::default() };
+    /// assert_eq!(Codec::from_mapping(&m).unwrap(), Some(Codec::Native(chain)));
+    /// ```
+    pub fn from_mapping(m: &Mapping) -> Result<Option<Codec>, E2eError> {
+        let Some(f) = &m.function else {
+            return Ok(None);
+        };
+        if f.chain()
+            .iter()
+            .any(|g| LegacyKind::is_legacy_name(&g.name))
+        {
+            return LegacyChain::from_function(f, m.e2e_blocksize).map(|c| Some(Codec::Legacy(c)));
+        }
+        Ok(Chain::from_mapping(m)?.map(Codec::Native))
+    }
+
+    /// Encodes a mapping's data; returns the stored bytes and the function
+    /// element to record (LoRS zlib's block size depends on the data).
+    pub fn encode(&self, data: &[u8]) -> Result<(Vec<u8>, Option<Function>), E2eError> {
+        match self {
+            Codec::Native(c) => Ok((c.encode(data), c.to_function())),
+            Codec::Legacy(c) => c.encode(data).map(|(b, rec)| (b, rec.to_function())),
+        }
+    }
+
+    /// Decodes a mapping's stored bytes back to its `logical_len` bytes
+    /// (each at most [`MAX_ENCODED_MAPPING`]).
+    pub fn decode(&self, stored: &[u8], logical_len: u64) -> Result<Vec<u8>, E2eError> {
+        if logical_len > MAX_ENCODED_MAPPING || stored.len() as u64 > MAX_ENCODED_MAPPING {
+            return Err(E2eError::Malformed("encoded mapping larger than 1 GiB"));
+        }
+        match self {
+            Codec::Native(c) => c.decode(stored, logical_len),
+            Codec::Legacy(c) => c.decode(stored, logical_len),
+        }
+    }
+
+    /// The `e2e_blocksize` mapping metadata.
+    pub fn e2e_blocksize(&self) -> u64 {
+        match self {
+            Codec::Native(c) => c.block_size,
+            Codec::Legacy(c) => c.e2e_blocksize,
+        }
     }
 }
 

@@ -1,7 +1,8 @@
 //! End-to-end functions: round trips, corruption detection, LoRS layout.
 
 use lors_exnode::Mapping;
-use lors_exnode::functions::{Chain, E2eError, Step};
+use lors_exnode::functions::{Chain, Codec, E2eError, LegacyChain, LegacyKind, Step};
+use lors_exnode::xml;
 use proptest::prelude::*;
 
 fn chains() -> Vec<Vec<Step>> {
@@ -143,4 +144,129 @@ fn zstd_bomb() -> Vec<u8> {
     };
     let enc = chain.encode(&vec![0u8; 64 << 20]);
     enc[4..].to_vec()
+}
+
+// --- The original LoRS functions (xor_encrypt, aes_encrypt, zlib_compress) ---
+
+fn legacy_chains() -> Vec<Vec<LegacyKind>> {
+    let xor = LegacyKind::Xor {
+        key: b"k3Y!x9q".to_vec(),
+    };
+    let aes = LegacyKind::Aes { key: [0x42; 16] };
+    vec![
+        vec![LegacyKind::Checksum],
+        vec![xor.clone()],
+        vec![aes.clone()],
+        vec![LegacyKind::Zlib],
+        vec![aes.clone(), LegacyKind::Checksum],
+        vec![xor, LegacyKind::Checksum],
+        vec![LegacyKind::Zlib, LegacyKind::Checksum],
+        vec![LegacyKind::Checksum, aes.clone()],
+        vec![LegacyKind::Zlib, aes, LegacyKind::Checksum],
+    ]
+}
+
+/// What `lors_download` finds: the mapping as our writer records it,
+/// parsed back from XML.
+fn through_xml(rec: &LegacyChain, len: u64, stored: u64) -> Mapping {
+    let x = lors_exnode::ExNode {
+        mappings: vec![Mapping {
+            logical_length: len,
+            alloc_length: stored,
+            e2e_blocksize: rec.e2e_blocksize,
+            function: rec.to_function(),
+            ..Mapping::default()
+        }],
+        ..Default::default()
+    };
+    xml::parse(xml::write(&x).as_bytes())
+        .unwrap()
+        .mappings
+        .remove(0)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    #[test]
+    fn legacy_chains_round_trip_through_the_exnode(len in 1usize..20_000, bs in 1u64..5000, which in 0usize..9, seed: u8) {
+        let data: Vec<u8> = (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) % 17).collect();
+        let (stored, rec) = LegacyChain::new(bs, legacy_chains()[which].clone()).encode(&data).unwrap();
+        let m = through_xml(&rec, len as u64, stored.len() as u64);
+        let codec = Codec::from_mapping(&m).unwrap().unwrap();
+        prop_assert_eq!(codec.decode(&stored, len as u64).unwrap(), data);
+    }
+
+    #[test]
+    fn legacy_checksum_outermost_catches_any_flip(len in 1usize..5000, bs in 1u64..2000, at: prop::sample::Index, bit in 0u8..8, which in 4usize..7) {
+        let (mut stored, rec) = LegacyChain::new(bs, legacy_chains()[which].clone()).encode(&vec![7u8; len]).unwrap();
+        let i = at.index(stored.len());
+        stored[i] ^= 1 << bit;
+        prop_assert!(rec.decode(&stored, len as u64).is_err());
+    }
+
+    #[test]
+    fn legacy_decoding_hostile_bytes_never_panics(stored in prop::collection::vec(any::<u8>(), 0..600), len in 0u64..1000, which in 0usize..9, bs in 1u64..300) {
+        let (_, rec) = LegacyChain::new(bs, legacy_chains()[which].clone()).encode(b"x").unwrap();
+        let _ = rec.decode(&stored, len);
+    }
+}
+
+#[test]
+fn lors_aes_fixture_is_decoded_by_the_legacy_codec() {
+    let x = xml::parse(include_bytes!("fixtures/aes.xnd")).unwrap();
+    let Some(Codec::Legacy(c)) = Codec::from_mapping(&x.mappings[0]).unwrap() else {
+        panic!("aes_encrypt must select the LoRS codec");
+    };
+    let names: Vec<(String, u64)> = c
+        .steps
+        .iter()
+        .map(|s| (format!("{s:?}"), s.blocksize))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            ("aes_encrypt(key redacted)/32784".to_string(), 32784),
+            ("checksum/32817".to_string(), 32817)
+        ]
+    );
+    // The fixture's sizes are the ones this layout produces for 32 KiB.
+    let (stored, rec) = LegacyChain::new(
+        32768,
+        vec![LegacyKind::Aes { key: [1; 16] }, LegacyKind::Checksum],
+    )
+    .encode(&[0u8; 32768])
+    .unwrap();
+    assert_eq!(stored.len() as u64, x.mappings[0].alloc_length);
+    assert_eq!(rec.steps[1].blocksize, 32817);
+}
+
+#[test]
+fn des_exnodes_get_a_clear_error() {
+    let m = Mapping {
+        e2e_blocksize: 10,
+        function: Some(lors_exnode::Function {
+            name: "des_encrypt".into(),
+            arguments: vec![
+                lors_exnode::Metadata::string("KEY", "abcdefg"),
+                lors_exnode::Metadata::integer("blocksize", 16),
+            ],
+            ..Default::default()
+        }),
+        ..Mapping::default()
+    };
+    let e = Codec::from_mapping(&m).unwrap_err().to_string();
+    assert!(e.contains("des_encrypt") && e.contains("64-bit"), "{e}");
+}
+
+#[test]
+fn zlib_bombs_are_refused_before_inflating() {
+    // 64 MiB of zeros compressed, claimed by a 1 KiB mapping.
+    let (stored, rec) = LegacyChain::new(1 << 20, vec![LegacyKind::Zlib])
+        .encode(&vec![0u8; 64 << 20])
+        .unwrap();
+    assert!(stored.len() < 100_000);
+    assert!(matches!(
+        rec.decode(&stored, 1024),
+        Err(E2eError::Corrupt { .. })
+    ));
 }
