@@ -44,6 +44,11 @@ pub fn probe_all(x: &ExNode) -> anyhow::Result<Vec<Result<lors_ibp::ProbeInfo, S
 }
 
 /// Reads and parses an exNode file.
+/// A file argument: a path or a `lors://` URI.
+pub fn exnode_arg(s: &str) -> Result<lors::uri::ExnodeRef, String> {
+    lors::uri::ExnodeRef::parse(s)
+}
+
 pub fn read_exnode(path: &Path) -> anyhow::Result<ExNode> {
     let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
     xml::parse(&bytes).with_context(|| format!("parsing exNode {}", path.display()))
@@ -121,24 +126,57 @@ impl lors::Progress for TermProgress {
             return;
         }
         s.3 = Instant::now();
-        let mib = s.1 as f64 / 1048576.0;
-        let rate = mib / s.2.elapsed().as_secs_f64().max(1e-6);
-        match s.0 {
-            Some(t) if t > 0 => eprint!(
-                "\r\x1b[2K{} {:.1}/{:.1} MiB ({:.0}%) {:.0} MiB/s",
-                self.what,
-                mib,
-                t as f64 / 1048576.0,
-                100.0 * s.1 as f64 / t as f64,
-                rate
-            ),
-            _ => eprint!("\r\x1b[2K{} {mib:.1} MiB {rate:.0} MiB/s", self.what),
-        }
+        eprint!("\r\x1b[2K{}", render(self.what, s.1, s.0, s.2.elapsed()));
     }
 
     fn note(&self, message: &str) {
         self.finish();
         eprintln!("lors: {message}");
+    }
+}
+
+/// One progress line: `WHAT [####----]  45%  1.2/2.7 GiB  812 MiB/s  ETA 0:02`
+/// (without a bar and ETA when the total is unknown).
+fn render(what: &str, done: u64, total: Option<u64>, elapsed: Duration) -> String {
+    const WIDTH: usize = 24;
+    let rate = done as f64 / elapsed.as_secs_f64().max(1e-3);
+    let per_s = format!("{}/s", human(rate as u64));
+    match total {
+        Some(t) if t > 0 => {
+            let frac = (done as f64 / t as f64).clamp(0.0, 1.0);
+            let fill = (frac * WIDTH as f64).round() as usize;
+            let eta = if rate > 0.0 {
+                let left = (t.saturating_sub(done) as f64 / rate) as u64;
+                format!("{}:{:02}", left / 60, left % 60)
+            } else {
+                "?".into()
+            };
+            format!(
+                "{what} [{}{}] {:>3.0}%  {}/{}  {per_s}  ETA {eta}",
+                "#".repeat(fill),
+                "-".repeat(WIDTH - fill),
+                frac * 100.0,
+                human(done),
+                human(t),
+            )
+        }
+        _ => format!("{what} {}  {per_s}", human(done)),
+    }
+}
+
+/// Bytes in binary units, one decimal.
+fn human(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
     }
 }
 
@@ -156,4 +194,28 @@ pub fn json_str(s: &str) -> String {
     }
     o.push('"');
     o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn progress_line_shows_bar_percent_sizes_rate_and_eta() {
+        let l = render(
+            "downloading",
+            512 << 20,
+            Some(1 << 30),
+            Duration::from_secs(2),
+        );
+        assert_eq!(
+            l,
+            "downloading [############------------]  50%  512.0 MiB/1.0 GiB  256.0 MiB/s  ETA 0:02"
+        );
+        assert_eq!(
+            render("uploading", 3 << 10, None, Duration::from_secs(1)),
+            "uploading 3.0 KiB  3.0 KiB/s"
+        );
+        assert_eq!(human(999), "999 B");
+    }
 }

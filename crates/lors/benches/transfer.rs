@@ -13,6 +13,7 @@ use lors::upload::{UploadOptions, upload};
 use lors::{NoProgress, Pool};
 use lors_depot::Depot;
 use lors_depot::config::{ByteSize, Config, ResourceConfig, SyncPolicy};
+use lors_exnode::functions::{Chain, Codec, Step};
 use lors_ibp::proto::{AllocType, Reliability};
 use lors_ibp::{CapKind, ClientConfig, Connection};
 
@@ -133,9 +134,11 @@ fn main() {
                 duration: Duration::from_secs(600),
                 reliability: Reliability::Hard,
                 filename: "bench".into(),
-                e2e: e2e.map(|()| lors_exnode::functions::Chain {
-                    block_size: MIB,
-                    steps: vec![lors_exnode::functions::Step::Blake3],
+                e2e: e2e.map(|()| {
+                    Codec::Native(Chain {
+                        block_size: MIB,
+                        steps: vec![Step::Blake3],
+                    })
                 }),
             };
             let (u, d) = rt.block_on(async {

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use lors_exnode::ExNode;
-use lors_exnode::functions::Chain;
+use lors_exnode::functions::{Codec, MAX_ENCODED_MAPPING};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::sync::{Notify, mpsc};
 
@@ -42,8 +42,12 @@ pub struct DownloadOptions {
     pub hedge: bool,
     /// Continue an interrupted download to a file.
     pub resume: bool,
-    /// Segments an ordered (stream) output may run ahead of the writer.
+    /// Segments an ordered (stream) output may run ahead of the writer
+    /// (`lors_download -q`).
     pub window: usize,
+    /// Fetches in flight across all depots; 0 = no cap beyond
+    /// `conns_per_depot` per depot (`lors_download -t`).
+    pub threads: usize,
 }
 
 impl Default for DownloadOptions {
@@ -56,6 +60,7 @@ impl Default for DownloadOptions {
             hedge: true,
             resume: false,
             window: 16,
+            threads: 0,
         }
     }
 }
@@ -128,6 +133,8 @@ struct Ctx {
     opts: DownloadOptions,
     base: u64,
     stream: bool,
+    /// The `threads` cap, when set.
+    slots: Option<Arc<tokio::sync::Semaphore>>,
 }
 
 enum Pick {
@@ -298,9 +305,15 @@ async fn worker(
     out: Option<Arc<OutFile>>,
 ) {
     loop {
+        // Taken before picking, so a worker waiting for a slot holds no segment.
+        let slot = match &ctx.slots {
+            Some(s) => Some(s.clone().acquire_owned().await),
+            None => None,
+        };
         let (i, m) = match ctx.pick(&depot) {
             Pick::Exit => return,
             Pick::Wait => {
+                drop(slot);
                 let notified = ctx.wake.notified();
                 let _ = tokio::time::timeout(Duration::from_millis(50), notified).await;
                 continue;
@@ -314,7 +327,7 @@ async fn worker(
         let map = &ctx.x.mappings[m];
         let cap = map.read.as_ref().expect("planned mappings are readable");
         let fetched = async {
-            match Chain::from_mapping(map) {
+            match Codec::from_mapping(map) {
                 Err(e) => Err((e.to_string(), false)),
                 Ok(None) => {
                     let at = map.alloc_offset + (offset - map.exnode_offset);
@@ -324,7 +337,14 @@ async fn worker(
                     ctx.pool.put(c);
                     Ok(buf)
                 }
-                Ok(Some(chain)) => {
+                Ok(Some(_)) if map.alloc_length > MAX_ENCODED_MAPPING => Err((
+                    format!(
+                        "encoded mapping of {} bytes is larger than the {} bytes decoded in memory",
+                        map.alloc_length, MAX_ENCODED_MAPPING
+                    ),
+                    false,
+                )),
+                Ok(Some(codec)) => {
                     // Encoded mappings are fetched and verified whole, then cut.
                     let mut stored =
                         vec![0u8; usize::try_from(map.alloc_length).unwrap_or(usize::MAX)];
@@ -334,7 +354,7 @@ async fn worker(
                         .map_err(ibp_err)?;
                     ctx.pool.put(c);
                     let logical = map.logical_length;
-                    let plain = tokio::task::spawn_blocking(move || chain.decode(&stored, logical))
+                    let plain = tokio::task::spawn_blocking(move || codec.decode(&stored, logical))
                         .await
                         .map_err(|e| (e.to_string(), false))?
                         .map_err(|e| (format!("{e} (from {depot})"), false))?;
@@ -535,6 +555,7 @@ pub async fn download(
         pool,
         progress,
         opts: opts.clone(),
+        slots: (opts.threads > 0).then(|| Arc::new(tokio::sync::Semaphore::new(opts.threads))),
         base: start,
         stream: stream.is_some(),
     });

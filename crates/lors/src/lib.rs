@@ -16,6 +16,7 @@ pub mod plan;
 pub mod pool;
 pub mod progress;
 pub mod upload;
+pub mod uri;
 pub mod xndrc;
 
 pub use error::{Error, Result};

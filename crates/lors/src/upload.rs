@@ -11,7 +11,8 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lors_exnode::functions::Chain;
+use lors_exnode::Function;
+use lors_exnode::functions::Codec;
 use lors_exnode::{ExNode, Mapping, Metadata};
 use lors_ibp::CapSet;
 use lors_ibp::proto::Reliability;
@@ -40,7 +41,7 @@ pub struct UploadOptions {
     /// File name recorded in the exNode.
     pub filename: String,
     /// End-to-end functions applied to every block (`None`: bytes as they are).
-    pub e2e: Option<Chain>,
+    pub e2e: Option<Codec>,
 }
 
 struct Depots {
@@ -158,14 +159,20 @@ impl Shared {
     }
 }
 
-fn mapping(offset: u64, len: u64, stored: u64, chain: Option<&Chain>, caps: CapSet) -> Mapping {
+fn mapping(
+    offset: u64,
+    len: u64,
+    stored: u64,
+    e2e: &Option<(u64, Option<Function>)>,
+    caps: CapSet,
+) -> Mapping {
     Mapping {
         exnode_offset: offset,
         logical_length: len,
         alloc_offset: 0,
         alloc_length: stored,
-        e2e_blocksize: chain.map_or(0, |c| c.block_size),
-        function: chain.and_then(Chain::to_function),
+        e2e_blocksize: e2e.as_ref().map_or(0, |e| e.0),
+        function: e2e.as_ref().and_then(|e| e.1.clone()),
         read: Some(caps.read),
         write: Some(caps.write),
         manage: Some(caps.manage),
@@ -250,27 +257,33 @@ pub async fn upload<R: AsyncRead + Unpin>(
             let len = buf.len() as u64;
             // Checksums, compression and encryption are CPU work: off the
             // async threads.
-            let stored = match sh.opts.e2e.clone() {
-                Some(chain) => tokio::task::spawn_blocking(move || chain.encode(&buf))
-                    .await
-                    .map_err(|e| {
-                        Error::io("encoding a block", std::io::Error::other(e.to_string()))
-                    })?,
-                None => buf,
+            let (stored, e2e) = match sh.opts.e2e.clone() {
+                Some(codec) => {
+                    let bs = codec.e2e_blocksize();
+                    let (stored, f) = tokio::task::spawn_blocking(move || codec.encode(&buf))
+                        .await
+                        .map_err(|e| {
+                            Error::io("encoding a block", std::io::Error::other(e.to_string()))
+                        })?
+                        .map_err(|e| {
+                            Error::io("encoding a block", std::io::Error::other(e.to_string()))
+                        })?;
+                    (stored, Some((bs, f)))
+                }
+                None => (buf, None),
             };
-            let chain = sh.opts.e2e.as_ref();
             let slen = stored.len() as u64;
             let mut avoid = HashSet::new();
             let first = sh
                 .on_some_depot(block_off, &stored, Job::Store, &mut avoid, salt)
                 .await?;
-            let mut out = vec![mapping(block_off, len, slen, chain, first.1.clone())];
+            let mut out = vec![mapping(block_off, len, slen, &e2e, first.1.clone())];
             for _ in 1..copies {
                 let job = Job::CopyFrom(&first.1);
                 let c = sh
                     .on_some_depot(block_off, &stored, job, &mut avoid, salt)
                     .await?;
-                out.push(mapping(block_off, len, slen, chain, c.1));
+                out.push(mapping(block_off, len, slen, &e2e, c.1));
             }
             sh.progress.advance(len);
             Ok::<_, Error>((salt, out))

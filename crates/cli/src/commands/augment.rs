@@ -1,6 +1,6 @@
 //! `lors augment`: add replicas, copied depot to depot.
 
-use std::path::PathBuf;
+use lors::uri::ExnodeRef;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,7 +17,8 @@ use super::{TermProgress, duration_arg, read_exnode, write_exnode};
   lors augment --depot d4:6714 --depot d5:6714 -c 2 run42.xnd     # in place")]
 pub struct Args {
     /// The exNode.
-    exnode: PathBuf,
+    #[arg(value_parser = super::exnode_arg, value_name = "FILE.xnd|lors://…")]
+    exnode: ExnodeRef,
     /// Depot HOST:PORT for the new replicas (repeat for several).
     #[arg(long = "depot", value_name = "HOST:PORT", required = true)]
     depots: Vec<String>,
@@ -31,15 +32,15 @@ pub struct Args {
     #[arg(short = 's', long)]
     soft: bool,
     /// Write the result here [default: replace the input].
-    #[arg(short, long, value_name = "NEW.xnd")]
-    output: Option<PathBuf>,
+    #[arg(short, long, value_name = "NEW.xnd", value_parser = super::exnode_arg)]
+    output: Option<ExnodeRef>,
     /// No progress display.
     #[arg(short, long)]
     quiet: bool,
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let x = read_exnode(&a.exnode)?;
+    let x = read_exnode(&a.exnode.path)?;
     let progress = Arc::new(TermProgress::new("augmenting", a.quiet));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -63,7 +64,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         .await
     })?;
     progress.finish();
-    let out = a.output.unwrap_or(a.exnode);
+    let out = a.output.map_or(a.exnode.path, |o| o.path);
     write_exnode(&out, &y)?;
     if !a.quiet {
         eprintln!(

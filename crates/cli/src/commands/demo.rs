@@ -9,6 +9,7 @@ use lors::upload::{UploadOptions, upload};
 use lors::{NoProgress, Pool};
 use lors_depot::Depot;
 use lors_depot::config::{ByteSize, Config, ResourceConfig, SyncPolicy};
+use lors_exnode::functions::{Chain, Codec, Step};
 use lors_ibp::ClientConfig;
 use lors_ibp::proto::Reliability;
 
@@ -79,10 +80,10 @@ async fn demo(a: &Args, dir: &std::path::Path) -> anyhow::Result<()> {
         duration: Duration::from_secs(3600),
         reliability: Reliability::Hard,
         filename: "demo.bin".into(),
-        e2e: Some(lors_exnode::functions::Chain {
+        e2e: Some(Codec::Native(Chain {
             block_size: 1 << 20,
-            steps: vec![lors_exnode::functions::Step::Blake3],
-        }),
+            steps: vec![Step::Blake3],
+        })),
     };
     let t = Instant::now();
     let x = upload(

@@ -1,5 +1,6 @@
 //! `lors download`: fetch an exNode's file from its depots.
 
+use lors::uri::ExnodeRef;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,10 +18,14 @@ use crate::UsageError;
   lors download -o run42.dat run42.xnd
   lors download -o - video.xnd | mplayer -        # stream to stdout, in order
   lors download -R -o run42.dat run42.xnd         # resume an interrupted download
-  lors download -O 1G -L 100M -o part.bin run42.xnd")]
+  lors download -O 1G -L 100M -o part.bin run42.xnd
+  lors download -t 16 -a 8 -q 32 -o - big.xnd > big.dat  # 16 fetches, 32 blocks ahead
+
+As in lors_download, -q is the prebuffer depth; --quiet hides progress.")]
 pub struct Args {
     /// The exNode.
-    exnode: PathBuf,
+    #[arg(value_parser = super::exnode_arg, value_name = "FILE.xnd|lors://…")]
+    exnode: ExnodeRef,
     /// Output file; `-` writes standard output.
     #[arg(short, long, value_name = "OUT")]
     output: Option<PathBuf>,
@@ -33,23 +38,38 @@ pub struct Args {
     /// Bytes to fetch [default: to the end].
     #[arg(short = 'L', long, value_parser = size_arg)]
     length: Option<u64>,
-    /// Largest piece fetched in one request.
-    #[arg(short = 'b', long = "block-size", env = "LORS_BLOCKSIZE", value_parser = size_arg, default_value = "10M")]
-    block_size: u64,
+    /// Largest piece fetched in one request [default: 10M].
+    #[arg(short = 'b', long = "block-size", env = "LORS_BLOCKSIZE", value_parser = size_arg)]
+    block_size: Option<u64>,
     /// Connections per depot.
     #[arg(short = 'a', long = "connections", default_value_t = 4)]
     connections: usize,
+    /// Fetches in flight across all depots [default: THREADS in ~/.xndrc,
+    /// else connections × depots].
+    #[arg(short = 't', long, env = "LORS_THREADS")]
+    threads: Option<usize>,
+    /// Blocks fetched ahead of the writer when streaming in order (-o -).
+    #[arg(
+        short = 'q',
+        long = "prebuffer",
+        value_name = "BLOCKS",
+        default_value_t = 16
+    )]
+    prebuffer: usize,
+    /// Settings file [default: ~/.xndrc].
+    #[arg(long, value_name = "FILE")]
+    xndrc: Option<PathBuf>,
     /// Resume an interrupted download to the same output file.
     #[arg(short = 'R', long)]
     resume: bool,
     /// Never fetch a slow block twice from another replica.
     #[arg(long)]
     no_redundancy: bool,
-    /// Per-operation network timeout.
-    #[arg(short = 'T', long, env = "LORS_TIMEOUT", value_parser = duration_arg, default_value = "600s")]
-    timeout: Duration,
+    /// Per-operation network timeout [default: TIMEOUT in ~/.xndrc, else 600s].
+    #[arg(short = 'T', long, env = "LORS_TIMEOUT", value_parser = duration_arg)]
+    timeout: Option<Duration>,
     /// No progress display.
-    #[arg(short, long)]
+    #[arg(long)]
     quiet: bool,
     /// Print a JSON summary (on stderr when the data goes to stdout).
     #[arg(long)]
@@ -57,7 +77,8 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let x = read_exnode(&a.exnode)?;
+    let rc = lors::xndrc::load(a.xndrc.as_deref()).map_err(UsageError)?;
+    let x = read_exnode(&a.exnode.path)?;
     let out =
         match (&a.output, a.auto_name) {
             (Some(o), _) => o.clone(),
@@ -81,14 +102,19 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let opts = DownloadOptions {
         offset: a.offset,
         length: a.length,
-        block_size: a.block_size,
+        block_size: a.block_size.or(a.exnode.block_size).unwrap_or(10 << 20),
         conns_per_depot: a.connections,
         hedge: !a.no_redundancy,
         resume: a.resume,
-        ..DownloadOptions::default()
+        window: a.prebuffer.max(1),
+        threads: a.threads.or(a.exnode.threads).or(rc.threads).unwrap_or(0),
     };
     let cfg = ClientConfig {
-        io_timeout: a.timeout,
+        io_timeout: a
+            .timeout
+            .or(a.exnode.timeout)
+            .or(rc.timeout)
+            .unwrap_or(Duration::from_secs(600)),
         ..ClientConfig::default()
     };
     let progress = Arc::new(TermProgress::new("downloading", a.quiet));

@@ -1,7 +1,7 @@
 //! `lors ls`: list an exNode's mappings, probing each depot.
 
+use lors::uri::ExnodeRef;
 use std::fmt::Write as _;
-use std::path::PathBuf;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use lors_ibp::ProbeInfo;
@@ -20,7 +20,8 @@ EXAMPLES:
 )]
 pub struct Args {
     /// The exNode.
-    exnode: PathBuf,
+    #[arg(value_parser = super::exnode_arg, value_name = "FILE.xnd|lors://…")]
+    exnode: ExnodeRef,
     /// Machine-readable output.
     #[arg(long)]
     json: bool,
@@ -61,7 +62,7 @@ fn ctime(unix: u64) -> String {
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let x = read_exnode(&a.exnode)?;
+    let x = read_exnode(&a.exnode.path)?;
     let probes: Vec<Result<ProbeInfo, String>> = if a.offline {
         x.mappings
             .iter()
@@ -122,7 +123,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         let _ = writeln!(
             s,
             "{}: {} bytes, {} mappings",
-            a.exnode.display(),
+            a.exnode.path.display(),
             x.logical_size(),
             x.mappings.len()
         );

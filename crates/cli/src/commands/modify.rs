@@ -1,6 +1,6 @@
 //! `lors modify`: strip capabilities for sharing.
 
-use std::path::PathBuf;
+use lors::uri::ExnodeRef;
 
 use super::{read_exnode, write_exnode};
 use crate::UsageError;
@@ -11,7 +11,8 @@ use crate::UsageError;
   lors modify -w -m -o share.xnd run42.xnd   # read-only copy to hand out")]
 pub struct Args {
     /// The exNode.
-    exnode: PathBuf,
+    #[arg(value_parser = super::exnode_arg, value_name = "FILE.xnd|lors://…")]
+    exnode: ExnodeRef,
     /// Remove read capabilities.
     #[arg(short = 'r', long = "strip-read")]
     read: bool,
@@ -22,15 +23,15 @@ pub struct Args {
     #[arg(short = 'm', long = "strip-manage")]
     manage: bool,
     /// Where to write the modified copy.
-    #[arg(short, long, value_name = "NEW.xnd", required = true)]
-    output: PathBuf,
+    #[arg(short, long, value_name = "NEW.xnd", required = true, value_parser = super::exnode_arg)]
+    output: ExnodeRef,
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
     if !(a.read || a.write || a.manage) {
         return Err(UsageError("say which capabilities to strip: -r, -w and/or -m".into()).into());
     }
-    let x = read_exnode(&a.exnode)?;
+    let x = read_exnode(&a.exnode.path)?;
     let y = lors::manage::modify(&x, a.read, a.write, a.manage);
-    write_exnode(&a.output, &y)
+    write_exnode(&a.output.path, &y)
 }

@@ -1,6 +1,6 @@
 //! `lors refresh`: extend leases.
 
-use std::path::PathBuf;
+use lors::uri::ExnodeRef;
 use std::time::Duration;
 
 use lors::Pool;
@@ -18,7 +18,8 @@ use crate::UsageError;
   lors refresh -m run42.xnd         # as long as each depot allows")]
 pub struct Args {
     /// The exNode.
-    exnode: PathBuf,
+    #[arg(value_parser = super::exnode_arg, value_name = "FILE.xnd|lors://…")]
+    exnode: ExnodeRef,
     /// Extend by this much.
     #[arg(short = 'd', long = "by", value_parser = duration_arg, conflicts_with_all = ["to", "max"])]
     by: Option<Duration>,
@@ -42,7 +43,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             .into());
         }
     };
-    let x = read_exnode(&a.exnode)?;
+    let x = read_exnode(&a.exnode.path)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;

@@ -1,6 +1,6 @@
 //! `lors route`: move a file onto other depots.
 
-use std::path::PathBuf;
+use lors::uri::ExnodeRef;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,7 +18,8 @@ use super::{TermProgress, duration_arg, read_exnode, write_exnode};
   lors route --depot d7:6714 --depot d8:6714 -c 2 run42.xnd")]
 pub struct Args {
     /// The exNode.
-    exnode: PathBuf,
+    #[arg(value_parser = super::exnode_arg, value_name = "FILE.xnd|lors://…")]
+    exnode: ExnodeRef,
     /// Target depot HOST:PORT (repeatable).
     #[arg(long = "depot", value_name = "HOST:PORT", required = true)]
     depots: Vec<String>,
@@ -32,15 +33,15 @@ pub struct Args {
     #[arg(long)]
     keep_old: bool,
     /// Write the result here [default: replace the input].
-    #[arg(short, long, value_name = "NEW.xnd")]
-    output: Option<PathBuf>,
+    #[arg(short, long, value_name = "NEW.xnd", value_parser = super::exnode_arg)]
+    output: Option<ExnodeRef>,
     /// No progress display.
     #[arg(short, long)]
     quiet: bool,
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let x = read_exnode(&a.exnode)?;
+    let x = read_exnode(&a.exnode.path)?;
     // Replicas already on a target count toward the copies wanted.
     let progress = Arc::new(TermProgress::new("routing", a.quiet));
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -68,7 +69,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         .await
     })?;
     progress.finish();
-    let out = a.output.unwrap_or(a.exnode);
+    let out = a.output.map_or(a.exnode.path, |o| o.path);
     write_exnode(&out, &t.exnode)?;
     for (i, e) in &t.release_errors {
         eprintln!("lors: old mapping {i} was not released: {e}");

@@ -1,7 +1,7 @@
 //! `lors stat`: a summary of an exNode and its health.
 
+use lors::uri::ExnodeRef;
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 
 use super::{json_str, read_exnode};
 
@@ -9,14 +9,15 @@ use super::{json_str, read_exnode};
 #[derive(clap::Args)]
 pub struct Args {
     /// The exNode.
-    exnode: PathBuf,
+    #[arg(value_parser = super::exnode_arg, value_name = "FILE.xnd|lors://…")]
+    exnode: ExnodeRef,
     /// Machine-readable output.
     #[arg(long)]
     json: bool,
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let x = read_exnode(&a.exnode)?;
+    let x = read_exnode(&a.exnode.path)?;
     let probes = super::probe_all(&x)?;
     let blocks = lors::manage::blocks(&x);
     let live = |i: usize| probes[i].is_ok();

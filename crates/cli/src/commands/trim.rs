@@ -1,6 +1,6 @@
 //! `lors trim`: remove mappings.
 
-use std::path::PathBuf;
+use lors::uri::ExnodeRef;
 
 use lors::Pool;
 use lors::manage::Selection;
@@ -16,7 +16,8 @@ use crate::UsageError;
   lors trim -m 0,3 -o smaller.xnd run42.xnd          # drop mappings 0 and 3 (see lors ls)")]
 pub struct Args {
     /// The exNode.
-    exnode: PathBuf,
+    #[arg(value_parser = super::exnode_arg, value_name = "FILE.xnd|lors://…")]
+    exnode: ExnodeRef,
     /// Mapping indices to remove (as `lors ls` numbers them).
     #[arg(
         short = 'm',
@@ -35,8 +36,8 @@ pub struct Args {
     #[arg(long)]
     allow_holes: bool,
     /// Write the result here [default: replace the input].
-    #[arg(short, long, value_name = "NEW.xnd")]
-    output: Option<PathBuf>,
+    #[arg(short, long, value_name = "NEW.xnd", value_parser = super::exnode_arg)]
+    output: Option<ExnodeRef>,
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
@@ -50,7 +51,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             .into());
         }
     };
-    let x = read_exnode(&a.exnode)?;
+    let x = read_exnode(&a.exnode.path)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -61,7 +62,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         a.allow_holes,
         &Pool::new(ClientConfig::default()),
     ))?;
-    let out = a.output.unwrap_or(a.exnode);
+    let out = a.output.map_or(a.exnode.path, |o| o.path);
     write_exnode(&out, &t.exnode)?;
     for (i, e) in &t.release_errors {
         eprintln!("lors: mapping {i}: removed, but its allocation was not released: {e}");

@@ -7,8 +7,9 @@ use std::time::Duration;
 use anyhow::Context as _;
 use lors::Pool;
 use lors::upload::{UploadOptions, upload};
+use lors::uri::ExnodeRef;
 use lors::xndrc::Xndrc;
-use lors_exnode::functions::{Chain, Step};
+use lors_exnode::functions::{Chain, Codec, LegacyChain, LegacyKind, Step};
 use lors_ibp::ClientConfig;
 use lors_ibp::proto::Reliability;
 
@@ -23,8 +24,9 @@ use crate::UsageError;
   lors upload --depot d1:6714 -c 1 -f video.mp4          # writes video.mp4.xnd
   lors upload --depot d1:6714 -c 1 -z -e aes -o s.xnd secret.tar   # compress + encrypt
   lors upload --depot d1:6714 -c 1 -k md5 -o old.xnd f   # readable by LoRS 0.82 tools
+  lors upload --depot d1:6714 -c 1 --zlib -o z.xnd f      # LoRS zlib + MD5, ditto
 
-Every e2e block is checksummed with BLAKE3 unless -n or -k none.")]
+Every e2e block is checksummed with BLAKE3 unless -n or -k none (MD5 with --zlib).")]
 pub struct Args {
     /// File to upload; `-` reads standard input.
     file: PathBuf,
@@ -55,15 +57,20 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     xndrc: Option<PathBuf>,
     /// No end-to-end functions: store the bytes as they are.
-    #[arg(short = 'n', long = "none", conflicts_with_all = ["checksum", "compress", "encrypt"])]
+    #[arg(short = 'n', long = "none", conflicts_with_all = ["checksum", "compress", "encrypt", "zlib"])]
     no_e2e: bool,
     /// Checksum every e2e block: `blake3` (default) or `md5` (the original
     /// LoRS format, readable by lors_download 0.82).
-    #[arg(short = 'k', long, value_name = "KIND", value_parser = ["blake3", "md5", "none"], default_value = "blake3")]
-    checksum: String,
+    #[arg(short = 'k', long, value_name = "KIND", value_parser = ["blake3", "md5", "none"])]
+    checksum: Option<String>,
     /// Compress every e2e block with zstd.
     #[arg(short = 'z', long)]
     compress: bool,
+    /// Compress each block with zlib in the original LoRS format
+    /// (`zlib_compress`, whole block), MD5-checksummed unless `-k none`:
+    /// exNodes the LoRS 0.82 tools can download.
+    #[arg(long, conflicts_with_all = ["compress", "encrypt"])]
+    zlib: bool,
     /// Encrypt every e2e block: `aes` (AES-256-GCM) or `chacha`
     /// (ChaCha20-Poly1305). The key is kept in the exNode (written 0600).
     #[arg(short = 'e', long, value_name = "CIPHER", value_parser = ["aes", "chacha"])]
@@ -72,9 +79,9 @@ pub struct Args {
     /// on [default: E2E_BLOCKSIZE, else 1M].
     #[arg(short = 'E', long = "e2e-block-size", value_parser = size_arg)]
     e2e_block_size: Option<u64>,
-    /// Write the exNode here.
-    #[arg(short, long, value_name = "OUT.xnd", conflicts_with = "auto_name")]
-    output: Option<PathBuf>,
+    /// Write the exNode here (a path or `lors://[LBONE]/OUT.xnd?bs=&copies=…`).
+    #[arg(short, long, value_name = "OUT.xnd", conflicts_with = "auto_name", value_parser = super::exnode_arg)]
+    output: Option<ExnodeRef>,
     /// Write the exNode to FILE.xnd.
     #[arg(short = 'f', long = "auto-name")]
     auto_name: bool,
@@ -86,10 +93,29 @@ pub struct Args {
     json: bool,
 }
 
-/// The function chain the flags ask for.
-fn chain(a: &Args, rc: &Xndrc) -> anyhow::Result<Option<Chain>> {
+/// The end-to-end encoding the flags ask for.
+fn chain(a: &Args, rc: &Xndrc) -> anyhow::Result<Option<Codec>> {
     if a.no_e2e {
         return Ok(None);
+    }
+    let block_size = a.e2e_block_size.or(rc.e2e_block_size).unwrap_or(1 << 20);
+    if block_size == 0 || block_size > lors_exnode::functions::MAX_E2E_BLOCK {
+        return Err(UsageError("-E must be between 1 byte and 256 MiB".into()).into());
+    }
+    if a.zlib {
+        let mut kinds = vec![LegacyKind::Zlib];
+        match a.checksum.as_deref() {
+            None | Some("md5") => kinds.push(LegacyKind::Checksum),
+            Some("none") => {}
+            Some(_) => {
+                return Err(UsageError(
+                    "--zlib writes the LoRS format, whose checksum is MD5: use -k md5 or -k none"
+                        .into(),
+                )
+                .into());
+            }
+        }
+        return Ok(Some(Codec::Legacy(LegacyChain::new(block_size, kinds))));
     }
     let mut steps = Vec::new();
     if a.compress {
@@ -104,19 +130,15 @@ fn chain(a: &Args, rc: &Xndrc) -> anyhow::Result<Option<Chain>> {
         }),
         None => {}
     }
-    match a.checksum.as_str() {
-        "blake3" => steps.push(Step::Blake3),
-        "md5" => steps.push(Step::Md5),
+    match a.checksum.as_deref() {
+        None | Some("blake3") => steps.push(Step::Blake3),
+        Some("md5") => steps.push(Step::Md5),
         _ => {}
     }
     if steps.is_empty() {
         return Ok(None);
     }
-    let block_size = a.e2e_block_size.or(rc.e2e_block_size).unwrap_or(1 << 20);
-    if block_size == 0 || block_size > u64::from(u32::MAX) {
-        return Err(UsageError("-E must be between 1 byte and 4 GiB".into()).into());
-    }
-    Ok(Some(Chain { block_size, steps }))
+    Ok(Some(Codec::Native(Chain { block_size, steps })))
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
@@ -133,15 +155,16 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         )
         .into());
     }
-    let copies = a.copies.or(rc.copies).unwrap_or(3);
-    let timeout = a.timeout.or(rc.timeout).unwrap_or(Duration::from_secs(600));
     let stdin = a.file.as_os_str() == "-";
-    let out = match (&a.output, a.auto_name) {
+    let uri = match (&a.output, a.auto_name) {
         (Some(o), _) => o.clone(),
         (None, true) if !stdin => {
             let mut s = a.file.clone().into_os_string();
             s.push(".xnd");
-            PathBuf::from(s)
+            ExnodeRef {
+                path: PathBuf::from(s),
+                ..ExnodeRef::default()
+            }
         }
         _ => {
             return Err(UsageError(
@@ -150,6 +173,14 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             .into());
         }
     };
+    let out = uri.path.clone();
+    // Flag (or env) > lors:// URI > ~/.xndrc > default.
+    let copies = a.copies.or(uri.copies).or(rc.copies).unwrap_or(3);
+    let timeout = a
+        .timeout
+        .or(uri.timeout)
+        .or(rc.timeout)
+        .unwrap_or(Duration::from_secs(600));
     let filename = if stdin {
         out.file_stem()
             .map_or_else(|| "stdin".into(), |s| s.to_string_lossy().into_owned())
@@ -160,11 +191,16 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     };
     let opts = UploadOptions {
         depots,
-        block_size: a.block_size.or(rc.block_size).unwrap_or(10 << 20),
+        block_size: a
+            .block_size
+            .or(uri.block_size)
+            .or(rc.block_size)
+            .unwrap_or(10 << 20),
         copies,
-        threads: a.threads.or(rc.threads).unwrap_or(8),
+        threads: a.threads.or(uri.threads).or(rc.threads).unwrap_or(8),
         duration: a
             .duration
+            .or(uri.duration)
             .or(rc.duration)
             .unwrap_or(Duration::from_secs(86_400)),
         reliability: if a.soft || rc.hard == Some(false) {

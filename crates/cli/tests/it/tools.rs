@@ -61,29 +61,41 @@ fn round_trips_over_sizes_block_sizes_copies_and_threads() {
         1usize..=3,
         1usize..=6,
         any::<u8>(),
-        (0usize..5, 100u64..5000),
+        (0usize..8, 100u64..5000),
     );
     runner
         .run(
             &strategy,
             |(size, bs, copies, threads, seed, (which, ebs))| {
-                use lors_exnode::functions::{Chain, Step};
+                use lors_exnode::functions::{Chain, Codec, LegacyChain, LegacyKind, Step};
                 let key = Step::random_key().unwrap();
-                let steps = match which {
-                    0 => vec![],
-                    1 => vec![Step::Blake3],
-                    2 => vec![Step::Md5],
-                    3 => vec![
+                let native = |steps| {
+                    Some(Codec::Native(Chain {
+                        block_size: ebs,
+                        steps,
+                    }))
+                };
+                // The original LoRS formats, as lors_upload writes them.
+                let legacy = |kinds| Some(Codec::Legacy(LegacyChain::new(ebs, kinds)));
+                let chain = match which {
+                    0 => None,
+                    1 => native(vec![Step::Blake3]),
+                    2 => native(vec![Step::Md5]),
+                    3 => native(vec![
                         Step::Zstd { level: 3 },
                         Step::Aes256Gcm { key },
                         Step::Blake3,
-                    ],
-                    _ => vec![Step::ChaCha20Poly1305 { key }, Step::Md5],
+                    ]),
+                    4 => native(vec![Step::ChaCha20Poly1305 { key }, Step::Md5]),
+                    5 => legacy(vec![LegacyKind::Aes { key: [3; 16] }, LegacyKind::Checksum]),
+                    6 => legacy(vec![
+                        LegacyKind::Xor {
+                            key: b"q7&Zp0!".to_vec(),
+                        },
+                        LegacyKind::Checksum,
+                    ]),
+                    _ => legacy(vec![LegacyKind::Zlib, LegacyKind::Checksum]),
                 };
-                let chain = (!steps.is_empty()).then_some(Chain {
-                    block_size: ebs,
-                    steps,
-                });
                 let data = pattern(size, seed);
                 let opts = UploadOptions {
                     depots: addrs.clone(),
@@ -184,20 +196,20 @@ fn cli_upload_ls_download_and_stream() {
     let dst = dir.path().join("out.bin");
     let (ok, _, err) = lors(&[
         "download",
-        "-q",
+        "--quiet",
         "-o",
         dst.to_str().unwrap(),
         xnd.to_str().unwrap(),
     ]);
     assert!(ok, "{err}");
     assert!(std::fs::read(&dst).unwrap() == data);
-    let (ok, out, err) = lors(&["download", "-q", "-o", "-", xnd.to_str().unwrap()]);
+    let (ok, out, err) = lors(&["download", "--quiet", "-o", "-", xnd.to_str().unwrap()]);
     assert!(ok, "{err}");
     assert!(out == data);
     // JSON summaries for scripts.
     let (ok, out, _) = lors(&[
         "download",
-        "-q",
+        "--quiet",
         "--json",
         "-o",
         dst.to_str().unwrap(),
@@ -213,7 +225,7 @@ fn cli_upload_ls_download_and_stream() {
     // A byte range.
     let (ok, out, _) = lors(&[
         "download",
-        "-q",
+        "--quiet",
         "-O",
         "1000",
         "-L",
@@ -236,7 +248,7 @@ fn download_completes_from_replicas_when_a_depot_dies_mid_transfer() {
     let child = std::process::Command::new(env!("CARGO_BIN_EXE_lors"))
         .args([
             "download",
-            "-q",
+            "--quiet",
             "-a",
             "1",
             "-b",
@@ -285,7 +297,7 @@ fn interrupted_download_resumes_without_refetching_finished_blocks() {
     let dst = dir.path().join("r.out");
     let (ok, _, err) = lors(&[
         "download",
-        "-q",
+        "--quiet",
         "-o",
         dst.to_str().unwrap(),
         xnd.to_str().unwrap(),
@@ -318,7 +330,7 @@ fn interrupted_download_resumes_without_refetching_finished_blocks() {
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_lors"))
         .args([
             "download",
-            "-q",
+            "--quiet",
             "-a",
             "1",
             "-b",
@@ -334,7 +346,7 @@ fn interrupted_download_resumes_without_refetching_finished_blocks() {
     let _ = child.wait();
     let (ok, _, err) = lors(&[
         "download",
-        "-q",
+        "--quiet",
         "-R",
         "-o",
         dst2.to_str().unwrap(),
@@ -384,6 +396,68 @@ fn demo_runs_and_verifies() {
     );
 }
 
+#[test]
+fn lors_uris_lors_zlib_and_download_threads() {
+    let dir = tempdir();
+    let ds = depots(3, dir.path());
+    let data = pattern(3 * (1 << 20) + 77, 9);
+    let src = dir.path().join("u.bin");
+    std::fs::write(&src, &data).unwrap();
+    // A lors:// URI as the exNode name carries block size (MB) and copies.
+    let xnd = dir.path().join("u.xnd");
+    let uri = format!("lors:///{}?bs=1&copies=2", xnd.display());
+    let mut args = vec!["upload", "--quiet", "-o", &uri];
+    let da = depot_args(&ds);
+    args.extend(da.iter().map(String::as_str));
+    args.push(src.to_str().unwrap());
+    let (ok, _, err) = lors(&args);
+    assert!(ok, "{err}");
+    let x = read_x(&xnd);
+    assert_eq!(x.mappings.len(), 4 * 2, "1 MiB blocks, 2 copies");
+    assert_distinct_replicas(&x);
+    // Read back through a URI with settings, with a thread cap and a small
+    // prebuffer, to stdout in order.
+    let (ok, out, err) = lors(&[
+        "download",
+        "--quiet",
+        "-t",
+        "1",
+        "-q",
+        "2",
+        "-o",
+        "-",
+        &format!("lors:///{}?threads=2&timeout=30", xnd.display()),
+    ]);
+    assert!(ok, "{err}");
+    assert!(out == data);
+    let (ok, _, err) = lors(&["ls", "lors:///nonexistent.xnd?colour=red"]);
+    assert!(!ok && err.contains("unknown parameter"), "{err}");
+
+    // LoRS zlib (+ MD5 checksum outermost): the original function names and
+    // layout, compressed, and our download reads it back.
+    let text = b"the same line again and again\n".repeat(40_000);
+    let z = upload_cli(&ds, dir.path(), "z.txt", &text, &["-c", "1", "--zlib"]);
+    let xz = read_x(&z);
+    let f = xz.mappings[0].function.as_ref().unwrap();
+    let names: Vec<&str> = f.chain().iter().map(|f| f.name.as_str()).collect();
+    assert_eq!(names, ["checksum", "zlib_compress"]);
+    assert!(xz.mappings[0].alloc_length < xz.mappings[0].logical_length / 10);
+    let back = dir.path().join("z.back");
+    let (ok, _, err) = lors(&[
+        "download",
+        "--quiet",
+        "-o",
+        back.to_str().unwrap(),
+        z.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    assert!(std::fs::read(&back).unwrap() == text);
+    let (ok, _, err) = lors(&[
+        "upload", "--zlib", "-k", "blake3", "--depot", "h:1", "-o", "x.xnd", "f",
+    ]);
+    assert!(!ok && err.contains("-k md5"), "{err}");
+}
+
 /// `lors upload -q FLAGS… -o DIR/NAME.xnd --depot … DIR/NAME` of `data`;
 /// returns the exNode path.
 fn upload_cli(
@@ -396,7 +470,7 @@ fn upload_cli(
     let src = dir.join(name);
     std::fs::write(&src, data).unwrap();
     let xnd = dir.join(format!("{name}.xnd"));
-    let mut args = vec!["upload", "-q"];
+    let mut args = vec!["upload", "--quiet"];
     args.extend_from_slice(flags);
     args.extend(["-o", xnd.to_str().unwrap()]);
     let da = depot_args(ds);
@@ -436,7 +510,7 @@ async fn augment_trim_refresh_modify_route_as_the_depots_see_them() {
     let aug = dir.path().join("aug.xnd");
     let (ok, _, err) = lors(&[
         "augment",
-        "-q",
+        "--quiet",
         "--depot",
         &ds[2].addr,
         "--depot",
@@ -489,7 +563,7 @@ async fn augment_trim_refresh_modify_route_as_the_depots_see_them() {
     let out = dir.path().join("m.out");
     let (ok, _, err) = lors(&[
         "download",
-        "-q",
+        "--quiet",
         "-o",
         out.to_str().unwrap(),
         trimmed.to_str().unwrap(),
@@ -545,14 +619,14 @@ async fn augment_trim_refresh_modify_route_as_the_depots_see_them() {
         std::fs::metadata(&share).unwrap().permissions().mode() & 0o777,
         0o644
     );
-    let (ok, out, _) = lors(&["download", "-q", "-o", "-", share.to_str().unwrap()]);
+    let (ok, out, _) = lors(&["download", "--quiet", "-o", "-", share.to_str().unwrap()]);
     assert!(ok && out == data);
 
     // route: everything onto depot 1, old replicas released.
     let routed = dir.path().join("routed.xnd");
     let (ok, _, err) = lors(&[
         "route",
-        "-q",
+        "--quiet",
         "--depot",
         &ds[0].addr,
         "-o",
@@ -566,7 +640,7 @@ async fn augment_trim_refresh_modify_route_as_the_depots_see_them() {
     for m in &x2.mappings {
         assert_eq!(probe(m).await.unwrap_err().status().unwrap().code(), -4);
     }
-    let (ok, out, _) = lors(&["download", "-q", "-o", "-", routed.to_str().unwrap()]);
+    let (ok, out, _) = lors(&["download", "--quiet", "-o", "-", routed.to_str().unwrap()]);
     assert!(ok && out == data);
 
     // stat sums it up.
@@ -664,7 +738,7 @@ fn xndrc_supplies_depots_and_defaults_below_flags_and_env() {
     let xnd = dir.path().join("f.xnd");
     let (ok, _, err) = lors(&[
         "upload",
-        "-q",
+        "--quiet",
         "--xndrc",
         rc.to_str().unwrap(),
         "-o",
@@ -688,7 +762,7 @@ fn xndrc_supplies_depots_and_defaults_below_flags_and_env() {
     // A flag beats the file; the environment beats the file too.
     let (ok, _, err) = lors(&[
         "upload",
-        "-q",
+        "--quiet",
         "--xndrc",
         rc.to_str().unwrap(),
         "-c",
@@ -702,7 +776,7 @@ fn xndrc_supplies_depots_and_defaults_below_flags_and_env() {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_lors"))
         .args([
             "upload",
-            "-q",
+            "--quiet",
             "--xndrc",
             rc.to_str().unwrap(),
             "-o",
