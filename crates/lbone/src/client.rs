@@ -1,0 +1,256 @@
+//! Talking to an L-Bone: depot queries and rate reports for the tools, and
+//! the registration heartbeat for depots.
+
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::http::{self, BaseUrl};
+use crate::legacy::{self, LegacyRequest};
+use crate::model::{DepotView, RateReport, RateReports, Registration};
+
+/// An L-Bone to ask: our HTTP API, or any server speaking the legacy protocol.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Directory {
+    /// `http://host:port` — our API.
+    Http(BaseUrl),
+    /// `host` + port — the 512-byte protocol, as the original tools speak it.
+    Legacy(String, u16),
+}
+
+/// What the tools ask for.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct DepotQuery {
+    /// Depots wanted (0 = all).
+    pub count: usize,
+    /// Hard bytes per allocation.
+    pub hard: u64,
+    /// Lease, seconds.
+    pub duration: u64,
+    /// Location hint (`city= Brno`), may be empty.
+    pub location: String,
+}
+
+impl Directory {
+    /// From `LBONE_SERVER` (a host, `host:port`, or an `http://` URL) and
+    /// `LBONE_PORT`.
+    ///
+    /// ```
+    /// use lors_lbone::client::Directory;
+    /// assert_eq!(Directory::parse("lbone.example.org", None).unwrap(),
+    ///            Directory::Legacy("lbone.example.org".into(), 6767));
+    /// assert!(matches!(Directory::parse("http://127.0.0.1:8767", None).unwrap(), Directory::Http(_)));
+    /// ```
+    pub fn parse(server: &str, port: Option<u16>) -> Result<Directory, String> {
+        let server = server.trim();
+        if server.starts_with("http://") {
+            return BaseUrl::parse(server).map(Directory::Http);
+        }
+        if server.is_empty() || server.contains('/') {
+            return Err(format!(
+                "L-Bone {server:?}: give a host (with LBONE_PORT) or an http://host:port URL"
+            ));
+        }
+        match server.rsplit_once(':') {
+            Some((h, p)) if !h.contains(':') => {
+                let p = p
+                    .parse()
+                    .map_err(|_| format!("L-Bone {server:?}: bad port"))?;
+                Ok(Directory::Legacy(h.to_owned(), p))
+            }
+            _ => Ok(Directory::Legacy(
+                server.to_owned(),
+                port.unwrap_or(crate::LEGACY_PORT),
+            )),
+        }
+    }
+
+    /// Ranked depots (`host:port`) for `q`.
+    pub async fn depots(&self, q: &DepotQuery, timeout: Duration) -> Result<Vec<String>, String> {
+        match self {
+            Directory::Http(_) => Ok(self
+                .depot_views(q, false, timeout)
+                .await?
+                .into_iter()
+                .map(|d| d.addr)
+                .collect()),
+            Directory::Legacy(host, port) => {
+                let req = LegacyRequest::Depots {
+                    count: q.count,
+                    hard_mb: q.hard.div_ceil(1 << 20),
+                    soft_mb: 0,
+                    duration: q.duration,
+                    location: q.location.clone(),
+                };
+                let work = async {
+                    let mut s = tokio::net::TcpStream::connect((host.as_str(), *port))
+                        .await
+                        .map_err(|e| format!("connecting to L-Bone {host}:{port}: {e}"))?;
+                    s.write_all(&legacy::encode_request(&req))
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    let mut reply = Vec::new();
+                    // At most 10,000 depots of 266 bytes each.
+                    (&mut s)
+                        .take(20 + 10_000 * 266)
+                        .read_to_end(&mut reply)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    legacy::parse_depots_reply(&reply).map_err(|e| e.to_string())
+                };
+                let list = tokio::time::timeout(timeout, work).await.map_err(|_| {
+                    format!("L-Bone {host}:{port} did not answer within {timeout:?}")
+                })??;
+                Ok(list
+                    .into_iter()
+                    .map(|(h, p)| {
+                        if h.contains(':') {
+                            format!("[{h}]:{p}")
+                        } else {
+                            format!("{h}:{p}")
+                        }
+                    })
+                    .collect())
+            }
+        }
+    }
+
+    /// The full answer of our HTTP API (`all` includes offline depots).
+    pub async fn depot_views(
+        &self,
+        q: &DepotQuery,
+        all: bool,
+        timeout: Duration,
+    ) -> Result<Vec<DepotView>, String> {
+        let Directory::Http(base) = self else {
+            return Err("the legacy L-Bone protocol returns addresses only".into());
+        };
+        let mut path = format!(
+            "/api/v1/depots?count={}&hard={}&duration={}",
+            q.count, q.hard, q.duration
+        );
+        if !q.location.is_empty() {
+            path.push_str("&location=");
+            path.push_str(&encode_component(&q.location));
+        }
+        if all {
+            path.push_str("&all=1");
+        }
+        let (status, body) = http::fetch(base, "GET", &path, None, None, timeout).await?;
+        if status != 200 {
+            return Err(format!(
+                "L-Bone answered {status}: {}",
+                String::from_utf8_lossy(&body)
+            ));
+        }
+        #[derive(serde::Deserialize)]
+        struct Answer {
+            depots: Vec<DepotView>,
+        }
+        let a: Answer = serde_json::from_slice(&body)
+            .or_else(|_| {
+                // Tolerate the extra top-level fields by reading loosely.
+                serde_json::from_slice::<serde_json::Value>(&body)
+                    .ok()
+                    .and_then(|v| v.get("depots").cloned())
+                    .and_then(|d| serde_json::from_value(d).ok())
+                    .map(|depots| Answer { depots })
+                    .ok_or(())
+            })
+            .map_err(|()| "L-Bone answer is not a depot list".to_string())?;
+        Ok(a.depots)
+    }
+
+    /// Reports measured rates (HTTP API only; the legacy protocol has no
+    /// such message, so this is a no-op there).
+    pub async fn report(&self, rates: Vec<RateReport>, timeout: Duration) -> Result<(), String> {
+        let Directory::Http(base) = self else {
+            return Ok(());
+        };
+        if rates.is_empty() {
+            return Ok(());
+        }
+        let body = serde_json::to_vec(&RateReports { rates }).map_err(|e| e.to_string())?;
+        let (status, resp) =
+            http::fetch(base, "POST", "/api/v1/rates", None, Some(&body), timeout).await?;
+        if status == 200 {
+            Ok(())
+        } else {
+            Err(format!(
+                "L-Bone answered {status}: {}",
+                String::from_utf8_lossy(&resp)
+            ))
+        }
+    }
+}
+
+/// Percent-encodes a query component.
+pub fn encode_component(s: &str) -> String {
+    let mut o = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            o.push(b as char);
+        } else {
+            o.push_str(&format!("%{b:02X}"));
+        }
+    }
+    o
+}
+
+/// Registers (or heartbeats) once. Errors say what to fix.
+pub async fn register(
+    base: &BaseUrl,
+    token: &str,
+    reg: &Registration,
+    timeout: Duration,
+) -> Result<(), String> {
+    let body = serde_json::to_vec(reg).map_err(|e| e.to_string())?;
+    let (status, resp) = http::fetch(
+        base,
+        "POST",
+        "/api/v1/register",
+        Some(token),
+        Some(&body),
+        timeout,
+    )
+    .await?;
+    match status {
+        200 => Ok(()),
+        401 => Err("the L-Bone refused the token (check --lbone-token)".into()),
+        _ => Err(format!(
+            "the L-Bone answered {status}: {}",
+            String::from_utf8_lossy(&resp)
+        )),
+    }
+}
+
+/// Heartbeats every `every` until `shutdown` turns true; `make` builds the
+/// current registration (free space changes). Failures are logged once per
+/// outage.
+pub async fn heartbeat(
+    base: BaseUrl,
+    token: String,
+    make: impl Fn() -> Registration + Send,
+    every: Duration,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut failing = false;
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = shutdown.changed() => return,
+        }
+        match register(&base, &token, &make(), every.max(Duration::from_secs(5))).await {
+            Ok(()) if failing => {
+                tracing::info!("L-Bone heartbeat working again");
+                failing = false;
+            }
+            Ok(()) => {}
+            Err(e) if !failing => {
+                tracing::warn!("L-Bone heartbeat failed: {e}");
+                failing = true;
+            }
+            Err(e) => tracing::debug!("L-Bone heartbeat failed: {e}"),
+        }
+    }
+}

@@ -1,0 +1,26 @@
+//! The L-Bone (seed 000 §3.2.1, seed 001 §2.2): a directory of IBP depots.
+//!
+//! Depots register and heartbeat over an HTTP/JSON API with a token; clients
+//! ask for depots with enough space and lease length, ordered by proximity to
+//! a point or location hint and by the bandwidth their network has measured
+//! (see [`rank`] and [`forecast`]). The original LoRS tools ask over the
+//! 512-byte [`legacy`] protocol on port 6767. State lives in a [`store::Store`]:
+//! SQLite by default, PostgreSQL for several instances behind one database.
+//! A dashboard at `/` maps the depots.
+//!
+//! * [`server`] — the server; [`client`] — queries, rate reports, heartbeats.
+//! * [`model`] — the JSON bodies; [`http`] — the small HTTP layer both use.
+
+pub mod client;
+pub mod forecast;
+pub mod http;
+pub mod legacy;
+pub mod model;
+pub mod rank;
+pub mod server;
+pub mod store;
+
+/// Port of the legacy protocol.
+pub const LEGACY_PORT: u16 = 6767;
+/// Default port of the HTTP API and dashboard.
+pub const HTTP_PORT: u16 = 8767;

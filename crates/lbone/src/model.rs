@@ -1,0 +1,217 @@
+//! What depots tell the L-Bone and what it answers. All JSON bodies reject
+//! unknown fields, so a typo in a client is an error, not a silent default.
+
+use serde::{Deserialize, Serialize};
+
+/// Where a depot is. Every field is optional; the hint terms of LoRS
+/// (`city=`, `country=`, `zip=`, `state=`, `airport=`) match these.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Location {
+    /// City, e.g. `Brno`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub city: Option<String>,
+    /// State or region, e.g. `TN`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<String>,
+    /// Country (ISO code or name), e.g. `CZ`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub country: Option<String>,
+    /// Postal code.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zip: Option<String>,
+    /// Nearest airport code, e.g. `TYS`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub airport: Option<String>,
+    /// Degrees north.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latitude: Option<f64>,
+    /// Degrees east.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub longitude: Option<f64>,
+    /// Free-form tags, e.g. `campus`, `10GbE`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tags: Vec<String>,
+}
+
+impl Location {
+    /// The coordinates, when both are known and valid.
+    pub fn point(&self) -> Option<(f64, f64)> {
+        match (self.latitude, self.longitude) {
+            (Some(la), Some(lo))
+                if (-90.0..=90.0).contains(&la) && (-180.0..=180.0).contains(&lo) =>
+            {
+                Some((la, lo))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// One storage resource of a depot.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Resource {
+    /// Resource id (RID).
+    pub rid: String,
+    /// Bytes still allocatable as hard storage.
+    pub hard_free: u64,
+    /// Hard capacity in bytes.
+    pub hard_total: u64,
+    /// Bytes still allocatable as soft storage.
+    pub soft_free: u64,
+    /// Soft capacity in bytes.
+    pub soft_total: u64,
+    /// Longest lease in seconds.
+    pub max_duration: u64,
+    /// Allocation types offered (`byte_array`, `buffer`, `fifo`, `circular`).
+    #[serde(default)]
+    pub types: Vec<String>,
+}
+
+/// A depot's registration and heartbeat body (`POST /api/v1/register`).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Registration {
+    /// Host name or address clients use (as in its capabilities).
+    pub host: String,
+    /// IBP port.
+    pub port: u16,
+    /// Its resources.
+    pub resources: Vec<Resource>,
+    /// Where it is.
+    #[serde(default)]
+    pub location: Location,
+    /// Depot software and version, e.g. `lors 0.1.0`.
+    #[serde(default)]
+    pub version: String,
+}
+
+/// Bounds on what a registration may carry.
+pub const MAX_RESOURCES: usize = 256;
+/// Longest host, location field, tag or version string.
+pub const MAX_TEXT: usize = 255;
+/// Most tags per depot.
+pub const MAX_TAGS: usize = 32;
+
+impl Registration {
+    /// `host:port`, the depot's identity in the directory.
+    pub fn addr(&self) -> String {
+        if self.host.contains(':') {
+            format!("[{}]:{}", self.host, self.port)
+        } else {
+            format!("{}:{}", self.host, self.port)
+        }
+    }
+
+    /// Checks the bounds and that the host is usable; the message says what
+    /// is wrong.
+    pub fn validate(&self) -> Result<(), String> {
+        let host_ok = !self.host.is_empty()
+            && self.host.len() <= MAX_TEXT
+            && self
+                .host
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-._:".contains(&b));
+        if !host_ok {
+            return Err(format!("bad host {:?}", self.host));
+        }
+        if self.port == 0 {
+            return Err("port 0".into());
+        }
+        if self.resources.is_empty() || self.resources.len() > MAX_RESOURCES {
+            return Err(format!("1 to {MAX_RESOURCES} resources, please"));
+        }
+        let l = &self.location;
+        let texts = [&l.city, &l.state, &l.country, &l.zip, &l.airport];
+        if texts
+            .iter()
+            .filter_map(|t| t.as_ref())
+            .any(|t| t.len() > MAX_TEXT)
+            || l.tags.len() > MAX_TAGS
+            || l.tags.iter().any(|t| t.len() > MAX_TEXT)
+            || self.version.len() > MAX_TEXT
+            || self
+                .resources
+                .iter()
+                .any(|r| r.rid.len() > MAX_TEXT || r.types.len() > 8)
+        {
+            return Err(format!(
+                "text fields are limited to {MAX_TEXT} bytes, tags to {MAX_TAGS}"
+            ));
+        }
+        if l.latitude.is_some() != l.longitude.is_some()
+            || (l.latitude.is_some() && l.point().is_none())
+        {
+            return Err("latitude and longitude go together, within ±90 / ±180".into());
+        }
+        Ok(())
+    }
+
+    /// Largest hard space any one resource offers.
+    pub fn hard_free(&self) -> u64 {
+        self.resources
+            .iter()
+            .map(|r| r.hard_free)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Largest soft space any one resource offers.
+    pub fn soft_free(&self) -> u64 {
+        self.resources
+            .iter()
+            .map(|r| r.soft_free)
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+/// A depot as the directory stores it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DepotRecord {
+    /// What it last said.
+    pub reg: Registration,
+    /// When it first registered (Unix seconds).
+    pub first_seen: i64,
+    /// When it last registered or heartbeat (Unix seconds).
+    pub last_seen: i64,
+}
+
+/// A depot in an answer (`GET /api/v1/depots`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DepotView {
+    /// `host:port`.
+    pub addr: String,
+    /// Online (heartbeat within the window) or offline.
+    pub online: bool,
+    /// Seconds since the last heartbeat.
+    pub age: i64,
+    /// Registration.
+    pub depot: Registration,
+    /// Great-circle distance from the query's point, km.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub distance_km: Option<f64>,
+    /// Forecast bandwidth for the asking client's network, bytes/s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forecast: Option<f64>,
+}
+
+/// A client's measured transfer rate (`POST /api/v1/rates`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RateReport {
+    /// `host:port` of the depot.
+    pub depot: String,
+    /// Bytes per second achieved; 0 when the depot could not be reached.
+    pub bytes_per_sec: f64,
+}
+
+/// Several reports at once.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RateReports {
+    /// The reports.
+    pub rates: Vec<RateReport>,
+}

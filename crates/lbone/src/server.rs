@@ -1,0 +1,410 @@
+//! The L-Bone server: the HTTP/JSON API and dashboard, the legacy 512-byte
+//! protocol, and the sweeper that marks silent depots offline and drops them.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Semaphore, watch};
+
+use crate::forecast::client_net;
+use crate::http::{self, Request, Response};
+use crate::legacy::{self, LegacyRequest};
+use crate::model::{RateReports, Registration};
+use crate::rank::{self, Query};
+use crate::store::Store;
+
+/// The dashboard page (self-contained: no external scripts, fonts or tiles).
+const DASHBOARD: &str = include_str!("dashboard.html");
+
+/// Server settings.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Registration token (compared in constant time).
+    pub token: String,
+    /// Heartbeat interval suggested to depots.
+    pub heartbeat: Duration,
+    /// A depot silent this long is offline.
+    pub offline_after: Duration,
+    /// A depot silent this long is dropped.
+    pub drop_after: Duration,
+    /// How often the sweeper runs.
+    pub sweep_every: Duration,
+    /// Per-request read/write timeout.
+    pub io_timeout: Duration,
+    /// Most connections served at once.
+    pub max_connections: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            token: String::new(),
+            heartbeat: Duration::from_secs(30),
+            offline_after: Duration::from_secs(90),
+            drop_after: Duration::from_secs(86_400),
+            sweep_every: Duration::from_secs(60),
+            io_timeout: Duration::from_secs(10),
+            max_connections: 256,
+        }
+    }
+}
+
+/// A running directory.
+pub struct LBone {
+    store: Arc<dyn Store>,
+    cfg: Config,
+    token_hash: blake3::Hash,
+}
+
+/// Unix seconds now.
+pub fn now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+fn secs(d: Duration) -> i64 {
+    i64::try_from(d.as_secs()).unwrap_or(i64::MAX)
+}
+
+impl LBone {
+    /// A directory over `store`.
+    pub fn new(store: Arc<dyn Store>, cfg: Config) -> Arc<LBone> {
+        Arc::new(LBone {
+            token_hash: blake3::hash(cfg.token.as_bytes()),
+            store,
+            cfg,
+        })
+    }
+
+    /// The store, for logs.
+    pub fn describe(&self) -> String {
+        self.store.describe()
+    }
+
+    fn token_ok(&self, given: Option<&str>) -> bool {
+        // Hash first so the comparison takes the same time whatever the
+        // length or content of the guess.
+        let given = blake3::hash(given.unwrap_or("").as_bytes());
+        !self.cfg.token.is_empty()
+            && lors_ibp::caps::ct_eq(given.as_bytes(), self.token_hash.as_bytes())
+    }
+
+    async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&dyn Store) -> Result<T, crate::store::StoreError> + Send + 'static,
+    ) -> Result<T, String> {
+        let store = self.store.clone();
+        tokio::task::spawn_blocking(move || f(store.as_ref()))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())
+    }
+
+    /// Ranks depots for a client on `peer`'s network.
+    pub async fn query(
+        &self,
+        q: Query,
+        peer: std::net::IpAddr,
+    ) -> Result<Vec<crate::model::DepotView>, String> {
+        let net = client_net(peer);
+        let (depots, fc) = self
+            .blocking(move |s| Ok((s.list()?, s.forecasts(&net)?)))
+            .await?;
+        let fc = fc
+            .into_iter()
+            .filter_map(|(d, f)| Some((d, f.predict()?)))
+            .collect();
+        Ok(rank::rank(
+            &depots,
+            &q,
+            now(),
+            secs(self.cfg.offline_after),
+            &fc,
+        ))
+    }
+
+    /// One sweep: drop depots silent longer than `drop_after`.
+    pub async fn sweep(&self) -> Result<Vec<String>, String> {
+        let cutoff = now() - secs(self.cfg.drop_after);
+        let gone = self.blocking(move |s| s.drop_silent(cutoff)).await?;
+        for d in &gone {
+            tracing::info!(depot = %d, "dropped: no heartbeat");
+        }
+        Ok(gone)
+    }
+
+    async fn handle(&self, req: Request, peer: SocketAddr) -> Response {
+        let api = |status, v: serde_json::Value| Response::json(status, v.to_string());
+        match (req.method.as_str(), req.path.as_str()) {
+            ("GET", "/") | ("GET", "/index.html") => Response {
+                status: 200,
+                content_type: "text/html; charset=utf-8",
+                body: DASHBOARD.as_bytes().to_vec(),
+            },
+            ("GET", "/healthz") => api(200, serde_json::json!({"ok": true})),
+            ("GET", "/api/v1/depots") => {
+                let q = match query_from(&req) {
+                    Ok(q) => q,
+                    Err(e) => return Response::error(400, &e),
+                };
+                match self.query(q, peer.ip()).await {
+                    Ok(v) => api(
+                        200,
+                        serde_json::json!({
+                            "depots": v,
+                            "offline_after": secs(self.cfg.offline_after),
+                            "now": now(),
+                        }),
+                    ),
+                    Err(e) => Response::error(503, &e),
+                }
+            }
+            ("POST", "/api/v1/register") => {
+                if !self.token_ok(req.bearer()) {
+                    return Response::error(
+                        401,
+                        "registration needs the L-Bone token: Authorization: Bearer TOKEN",
+                    );
+                }
+                let reg: Registration = match serde_json::from_slice(&req.body) {
+                    Ok(r) => r,
+                    Err(e) => return Response::error(400, &format!("registration body: {e}")),
+                };
+                if let Err(e) = reg.validate() {
+                    return Response::error(400, &e);
+                }
+                let addr = reg.addr();
+                let t = now();
+                match self.blocking(move |s| s.upsert(&reg, t)).await {
+                    Ok(()) => {
+                        tracing::debug!(depot = %addr, "heartbeat");
+                        api(
+                            200,
+                            serde_json::json!({
+                                "ok": true,
+                                "heartbeat_seconds": self.cfg.heartbeat.as_secs(),
+                            }),
+                        )
+                    }
+                    Err(e) => Response::error(503, &e),
+                }
+            }
+            ("POST", "/api/v1/rates") => {
+                let r: RateReports = match serde_json::from_slice(&req.body) {
+                    Ok(r) => r,
+                    Err(e) => return Response::error(400, &format!("rates body: {e}")),
+                };
+                if r.rates.len() > 1024 || r.rates.iter().any(|x| x.depot.len() > 300) {
+                    return Response::error(400, "at most 1024 reports of known depots");
+                }
+                let net = client_net(peer.ip());
+                let t = now();
+                let n = r.rates.len();
+                match self
+                    .blocking(move |s| {
+                        for x in &r.rates {
+                            s.record_rate(&net, &x.depot, x.bytes_per_sec, t)?;
+                        }
+                        Ok(())
+                    })
+                    .await
+                {
+                    Ok(()) => api(200, serde_json::json!({"ok": true, "recorded": n})),
+                    Err(e) => Response::error(503, &e),
+                }
+            }
+            (_, "/" | "/api/v1/depots" | "/api/v1/register" | "/api/v1/rates" | "/healthz") => {
+                Response::error(405, "method not allowed")
+            }
+            _ => Response::error(
+                404,
+                "no such endpoint: try GET /api/v1/depots or the dashboard at /",
+            ),
+        }
+    }
+
+    async fn serve_http(self: Arc<Self>, mut s: TcpStream, peer: SocketAddr) {
+        let resp = match http::read_request(&mut s, self.cfg.io_timeout).await {
+            Ok(req) => self.handle(req, peer).await,
+            Err(e) => Response::error(e.status, &e.reason),
+        };
+        let _ = tokio::time::timeout(self.cfg.io_timeout, s.write_all(&resp.to_bytes())).await;
+        let _ = s.shutdown().await;
+    }
+
+    /// Answers one legacy message.
+    pub async fn legacy_reply(
+        &self,
+        msg: &[u8; legacy::MESSAGE_LEN],
+        peer: std::net::IpAddr,
+    ) -> Vec<u8> {
+        let req = match legacy::parse_request(msg) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::debug!(%peer, "legacy query refused: {e}");
+                return legacy::encode_error(e.code);
+            }
+        };
+        // The original clients send free text; keep the terms we know.
+        let hint = |loc: &str| rank::parse_hint(loc).unwrap_or_default();
+        let q = match &req {
+            LegacyRequest::Depots {
+                count,
+                hard_mb,
+                soft_mb,
+                duration,
+                location,
+            } => Query {
+                count: *count,
+                hard: hard_mb.saturating_mul(1 << 20),
+                soft: soft_mb.saturating_mul(1 << 20),
+                duration: *duration,
+                hint: hint(location),
+                ..Query::default()
+            },
+            LegacyRequest::Count | LegacyRequest::Proximity { .. } => Query {
+                hint: match &req {
+                    LegacyRequest::Proximity { location } => hint(location),
+                    _ => Vec::new(),
+                },
+                ..Query::default()
+            },
+        };
+        match self.query(q, peer).await {
+            Ok(v) if req == LegacyRequest::Count => legacy::encode_count(v.len()),
+            Ok(v) => legacy::encode_depots(
+                &v.iter()
+                    .map(|d| (d.depot.host.clone(), d.depot.port))
+                    .collect::<Vec<_>>(),
+            ),
+            Err(e) => {
+                tracing::warn!("legacy query failed: {e}");
+                legacy::encode_error(legacy::INVALID_PARAMS)
+            }
+        }
+    }
+
+    async fn serve_legacy(self: Arc<Self>, mut s: TcpStream, peer: SocketAddr) {
+        let mut msg = [0u8; legacy::MESSAGE_LEN];
+        match tokio::time::timeout(self.cfg.io_timeout, s.read_exact(&mut msg)).await {
+            Ok(Ok(_)) => {}
+            _ => return, // cut short or too slow: nothing to answer
+        }
+        let reply = self.legacy_reply(&msg, peer.ip()).await;
+        let _ = tokio::time::timeout(self.cfg.io_timeout, s.write_all(&reply)).await;
+        let _ = s.shutdown().await;
+    }
+}
+
+fn query_from(req: &Request) -> Result<Query, String> {
+    let size = |k: &str| -> Result<u64, String> {
+        req.param(k).map_or(Ok(0), |v| {
+            lors_ibp::units::parse_size(v).map_err(|e| format!("{k}: {e}"))
+        })
+    };
+    let float = |k: &str| -> Result<Option<f64>, String> {
+        req.param(k)
+            .map(|v| v.parse::<f64>().map_err(|_| format!("{k}: not a number")))
+            .transpose()
+    };
+    let near = match (float("lat")?, float("lon")?) {
+        (Some(a), Some(b)) if (-90.0..=90.0).contains(&a) && (-180.0..=180.0).contains(&b) => {
+            Some((a, b))
+        }
+        (None, None) => None,
+        _ => return Err("lat and lon go together, within ±90 / ±180".into()),
+    };
+    for (k, _) in &req.query {
+        if ![
+            "count", "hard", "soft", "duration", "type", "location", "lat", "lon", "all",
+        ]
+        .contains(&k.as_str())
+        {
+            return Err(format!("unknown parameter {k:?}"));
+        }
+    }
+    Ok(Query {
+        count: req.param("count").map_or(Ok(0), |v| {
+            v.parse().map_err(|_| "count: not a number".to_string())
+        })?,
+        hard: size("hard")?,
+        soft: size("soft")?,
+        duration: req.param("duration").map_or(Ok(0), |v| {
+            lors_ibp::units::parse_duration(v)
+                .map(|d| d.as_secs())
+                .map_err(|e| format!("duration: {e}"))
+        })?,
+        alloc_type: req.param("type").map(str::to_owned),
+        hint: rank::parse_hint(req.param("location").unwrap_or(""))?,
+        near,
+        include_offline: req.param("all").is_some_and(|v| v == "1" || v == "true"),
+    })
+}
+
+async fn accept_loop(
+    l: TcpListener,
+    lb: Arc<LBone>,
+    legacy: bool,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let slots = Arc::new(Semaphore::new(lb.cfg.max_connections.max(1)));
+    loop {
+        let (s, peer) = tokio::select! {
+            r = l.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    tracing::warn!("accept: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = shutdown.changed() => return,
+        };
+        // At the limit, refuse rather than queue without bound.
+        let Ok(permit) = slots.clone().try_acquire_owned() else {
+            drop(s);
+            continue;
+        };
+        let lb = lb.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            if legacy {
+                lb.serve_legacy(s, peer).await;
+            } else {
+                lb.serve_http(s, peer).await;
+            }
+        });
+    }
+}
+
+/// Serves until `shutdown` turns true.
+pub async fn run(
+    lb: Arc<LBone>,
+    http: TcpListener,
+    legacy: Option<TcpListener>,
+    shutdown: watch::Receiver<bool>,
+) {
+    let mut tasks = tokio::task::JoinSet::new();
+    tasks.spawn(accept_loop(http, lb.clone(), false, shutdown.clone()));
+    if let Some(l) = legacy {
+        tasks.spawn(accept_loop(l, lb.clone(), true, shutdown.clone()));
+    }
+    let sweeper = lb.clone();
+    let mut stop = shutdown.clone();
+    tasks.spawn(async move {
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(sweeper.cfg.sweep_every) => {}
+                _ = stop.changed() => return,
+            }
+            if let Err(e) = sweeper.sweep().await {
+                tracing::warn!("sweep: {e}");
+            }
+        }
+    });
+    while tasks.join_next().await.is_some() {}
+}

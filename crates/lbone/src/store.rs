@@ -1,0 +1,340 @@
+//! Where the directory lives: the [`Store`] trait and its SQLite (embedded
+//! default) and PostgreSQL (shared by several L-Bone instances) backends.
+//!
+//! Both keep the same two tables: `depots` (one row per `host:port`, the
+//! registration as JSON, first and last heartbeat) and `rates` (one
+//! [`Forecaster`] per client network and depot). Every change is one
+//! statement or one transaction, so instances sharing a PostgreSQL database
+//! never lose each other's updates.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Mutex;
+
+use crate::forecast::Forecaster;
+use crate::model::{DepotRecord, Registration};
+
+/// A storage failure.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database refused or failed.
+    #[error("database error: {0}")]
+    Db(String),
+    /// A row did not decode (written by something else?).
+    #[error("stored record for {addr} is unreadable: {why}")]
+    Corrupt {
+        /// Which row.
+        addr: String,
+        /// Why.
+        why: String,
+    },
+}
+
+impl From<rusqlite::Error> for StoreError {
+    fn from(e: rusqlite::Error) -> Self {
+        StoreError::Db(e.to_string())
+    }
+}
+
+impl From<postgres::Error> for StoreError {
+    fn from(e: postgres::Error) -> Self {
+        StoreError::Db(e.to_string())
+    }
+}
+
+/// The directory's persistent state. Methods block; servers call them from
+/// a blocking thread.
+pub trait Store: Send + Sync {
+    /// Registers a depot or refreshes its heartbeat and figures.
+    fn upsert(&self, reg: &Registration, now: i64) -> Result<(), StoreError>;
+    /// Every depot.
+    fn list(&self) -> Result<Vec<DepotRecord>, StoreError>;
+    /// Drops depots silent since before `cutoff`; returns their addresses.
+    fn drop_silent(&self, cutoff: i64) -> Result<Vec<String>, StoreError>;
+    /// Folds a measured rate into the (client network, depot) forecast.
+    fn record_rate(&self, client: &str, depot: &str, bps: f64, now: i64) -> Result<(), StoreError>;
+    /// Forecast state for a client network, by depot address.
+    fn forecasts(&self, client: &str) -> Result<HashMap<String, Forecaster>, StoreError>;
+    /// For logs: which backend and where.
+    fn describe(&self) -> String;
+}
+
+fn decode_reg(addr: &str, json: &str) -> Result<Registration, StoreError> {
+    serde_json::from_str(json).map_err(|e| StoreError::Corrupt {
+        addr: addr.to_owned(),
+        why: e.to_string(),
+    })
+}
+
+fn decode_fc(addr: &str, json: &str) -> Result<Forecaster, StoreError> {
+    serde_json::from_str(json).map_err(|e| StoreError::Corrupt {
+        addr: addr.to_owned(),
+        why: e.to_string(),
+    })
+}
+
+fn encode<T: serde::Serialize>(v: &T) -> String {
+    serde_json::to_string(v).expect("plain structs serialize")
+}
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS depots (
+    addr TEXT PRIMARY KEY,
+    reg TEXT NOT NULL,
+    first_seen BIGINT NOT NULL,
+    last_seen BIGINT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS rates (
+    client TEXT NOT NULL,
+    depot TEXT NOT NULL,
+    state TEXT NOT NULL,
+    updated BIGINT NOT NULL,
+    PRIMARY KEY (client, depot)
+);
+";
+
+/// SQLite in one file: the embedded default.
+pub struct SqliteStore {
+    db: Mutex<rusqlite::Connection>,
+    path: String,
+}
+
+impl SqliteStore {
+    /// Opens (creating) the database file.
+    pub fn open(path: &Path) -> Result<SqliteStore, StoreError> {
+        let db = rusqlite::Connection::open(path)?;
+        // WAL: readers do not block the heartbeat writer; NORMAL sync is
+        // durable across process crashes, which is what a directory needs
+        // (depots re-register within a heartbeat anyway).
+        db.pragma_update(None, "journal_mode", "WAL")?;
+        db.pragma_update(None, "synchronous", "NORMAL")?;
+        db.busy_timeout(std::time::Duration::from_secs(5))?;
+        db.execute_batch(SCHEMA)?;
+        Ok(SqliteStore {
+            db: Mutex::new(db),
+            path: path.display().to_string(),
+        })
+    }
+
+    fn db(&self) -> std::sync::MutexGuard<'_, rusqlite::Connection> {
+        self.db.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Store for SqliteStore {
+    fn upsert(&self, reg: &Registration, now: i64) -> Result<(), StoreError> {
+        self.db().execute(
+            "INSERT INTO depots (addr, reg, first_seen, last_seen) VALUES (?1, ?2, ?3, ?3)
+             ON CONFLICT (addr) DO UPDATE SET reg = excluded.reg, last_seen = excluded.last_seen",
+            rusqlite::params![reg.addr(), encode(reg), now],
+        )?;
+        Ok(())
+    }
+
+    fn list(&self) -> Result<Vec<DepotRecord>, StoreError> {
+        let db = self.db();
+        let mut st =
+            db.prepare("SELECT addr, reg, first_seen, last_seen FROM depots ORDER BY addr")?;
+        let rows = st.query_map([], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, i64>(2)?,
+                r.get::<_, i64>(3)?,
+            ))
+        })?;
+        rows.map(|row| {
+            let (addr, json, first_seen, last_seen) = row?;
+            Ok(DepotRecord {
+                reg: decode_reg(&addr, &json)?,
+                first_seen,
+                last_seen,
+            })
+        })
+        .collect()
+    }
+
+    fn drop_silent(&self, cutoff: i64) -> Result<Vec<String>, StoreError> {
+        let mut db = self.db();
+        let tx = db.transaction()?;
+        let gone: Vec<String> = {
+            let mut st =
+                tx.prepare("SELECT addr FROM depots WHERE last_seen < ?1 ORDER BY addr")?;
+            st.query_map([cutoff], |r| r.get(0))?
+                .collect::<Result<_, _>>()?
+        };
+        tx.execute("DELETE FROM depots WHERE last_seen < ?1", [cutoff])?;
+        tx.commit()?;
+        Ok(gone)
+    }
+
+    fn record_rate(&self, client: &str, depot: &str, bps: f64, now: i64) -> Result<(), StoreError> {
+        let mut db = self.db();
+        let tx = db.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+        let old: Option<String> = tx
+            .query_row(
+                "SELECT state FROM rates WHERE client = ?1 AND depot = ?2",
+                [client, depot],
+                |r| r.get(0),
+            )
+            .map(Some)
+            .or_else(|e| match e {
+                rusqlite::Error::QueryReturnedNoRows => Ok(None),
+                e => Err(e),
+            })?;
+        let mut f = match old {
+            Some(j) => decode_fc(depot, &j)?,
+            None => Forecaster::default(),
+        };
+        f.update(bps);
+        tx.execute(
+            "INSERT INTO rates (client, depot, state, updated) VALUES (?1, ?2, ?3, ?4)
+             ON CONFLICT (client, depot) DO UPDATE SET state = excluded.state, updated = excluded.updated",
+            rusqlite::params![client, depot, encode(&f), now],
+        )?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    fn forecasts(&self, client: &str) -> Result<HashMap<String, Forecaster>, StoreError> {
+        let db = self.db();
+        let mut st = db.prepare("SELECT depot, state FROM rates WHERE client = ?1")?;
+        let rows = st.query_map([client], |r| {
+            Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+        })?;
+        let mut out = HashMap::new();
+        for row in rows {
+            let (depot, json) = row?;
+            let f = decode_fc(&depot, &json)?;
+            out.insert(depot, f);
+        }
+        Ok(out)
+    }
+
+    fn describe(&self) -> String {
+        format!("SQLite {}", self.path)
+    }
+}
+
+/// PostgreSQL: several L-Bone instances behind one database.
+pub struct PostgresStore {
+    db: Mutex<postgres::Client>,
+    schema: String,
+}
+
+impl PostgresStore {
+    /// Connects (`postgres://user@host:port/db`) and creates the tables in
+    /// `schema` if needed.
+    pub fn open(url: &str, schema: &str) -> Result<PostgresStore, StoreError> {
+        if schema.is_empty()
+            || !schema
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+        {
+            return Err(StoreError::Db(format!(
+                "schema name {schema:?}: use lowercase letters, digits and _"
+            )));
+        }
+        let mut db = postgres::Client::connect(url, postgres::NoTls)?;
+        // Several instances may start at once: create under an advisory lock.
+        let mut tx = db.transaction()?;
+        tx.execute("SELECT pg_advisory_xact_lock(6767)", &[])?;
+        tx.batch_execute(&format!(
+            "CREATE SCHEMA IF NOT EXISTS {schema}; SET LOCAL search_path TO {schema}; {SCHEMA}"
+        ))?;
+        tx.commit()?;
+        db.batch_execute(&format!("SET search_path TO {schema}"))?;
+        Ok(PostgresStore {
+            db: Mutex::new(db),
+            schema: schema.to_owned(),
+        })
+    }
+
+    fn db(&self) -> std::sync::MutexGuard<'_, postgres::Client> {
+        self.db.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Store for PostgresStore {
+    fn upsert(&self, reg: &Registration, now: i64) -> Result<(), StoreError> {
+        self.db().execute(
+            "INSERT INTO depots (addr, reg, first_seen, last_seen) VALUES ($1, $2, $3, $3)
+             ON CONFLICT (addr) DO UPDATE SET reg = EXCLUDED.reg, last_seen = EXCLUDED.last_seen",
+            &[&reg.addr(), &encode(reg), &now],
+        )?;
+        Ok(())
+    }
+
+    fn list(&self) -> Result<Vec<DepotRecord>, StoreError> {
+        self.db()
+            .query(
+                "SELECT addr, reg, first_seen, last_seen FROM depots ORDER BY addr",
+                &[],
+            )?
+            .iter()
+            .map(|r| {
+                let addr: String = r.get(0);
+                Ok(DepotRecord {
+                    reg: decode_reg(&addr, r.get(1))?,
+                    first_seen: r.get(2),
+                    last_seen: r.get(3),
+                })
+            })
+            .collect()
+    }
+
+    fn drop_silent(&self, cutoff: i64) -> Result<Vec<String>, StoreError> {
+        let mut gone: Vec<String> = self
+            .db()
+            .query(
+                "DELETE FROM depots WHERE last_seen < $1 RETURNING addr",
+                &[&cutoff],
+            )?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        gone.sort();
+        Ok(gone)
+    }
+
+    fn record_rate(&self, client: &str, depot: &str, bps: f64, now: i64) -> Result<(), StoreError> {
+        let mut db = self.db();
+        let mut tx = db.transaction()?;
+        // Make the row exist, then lock it: concurrent reports from other
+        // instances queue up instead of overwriting each other.
+        tx.execute(
+            "INSERT INTO rates (client, depot, state, updated) VALUES ($1, $2, $3, $4)
+             ON CONFLICT (client, depot) DO NOTHING",
+            &[&client, &depot, &encode(&Forecaster::default()), &now],
+        )?;
+        let row = tx.query_one(
+            "SELECT state FROM rates WHERE client = $1 AND depot = $2 FOR UPDATE",
+            &[&client, &depot],
+        )?;
+        let mut f = decode_fc(depot, row.get(0))?;
+        f.update(bps);
+        tx.execute(
+            "UPDATE rates SET state = $3, updated = $4 WHERE client = $1 AND depot = $2",
+            &[&client, &depot, &encode(&f), &now],
+        )?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    fn forecasts(&self, client: &str) -> Result<HashMap<String, Forecaster>, StoreError> {
+        let mut out = HashMap::new();
+        for r in self.db().query(
+            "SELECT depot, state FROM rates WHERE client = $1",
+            &[&client],
+        )? {
+            let depot: String = r.get(0);
+            let f = decode_fc(&depot, r.get(1))?;
+            out.insert(depot, f);
+        }
+        Ok(out)
+    }
+
+    fn describe(&self) -> String {
+        format!("PostgreSQL (schema {})", self.schema)
+    }
+}

@@ -1,0 +1,146 @@
+//! One conformance suite for every `Store` backend: SQLite always, and a real
+//! PostgreSQL when `LORS_TEST_PG_URL` names one (the README test command
+//! starts one and sets it, with `LORS_REQUIRE_PG=1` so it cannot be skipped).
+
+use std::sync::Arc;
+
+use lors_lbone::forecast::Forecaster;
+use lors_lbone::model::{Location, Registration, Resource};
+use lors_lbone::store::{PostgresStore, SqliteStore, Store};
+
+fn reg(host: &str, hard_free: u64, city: &str) -> Registration {
+    Registration {
+        host: host.into(),
+        port: 6714,
+        resources: vec![Resource {
+            rid: "1".into(),
+            hard_free,
+            hard_total: 1 << 40,
+            soft_free: 0,
+            soft_total: 0,
+            max_duration: 86400,
+            types: vec!["byte_array".into(), "fifo".into()],
+        }],
+        location: Location {
+            city: Some(city.into()),
+            latitude: Some(49.2),
+            longitude: Some(16.6),
+            tags: vec!["ünïcode ✓".into(), "quote\"'".into()],
+            ..Location::default()
+        },
+        version: "lors 0.1.0".into(),
+    }
+}
+
+/// Everything a backend must do, checked the same way for each.
+fn suite(s: &dyn Store) {
+    assert!(s.list().unwrap().is_empty(), "starts empty");
+
+    // Register, then heartbeat with new figures: first_seen stays.
+    s.upsert(&reg("a.example.org", 100, "Brno"), 100).unwrap();
+    s.upsert(&reg("b.example.org", 200, "Praha"), 120).unwrap();
+    s.upsert(&reg("a.example.org", 50, "Brno"), 150).unwrap();
+    let l = s.list().unwrap();
+    assert_eq!(l.len(), 2);
+    assert_eq!(
+        l[0].reg,
+        reg("a.example.org", 50, "Brno"),
+        "latest figures, text intact"
+    );
+    assert_eq!((l[0].first_seen, l[0].last_seen), (100, 150));
+    assert_eq!((l[1].first_seen, l[1].last_seen), (120, 120));
+
+    // Silent depots are dropped, the others stay.
+    assert_eq!(s.drop_silent(130).unwrap(), ["b.example.org:6714"]);
+    assert_eq!(s.drop_silent(130).unwrap(), Vec::<String>::new());
+    let l = s.list().unwrap();
+    assert_eq!(l.len(), 1);
+    assert_eq!(l[0].reg.host, "a.example.org");
+
+    // Rates: the stored forecaster is exactly the one the series produces,
+    // per client network.
+    let series = [100.0, 120.0, 80.0, 0.0, 110.0];
+    let mut want = Forecaster::default();
+    for x in series {
+        s.record_rate("10.0.0.0/24", "a.example.org:6714", x, 200)
+            .unwrap();
+        want.update(x);
+    }
+    s.record_rate("10.9.9.0/24", "a.example.org:6714", 5.0, 200)
+        .unwrap();
+    let fc = s.forecasts("10.0.0.0/24").unwrap();
+    assert_eq!(fc.len(), 1);
+    assert_eq!(fc["a.example.org:6714"], want);
+    assert_eq!(
+        s.forecasts("10.9.9.0/24").unwrap()["a.example.org:6714"].n,
+        1
+    );
+    assert!(s.forecasts("192.168.0.0/24").unwrap().is_empty());
+    assert!(!s.describe().is_empty());
+}
+
+/// Concurrent rate reports lose nothing.
+fn concurrent_reports(stores: Vec<Arc<dyn Store>>) {
+    let threads: Vec<_> = (0..8)
+        .map(|i| {
+            let s = stores[i % stores.len()].clone();
+            std::thread::spawn(move || {
+                for _ in 0..25 {
+                    s.record_rate("10.1.1.0/24", "c:6714", 1e6, 300).unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let f = stores[0].forecasts("10.1.1.0/24").unwrap()["c:6714"];
+    assert_eq!(f.n, 200, "every one of 8 × 25 reports counted");
+}
+
+#[test]
+fn sqlite_conforms() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("lbone.sqlite");
+    let s = SqliteStore::open(&path).unwrap();
+    suite(&s);
+    drop(s);
+    // Reopened, the state is still there.
+    let s: Arc<dyn Store> = Arc::new(SqliteStore::open(&path).unwrap());
+    assert_eq!(s.list().unwrap().len(), 1);
+    let other: Arc<dyn Store> = Arc::new(SqliteStore::open(&path).unwrap());
+    concurrent_reports(vec![s, other]);
+}
+
+#[test]
+fn postgres_conforms() {
+    let Ok(url) = std::env::var("LORS_TEST_PG_URL") else {
+        assert!(
+            std::env::var_os("LORS_REQUIRE_PG").is_none(),
+            "LORS_REQUIRE_PG is set but LORS_TEST_PG_URL is not"
+        );
+        eprintln!(
+            "postgres_conforms: LORS_TEST_PG_URL not set; run scripts/test.sh for the real PostgreSQL run"
+        );
+        return;
+    };
+    // A fresh schema per run, so runs never see each other's rows.
+    let schema = format!(
+        "lbone_test_{}_{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+            % 1_000_000
+    );
+    let s = PostgresStore::open(&url, &schema).unwrap();
+    suite(&s);
+    // A second instance on the same database sees the same directory, and
+    // concurrent reports through both lose nothing.
+    let a: Arc<dyn Store> = Arc::new(s);
+    let b: Arc<dyn Store> = Arc::new(PostgresStore::open(&url, &schema).unwrap());
+    assert_eq!(b.list().unwrap().len(), 1);
+    concurrent_reports(vec![a, b]);
+    assert!(PostgresStore::open(&url, "Bad-Name").is_err());
+}

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Test services the suite needs besides our own processes, installed from
+# Debian's packages when missing: a throwaway PostgreSQL (for the L-Bone's
+# PostgreSQL store) and headless Chromium + ChromeDriver (for the dashboard).
+#
+#   source scripts/services.sh   # exports LORS_TEST_PG_URL, LORS_REQUIRE_PG,
+#                                # LORS_CHROMIUM; stops PostgreSQL on exit
+set -euo pipefail
+
+_apt_install() {
+    local sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
+_pg_bin() { ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1; }
+
+if [ -z "$(_pg_bin)" ]; then
+    echo "installing PostgreSQL (Debian package postgresql)"
+    _apt_install postgresql
+fi
+if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
+    echo "installing Chromium and ChromeDriver (Debian packages chromium, chromium-driver)"
+    _apt_install chromium chromium-driver
+fi
+
+# A private cluster on a free port, owned by the postgres user when we are
+# root (the server refuses to run as root), trusted local connections only.
+_pg="$(_pg_bin)"
+_pg_dir="$(mktemp -d /tmp/lors-pg.XXXXXX)"
+_pg_port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+_as_pg() {
+    if [ "$(id -u)" -eq 0 ]; then
+        runuser -u postgres -- "$@"
+    else
+        "$@"
+    fi
+}
+[ "$(id -u)" -ne 0 ] || chown postgres "$_pg_dir"
+_as_pg "$_pg/initdb" -D "$_pg_dir/data" -U postgres --auth=trust -E UTF8 >/dev/null
+_as_pg "$_pg/pg_ctl" -D "$_pg_dir/data" -l "$_pg_dir/log" -w -o "-p $_pg_port -k $_pg_dir -c listen_addresses=127.0.0.1 -c fsync=off" start >/dev/null
+_lors_services_stop() {
+    _as_pg "$_pg/pg_ctl" -D "$_pg_dir/data" -m fast -w stop >/dev/null 2>&1 || true
+    rm -rf "$_pg_dir"
+}
+trap _lors_services_stop EXIT
+
+export LORS_TEST_PG_URL="postgres://postgres@127.0.0.1:$_pg_port/postgres"
+export LORS_REQUIRE_PG=1
+export LORS_CHROMIUM="$(command -v chromium)"
+echo "PostgreSQL $("$_pg/postgres" --version | awk '{print $3}') on 127.0.0.1:$_pg_port; $("$LORS_CHROMIUM" --version 2>/dev/null | head -n 1)"
