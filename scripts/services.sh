@@ -3,7 +3,7 @@
 # Debian's packages when missing: a throwaway PostgreSQL (for the L-Bone's
 # PostgreSQL store) and headless Chromium + ChromeDriver (for the dashboard).
 #
-#   source scripts/services.sh   # exports LORS_TEST_PG_URL, LORS_REQUIRE_PG,
+#   source scripts/services.sh   # exports LORS_TEST_PG_URL, LORS_REQUIRE_SERVICES,
 #                                # LORS_CHROMIUM; stops PostgreSQL on exit
 set -euo pipefail
 
@@ -47,6 +47,6 @@ _lors_services_stop() {
 trap _lors_services_stop EXIT
 
 export LORS_TEST_PG_URL="postgres://postgres@127.0.0.1:$_pg_port/postgres"
-export LORS_REQUIRE_PG=1
+export LORS_REQUIRE_SERVICES=1
 export LORS_CHROMIUM="$(command -v chromium)"
 echo "PostgreSQL $("$_pg/postgres" --version | awk '{print $3}') on 127.0.0.1:$_pg_port; $("$LORS_CHROMIUM" --version 2>/dev/null | head -n 1)"

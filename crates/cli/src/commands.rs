@@ -4,6 +4,7 @@ pub mod augment;
 pub mod demo;
 pub mod depot;
 pub mod download;
+pub mod lbone;
 pub mod ls;
 pub mod modify;
 pub mod refresh;
@@ -19,6 +20,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use lors_exnode::{ExNode, xml};
+
+use crate::UsageError;
 
 /// Parses `10M`-style sizes for clap.
 pub fn size_arg(s: &str) -> Result<u64, String> {
@@ -44,6 +47,91 @@ pub fn probe_all(x: &ExNode) -> anyhow::Result<Vec<Result<lors_ibp::ProbeInfo, S
 }
 
 /// Reads and parses an exNode file.
+/// L-Bone options shared by the tools.
+#[derive(clap::Args, Clone, Default)]
+#[command(next_help_heading = "L-Bone")]
+pub struct LboneOpts {
+    /// L-Bone to ask for depots: a host (legacy protocol, port -P) or an
+    /// http://HOST:PORT URL of `lors lbone`.
+    #[arg(
+        short = 'H',
+        long = "lbone",
+        value_name = "HOST|URL",
+        env = "LBONE_SERVER"
+    )]
+    pub lbone: Option<String>,
+    /// Port of a legacy L-Bone [default: 6767].
+    #[arg(
+        short = 'P',
+        long = "lbone-port",
+        value_name = "PORT",
+        env = "LBONE_PORT"
+    )]
+    pub lbone_port: Option<u16>,
+}
+
+impl LboneOpts {
+    /// The L-Bone these options (or a `lors://HOST` URI) name, if any.
+    pub fn directory(
+        &self,
+        uri: Option<&(String, u16)>,
+    ) -> Result<Option<lors_lbone::client::Directory>, UsageError> {
+        use lors_lbone::client::Directory;
+        match (&self.lbone, uri) {
+            (Some(s), _) => Directory::parse(s, self.lbone_port)
+                .map(Some)
+                .map_err(UsageError),
+            (None, Some((h, p))) => Ok(Some(Directory::Legacy(h.clone(), *p))),
+            (None, None) => Ok(None),
+        }
+    }
+}
+
+/// Depots from the L-Bone, or a message saying what went wrong.
+pub async fn lbone_depots(
+    dir: &lors_lbone::client::Directory,
+    q: &lors_lbone::client::DepotQuery,
+) -> anyhow::Result<Vec<String>> {
+    let list = dir
+        .depots(q, Duration::from_secs(30))
+        .await
+        .map_err(|e| anyhow::anyhow!("asking the L-Bone for depots: {e}"))?;
+    if list.is_empty() {
+        anyhow::bail!(
+            "the L-Bone has no online depot with {} bytes free for {} s{}",
+            q.hard,
+            q.duration,
+            if q.location.is_empty() {
+                String::new()
+            } else {
+                format!(" near {:?}", q.location)
+            }
+        );
+    }
+    Ok(list)
+}
+
+/// Tells the L-Bone how fast each depot was (best effort: a failure is only
+/// logged, the transfer itself succeeded).
+pub async fn report_rates(
+    dir: Option<&lors_lbone::client::Directory>,
+    per_depot: &[(String, u64)],
+    elapsed: Duration,
+) {
+    let Some(dir) = dir else { return };
+    let secs = elapsed.as_secs_f64().max(1e-3);
+    let rates = per_depot
+        .iter()
+        .map(|(d, b)| lors_lbone::model::RateReport {
+            depot: d.clone(),
+            bytes_per_sec: *b as f64 / secs,
+        })
+        .collect();
+    if let Err(e) = dir.report(rates, Duration::from_secs(10)).await {
+        tracing::warn!("could not report rates to the L-Bone: {e}");
+    }
+}
+
 /// A file argument: a path or a `lors://` URI.
 pub fn exnode_arg(s: &str) -> Result<lors::uri::ExnodeRef, String> {
     lors::uri::ExnodeRef::parse(s)

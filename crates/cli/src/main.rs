@@ -26,6 +26,8 @@ enum Command {
     Demo(commands::demo::Args),
     /// Run an IBP storage depot.
     Depot(commands::depot::Args),
+    /// Run the L-Bone depot directory and its dashboard.
+    Lbone(commands::lbone::Args),
     /// Store a file on depots; write its exNode.
     Upload(commands::upload::Args),
     /// Fetch a file from the depots its exNode names.
@@ -77,7 +79,7 @@ fn init_logging(verbose: u8, default: &str) {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // Daemons log at info by default, as operators expect; tools at warn.
-    let default_level = if matches!(cli.command, Command::Depot(_)) {
+    let default_level = if matches!(cli.command, Command::Depot(_) | Command::Lbone(_)) {
         "info"
     } else {
         "warn"
@@ -86,6 +88,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Demo(a) => commands::demo::run(a),
         Command::Depot(a) => commands::depot::run(a),
+        Command::Lbone(a) => commands::lbone::run(a),
         Command::Upload(a) => commands::upload::run(a),
         Command::Download(a) => commands::download::run(a),
         Command::Ls(a) => commands::ls::run(a),

@@ -107,7 +107,25 @@ impl Depot {
             ),
             None => None,
         };
+        self.note_bound(
+            ibp.local_addr()
+                .map_err(|source| DepotError::Bind { addr, source })?,
+        );
         Ok(Listeners { ibp, metrics })
+    }
+
+    /// Records the bound address and derives the advertised one (first call
+    /// wins; `bind` and `run` both call it).
+    fn note_bound(&self, bound: SocketAddr) {
+        let _ = self.bound.set(bound);
+        let adv = match &self.cfg.advertise {
+            Some(a) => match lors_ibp::caps::split_host_port(a) {
+                Some((h, p)) => (h.to_owned(), p),
+                None => (a.clone(), bound.port()),
+            },
+            None => (default_advertise(bound), bound.port()),
+        };
+        let _ = self.advertise.set(adv);
     }
 
     /// Host and port clients should use, as written into capabilities.
@@ -174,16 +192,7 @@ pub async fn run(
     depot: Arc<Depot>,
     mut shutdown: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
-    let bound = listeners.ibp.local_addr()?;
-    let _ = depot.bound.set(bound);
-    let adv = match &depot.cfg.advertise {
-        Some(a) => match lors_ibp::caps::split_host_port(a) {
-            Some((h, p)) => (h.to_owned(), p),
-            None => (a.clone(), bound.port()),
-        },
-        None => (default_advertise(bound), bound.port()),
-    };
-    let _ = depot.advertise.set(adv);
+    depot.note_bound(listeners.ibp.local_addr()?);
 
     if let Some(m) = listeners.metrics {
         tokio::spawn(metrics::serve(m, depot.clone(), shutdown.clone()));

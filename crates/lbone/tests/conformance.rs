@@ -1,6 +1,6 @@
 //! One conformance suite for every `Store` backend: SQLite always, and a real
 //! PostgreSQL when `LORS_TEST_PG_URL` names one (the README test command
-//! starts one and sets it, with `LORS_REQUIRE_PG=1` so it cannot be skipped).
+//! starts one and sets it, with `LORS_REQUIRE_SERVICES=1` so it cannot be skipped).
 
 use std::sync::Arc;
 
@@ -116,8 +116,8 @@ fn sqlite_conforms() {
 fn postgres_conforms() {
     let Ok(url) = std::env::var("LORS_TEST_PG_URL") else {
         assert!(
-            std::env::var_os("LORS_REQUIRE_PG").is_none(),
-            "LORS_REQUIRE_PG is set but LORS_TEST_PG_URL is not"
+            std::env::var_os("LORS_REQUIRE_SERVICES").is_none(),
+            "LORS_REQUIRE_SERVICES is set but LORS_TEST_PG_URL is not"
         );
         eprintln!(
             "postgres_conforms: LORS_TEST_PG_URL not set; run scripts/test.sh for the real PostgreSQL run"

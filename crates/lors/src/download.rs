@@ -48,6 +48,9 @@ pub struct DownloadOptions {
     /// Fetches in flight across all depots; 0 = no cap beyond
     /// `conns_per_depot` per depot (`lors_download -t`).
     pub threads: usize,
+    /// Depots to read only when no other replica of a piece is left (those
+    /// the L-Bone does not list as online), as `host:port`.
+    pub last_resort: HashSet<String>,
 }
 
 impl Default for DownloadOptions {
@@ -61,6 +64,7 @@ impl Default for DownloadOptions {
             resume: false,
             window: 16,
             threads: 0,
+            last_resort: HashSet::new(),
         }
     }
 }
@@ -174,8 +178,23 @@ impl Ctx {
             usize::MAX
         };
         let mut could_later = false;
+        let last_resort = self.opts.last_resort.contains(depot);
         let pos = g.pending.iter().position(|&i| {
             let s = &g.segs[i];
+            // A last-resort depot leaves pieces to the others while they can.
+            if last_resort
+                && s.sources.iter().any(|m| {
+                    let d = self.depot(*m);
+                    !s.failed.contains(m)
+                        && !g.dead.contains(&d)
+                        && !self.opts.last_resort.contains(&d)
+                })
+            {
+                if self.usable(s, depot).is_some() {
+                    could_later = true;
+                }
+                return false;
+            }
             match self.usable(s, depot) {
                 Some(_) if i < limit => true,
                 Some(_) => {

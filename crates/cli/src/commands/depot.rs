@@ -29,7 +29,12 @@ use crate::UsageError;
                --data /srv/ibp --size 500G --max-duration 7d --metrics-listen 127.0.0.1:9714
 
   From a config file (see examples/depot.toml):
-    lors depot --config /etc/lors/depot.toml")]
+    lors depot --config /etc/lors/depot.toml
+
+  Registered with an L-Bone, so clients find it:
+    lors depot --data /srv/ibp --advertise depot1.example.org \
+               --lbone http://lbone.example.org:8767 --lbone-token \"$TOKEN\" \
+               --city Knoxville --state TN --country US --lat 35.96 --lon -83.92")]
 pub struct Args {
     /// TOML configuration file.
     #[arg(short, long, value_name = "FILE")]
@@ -68,6 +73,116 @@ pub struct Args {
     /// fsync policy: `always` (before every acknowledgement) or `never`.
     #[arg(long, value_name = "POLICY", value_parser = parse_sync)]
     sync: Option<SyncPolicy>,
+    #[command(flatten)]
+    lbone: LboneArgs,
+}
+
+/// Registration with an L-Bone.
+#[derive(clap::Args)]
+#[command(next_help_heading = "L-Bone registration")]
+pub struct LboneArgs {
+    /// Register with this L-Bone (http://HOST:PORT) and heartbeat.
+    #[arg(long, value_name = "URL")]
+    lbone: Option<String>,
+    /// The L-Bone's registration token.
+    #[arg(
+        long,
+        value_name = "TOKEN",
+        env = "LORS_LBONE_TOKEN",
+        hide_env_values = true
+    )]
+    lbone_token: Option<String>,
+    /// Heartbeat interval.
+    #[arg(long, value_name = "DURATION", value_parser = super::duration_arg, default_value = "30s")]
+    heartbeat: std::time::Duration,
+    /// City, for location hints and the map.
+    #[arg(long)]
+    city: Option<String>,
+    /// State or region.
+    #[arg(long)]
+    state: Option<String>,
+    /// Country code.
+    #[arg(long)]
+    country: Option<String>,
+    /// Postal code.
+    #[arg(long)]
+    zip: Option<String>,
+    /// Nearest airport code.
+    #[arg(long)]
+    airport: Option<String>,
+    /// Latitude, degrees north.
+    #[arg(long, allow_hyphen_values = true)]
+    lat: Option<f64>,
+    /// Longitude, degrees east.
+    #[arg(long, allow_hyphen_values = true)]
+    lon: Option<f64>,
+    /// A free-form tag (repeatable).
+    #[arg(long = "tag")]
+    tags: Vec<String>,
+}
+
+impl LboneArgs {
+    fn location(&self) -> lors_lbone::model::Location {
+        lors_lbone::model::Location {
+            city: self.city.clone(),
+            state: self.state.clone(),
+            country: self.country.clone(),
+            zip: self.zip.clone(),
+            airport: self.airport.clone(),
+            latitude: self.lat,
+            longitude: self.lon,
+            tags: self.tags.clone(),
+        }
+    }
+}
+
+/// What a depot tells the L-Bone now.
+pub fn registration(
+    depot: &Depot,
+    location: &lors_lbone::model::Location,
+) -> lors_lbone::model::Registration {
+    use lors_depot::config::TypeName;
+    let (host, port) = depot.advertised();
+    let resources = depot
+        .store
+        .status()
+        .into_iter()
+        .map(|r| {
+            let types = depot
+                .cfg
+                .resources
+                .iter()
+                .find(|c| c.rid == r.rid)
+                .map(|c| {
+                    c.types
+                        .iter()
+                        .map(|t| match t {
+                            TypeName::ByteArray => "byte_array",
+                            TypeName::Fifo => "fifo",
+                            TypeName::Circular => "circular",
+                        })
+                        .map(str::to_owned)
+                        .collect()
+                })
+                .unwrap_or_default();
+            lors_lbone::model::Resource {
+                hard_free: r.hard_free(),
+                soft_free: r.soft_total.saturating_sub(r.usage.soft).min(r.free()),
+                hard_total: r.hard_total,
+                soft_total: r.soft_total,
+                max_duration: r.max_duration,
+                types,
+                rid: r.rid,
+            }
+        })
+        .collect();
+    lors_lbone::model::Registration {
+        host,
+        port,
+        resources,
+        location: location.clone(),
+        version: format!("lors {}", env!("CARGO_PKG_VERSION")),
+    }
 }
 
 fn parse_sync(s: &str) -> Result<SyncPolicy, String> {
@@ -145,7 +260,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .map(|m| m.local_addr())
             .transpose()?;
         let (tx, rx) = tokio::sync::watch::channel(false);
-        let server = tokio::spawn(lors_depot::server::run(listeners, depot.clone(), rx));
+        let server = tokio::spawn(lors_depot::server::run(
+            listeners,
+            depot.clone(),
+            rx.clone(),
+        ));
         {
             let mut out = std::io::stdout().lock();
             writeln!(out, "lors depot: serving IBP on {addr}")?;
@@ -159,19 +278,55 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     r.rid, r.total, r.usage.count
                 )?;
             }
-            writeln!(out, "lors depot: ready")?;
             out.flush()?;
         }
+        let heartbeat = match &args.lbone.lbone {
+            Some(url) => {
+                let base = lors_lbone::http::BaseUrl::parse(url).map_err(UsageError)?;
+                let token = args.lbone.lbone_token.clone().ok_or_else(|| {
+                    UsageError("--lbone needs --lbone-token (or LORS_LBONE_TOKEN)".into())
+                })?;
+                let loc = args.lbone.location();
+                let reg = registration(&depot, &loc);
+                reg.validate()
+                    .map_err(|e| UsageError(format!("L-Bone registration: {e}")))?;
+                match lors_lbone::client::register(
+                    &base,
+                    &token,
+                    &reg,
+                    std::time::Duration::from_secs(10),
+                )
+                .await
+                {
+                    Ok(()) => println!("lors depot: registered with L-Bone {url}"),
+                    // Serving matters more than being listed: keep trying.
+                    Err(e) => eprintln!("lors depot: L-Bone registration failed (will retry): {e}"),
+                }
+                let d = depot.clone();
+                Some(tokio::spawn(lors_lbone::client::heartbeat(
+                    base,
+                    token,
+                    move || registration(&d, &loc),
+                    args.lbone.heartbeat,
+                    rx.clone(),
+                )))
+            }
+            None => None,
+        };
+        println!("lors depot: ready");
         tracing::info!(%addr, "depot ready");
         wait_for_signal().await;
         tracing::info!("shutting down");
         let _ = tx.send(true);
         server.await.context("depot task")??;
+        if let Some(h) = heartbeat {
+            let _ = h.await;
+        }
         Ok(())
     })
 }
 
-async fn wait_for_signal() {
+pub(crate) async fn wait_for_signal() {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate()).ok();
     tokio::select! {

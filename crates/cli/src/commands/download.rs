@@ -59,6 +59,11 @@ pub struct Args {
     /// Settings file [default: ~/.xndrc].
     #[arg(long, value_name = "FILE")]
     xndrc: Option<PathBuf>,
+    /// With an L-Bone (-H, LBONE_SERVER): depots it does not list as online
+    /// are read only when no other replica is left, and the measured rates
+    /// are reported back to it.
+    #[command(flatten)]
+    lbone: super::LboneOpts,
     /// Resume an interrupted download to the same output file.
     #[arg(short = 'R', long)]
     resume: bool,
@@ -99,7 +104,31 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     if stdout && a.resume {
         return Err(UsageError("-R needs an output file, not stdout".into()).into());
     }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let directory = a.lbone.directory(a.exnode.lbone.as_ref())?;
+    let last_resort = match &directory {
+        Some(d) => {
+            let q = lors_lbone::client::DepotQuery::default();
+            match rt.block_on(d.depots(&q, Duration::from_secs(10))) {
+                Ok(online) => x
+                    .mappings
+                    .iter()
+                    .filter_map(|m| m.read.as_ref().map(|c| c.address()))
+                    .filter(|addr| !online.contains(addr))
+                    .collect(),
+                Err(e) => {
+                    // The data may still be reachable: go on without ranking.
+                    tracing::warn!("L-Bone not consulted: {e}");
+                    Default::default()
+                }
+            }
+        }
+        None => Default::default(),
+    };
     let opts = DownloadOptions {
+        last_resort,
         offset: a.offset,
         length: a.length,
         block_size: a.block_size.or(a.exnode.block_size).unwrap_or(10 << 20),
@@ -118,9 +147,6 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         ..ClientConfig::default()
     };
     let progress = Arc::new(TermProgress::new("downloading", a.quiet));
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
     let stats = rt.block_on(async {
         let pool = Arc::new(Pool::new(cfg));
         let output = if stdout {
@@ -131,6 +157,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         download(&x, output, &opts, pool, progress.clone()).await
     })?;
     progress.finish();
+    rt.block_on(super::report_rates(
+        directory.as_ref(),
+        &stats.per_depot,
+        stats.elapsed,
+    ));
     if a.json {
         let depots: Vec<String> = stats
             .per_depot

@@ -30,10 +30,21 @@ Every e2e block is checksummed with BLAKE3 unless -n or -k none (MD5 with --zlib
 pub struct Args {
     /// File to upload; `-` reads standard input.
     file: PathBuf,
-    /// Depot HOST:PORT to use (repeat for several) [default: the DEPOT lines
-    /// of ~/.xndrc].
+    /// Depot HOST:PORT to use (repeat for several) [default: ask the L-Bone
+    /// (-H, LBONE_SERVER, a lors://HOST URI), else the DEPOT lines of
+    /// ~/.xndrc, else its LBONE_SERVER lines].
     #[arg(long = "depot", value_name = "HOST:PORT")]
     depots: Vec<String>,
+    #[command(flatten)]
+    lbone: super::LboneOpts,
+    /// Location hint for the L-Bone, e.g. "city= Brno country= CZ"
+    /// [default: LOCATION in ~/.xndrc].
+    #[arg(short = 'l', long, value_name = "HINT")]
+    location: Option<String>,
+    /// Most depots to ask the L-Bone for [default: MAXDEPOTS, else 4; at
+    /// least the copies].
+    #[arg(short = 'm', long = "max-depots", value_name = "N")]
+    max_depots: Option<usize>,
     /// Copies of each block, on distinct depots [default: COPIES in
     /// ~/.xndrc, else 3].
     #[arg(short, long, env = "LORS_COPIES")]
@@ -144,17 +155,6 @@ fn chain(a: &Args, rc: &Xndrc) -> anyhow::Result<Option<Codec>> {
 pub fn run(a: Args) -> anyhow::Result<()> {
     let rc = lors::xndrc::load(a.xndrc.as_deref()).map_err(UsageError)?;
     let e2e = chain(&a, &rc)?;
-    let depots = if a.depots.is_empty() {
-        rc.depots.clone()
-    } else {
-        a.depots.clone()
-    };
-    if depots.is_empty() {
-        return Err(UsageError(
-            "no depots: give --depot HOST:PORT (repeatable) or DEPOT lines in ~/.xndrc".into(),
-        )
-        .into());
-    }
     let stdin = a.file.as_os_str() == "-";
     let uri = match (&a.output, a.auto_name) {
         (Some(o), _) => o.clone(),
@@ -189,20 +189,76 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             .file_name()
             .map_or_else(String::new, |s| s.to_string_lossy().into_owned())
     };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let block_size = a
+        .block_size
+        .or(uri.block_size)
+        .or(rc.block_size)
+        .unwrap_or(10 << 20);
+    let duration = a
+        .duration
+        .or(uri.duration)
+        .or(rc.duration)
+        .unwrap_or(Duration::from_secs(86_400));
+    // Where the depots come from: --depot, else an L-Bone named by flag,
+    // env or URI, else ~/.xndrc's DEPOT lines, else its LBONE_SERVER lines.
+    let mut directory = a.lbone.directory(uri.lbone.as_ref())?;
+    let depots = if !a.depots.is_empty() {
+        a.depots.clone()
+    } else if directory.is_none() && !rc.depots.is_empty() {
+        rc.depots.clone()
+    } else {
+        let candidates = match directory.clone() {
+            Some(d) => vec![d],
+            None => rc
+                .lbone_servers
+                .iter()
+                .map(|s| lors_lbone::client::Directory::parse(s, None).map_err(UsageError))
+                .collect::<Result<_, _>>()?,
+        };
+        if candidates.is_empty() {
+            return Err(UsageError(
+                "no depots: give --depot HOST:PORT (repeatable), an L-Bone (-H HOST|URL or LBONE_SERVER), or DEPOT lines in ~/.xndrc".into(),
+            )
+            .into());
+        }
+        let q = lors_lbone::client::DepotQuery {
+            count: a.max_depots.or(rc.max_depots).unwrap_or(4).max(copies),
+            // Room for the e2e overhead on top of the block.
+            hard: block_size + block_size / 64 + (64 << 10),
+            duration: duration.as_secs(),
+            location: a
+                .location
+                .clone()
+                .or(rc.location.clone())
+                .unwrap_or_default(),
+        };
+        let mut last = None;
+        let mut found = None;
+        // LBONE_SERVER lines are a fail-over list: the first that answers.
+        for d in candidates {
+            match rt.block_on(super::lbone_depots(&d, &q)) {
+                Ok(list) => {
+                    found = Some(list);
+                    directory = Some(d);
+                    break;
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        match found {
+            Some(list) => list,
+            None => return Err(last.expect("at least one candidate")),
+        }
+    };
     let opts = UploadOptions {
         depots,
-        block_size: a
-            .block_size
-            .or(uri.block_size)
-            .or(rc.block_size)
-            .unwrap_or(10 << 20),
+        block_size,
         copies,
         threads: a.threads.or(uri.threads).or(rc.threads).unwrap_or(8),
-        duration: a
-            .duration
-            .or(uri.duration)
-            .or(rc.duration)
-            .unwrap_or(Duration::from_secs(86_400)),
+        duration,
         reliability: if a.soft || rc.hard == Some(false) {
             Reliability::Soft
         } else {
@@ -216,9 +272,6 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         ..ClientConfig::default()
     };
     let progress = Arc::new(TermProgress::new("uploading", a.quiet));
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
     let started = std::time::Instant::now();
     let x = rt.block_on(async {
         let pool = Arc::new(Pool::new(cfg));
@@ -235,6 +288,18 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     })?;
     progress.finish();
     write_exnode(&out, &x)?;
+    let mut per_depot: std::collections::BTreeMap<String, u64> = Default::default();
+    for m in &x.mappings {
+        if let Some(c) = &m.read {
+            *per_depot.entry(c.address()).or_default() += m.alloc_length;
+        }
+    }
+    let per_depot: Vec<(String, u64)> = per_depot.into_iter().collect();
+    rt.block_on(super::report_rates(
+        directory.as_ref(),
+        &per_depot,
+        started.elapsed(),
+    ));
     let size = x.logical_size();
     let secs = started.elapsed().as_secs_f64();
     if a.json {

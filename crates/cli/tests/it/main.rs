@@ -1,5 +1,7 @@
 //! Integration tests: real `lors` processes on 127.0.0.1 with OS-assigned ports.
 
+mod dashboard;
 mod depot;
+mod lbone;
 mod tools;
 mod util;

@@ -41,35 +41,14 @@ impl DepotProc {
             args.push("127.0.0.1:0".into());
         }
         args.extend(extra.iter().map(|s| s.to_string()));
-        let mut child = Command::new(env!("CARGO_BIN_EXE_lors"))
-            .args(&args)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn lors depot");
-        let out = child.stdout.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
+        let (child, lines) = spawn_ready(&args, "lors depot: ready");
         let mut addr = None;
         let mut metrics = None;
-        loop {
-            let line = rx
-                .recv_timeout(Duration::from_secs(30))
-                .expect("depot did not report ready within 30s");
+        for line in &lines {
             if let Some(a) = line.strip_prefix("lors depot: serving IBP on ") {
                 addr = Some(a.trim().to_owned());
             } else if let Some(m) = line.strip_prefix("lors depot: metrics on http://") {
                 metrics = Some(m.trim_end_matches("/metrics").to_owned());
-            } else if line == "lors depot: ready" {
-                break;
             }
         }
         let addr = addr.expect("depot printed its address");
@@ -102,13 +81,115 @@ impl Drop for DepotProc {
     }
 }
 
-/// Runs `lors ARGS…`, returning (success, stdout, stderr).
-pub fn lors(args: &[&str]) -> (bool, Vec<u8>, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_lors"))
+/// Starts `lors ARGS…` and collects its stdout lines up to `ready`.
+fn spawn_ready(args: &[String], ready: &str) -> (Child, Vec<String>) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_lors"))
         .args(args)
         .env("RUST_LOG", "warn")
-        .output()
-        .expect("run lors");
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn lors");
+    let out = child.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut lines = Vec::new();
+    loop {
+        let line = rx
+            .recv_timeout(Duration::from_secs(30))
+            .unwrap_or_else(|_| panic!("`lors {}` did not print {ready:?} within 30s", args[0]));
+        if line == ready {
+            return (child, lines);
+        }
+        lines.push(line);
+    }
+}
+
+/// A running `lors lbone` child process.
+pub struct LboneProc {
+    child: Child,
+    /// HTTP API address, `127.0.0.1:PORT`.
+    pub http: String,
+    /// Legacy protocol address.
+    pub legacy: String,
+    /// Its registration token.
+    pub token: String,
+}
+
+impl LboneProc {
+    /// Starts an L-Bone on SQLite in `data`, loopback ports, with `extra` flags.
+    pub fn start(data: &Path, extra: &[&str]) -> LboneProc {
+        let token = "test-token-0123456789".to_string();
+        let mut args: Vec<String> = [
+            "lbone",
+            "--data",
+            &data.display().to_string(),
+            "--listen",
+            "127.0.0.1:0",
+            "--legacy-listen",
+            "127.0.0.1:0",
+            "--token",
+            &token,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let (child, lines) = spawn_ready(&args, "lors lbone: ready");
+        let find = |prefix: &str| {
+            lines
+                .iter()
+                .find_map(|l| l.strip_prefix(prefix))
+                .unwrap_or_else(|| panic!("no {prefix:?} line in {lines:?}"))
+                .trim()
+                .trim_end_matches('/')
+                .to_owned()
+        };
+        LboneProc {
+            http: find("lors lbone: dashboard http://"),
+            legacy: find("lors lbone: legacy protocol on "),
+            child,
+            token,
+        }
+    }
+
+    /// `http://ADDR`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.http)
+    }
+}
+
+impl Drop for LboneProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs `lors ARGS…`, returning (success, stdout, stderr).
+pub fn lors(args: &[&str]) -> (bool, Vec<u8>, String) {
+    lors_env(args, &[])
+}
+
+/// Runs `lors ARGS…` with extra environment variables (and none of the
+/// caller's L-Bone settings or ~/.xndrc unless given).
+pub fn lors_env(args: &[&str], env: &[(&str, &str)]) -> (bool, Vec<u8>, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_lors"));
+    cmd.args(args)
+        .env("RUST_LOG", "warn")
+        .env_remove("LBONE_SERVER")
+        .env_remove("LBONE_PORT");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("run lors");
     (
         out.status.success(),
         out.stdout,

@@ -1,0 +1,174 @@
+//! `lors lbone`: run the L-Bone depot directory.
+
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use lors_lbone::server::{Config, LBone};
+use lors_lbone::store::{PostgresStore, SqliteStore, Store};
+
+use super::duration_arg;
+use crate::UsageError;
+
+/// Run the L-Bone: the depot directory, its HTTP/JSON API and dashboard, and
+/// the legacy query protocol of the original LoRS tools.
+///
+/// When ready it prints `lors lbone: dashboard http://ADDR/`, `lors lbone:
+/// legacy protocol on ADDR` and `lors lbone: ready` on stdout.
+#[derive(clap::Args)]
+#[command(after_help = "EXAMPLES:
+  Zero-config, SQLite in ./lbone, a token generated into ./lbone/token:
+    lors lbone --data ./lbone
+
+  Public, with a chosen token, the legacy protocol on 6767:
+    lors lbone --data /srv/lbone --listen 0.0.0.0:8767 --legacy-listen 0.0.0.0:6767 --token \"$TOKEN\"
+
+  Two instances behind one PostgreSQL database:
+    lors lbone --database postgres://lbone@db/lbone --listen 0.0.0.0:8767 --token \"$TOKEN\"
+
+Depots join with: lors depot … --lbone http://HOST:8767 --lbone-token TOKEN")]
+pub struct Args {
+    /// Directory for the SQLite database (and the generated token).
+    #[arg(short, long, value_name = "DIR", required_unless_present = "database")]
+    data: Option<PathBuf>,
+    /// PostgreSQL instead of SQLite: postgres://user@host:port/db.
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "LORS_LBONE_DATABASE",
+        hide_env_values = true
+    )]
+    database: Option<String>,
+    /// PostgreSQL schema for the tables.
+    #[arg(long, value_name = "NAME", default_value = "lbone")]
+    schema: String,
+    /// HTTP API and dashboard address.
+    #[arg(short, long, value_name = "ADDR", default_value = "0.0.0.0:8767")]
+    listen: SocketAddr,
+    /// Legacy L-Bone protocol address [default: the --listen IP, port 6767].
+    #[arg(long, value_name = "ADDR")]
+    legacy_listen: Option<SocketAddr>,
+    /// Do not serve the legacy protocol.
+    #[arg(long, conflicts_with = "legacy_listen")]
+    no_legacy: bool,
+    /// Token depots must present to register [default: DIR/token, generated
+    /// on first start].
+    #[arg(
+        long,
+        value_name = "TOKEN",
+        env = "LORS_LBONE_TOKEN",
+        hide_env_values = true
+    )]
+    token: Option<String>,
+    /// Heartbeat interval asked of depots.
+    #[arg(long, value_name = "DURATION", value_parser = duration_arg, default_value = "30s")]
+    heartbeat: Duration,
+    /// A depot silent this long is shown offline and sinks in rankings.
+    #[arg(long, value_name = "DURATION", value_parser = duration_arg, default_value = "90s")]
+    offline_after: Duration,
+    /// A depot silent this long is dropped from the directory.
+    #[arg(long, value_name = "DURATION", value_parser = duration_arg, default_value = "1d")]
+    drop_after: Duration,
+}
+
+/// The token from the flag, or DIR/token (created with a fresh random one).
+fn token(a: &Args) -> anyhow::Result<String> {
+    if let Some(t) = &a.token {
+        if t.len() < 8 {
+            return Err(UsageError("--token: use at least 8 characters".into()).into());
+        }
+        return Ok(t.clone());
+    }
+    let dir = a
+        .data
+        .as_deref()
+        .ok_or_else(|| UsageError("with --database, give --token (or LORS_LBONE_TOKEN)".into()))?;
+    token_file(&dir.join("token"))
+}
+
+fn token_file(path: &Path) -> anyhow::Result<String> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    if let Ok(t) = std::fs::read_to_string(path) {
+        return Ok(t.trim().to_owned());
+    }
+    let t = lors_ibp::caps::Key::generate()
+        .context("generating a token")?
+        .expose()
+        .to_owned();
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("creating {}", path.display()))?;
+    writeln!(f, "{t}")?;
+    Ok(t)
+}
+
+pub fn run(a: Args) -> anyhow::Result<()> {
+    if let Some(d) = &a.data {
+        std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
+    }
+    let token = token(&a)?;
+    let store: Arc<dyn Store> = match (&a.database, &a.data) {
+        (Some(url), _) => {
+            Arc::new(PostgresStore::open(url, &a.schema).context("opening the PostgreSQL store")?)
+        }
+        (None, Some(dir)) => Arc::new(
+            SqliteStore::open(&dir.join("lbone.sqlite")).context("opening the SQLite store")?,
+        ),
+        (None, None) => unreachable!("clap requires --data or --database"),
+    };
+    let cfg = Config {
+        token,
+        heartbeat: a.heartbeat,
+        offline_after: a.offline_after,
+        drop_after: a.drop_after,
+        sweep_every: (a.offline_after / 2).clamp(Duration::from_secs(1), Duration::from_secs(60)),
+        ..Config::default()
+    };
+    let legacy_addr = (!a.no_legacy).then(|| {
+        a.legacy_listen
+            .unwrap_or_else(|| SocketAddr::new(a.listen.ip(), lors_lbone::LEGACY_PORT))
+    });
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    rt.block_on(async move {
+        let http = tokio::net::TcpListener::bind(a.listen)
+            .await
+            .with_context(|| format!("binding {}", a.listen))?;
+        let legacy = match legacy_addr {
+            Some(addr) => Some(tokio::net::TcpListener::bind(addr).await.with_context(|| {
+                format!("binding the legacy protocol to {addr} (choose with --legacy-listen, or --no-legacy)")
+            })?),
+            None => None,
+        };
+        let lb = LBone::new(store, cfg);
+        {
+            let mut out = std::io::stdout().lock();
+            writeln!(out, "lors lbone: dashboard http://{}/", http.local_addr()?)?;
+            if let Some(l) = &legacy {
+                writeln!(out, "lors lbone: legacy protocol on {}", l.local_addr()?)?;
+            }
+            writeln!(out, "lors lbone: store {}", lb.describe())?;
+            if a.token.is_none() {
+                if let Some(d) = &a.data {
+                    writeln!(out, "lors lbone: registration token in {}", d.join("token").display())?;
+                }
+            }
+            writeln!(out, "lors lbone: ready")?;
+            out.flush()?;
+        }
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        let server = tokio::spawn(lors_lbone::server::run(lb, http, legacy, rx));
+        super::depot::wait_for_signal().await;
+        let _ = tx.send(true);
+        server.await.context("L-Bone task")?;
+        Ok(())
+    })
+}

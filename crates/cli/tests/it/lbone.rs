@@ -1,0 +1,387 @@
+//! The L-Bone with real depots: registration, query filtering and ordering,
+//! tokens, heartbeat expiry, the legacy protocol, and the tools using it.
+
+use std::time::{Duration, Instant};
+
+use lors_lbone::http::{BaseUrl, fetch};
+use lors_lbone::legacy::{self, LegacyRequest};
+use serde_json::Value;
+
+use crate::util::{DepotProc, LboneProc, lors_env, pattern, tempdir};
+
+/// GET/POST against the L-Bone; returns (status, JSON body).
+pub fn call(
+    lb: &LboneProc,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: Option<&str>,
+) -> (u16, Value) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let base = BaseUrl::parse(&lb.url()).unwrap();
+    let (status, body) = rt
+        .block_on(fetch(
+            &base,
+            method,
+            path,
+            token,
+            body.map(str::as_bytes),
+            Duration::from_secs(10),
+        ))
+        .unwrap();
+    (status, serde_json::from_slice(&body).unwrap_or(Value::Null))
+}
+
+/// The hosts' cities, in the order the L-Bone ranks them for `query`.
+pub fn cities(lb: &LboneProc, query: &str) -> Vec<String> {
+    let (status, v) = call(lb, "GET", &format!("/api/v1/depots?{query}"), None, None);
+    assert_eq!(status, 200, "{v}");
+    v["depots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| {
+            d["depot"]["location"]["city"]
+                .as_str()
+                .unwrap_or("?")
+                .to_owned()
+        })
+        .collect()
+}
+
+/// A depot registered with `lb` at a place.
+pub fn located_depot(
+    dir: &std::path::Path,
+    lb: &LboneProc,
+    size: &str,
+    place: &[&str],
+) -> DepotProc {
+    let url = lb.url();
+    let mut args = vec![
+        "--size",
+        size,
+        "--lbone",
+        &url,
+        "--lbone-token",
+        &lb.token,
+        "--heartbeat",
+        "1s",
+    ];
+    args.extend_from_slice(place);
+    DepotProc::start(dir, &args)
+}
+
+fn wait_for(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !ok() {
+        assert!(t.elapsed() < limit, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn lbone_registration_ranking_tokens_legacy_expiry_and_tools() {
+    let dir = tempdir();
+    let lb = LboneProc::start(
+        &dir.path().join("lb"),
+        &[
+            "--heartbeat",
+            "1s",
+            "--offline-after",
+            "3s",
+            "--drop-after",
+            "8s",
+        ],
+    );
+    let mut brno = located_depot(
+        &dir.path().join("brno"),
+        &lb,
+        "1G",
+        &[
+            "--city",
+            "Brno",
+            "--country",
+            "CZ",
+            "--lat",
+            "49.19",
+            "--lon",
+            "16.61",
+            "--tag",
+            "campus",
+        ],
+    );
+    let knox = located_depot(
+        &dir.path().join("knox"),
+        &lb,
+        "20G",
+        &[
+            "--city",
+            "Knoxville",
+            "--state",
+            "TN",
+            "--country",
+            "US",
+            "--lat",
+            "35.96",
+            "--lon",
+            "-83.92",
+        ],
+    );
+    let prague = located_depot(
+        &dir.path().join("prague"),
+        &lb,
+        "5G",
+        &[
+            "--city",
+            "Prague",
+            "--country",
+            "CZ",
+            "--lat",
+            "50.08",
+            "--lon",
+            "14.43",
+        ],
+    );
+    // Registered before each depot said ready.
+    assert_eq!(cities(&lb, "all=1").len(), 3);
+
+    // Filtering by space and lease; ordering by hint, point, then space.
+    assert_eq!(cities(&lb, "hard=2G"), ["Knoxville", "Prague"]);
+    assert_eq!(cities(&lb, "hard=2G&duration=31d"), Vec::<String>::new());
+    assert_eq!(
+        cities(&lb, "location=city%3D%20Brno"),
+        ["Brno", "Prague", "Knoxville"]
+    );
+    assert_eq!(cities(&lb, "location=tag%3Dcampus&count=1"), ["Brno"]);
+    assert_eq!(
+        cities(&lb, "lat=36&lon=-84"),
+        ["Knoxville", "Prague", "Brno"]
+    );
+    assert_eq!(
+        cities(&lb, "location=country%3D+US"),
+        ["Knoxville", "Prague", "Brno"]
+    );
+    let (s, v) = call(&lb, "GET", "/api/v1/depots?colour=red", None, None);
+    assert!(
+        s == 400 && v["error"].as_str().unwrap().contains("colour"),
+        "{v}"
+    );
+    let (s, _) = call(
+        &lb,
+        "GET",
+        "/api/v1/depots?location=planet%3DMars",
+        None,
+        None,
+    );
+    assert_eq!(s, 400);
+
+    // Registration needs the token; bodies are typed.
+    let body = r#"{"host":"evil.example.org","port":6714,"resources":[{"rid":"1","hard_free":1,"hard_total":1,"soft_free":0,"soft_total":0,"max_duration":1}]}"#;
+    assert_eq!(
+        call(&lb, "POST", "/api/v1/register", None, Some(body)).0,
+        401
+    );
+    assert_eq!(
+        call(
+            &lb,
+            "POST",
+            "/api/v1/register",
+            Some("wrong-token-000000"),
+            Some(body)
+        )
+        .0,
+        401
+    );
+    let typo = body.replace("\"port\"", "\"prot\"");
+    assert_eq!(
+        call(
+            &lb,
+            "POST",
+            "/api/v1/register",
+            Some(&lb.token),
+            Some(&typo)
+        )
+        .0,
+        400
+    );
+    assert_eq!(
+        cities(&lb, "all=1").len(),
+        3,
+        "nothing registered by refused requests"
+    );
+
+    // The legacy protocol, as lors_upload 0.82 asks: 2 depots, 2048 MB hard,
+    // an hour, near Prague.
+    let req = legacy::encode_request(&LegacyRequest::Depots {
+        count: 2,
+        hard_mb: 2048,
+        soft_mb: 0,
+        duration: 3600,
+        location: "city= Prague".into(),
+    });
+    let reply = {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(&lb.legacy).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(&req).unwrap();
+        let mut r = Vec::new();
+        s.read_to_end(&mut r).unwrap();
+        r
+    };
+    let list = legacy::parse_depots_reply(&reply).unwrap();
+    assert_eq!(
+        list,
+        [
+            ("127.0.0.1".to_string(), prague.port),
+            ("127.0.0.1".to_string(), knox.port)
+        ]
+    );
+
+    // `lors upload` with nothing but LBONE_SERVER: the HTTP API, then the
+    // legacy protocol with LBONE_PORT. No ~/.xndrc (HOME is empty).
+    let home = dir.path().join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    let src = dir.path().join("f.bin");
+    let data = pattern(700_000, 3);
+    std::fs::write(&src, &data).unwrap();
+    let on_depot = |xnd: &std::path::Path| -> Vec<u16> {
+        let x = lors_exnode::xml::parse(&std::fs::read(xnd).unwrap()).unwrap();
+        let mut ports: Vec<u16> = x
+            .mappings
+            .iter()
+            .map(|m| m.read.as_ref().unwrap().port)
+            .collect();
+        ports.dedup();
+        ports
+    };
+    let x1 = dir.path().join("f1.xnd");
+    let url = lb.url();
+    let env = [
+        ("LBONE_SERVER", url.as_str()),
+        ("HOME", home.to_str().unwrap()),
+    ];
+    let (ok, _, err) = lors_env(
+        &[
+            "upload",
+            "--quiet",
+            "-c",
+            "1",
+            "-m",
+            "1",
+            "-b",
+            "256K",
+            "-l",
+            "city= Brno",
+            "-o",
+            x1.to_str().unwrap(),
+            src.to_str().unwrap(),
+        ],
+        &env,
+    );
+    assert!(ok, "{err}");
+    assert_eq!(
+        on_depot(&x1),
+        [brno.port],
+        "every block on the top-ranked depot"
+    );
+    let legacy_port = lb.legacy.rsplit(':').next().unwrap();
+    let x2 = dir.path().join("f2.xnd");
+    let (ok, _, err) = lors_env(
+        &[
+            "upload",
+            "--quiet",
+            "-c",
+            "1",
+            "-m",
+            "1",
+            "-b",
+            "256K",
+            "-l",
+            "city= Prague",
+            "-o",
+            x2.to_str().unwrap(),
+            src.to_str().unwrap(),
+        ],
+        &[
+            ("LBONE_SERVER", "127.0.0.1"),
+            ("LBONE_PORT", legacy_port),
+            ("HOME", home.to_str().unwrap()),
+        ],
+    );
+    assert!(ok, "{err}");
+    assert_eq!(on_depot(&x2), [prague.port]);
+    // Two copies land on the two best-ranked depots.
+    let x3 = dir.path().join("f3.xnd");
+    let (ok, _, err) = lors_env(
+        &[
+            "upload",
+            "--quiet",
+            "-c",
+            "2",
+            "-m",
+            "2",
+            "-b",
+            "256K",
+            "-l",
+            "country= CZ",
+            "-o",
+            x3.to_str().unwrap(),
+            src.to_str().unwrap(),
+        ],
+        &env,
+    );
+    assert!(ok, "{err}");
+    let mut ports = on_depot(&x3);
+    ports.sort();
+    ports.dedup();
+    let mut want = vec![brno.port, prague.port];
+    want.sort();
+    assert_eq!(ports, want);
+
+    // The upload reported its rates: the L-Bone now has a forecast for
+    // this client's network.
+    let (_, v) = call(
+        &lb,
+        "GET",
+        "/api/v1/depots?location=city%3DBrno&count=1",
+        None,
+        None,
+    );
+    assert!(v["depots"][0]["forecast"].as_f64().unwrap() > 0.0, "{v}");
+
+    // Heartbeat expiry: a killed depot goes offline, sinks out of queries,
+    // and is dropped later; downloads via the L-Bone still work.
+    brno.kill9();
+    wait_for("Brno offline", Duration::from_secs(15), || {
+        cities(&lb, "all=1").last().map(String::as_str) == Some("Brno")
+            && !cities(&lb, "").contains(&"Brno".to_string())
+    });
+    let (_, v) = call(&lb, "GET", "/api/v1/depots?all=1", None, None);
+    let b = v["depots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["depot"]["location"]["city"] == "Brno")
+        .unwrap();
+    assert_eq!(b["online"], false);
+    let back = dir.path().join("back.bin");
+    let (ok, _, err) = lors_env(
+        &[
+            "download",
+            "--quiet",
+            "-o",
+            back.to_str().unwrap(),
+            x3.to_str().unwrap(),
+        ],
+        &env,
+    );
+    assert!(ok, "{err}");
+    assert!(std::fs::read(&back).unwrap() == data);
+    wait_for("Brno dropped", Duration::from_secs(20), || {
+        cities(&lb, "all=1").len() == 2
+    });
+    drop((knox, prague));
+}
