@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite, exactly as CI runs it (`.ci/run` calls this):
 # format, lints, unit + integration tests, docs, benchmark build, fuzz smoke.
-# Installs what it needs on a fresh machine. Env: FUZZ_SECONDS (default 20
+# Installs what it needs on a fresh machine (cargo-fuzz; PostgreSQL and
+# Chromium from Debian's packages, via scripts/services.sh, which also starts
+# a throwaway PostgreSQL for the L-Bone store tests). Env: FUZZ_SECONDS (default 20
 # per target; 0 skips the fuzz run but still builds the targets).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,6 +19,10 @@ if ! command -v cargo-fuzz >/dev/null 2>&1; then
     step "installing cargo-fuzz"
     cargo install cargo-fuzz --locked --quiet
 fi
+
+step "test services (PostgreSQL, Chromium)"
+# shellcheck source=scripts/services.sh
+source scripts/services.sh
 
 step "cargo fmt --check"
 cargo fmt --all -- --check

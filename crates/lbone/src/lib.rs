@@ -17,7 +17,9 @@ pub mod http;
 pub mod legacy;
 pub mod model;
 pub mod rank;
+#[cfg(feature = "server")]
 pub mod server;
+#[cfg(feature = "server")]
 pub mod store;
 
 /// Port of the legacy protocol.

@@ -12,12 +12,20 @@ use lors_depot::config::{ByteSize, Config, ResourceConfig, SyncPolicy};
 use lors_exnode::functions::{Chain, Codec, Step};
 use lors_ibp::ClientConfig;
 use lors_ibp::proto::Reliability;
+use lors_lbone::client::{DepotQuery, Directory};
+use lors_lbone::http::BaseUrl;
+use lors_lbone::model::Location;
+use lors_lbone::server::LBone;
 
 use super::size_arg;
 
-/// Start 4 depots on loopback, upload a generated file striped with 2 copies,
-/// list it, kill a depot, download, verify, and report.
+/// Start an L-Bone and 4 depots on loopback, upload a generated file striped
+/// with 2 copies on the depots the L-Bone ranks, kill a depot, download,
+/// verify, and report. The L-Bone's dashboard URL is printed at the start.
 #[derive(clap::Args)]
+#[command(after_help = "EXAMPLES:
+  lors demo                      # 256 MiB, about 5 seconds
+  lors demo --size 1G --linger 120   # then look at the dashboard for 2 minutes")]
 pub struct Args {
     /// Size of the generated file.
     #[arg(long, value_parser = size_arg, default_value = "256M")]
@@ -25,7 +33,19 @@ pub struct Args {
     /// Block size.
     #[arg(short = 'b', long = "block-size", value_parser = size_arg, default_value = "8M")]
     block_size: u64,
+    /// Keep the L-Bone and the surviving depots up this long afterwards, to
+    /// look at the dashboard.
+    #[arg(long, value_parser = super::duration_arg, default_value = "0s")]
+    linger: Duration,
 }
+
+/// Where the demo depots pretend to be.
+const PLACES: [(&str, &str, f64, f64); 4] = [
+    ("Knoxville", "US", 35.96, -83.92),
+    ("Brno", "CZ", 49.19, 16.61),
+    ("Amsterdam", "NL", 52.37, 4.90),
+    ("Tokyo", "JP", 35.68, 139.69),
+];
 
 fn mib_s(bytes: u64, d: Duration) -> f64 {
     bytes as f64 / 1048576.0 / d.as_secs_f64().max(1e-9)
@@ -42,13 +62,34 @@ pub fn run(a: Args) -> anyhow::Result<()> {
 }
 
 async fn demo(a: &Args, dir: &std::path::Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir.join("lbone"))?;
+    let token = lors_ibp::caps::Key::generate()?.expose().to_owned();
+    let store = lors_lbone::store::SqliteStore::open(&dir.join("lbone").join("lbone.sqlite"))
+        .context("opening the demo L-Bone store")?;
+    let lb = LBone::new(
+        Arc::new(store),
+        lors_lbone::server::Config {
+            token: token.clone(),
+            heartbeat: Duration::from_secs(1),
+            offline_after: Duration::from_secs(3),
+            sweep_every: Duration::from_secs(1),
+            ..lors_lbone::server::Config::default()
+        },
+    );
+    let http = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let lb_url = format!("http://{}", http.local_addr()?);
+    let (lb_stop, lb_rx) = tokio::sync::watch::channel(false);
+    let lb_task = tokio::spawn(lors_lbone::server::run(lb, http, None, lb_rx));
+    println!("== L-Bone directory and dashboard: {lb_url}/");
+    let base = BaseUrl::parse(&lb_url).map_err(anyhow::Error::msg)?;
     println!(
-        "== starting 4 depots on 127.0.0.1 (data in {})",
+        "== starting 4 depots on 127.0.0.1 (data in {}), registering with the L-Bone",
         dir.display()
     );
     let mut addrs = Vec::new();
+    let mut cities = std::collections::HashMap::new();
     let mut stops = Vec::new();
-    for i in 1..=4 {
+    for (i, (city, country, lat, lon)) in (1..=4).zip(PLACES) {
         let mut r = ResourceConfig::new("1", dir.join(format!("depot{i}")));
         r.size = ByteSize(a.size.max(1 << 20) * 2);
         let cfg = Config {
@@ -61,11 +102,56 @@ async fn demo(a: &Args, dir: &std::path::Path) -> anyhow::Result<()> {
         let l = depot.bind().await?;
         let addr = l.ibp.local_addr()?.to_string();
         let (tx, rx) = tokio::sync::watch::channel(false);
+        let loc = Location {
+            city: Some(city.into()),
+            country: Some(country.into()),
+            latitude: Some(lat),
+            longitude: Some(lon),
+            ..Location::default()
+        };
+        lors_lbone::client::register(
+            &base,
+            &token,
+            &super::depot::registration(&depot, &loc),
+            Duration::from_secs(10),
+        )
+        .await
+        .map_err(anyhow::Error::msg)?;
+        let d = depot.clone();
+        tokio::spawn(lors_lbone::client::heartbeat(
+            base.clone(),
+            token.clone(),
+            move || super::depot::registration(&d, &loc),
+            Duration::from_secs(1),
+            rx.clone(),
+        ));
         let task = tokio::spawn(lors_depot::server::run(l, depot, rx));
-        println!("   depot {i}: ibp://{addr}");
+        println!("   depot {i}: ibp://{addr} ({city}, {country})");
+        cities.insert(addr.clone(), city);
         addrs.push(addr);
         stops.push((tx, task));
     }
+    let directory = Directory::Http(base.clone());
+    let ranked = directory
+        .depots(
+            &DepotQuery {
+                count: 4,
+                hard: a.block_size * 2,
+                duration: 3600,
+                location: "country= CZ".into(),
+            },
+            Duration::from_secs(10),
+        )
+        .await
+        .map_err(anyhow::Error::msg)?;
+    println!(
+        "== the L-Bone ranks them for a client asking for \"country= CZ\": {}",
+        ranked
+            .iter()
+            .map(|d| cities.get(d).copied().unwrap_or("?"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
 
     println!("== generating {} MiB of test data", a.size >> 20);
     let data: Vec<u8> = (0..a.size)
@@ -73,7 +159,7 @@ async fn demo(a: &Args, dir: &std::path::Path) -> anyhow::Result<()> {
         .collect();
     let pool = Arc::new(Pool::new(ClientConfig::default()));
     let opts = UploadOptions {
-        depots: addrs.clone(),
+        depots: ranked,
         block_size: a.block_size,
         copies: 2,
         threads: 8,
@@ -148,10 +234,23 @@ async fn demo(a: &Args, dir: &std::path::Path) -> anyhow::Result<()> {
         println!("   from {d}: {:.0} MiB", *b as f64 / 1048576.0);
     }
     anyhow::ensure!(back == data, "downloaded data differs from the original");
+    super::report_rates(Some(&directory), &stats.per_depot, stats.elapsed).await;
     println!("== verified: every byte identical. demo OK");
+    if !a.linger.is_zero() {
+        println!(
+            "== keeping the L-Bone ({lb_url}/) and the depots up for {}s (Ctrl-C to stop)",
+            a.linger.as_secs()
+        );
+        tokio::select! {
+            _ = tokio::time::sleep(a.linger) => {}
+            _ = super::depot::wait_for_signal() => {}
+        }
+    }
     for (tx, task) in stops {
         let _ = tx.send(true);
         let _ = task.await;
     }
+    let _ = lb_stop.send(true);
+    let _ = lb_task.await;
     Ok(())
 }

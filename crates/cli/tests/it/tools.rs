@@ -394,6 +394,13 @@ fn demo_runs_and_verifies() {
         out.contains("== killed depot") && out.contains("demo OK"),
         "{out}"
     );
+    // The embedded L-Bone: its dashboard URL, and a ranking that puts the
+    // Czech depot first for a client asking for "country= CZ".
+    assert!(
+        out.contains("== L-Bone directory and dashboard: http://127.0.0.1:"),
+        "{out}"
+    );
+    assert!(out.contains("\"country= CZ\": Brno, "), "{out}");
 }
 
 #[test]

@@ -1,0 +1,24 @@
+//! The L-Bone's untrusted inputs: 512-byte legacy queries and replies, and
+//! HTTP request heads. No panic; what parses re-encodes to an equal request.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use lors_lbone::{http, legacy, rank};
+
+fuzz_target!(|data: &[u8]| {
+    let mut msg = [0u8; legacy::MESSAGE_LEN];
+    let n = data.len().min(legacy::MESSAGE_LEN);
+    msg[..n].copy_from_slice(&data[..n]);
+    if let Ok(req) = legacy::parse_request(&msg) {
+        if let legacy::LegacyRequest::Depots { location, .. } = &req {
+            let _ = rank::parse_hint(location);
+            // What we understood, re-encoded, reads back the same (for
+            // printable hints that fit the message).
+            if location.len() <= 400 && location.bytes().all(|b| b.is_ascii_graphic() || b == b' ') {
+                assert_eq!(legacy::parse_request(&legacy::encode_request(&req)), Ok(req.clone()));
+            }
+        }
+    }
+    let _ = legacy::parse_depots_reply(data);
+    let _ = http::parse_head(data);
+});
