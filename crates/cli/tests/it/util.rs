@@ -102,13 +102,15 @@ fn spawn_ready(args: &[String], ready: &str) -> (Child, Vec<String>) {
     });
     let mut lines = Vec::new();
     loop {
-        let line = rx
-            .recv_timeout(Duration::from_secs(30))
-            .unwrap_or_else(|_| panic!("`lors {}` did not print {ready:?} within 30s", args[0]));
-        if line == ready {
-            return (child, lines);
+        match rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(line) if line == ready => return (child, lines),
+            Ok(line) => lines.push(line),
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("`lors {}` did not print {ready:?} within 30s", args[0]);
+            }
         }
-        lines.push(line);
     }
 }
 
