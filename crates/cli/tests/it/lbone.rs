@@ -247,96 +247,51 @@ fn lbone_registration_ranking_tokens_legacy_expiry_and_tools() {
     let src = dir.path().join("f.bin");
     let data = pattern(700_000, 3);
     std::fs::write(&src, &data).unwrap();
-    let on_depot = |xnd: &std::path::Path| -> Vec<u16> {
-        let x = lors_exnode::xml::parse(&std::fs::read(xnd).unwrap()).unwrap();
+    // Uploads `src` with only L-Bone settings in the environment; returns
+    // the exNode path and the depot ports its mappings use, sorted.
+    let upload_via = |name: &str, copies: &str, hint: &str, env: &[(&str, &str)]| {
+        let xnd = dir.path().join(name);
+        let mut env = env.to_vec();
+        env.push(("HOME", home.to_str().unwrap()));
+        let (ok, _, err) = lors_env(
+            &[
+                "upload",
+                "--quiet",
+                "-c",
+                copies,
+                "-m",
+                copies,
+                "-b",
+                "256K",
+                "-l",
+                hint,
+                "-o",
+                xnd.to_str().unwrap(),
+                src.to_str().unwrap(),
+            ],
+            &env,
+        );
+        assert!(ok, "{err}");
+        let x = lors_exnode::xml::parse(&std::fs::read(&xnd).unwrap()).unwrap();
         let mut ports: Vec<u16> = x
             .mappings
             .iter()
             .map(|m| m.read.as_ref().unwrap().port)
             .collect();
+        ports.sort();
         ports.dedup();
-        ports
+        (xnd, ports)
     };
-    let x1 = dir.path().join("f1.xnd");
     let url = lb.url();
-    let env = [
-        ("LBONE_SERVER", url.as_str()),
-        ("HOME", home.to_str().unwrap()),
-    ];
-    let (ok, _, err) = lors_env(
-        &[
-            "upload",
-            "--quiet",
-            "-c",
-            "1",
-            "-m",
-            "1",
-            "-b",
-            "256K",
-            "-l",
-            "city= Brno",
-            "-o",
-            x1.to_str().unwrap(),
-            src.to_str().unwrap(),
-        ],
-        &env,
-    );
-    assert!(ok, "{err}");
-    assert_eq!(
-        on_depot(&x1),
-        [brno.port],
-        "every block on the top-ranked depot"
-    );
+    let env = [("LBONE_SERVER", url.as_str())];
+    let (_, ports) = upload_via("f1.xnd", "1", "city= Brno", &env);
+    assert_eq!(ports, [brno.port], "every block on the top-ranked depot");
     let legacy_port = lb.legacy.rsplit(':').next().unwrap();
-    let x2 = dir.path().join("f2.xnd");
-    let (ok, _, err) = lors_env(
-        &[
-            "upload",
-            "--quiet",
-            "-c",
-            "1",
-            "-m",
-            "1",
-            "-b",
-            "256K",
-            "-l",
-            "city= Prague",
-            "-o",
-            x2.to_str().unwrap(),
-            src.to_str().unwrap(),
-        ],
-        &[
-            ("LBONE_SERVER", "127.0.0.1"),
-            ("LBONE_PORT", legacy_port),
-            ("HOME", home.to_str().unwrap()),
-        ],
-    );
-    assert!(ok, "{err}");
-    assert_eq!(on_depot(&x2), [prague.port]);
+    let legacy_env = [("LBONE_SERVER", "127.0.0.1"), ("LBONE_PORT", legacy_port)];
+    let (_, ports) = upload_via("f2.xnd", "1", "city= Prague", &legacy_env);
+    assert_eq!(ports, [prague.port]);
     // Two copies land on the two best-ranked depots.
-    let x3 = dir.path().join("f3.xnd");
-    let (ok, _, err) = lors_env(
-        &[
-            "upload",
-            "--quiet",
-            "-c",
-            "2",
-            "-m",
-            "2",
-            "-b",
-            "256K",
-            "-l",
-            "country= CZ",
-            "-o",
-            x3.to_str().unwrap(),
-            src.to_str().unwrap(),
-        ],
-        &env,
-    );
-    assert!(ok, "{err}");
-    let mut ports = on_depot(&x3);
-    ports.sort();
-    ports.dedup();
+    let (x3, ports) = upload_via("f3.xnd", "2", "country= CZ", &env);
     let mut want = vec![brno.port, prague.port];
     want.sort();
     assert_eq!(ports, want);
@@ -368,6 +323,10 @@ fn lbone_registration_ranking_tokens_legacy_expiry_and_tools() {
         .unwrap();
     assert_eq!(b["online"], false);
     let back = dir.path().join("back.bin");
+    let env = [
+        ("LBONE_SERVER", url.as_str()),
+        ("HOME", home.to_str().unwrap()),
+    ];
     let (ok, _, err) = lors_env(
         &[
             "download",
