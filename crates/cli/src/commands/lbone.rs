@@ -151,7 +151,16 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         let lb = LBone::new(store, cfg);
         {
             let mut out = std::io::stdout().lock();
-            writeln!(out, "lors lbone: dashboard http://{}/", http.local_addr()?)?;
+            let at = http.local_addr()?;
+            if at.ip().is_unspecified() {
+                writeln!(
+                    out,
+                    "lors lbone: dashboard http://localhost:{}/ (listening on all interfaces)",
+                    at.port()
+                )?;
+            } else {
+                writeln!(out, "lors lbone: dashboard http://{at}/")?;
+            }
             if let Some(l) = &legacy {
                 writeln!(out, "lors lbone: legacy protocol on {}", l.local_addr()?)?;
             }
