@@ -49,7 +49,6 @@ pub fn probe_all(x: &ExNode) -> anyhow::Result<Vec<Result<lors_ibp::ProbeInfo, S
 /// Reads and parses an exNode file.
 /// L-Bone options shared by the tools.
 #[derive(clap::Args, Clone, Default)]
-#[command(next_help_heading = "L-Bone")]
 pub struct LboneOpts {
     /// L-Bone to ask for depots: a host (legacy protocol, port -P) or an
     /// http://HOST:PORT URL of `lors lbone`.
@@ -57,7 +56,8 @@ pub struct LboneOpts {
         short = 'H',
         long = "lbone",
         value_name = "HOST|URL",
-        env = "LBONE_SERVER"
+        env = "LBONE_SERVER",
+        help_heading = "L-Bone"
     )]
     pub lbone: Option<String>,
     /// Port of a legacy L-Bone [default: 6767].
@@ -65,7 +65,8 @@ pub struct LboneOpts {
         short = 'P',
         long = "lbone-port",
         value_name = "PORT",
-        env = "LBONE_PORT"
+        env = "LBONE_PORT",
+        help_heading = "L-Bone"
     )]
     pub lbone_port: Option<u16>,
 }

@@ -39,11 +39,16 @@ pub struct Args {
     lbone: super::LboneOpts,
     /// Location hint for the L-Bone, e.g. "city= Brno country= CZ"
     /// [default: LOCATION in ~/.xndrc].
-    #[arg(short = 'l', long, value_name = "HINT")]
+    #[arg(short = 'l', long, value_name = "HINT", help_heading = "L-Bone")]
     location: Option<String>,
     /// Most depots to ask the L-Bone for [default: MAXDEPOTS, else 4; at
     /// least the copies].
-    #[arg(short = 'm', long = "max-depots", value_name = "N")]
+    #[arg(
+        short = 'm',
+        long = "max-depots",
+        value_name = "N",
+        help_heading = "L-Bone"
+    )]
     max_depots: Option<usize>,
     /// Copies of each block, on distinct depots [default: COPIES in
     /// ~/.xndrc, else 3].
