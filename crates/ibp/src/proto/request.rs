@@ -473,7 +473,9 @@ fn parse_timeout(s: &str) -> Result<Timeout, ParseError> {
     let has_frac = frac.bytes().any(|b| b != b'0');
     Ok(match whole {
         0 => Timeout::Default,
-        w => Timeout::Secs(u32::try_from(w + u64::from(has_frac)).unwrap_or(u32::MAX)),
+        w => {
+            Timeout::Secs(u32::try_from(w.saturating_add(u64::from(has_frac))).unwrap_or(u32::MAX))
+        }
     })
 }
 

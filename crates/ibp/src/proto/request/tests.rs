@@ -324,6 +324,11 @@ fn fractional_and_zero_timeouts_mean_default() {
     assert!(parse_timeout("-1").is_err());
     assert!(parse_timeout("1e3").is_err());
     assert!(parse_timeout(".").is_err());
+    // Found by the fuzzer: rounding u64::MAX up must not overflow.
+    assert_eq!(
+        parse_timeout("18446744073709551615.4"),
+        Ok(Timeout::Secs(u32::MAX))
+    );
 }
 
 /// One named case per malformed-input class, with the status the depot sends.
