@@ -46,7 +46,6 @@ pub fn probe_all(x: &ExNode) -> anyhow::Result<Vec<Result<lors_ibp::ProbeInfo, S
     Ok(rt.block_on(async { lors::manage::probe_all(x, &lors::Pool::new(cfg)).await }))
 }
 
-/// Reads and parses an exNode file.
 /// L-Bone options shared by the tools.
 #[derive(clap::Args, Clone, Default)]
 pub struct LboneOpts {
@@ -138,6 +137,7 @@ pub fn exnode_arg(s: &str) -> Result<lors::uri::ExnodeRef, String> {
     lors::uri::ExnodeRef::parse(s)
 }
 
+/// Reads and parses an exNode file.
 pub fn read_exnode(path: &Path) -> anyhow::Result<ExNode> {
     let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
     xml::parse(&bytes).with_context(|| format!("parsing exNode {}", path.display()))

@@ -143,21 +143,14 @@ impl Directory {
                 String::from_utf8_lossy(&body)
             ));
         }
+        // Not `deny_unknown_fields`: the answer also carries `now` and
+        // `offline_after`, and newer servers may add more.
         #[derive(serde::Deserialize)]
         struct Answer {
             depots: Vec<DepotView>,
         }
         let a: Answer = serde_json::from_slice(&body)
-            .or_else(|_| {
-                // Tolerate the extra top-level fields by reading loosely.
-                serde_json::from_slice::<serde_json::Value>(&body)
-                    .ok()
-                    .and_then(|v| v.get("depots").cloned())
-                    .and_then(|d| serde_json::from_value(d).ok())
-                    .map(|depots| Answer { depots })
-                    .ok_or(())
-            })
-            .map_err(|()| "L-Bone answer is not a depot list".to_string())?;
+            .map_err(|e| format!("L-Bone answer is not a depot list: {e}"))?;
         Ok(a.depots)
     }
 

@@ -266,13 +266,11 @@ impl LBone {
                 hint: hint(location),
                 ..Query::default()
             },
-            LegacyRequest::Count | LegacyRequest::Proximity { .. } => Query {
-                hint: match &req {
-                    LegacyRequest::Proximity { location } => hint(location),
-                    _ => Vec::new(),
-                },
+            LegacyRequest::Proximity { location } => Query {
+                hint: hint(location),
                 ..Query::default()
             },
+            LegacyRequest::Count => Query::default(),
         };
         match self.query(q, peer).await {
             Ok(v) if req == LegacyRequest::Count => legacy::encode_count(v.len()),

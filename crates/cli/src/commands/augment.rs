@@ -1,10 +1,10 @@
 //! `lors augment`: add replicas, copied depot to depot.
 
-use lors::uri::ExnodeRef;
 use std::sync::Arc;
 use std::time::Duration;
 
 use lors::Pool;
+use lors::uri::ExnodeRef;
 use lors_ibp::ClientConfig;
 use lors_ibp::proto::Reliability;
 

@@ -109,22 +109,16 @@ async fn demo(a: &Args, dir: &std::path::Path) -> anyhow::Result<()> {
             longitude: Some(lon),
             ..Location::default()
         };
-        lors_lbone::client::register(
-            &base,
-            &token,
-            &super::depot::registration(&depot, &loc),
-            Duration::from_secs(10),
-        )
-        .await
-        .map_err(anyhow::Error::msg)?;
-        let d = depot.clone();
-        tokio::spawn(lors_lbone::client::heartbeat(
+        let (first, _heartbeat) = super::depot::join_lbone(
+            &depot,
             base.clone(),
             token.clone(),
-            move || super::depot::registration(&d, &loc),
+            loc,
             Duration::from_secs(1),
             rx.clone(),
-        ));
+        )
+        .await;
+        first.map_err(anyhow::Error::msg)?;
         let task = tokio::spawn(lors_depot::server::run(l, depot, rx));
         println!("   depot {i}: ibp://{addr} ({city}, {country})");
         cities.insert(addr.clone(), city);

@@ -3,6 +3,7 @@
 use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::Context as _;
 use lors_depot::Depot;
@@ -134,6 +135,35 @@ impl LboneArgs {
             tags: self.tags.clone(),
         }
     }
+}
+
+/// Registers `depot` with the L-Bone at `base` once, then heartbeats every
+/// `every` until `stop`. Returns the first registration's outcome (callers
+/// decide whether it is fatal) and the heartbeat task.
+pub async fn join_lbone(
+    depot: &Arc<Depot>,
+    base: lors_lbone::http::BaseUrl,
+    token: String,
+    loc: lors_lbone::model::Location,
+    every: std::time::Duration,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> (Result<(), String>, tokio::task::JoinHandle<()>) {
+    let first = lors_lbone::client::register(
+        &base,
+        &token,
+        &registration(depot, &loc),
+        std::time::Duration::from_secs(10),
+    )
+    .await;
+    let d = depot.clone();
+    let task = tokio::spawn(lors_lbone::client::heartbeat(
+        base,
+        token,
+        move || registration(&d, &loc),
+        every,
+        stop,
+    ));
+    (first, task)
 }
 
 /// What a depot tells the L-Bone now.
@@ -287,29 +317,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     UsageError("--lbone needs --lbone-token (or LORS_LBONE_TOKEN)".into())
                 })?;
                 let loc = args.lbone.location();
-                let reg = registration(&depot, &loc);
-                reg.validate()
+                registration(&depot, &loc)
+                    .validate()
                     .map_err(|e| UsageError(format!("L-Bone registration: {e}")))?;
-                match lors_lbone::client::register(
-                    &base,
-                    &token,
-                    &reg,
-                    std::time::Duration::from_secs(10),
-                )
-                .await
-                {
+                let (first, task) =
+                    join_lbone(&depot, base, token, loc, args.lbone.heartbeat, rx.clone()).await;
+                match first {
                     Ok(()) => println!("lors depot: registered with L-Bone {url}"),
                     // Serving matters more than being listed: keep trying.
                     Err(e) => eprintln!("lors depot: L-Bone registration failed (will retry): {e}"),
                 }
-                let d = depot.clone();
-                Some(tokio::spawn(lors_lbone::client::heartbeat(
-                    base,
-                    token,
-                    move || registration(&d, &loc),
-                    args.lbone.heartbeat,
-                    rx.clone(),
-                )))
+                Some(task)
             }
             None => None,
         };

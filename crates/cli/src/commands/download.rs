@@ -1,12 +1,12 @@
 //! `lors download`: fetch an exNode's file from its depots.
 
-use lors::uri::ExnodeRef;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use lors::Pool;
 use lors::download::{DownloadOptions, Output, download};
+use lors::uri::ExnodeRef;
 use lors_ibp::ClientConfig;
 
 use super::{TermProgress, duration_arg, read_exnode, size_arg};
@@ -115,7 +115,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 Ok(online) => x
                     .mappings
                     .iter()
-                    .filter_map(|m| m.read.as_ref().map(|c| c.address()))
+                    .filter_map(lors_exnode::Mapping::depot)
                     .filter(|addr| !online.contains(addr))
                     .collect(),
                 Err(e) => {

@@ -1,9 +1,9 @@
 //! `lors ls`: list an exNode's mappings, probing each depot.
 
-use lors::uri::ExnodeRef;
 use std::fmt::Write as _;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use lors::uri::ExnodeRef;
 use lors_ibp::ProbeInfo;
 
 use super::{json_str, read_exnode};

@@ -1,10 +1,10 @@
 //! `lors refresh`: extend leases.
 
-use lors::uri::ExnodeRef;
 use std::time::Duration;
 
 use lors::Pool;
 use lors::manage::Lease;
+use lors::uri::ExnodeRef;
 use lors_ibp::ClientConfig;
 
 use super::{duration_arg, read_exnode};

@@ -1,11 +1,11 @@
 //! `lors route`: move a file onto other depots.
 
-use lors::uri::ExnodeRef;
 use std::sync::Arc;
 use std::time::Duration;
 
 use lors::Pool;
 use lors::manage::Selection;
+use lors::uri::ExnodeRef;
 use lors_ibp::ClientConfig;
 use lors_ibp::proto::Reliability;
 

@@ -1,9 +1,9 @@
 //! `lors stat`: a summary of an exNode and its health.
 
-use lors::uri::ExnodeRef;
 use std::collections::BTreeMap;
 
 use super::{json_str, read_exnode};
+use lors::uri::ExnodeRef;
 
 /// Summarize an exNode: size, blocks, replicas, depots, leases, problems.
 #[derive(clap::Args)]

@@ -295,8 +295,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     write_exnode(&out, &x)?;
     let mut per_depot: std::collections::BTreeMap<String, u64> = Default::default();
     for m in &x.mappings {
-        if let Some(c) = &m.read {
-            *per_depot.entry(c.address()).or_default() += m.alloc_length;
+        if let Some(d) = m.depot() {
+            *per_depot.entry(d).or_default() += m.alloc_length;
         }
     }
     let per_depot: Vec<(String, u64)> = per_depot.into_iter().collect();
