@@ -1,0 +1,245 @@
+#!/usr/bin/env python3
+"""Loopback benchmark: one LoRS depot against GridFTP, XRootD, nginx+curl and
+aria2c on the same file, the same machine, in the same run, with the physical
+limits (iperf3 single stream, tmpfs write) measured beside them.
+
+    python3 bench/loopback.py                 # 2 GiB, 5 rounds, in /dev/shm/lors-bench
+    python3 bench/loopback.py --size 512M --rounds 3 --out docs/bench/loopback.md
+
+Every server serves from and every client writes to tmpfs (/dev/shm), so the
+disk is out of the picture. Each case runs once untimed (its output is
+compared with the source), then the cases run interleaved for --rounds rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import (  # noqa: E402
+    Case,
+    GiB,
+    best,
+    build_lors,
+    ensure_peers,
+    free_port,
+    log,
+    machine,
+    make_file,
+    measure,
+    median,
+    table,
+    wait_port,
+)
+
+
+def parse_size(s: str) -> int:
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    return int(float(s[:-1]) * units[s[-1].upper()]) if s[-1].upper() in units else int(s)
+
+
+class Servers:
+    """The depot and the peer servers, all on ephemeral loopback ports."""
+
+    def __init__(self, lors: Path, d: Path, size: int):
+        self.procs: list[subprocess.Popen] = []
+        self.d = d
+        self.ports = {k: free_port() for k in ("depot", "gridftp", "xrootd", "nginx", "iperf3")}
+        logs = d / "logs"
+        logs.mkdir(exist_ok=True)
+        logs.chmod(0o777)  # xrootd, dropped to nobody, writes its log here
+        depot_dir = d / "depot"
+        shutil.rmtree(depot_dir, ignore_errors=True)
+        self.spawn(
+            [str(lors), "depot", "--listen", f"127.0.0.1:{self.ports['depot']}",
+             "--data", str(depot_dir), "--size", f"{3 * size // (1 << 20) + 64}M", "--sync", "never"],
+            logs / "depot.log",
+        )
+        # GridFTP refuses anonymous root: serve as nobody from a world-writable dir.
+        self.spawn(
+            ["globus-gridftp-server", "-aa", "-anonymous-user", "nobody", "-p",
+             str(self.ports["gridftp"]), "-d", "error", "-l", str(logs / "gridftp.log")],
+            logs / "gridftp.out",
+        )
+        xcfg = d / "xrootd.cfg"
+        xcfg.write_text(f"all.export {d}\nxrd.port {self.ports['xrootd']}\n")
+        self.spawn(["xrootd", "-c", str(xcfg), "-l", str(logs / "xrootd.log"), "-R", "nobody"],
+                   logs / "xrootd.out")
+        ncfg = d / "nginx.conf"
+        ncfg.write_text(
+            f"""worker_processes 2; daemon off; pid {d}/nginx.pid; error_log {logs}/nginx.log;
+events {{ worker_connections 256; }}
+http {{ access_log off; sendfile on; tcp_nopush on; client_max_body_size 0;
+  client_body_temp_path {d}/nginx-tmp;
+  server {{ listen 127.0.0.1:{self.ports['nginx']}; root {d};
+    location / {{ dav_methods PUT; create_full_put_path on; }} }} }}
+"""
+        )
+        (d / "nginx-tmp").mkdir(exist_ok=True)
+        self.spawn(["nginx", "-c", str(ncfg), "-p", str(d)], logs / "nginx.out")
+        self.spawn(["iperf3", "-s", "-p", str(self.ports["iperf3"])], logs / "iperf3.out")
+        try:
+            for p in self.ports.values():
+                wait_port("127.0.0.1", p)
+        except RuntimeError:
+            self.stop()
+            raise
+
+    def spawn(self, argv: list[str], out: Path) -> None:
+        self.procs.append(
+            subprocess.Popen(argv, stdout=open(out, "wb"), stderr=subprocess.STDOUT)
+        )
+
+    def stop(self) -> None:
+        for p in self.procs:
+            p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def iperf3_seconds(size: int):
+    def parse(out: bytes) -> float:
+        bps = json.loads(out)["end"]["sum_received"]["bits_per_second"]
+        return size / (bps / 8)
+
+    return parse
+
+
+def cases(lors: Path, s: Servers, d: Path, size: int, threads: list[int]) -> tuple[list[Case], list[Case]]:
+    src = d / "src.bin"
+    out = d / "out.bin"
+    rm = ["rm", "-f", str(out)]
+    depot = f"127.0.0.1:{s.ports['depot']}"
+    xnd = d / "src.xnd"
+    iperf_secs = max(2, min(10, size // (1 << 30) * 2))
+    limits = [
+        Case("iperf3 single stream (loopback TCP)", "limit",
+             ["iperf3", "-c", "127.0.0.1", "-p", str(s.ports["iperf3"]), "-t", str(iperf_secs), "-J"],
+             size, parse=iperf3_seconds(size)),
+        Case("tmpfs write (dd 4 MiB blocks)", "limit",
+             ["dd", "if=/dev/zero", f"of={out}", "bs=4M", f"count={size // (4 << 20)}", "status=none"],
+             size, before=[rm]),
+    ]
+    quiet = ["--quiet"]
+    down = [
+        Case("lors download (defaults)", "ours",
+             [str(lors), "download", *quiet, "-o", str(out), str(xnd)], size, before=[rm],
+             verify=(out, src)),
+        *[
+            Case(f"lors download -a {t}", "ours-tuned",
+                 [str(lors), "download", *quiet, "-a", str(t), "-o", str(out), str(xnd)], size,
+                 before=[rm])
+            for t in threads
+        ],
+        Case("GridFTP globus-url-copy -p 4 -tcp-bs 4M", "peer",
+             ["globus-url-copy", "-p", "4", "-tcp-bs", "4M",
+              f"ftp://127.0.0.1:{s.ports['gridftp']}{src}", f"file://{out}"], size, before=[rm],
+             verify=(out, src)),
+        Case("XRootD xrdcp", "peer",
+             ["xrdcp", "-s", "-f", f"root://127.0.0.1:{s.ports['xrootd']}/{src}", str(out)], size,
+             before=[rm], verify=(out, src)),
+        Case("nginx + curl", "peer",
+             ["curl", "-s", "-o", str(out), f"http://127.0.0.1:{s.ports['nginx']}/src.bin"], size,
+             before=[rm], verify=(out, src)),
+        Case("aria2c -x 4 -s 4", "peer",
+             ["aria2c", "-q", "-x", "4", "-s", "4", "--file-allocation=none", "--allow-overwrite=true",
+              "-d", str(d), "-o", "out.bin", f"http://127.0.0.1:{s.ports['nginx']}/src.bin"], size,
+             before=[rm], verify=(out, src)),
+    ]
+    up_xnd = d / "up.xnd"
+    # Each upload first frees the previous one's allocations, so the depot never fills.
+    free = [str(lors), "trim", "--depot", depot, "-d", "--allow-holes", str(up_xnd)]
+    up_base = [str(lors), "upload", *quiet, "--depot", depot, "-c", "1", "-n", "-o", str(up_xnd)]
+    up = [
+        Case("lors upload (defaults)", "ours", [*up_base, str(src)], size, before=[free]),
+        *[
+            Case(f"lors upload -t {t}", "ours-tuned", [*up_base[:-2], "-t", str(t), *up_base[-2:], str(src)],
+                 size, before=[free])
+            for t in threads
+        ],
+        Case("GridFTP globus-url-copy -p 4 -tcp-bs 4M", "peer",
+             ["globus-url-copy", "-p", "4", "-tcp-bs", "4M", f"file://{src}",
+              f"ftp://127.0.0.1:{s.ports['gridftp']}{d}/up-gridftp.bin"], size,
+             before=[["rm", "-f", str(d / "up-gridftp.bin")]]),
+        Case("XRootD xrdcp", "peer",
+             ["xrdcp", "-s", "-f", str(src), f"root://127.0.0.1:{s.ports['xrootd']}/{d}/up-xrootd.bin"],
+             size, before=[["rm", "-f", str(d / "up-xrootd.bin")]]),
+        Case("nginx (WebDAV PUT) + curl -T", "peer",
+             ["curl", "-s", "-f", "-T", str(src), f"http://127.0.0.1:{s.ports['nginx']}/up-nginx.bin"],
+             size, before=[["rm", "-f", str(d / "up-nginx.bin")]]),
+    ]
+    return limits + down, limits + up
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size", default="2G", help="file size (default 2G)")
+    ap.add_argument("--rounds", type=int, default=5, help="timed rounds (default 5)")
+    ap.add_argument("--dir", default="/dev/shm/lors-bench", help="working directory on tmpfs")
+    ap.add_argument("--threads", default="1,2,4,8",
+                    help="hand-picked thread counts run beside the defaults (default 1,2,4,8)")
+    ap.add_argument("--only", choices=["download", "upload"], help="run one direction only")
+    ap.add_argument("--out", help="also write the Markdown report here")
+    a = ap.parse_args()
+    size = parse_size(a.size)
+    d = Path(a.dir)
+    d.mkdir(parents=True, exist_ok=True)
+    d.chmod(0o777)  # the peer servers run as nobody
+    ensure_peers()
+    lors = build_lors()
+    src = d / "src.bin"
+    make_file(src, size)
+    src.chmod(0o644)
+    s = Servers(lors, d, size)
+    report = [
+        f"## Loopback, {size / GiB:.2f} GiB, one server, tmpfs to tmpfs",
+        "",
+        f"Machine: {machine()}. {a.rounds} interleaved rounds after a verified warm-up;",
+        "rates are size / wall time of the whole command.",
+        "",
+    ]
+    try:
+        depot = f"127.0.0.1:{s.ports['depot']}"
+        log("uploading the download source with lors")
+        subprocess.run([str(lors), "upload", "--quiet", "--depot", depot, "-c", "1", "-n",
+                        "-o", str(d / "src.xnd"), str(src)], check=True)
+        threads = [int(t) for t in a.threads.split(",") if t]
+        down, up = cases(lors, s, d, size, threads)
+        for name, cs in (("download", down), ("upload", up)):
+            if a.only and a.only != name:
+                continue
+            measure(cs, a.rounds, timeout=600)
+            peer_name, peer = best(cs, "peer")
+            lim = [median(c.rates()) for c in cs if c.kind == "limit" and c.times]
+            limit = min(lim) if lim else float("nan")
+            ours = next((median(c.rates()) for c in cs if c.name.startswith("lors") and c.kind == "ours"
+                         and c.times), float("nan"))
+            tuned = max((median(c.rates()) for c in cs if c.kind == "ours-tuned" and c.times),
+                        default=float("nan"))
+            report.append(table(f"{name}", cs, {"best peer": peer, "min(limits)": limit}))
+            report.append(
+                f"{name}: lors defaults {ours:.3f} GiB/s = **{ours / peer:.2f}x** the best peer "
+                f"({peer_name}, {peer:.3f}) and **{ours / limit:.2f}x** the smaller physical "
+                f"limit ({limit:.3f}); defaults / best hand-picked thread count = "
+                f"**{ours / tuned:.2f}**.\n"
+            )
+            print("\n".join(report[-2:]), flush=True)
+    finally:
+        s.stop()
+    text = "\n".join(report)
+    if a.out:
+        Path(a.out).write_text(text)
+        log(f"report written to {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
