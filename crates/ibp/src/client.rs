@@ -21,7 +21,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use tokio::time::timeout;
 
@@ -33,6 +33,7 @@ use crate::proto::{
     Version, split_reply,
 };
 use crate::wire::{Line, read_line};
+use crate::zerocopy;
 
 /// Default connect deadline.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -410,8 +411,7 @@ impl Connection {
             let fut = w.write_all(&buf[..n]);
             if let Err(source) = fut.await {
                 self.healthy = false;
-                return Err(Error::Io {
-                    addr: "local output".into(),
+                return Err(Error::Local {
                     during: "LOAD output",
                     source,
                 });
@@ -419,6 +419,93 @@ impl Connection {
             left -= n as u64;
         }
         Ok(len)
+    }
+
+    /// LOAD straight into `file` at byte `pos`, with no copy through user
+    /// space on Linux (see [`crate::zerocopy`]). Errors writing the file are
+    /// [`Error::Local`].
+    pub async fn load_to_file(
+        &mut self,
+        cap: &Capability,
+        offset: u64,
+        len: u64,
+        file: &std::fs::File,
+        pos: u64,
+    ) -> Result<()> {
+        self.load_header(cap, offset, len).await?;
+        // Data that arrived with the reply line is already in our buffer.
+        let head_len = self
+            .stream
+            .buffer()
+            .len()
+            .min(usize::try_from(len).unwrap_or(usize::MAX));
+        let r = zerocopy::recv_file(
+            self.stream.get_ref(),
+            &self.stream.buffer()[..head_len],
+            file,
+            pos,
+            len,
+            self.cfg.io_timeout,
+        )
+        .await;
+        std::pin::Pin::new(&mut self.stream).consume(head_len);
+        self.xfer_result(r, "LOAD data", "LOAD output")
+    }
+
+    /// STORE `len` bytes of `file` from byte `pos`, sent with `sendfile(2)`;
+    /// returns the bytes stored. Errors reading the file are
+    /// [`Error::Local`].
+    pub async fn store_from_file(
+        &mut self,
+        cap: &Capability,
+        file: &std::fs::File,
+        pos: u64,
+        len: u64,
+    ) -> Result<u64> {
+        let req = Request::Store {
+            version: Version::V14,
+            key: KeyToken::of(cap),
+            typekey: cap.typekey.clone(),
+            length: len,
+            timeout: self.cfg.server_timeout,
+        };
+        self.begin_data("STORE", &req.encode()).await?;
+        let r =
+            zerocopy::send_file(self.stream.get_ref(), file, pos, len, self.cfg.io_timeout).await;
+        self.xfer_result(r, "STORE data", "STORE input")?;
+        self.finish_data("STORE", len).await
+    }
+
+    fn xfer_result(
+        &mut self,
+        r: std::result::Result<(), zerocopy::XferError>,
+        during: &'static str,
+        local: &'static str,
+    ) -> Result<()> {
+        let e = match r {
+            Ok(()) => return Ok(()),
+            Err(e) => e,
+        };
+        // Either way the stream is no longer in step with the protocol.
+        self.healthy = false;
+        Err(match e {
+            zerocopy::XferError::Peer(source) if source.kind() == std::io::ErrorKind::TimedOut => {
+                Error::Timeout {
+                    addr: self.addr.clone(),
+                    during,
+                    secs: self.cfg.io_timeout.as_secs(),
+                }
+            }
+            zerocopy::XferError::Peer(source) => Error::Io {
+                addr: self.addr.clone(),
+                during,
+                source,
+            },
+            zerocopy::XferError::Disk(source) => Error::Local {
+                during: local,
+                source,
+            },
+        })
     }
 
     async fn load_header(&mut self, cap: &Capability, offset: u64, len: u64) -> Result<()> {

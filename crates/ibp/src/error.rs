@@ -28,6 +28,15 @@ pub enum Error {
         /// OS error.
         source: std::io::Error,
     },
+    /// Our own file (the input of a STORE, the output of a LOAD) failed:
+    /// no other depot or replica can help.
+    #[error("local file error during {during}: {source}")]
+    Local {
+        /// What we were doing.
+        during: &'static str,
+        /// OS error.
+        source: std::io::Error,
+    },
     /// A deadline passed.
     #[error("depot {addr} did not respond within {secs}s during {during}")]
     Timeout {
@@ -86,6 +95,7 @@ impl Error {
             | Error::Timeout { .. }
             | Error::Closed { .. }
             | Error::Protocol { .. } => true,
+            Error::Local { .. } => false,
             Error::Depot { code, .. } => matches!(
                 *code,
                 StatusCode::OUT_OF_SOCKETS

@@ -23,6 +23,7 @@ pub mod error;
 pub mod proto;
 pub mod units;
 pub mod wire;
+pub mod zerocopy;
 
 pub use caps::{CapKind, CapSet, Capability, Key};
 pub use client::{ClientConfig, Connection, ProbeInfo, StatusInfo};

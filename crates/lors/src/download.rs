@@ -347,16 +347,26 @@ async fn worker(
         let cap = map.read.as_ref().expect("planned mappings are readable");
         let fetched = async {
             match Codec::from_mapping(map) {
-                Err(e) => Err((e.to_string(), false)),
+                Err(e) => Err(Fail::Remote(e.to_string(), false)),
                 Ok(None) => {
                     let at = map.alloc_offset + (offset - map.exnode_offset);
-                    let mut buf = vec![0u8; usize::try_from(len).unwrap_or(usize::MAX)];
                     let mut c = ctx.pool.get(&depot).await.map_err(ibp_err)?;
+                    if let Some(f) = &out {
+                        // Raw bytes to a file: straight from the socket into
+                        // place. A hedged twin writes the same bytes to the
+                        // same place, so the race is harmless.
+                        c.load_to_file(cap, at, len, &f.file, offset - ctx.base)
+                            .await
+                            .map_err(ibp_err)?;
+                        ctx.pool.put(c);
+                        return Ok(Got::Written);
+                    }
+                    let mut buf = vec![0u8; usize::try_from(len).unwrap_or(usize::MAX)];
                     c.load(cap, at, &mut buf).await.map_err(ibp_err)?;
                     ctx.pool.put(c);
-                    Ok(buf)
+                    Ok(Got::Mem(buf))
                 }
-                Ok(Some(_)) if map.alloc_length > MAX_ENCODED_MAPPING => Err((
+                Ok(Some(_)) if map.alloc_length > MAX_ENCODED_MAPPING => Err(Fail::Remote(
                     format!(
                         "encoded mapping of {} bytes is larger than the {} bytes decoded in memory",
                         map.alloc_length, MAX_ENCODED_MAPPING
@@ -381,15 +391,20 @@ async fn worker(
                     let to = from.saturating_add(usize::try_from(len).unwrap_or(usize::MAX));
                     plain
                         .get(from..to)
-                        .map(<[u8]>::to_vec)
-                        .ok_or(("mapping shorter than recorded".to_string(), false))
+                        .map(|p| Got::Mem(p.to_vec()))
+                        .ok_or(Fail::Remote("mapping shorter than recorded".into(), false))
                 }
             }
         }
         .await;
-        let buf = match fetched {
-            Ok(b) => b,
-            Err((why, unreachable)) => {
+        let got = match fetched {
+            Ok(g) => g,
+            Err(Fail::Local(e)) => {
+                ctx.lock().fatal.get_or_insert(e);
+                ctx.wake.notify_waiters();
+                return;
+            }
+            Err(Fail::Remote(why, unreachable)) => {
                 ctx.failed(i, m, &why, unreachable);
                 continue;
             }
@@ -401,7 +416,11 @@ async fn worker(
         if let Some(f) = &out {
             let f = f.clone();
             let pos = offset - ctx.base;
-            let r = tokio::task::spawn_blocking(move || f.write_segment(pos, offset, &buf)).await;
+            let r = tokio::task::spawn_blocking(move || match got {
+                Got::Mem(buf) => f.write_segment(pos, offset, &buf),
+                Got::Written => f.record(offset, len),
+            })
+            .await;
             if let Err(e) = r
                 .map_err(|e| std::io::Error::other(e.to_string()))
                 .and_then(|r| r)
@@ -410,7 +429,7 @@ async fn worker(
                     .fatal
                     .get_or_insert(Error::io("writing the output file", e));
             }
-        } else if let Some(tx) = &tx {
+        } else if let (Some(tx), Got::Mem(buf)) = (&tx, got) {
             if tx.send((i, buf)).await.is_err() {
                 return;
             }
@@ -419,9 +438,34 @@ async fn worker(
     }
 }
 
-fn ibp_err(e: lors_ibp::Error) -> (String, bool) {
-    let unreachable = matches!(e, lors_ibp::Error::Connect { .. });
-    (e.to_string(), unreachable)
+/// A fetched segment: in memory, or already written into the output file.
+enum Got {
+    Mem(Vec<u8>),
+    Written,
+}
+
+/// Why a fetch failed.
+enum Fail {
+    /// This replica (or its depot, when the flag says it is unreachable).
+    Remote(String, bool),
+    /// Our own output: no replica can help.
+    Local(Error),
+}
+
+impl From<(String, bool)> for Fail {
+    fn from((why, unreachable): (String, bool)) -> Self {
+        Fail::Remote(why, unreachable)
+    }
+}
+
+fn ibp_err(e: lors_ibp::Error) -> Fail {
+    match e {
+        lors_ibp::Error::Local { during, source } => Fail::Local(Error::io(during, source)),
+        e => {
+            let unreachable = matches!(e, lors_ibp::Error::Connect { .. });
+            Fail::Remote(e.to_string(), unreachable)
+        }
+    }
 }
 
 /// The output file and its resume record.
@@ -433,9 +477,14 @@ struct OutFile {
 impl OutFile {
     fn write_segment(&self, pos: u64, offset: u64, data: &[u8]) -> std::io::Result<()> {
         self.file.write_all_at(data, pos)?;
-        // The record follows the data: a segment listed there is in the file.
+        self.record(offset, data.len() as u64)
+    }
+
+    /// Notes a segment as done. The record follows the data: a segment listed
+    /// there is in the file.
+    fn record(&self, offset: u64, len: u64) -> std::io::Result<()> {
         let mut r = self.record.lock().unwrap_or_else(|e| e.into_inner());
-        writeln!(r, "{offset} {}", data.len())
+        writeln!(r, "{offset} {len}")
     }
 }
 

@@ -84,6 +84,21 @@ impl Pool {
         Ok(n)
     }
 
+    /// STORE `len` bytes of `file` from byte `pos` (sent with `sendfile(2)`)
+    /// over a pooled connection.
+    pub async fn store_file(
+        &self,
+        cap: &Capability,
+        file: &std::fs::File,
+        pos: u64,
+        len: u64,
+    ) -> Result<u64> {
+        let mut c = self.get(&cap.address()).await?;
+        let n = c.store_from_file(cap, file, pos, len).await?;
+        self.put(c);
+        Ok(n)
+    }
+
     /// Has the depot holding `src` copy `[offset, offset+len)` to `dest` (SEND).
     pub async fn send(
         &self,

@@ -66,6 +66,22 @@ impl Depots {
     }
 }
 
+/// A block's stored bytes: in memory (read from a stream, or encoded), or a
+/// range of the input file, sent from the file with `sendfile(2)`.
+enum Data {
+    Mem(Vec<u8>),
+    Range(Arc<std::fs::File>, u64, u64),
+}
+
+impl Data {
+    fn len(&self) -> u64 {
+        match self {
+            Data::Mem(b) => b.len() as u64,
+            Data::Range(_, _, len) => *len,
+        }
+    }
+}
+
 /// What to put on a depot: the first copy (stored from memory) or a further
 /// one (copied from a depot that holds the block).
 enum Job<'a> {
@@ -99,29 +115,29 @@ impl Shared {
         }
     }
 
-    async fn allocate(&self, addr: &str, size: usize) -> lors_ibp::Result<CapSet> {
-        self.pool
-            .allocate(addr, self.opts.reliability, self.opts.duration, size as u64)
-            .await
+    async fn store(&self, cap: &lors_ibp::Capability, data: &Data) -> lors_ibp::Result<u64> {
+        match data {
+            Data::Mem(b) => self.pool.store(cap, b).await,
+            Data::Range(f, pos, len) => self.pool.store_file(cap, f, *pos, *len).await,
+        }
     }
 
     /// One attempt at `job` on depot `addr`.
-    async fn attempt(&self, addr: &str, data: &[u8], job: &Job<'_>) -> lors_ibp::Result<CapSet> {
-        let caps = self.allocate(addr, data.len()).await?;
+    async fn attempt(&self, addr: &str, data: &Data, job: &Job<'_>) -> lors_ibp::Result<CapSet> {
+        let caps = self
+            .pool
+            .allocate(addr, self.opts.reliability, self.opts.duration, data.len())
+            .await?;
         match job {
             Job::Store => {
-                self.pool.store(&caps.write, data).await?;
+                self.store(&caps.write, data).await?;
             }
             Job::CopyFrom(src) => {
-                if let Err(e) = self
-                    .pool
-                    .send(&src.read, &caps.write, 0, data.len() as u64)
-                    .await
-                {
+                if let Err(e) = self.pool.send(&src.read, &caps.write, 0, data.len()).await {
                     // Depot-to-depot failed (e.g. the depots cannot reach
                     // each other): send the copy ourselves.
                     tracing::info!(error = %e, "SEND failed; storing the copy directly");
-                    self.pool.store(&caps.write, data).await?;
+                    self.store(&caps.write, data).await?;
                 }
             }
         }
@@ -133,7 +149,7 @@ impl Shared {
     async fn on_some_depot(
         &self,
         offset: u64,
-        data: &[u8],
+        data: &Data,
         job: Job<'_>,
         avoid: &mut HashSet<usize>,
         salt: usize,
@@ -149,6 +165,11 @@ impl Shared {
                 Ok(caps) => {
                     self.lock().release(i);
                     return Ok((i, caps));
+                }
+                // Our own input failed: another depot will not help.
+                Err(lors_ibp::Error::Local { during, source }) => {
+                    self.lock().release(i);
+                    return Err(Error::io(during, source));
                 }
                 Err(e) => {
                     last = e.to_string();
@@ -187,7 +208,70 @@ fn mapping(
 /// On failure nothing is returned; allocations already made expire with their
 /// lease.
 pub async fn upload<R: AsyncRead + Unpin>(
-    mut input: R,
+    input: R,
+    size: Option<u64>,
+    opts: &UploadOptions,
+    pool: Arc<Pool>,
+    progress: Arc<dyn Progress>,
+) -> Result<ExNode> {
+    run(Input::Stream(input), size, opts, pool, progress).await
+}
+
+/// Uploads a whole regular file. Without end-to-end functions each block is
+/// sent from the file with `sendfile(2)`: nothing is read into memory.
+pub async fn upload_file(
+    file: std::fs::File,
+    opts: &UploadOptions,
+    pool: Arc<Pool>,
+    progress: Arc<dyn Progress>,
+) -> Result<ExNode> {
+    let size = file
+        .metadata()
+        .map_err(|e| Error::io("reading the input's size", e))?
+        .len();
+    if opts.e2e.is_some() {
+        let f = tokio::fs::File::from_std(file);
+        return upload(f, Some(size), opts, pool, progress).await;
+    }
+    let input: Input<tokio::io::Empty> = Input::File(Arc::new(file), size);
+    run(input, Some(size), opts, pool, progress).await
+}
+
+enum Input<R> {
+    Stream(R),
+    File(Arc<std::fs::File>, u64),
+}
+
+impl<R: AsyncRead + Unpin> Input<R> {
+    /// The next block of at most `bs` bytes at `offset`; `None` at the end.
+    async fn next(&mut self, offset: u64, bs: usize) -> Result<Option<Data>> {
+        match self {
+            Input::File(f, size) => {
+                let len = (*size - offset).min(bs as u64);
+                Ok((len > 0).then(|| Data::Range(f.clone(), offset, len)))
+            }
+            Input::Stream(r) => {
+                let mut buf = vec![0u8; bs];
+                let mut got = 0;
+                while got < bs {
+                    let k = r
+                        .read(&mut buf[got..])
+                        .await
+                        .map_err(|e| Error::io("reading input", e))?;
+                    if k == 0 {
+                        break;
+                    }
+                    got += k;
+                }
+                buf.truncate(got);
+                Ok((got > 0).then_some(Data::Mem(buf)))
+            }
+        }
+    }
+}
+
+async fn run<R: AsyncRead + Unpin>(
+    mut input: Input<R>,
     size: Option<u64>,
     opts: &UploadOptions,
     pool: Arc<Pool>,
@@ -234,31 +318,19 @@ pub async fn upload<R: AsyncRead + Unpin>(
         while let Some(done) = tasks.try_join_next() {
             results.push(joined(done)?);
         }
-        let mut buf = vec![0u8; bs];
-        let mut got = 0;
-        while got < bs {
-            let k = input
-                .read(&mut buf[got..])
-                .await
-                .map_err(|e| Error::io("reading input", e))?;
-            if k == 0 {
-                break;
-            }
-            got += k;
-        }
-        if got == 0 {
+        let Some(data) = input.next(offset, bs).await? else {
             break;
-        }
-        buf.truncate(got);
+        };
+        let got = data.len();
         let sh = shared.clone();
         let (block_off, salt) = (offset, index);
         tasks.spawn(async move {
             let _permit = permit;
-            let len = buf.len() as u64;
+            let len = data.len();
             // Checksums, compression and encryption are CPU work: off the
             // async threads.
-            let (stored, e2e) = match sh.opts.e2e.clone() {
-                Some(codec) => {
+            let (stored, e2e) = match (sh.opts.e2e.clone(), data) {
+                (Some(codec), Data::Mem(buf)) => {
                     let bs = codec.e2e_blocksize();
                     let (stored, f) = tokio::task::spawn_blocking(move || codec.encode(&buf))
                         .await
@@ -268,11 +340,11 @@ pub async fn upload<R: AsyncRead + Unpin>(
                         .map_err(|e| {
                             Error::io("encoding a block", std::io::Error::other(e.to_string()))
                         })?;
-                    (stored, Some((bs, f)))
+                    (Data::Mem(stored), Some((bs, f)))
                 }
-                None => (buf, None),
+                (_, data) => (data, None),
             };
-            let slen = stored.len() as u64;
+            let slen = stored.len();
             let mut avoid = HashSet::new();
             let first = sh
                 .on_some_depot(block_off, &stored, Job::Store, &mut avoid, salt)
@@ -288,9 +360,9 @@ pub async fn upload<R: AsyncRead + Unpin>(
             sh.progress.advance(len);
             Ok::<_, Error>((salt, out))
         });
-        offset += got as u64;
+        offset += got;
         index += 1;
-        if got < bs {
+        if got < bs as u64 {
             break;
         }
     }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use lors::Pool;
-use lors::upload::{UploadOptions, upload};
+use lors::upload::{UploadOptions, upload, upload_file};
 use lors::uri::ExnodeRef;
 use lors::xndrc::Xndrc;
 use lors_exnode::functions::{Chain, Codec, LegacyChain, LegacyKind, Step};
@@ -283,11 +283,17 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         if stdin {
             upload(tokio::io::stdin(), None, &opts, pool, progress.clone()).await
         } else {
-            let f = tokio::fs::File::open(&a.file)
-                .await
+            let f = std::fs::File::open(&a.file)
                 .with_context(|| format!("opening {}", a.file.display()))?;
-            let size = f.metadata().await.ok().map(|m| m.len());
-            upload(f, size, &opts, pool, progress.clone()).await
+            let meta = f.metadata().ok();
+            if meta.as_ref().is_some_and(std::fs::Metadata::is_file) {
+                upload_file(f, &opts, pool, progress.clone()).await
+            } else {
+                // A pipe or device: read it as a stream.
+                let size = meta.map(|m| m.len()).filter(|&n| n > 0);
+                let f = tokio::fs::File::from_std(f);
+                upload(f, size, &opts, pool, progress.clone()).await
+            }
         }
         .map_err(anyhow::Error::from)
     })?;
