@@ -63,6 +63,19 @@ impl Default for ClientConfig {
     }
 }
 
+impl ClientConfig {
+    /// Defaults with the inactivity deadline `io`; connecting never waits
+    /// longer than that either, so a depot whose link is cut is given up on
+    /// within the deadline the user chose.
+    pub fn with_io_timeout(io: Duration) -> Self {
+        ClientConfig {
+            connect_timeout: io.min(DEFAULT_CONNECT_TIMEOUT),
+            io_timeout: io,
+            ..ClientConfig::default()
+        }
+    }
+}
+
 /// What MANAGE PROBE reports.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProbeInfo {

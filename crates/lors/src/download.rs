@@ -126,6 +126,8 @@ struct Sched {
     depot_bytes: BTreeMap<String, u64>,
     /// Depots we could not connect to: their replicas are skipped.
     dead: HashSet<String>,
+    /// Segments claimed but not yet handed to the output.
+    writing: usize,
 }
 
 struct Ctx {
@@ -300,6 +302,13 @@ impl Ctx {
         self.wake.notify_waiters();
     }
 
+    /// Everything is in the output (or cannot be): fetches still running are
+    /// hedged twins or stragglers nobody needs.
+    fn settled(&self) -> bool {
+        let g = self.lock();
+        g.fatal.is_some() || (g.done + g.lost.len() == g.segs.len() && g.writing == 0)
+    }
+
     /// Claims a fetched segment; false if another replica already won.
     fn claim(&self, i: usize, m: usize, depot: &str) -> bool {
         let mut g = self.lock();
@@ -311,6 +320,7 @@ impl Ctx {
         s.st = St::Done;
         let len = s.len;
         g.done += 1;
+        g.writing += 1;
         g.stats.bytes += len;
         *g.depot_bytes.entry(depot.to_owned()).or_default() += len;
         true
@@ -431,9 +441,11 @@ async fn worker(
             }
         } else if let (Some(tx), Got::Mem(buf)) = (&tx, got) {
             if tx.send((i, buf)).await.is_err() {
+                ctx.lock().writing -= 1;
                 return;
             }
         }
+        ctx.lock().writing -= 1;
         ctx.wake.notify_waiters();
     }
 }
@@ -618,6 +630,7 @@ pub async fn download(
             stats,
             depot_bytes: BTreeMap::new(),
             dead: HashSet::new(),
+            writing: 0,
         }),
         wake: Notify::new(),
         pool,
@@ -662,7 +675,17 @@ pub async fn download(
         }
     }
     drop(tx);
-    while workers.join_next().await.is_some() {}
+    loop {
+        tokio::select! {
+            j = workers.join_next() => if j.is_none() { break },
+            () = tokio::time::sleep(Duration::from_millis(50)) => {}
+        }
+        if ctx.settled() {
+            // Do not wait out a connect or read timeout on a depot whose
+            // pieces other replicas already delivered.
+            workers.abort_all();
+        }
+    }
     if let Some(w) = writer {
         w.await
             .map_err(|e| Error::io("output writer", std::io::Error::other(e.to_string())))?

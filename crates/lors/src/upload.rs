@@ -134,10 +134,18 @@ impl Shared {
             }
             Job::CopyFrom(src) => {
                 if let Err(e) = self.pool.send(&src.read, &caps.write, 0, data.len()).await {
-                    // Depot-to-depot failed (e.g. the depots cannot reach
-                    // each other): send the copy ourselves.
+                    // Depot-to-depot failed (the depots cannot reach each
+                    // other, or the source died). Part or all of the copy may
+                    // have landed in `caps` all the same, so we send ours
+                    // into a fresh allocation and release that one.
                     tracing::info!(error = %e, "SEND failed; storing the copy directly");
-                    self.store(&caps.write, data).await?;
+                    let fresh = self
+                        .pool
+                        .allocate(addr, self.opts.reliability, self.opts.duration, data.len())
+                        .await?;
+                    self.store(&fresh.write, data).await?;
+                    self.pool.release(&caps.manage).await;
+                    return Ok(fresh);
                 }
             }
         }

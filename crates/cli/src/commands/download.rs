@@ -138,14 +138,12 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         window: a.prebuffer.max(1),
         threads: a.threads.or(a.exnode.threads).or(rc.threads).unwrap_or(0),
     };
-    let cfg = ClientConfig {
-        io_timeout: a
-            .timeout
+    let cfg = ClientConfig::with_io_timeout(
+        a.timeout
             .or(a.exnode.timeout)
             .or(rc.timeout)
             .unwrap_or(Duration::from_secs(600)),
-        ..ClientConfig::default()
-    };
+    );
     let progress = Arc::new(TermProgress::new("downloading", a.quiet));
     let stats = rt.block_on(async {
         let pool = Arc::new(Pool::new(cfg));

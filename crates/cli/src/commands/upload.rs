@@ -272,10 +272,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         filename,
         e2e,
     };
-    let cfg = ClientConfig {
-        io_timeout: timeout,
-        ..ClientConfig::default()
-    };
+    let cfg = ClientConfig::with_io_timeout(timeout);
     let progress = Arc::new(TermProgress::new("uploading", a.quiet));
     let started = std::time::Instant::now();
     let x = rt.block_on(async {

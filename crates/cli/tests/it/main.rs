@@ -2,6 +2,7 @@
 
 mod dashboard;
 mod depot;
+mod lab;
 mod lbone;
 mod tools;
 mod util;

@@ -31,6 +31,12 @@ impl DepotProc {
     /// Starts a depot on `--data <data>` with extra flags; `--listen
     /// 127.0.0.1:0` unless the flags give one.
     pub fn start(data: &Path, extra: &[&str]) -> DepotProc {
+        Self::start_in(&[], data, extra)
+    }
+
+    /// As [`DepotProc::start`], run through the command prefix `wrap` (e.g.
+    /// `ip netns exec NS`).
+    pub fn start_in(wrap: &[String], data: &Path, extra: &[&str]) -> DepotProc {
         let mut args: Vec<String> = vec!["depot".into()];
         if !extra.contains(&"--config") {
             args.push("--data".into());
@@ -41,7 +47,7 @@ impl DepotProc {
             args.push("127.0.0.1:0".into());
         }
         args.extend(extra.iter().map(|s| s.to_string()));
-        let (child, lines) = spawn_ready(&args, "lors depot: ready");
+        let (child, lines) = spawn_ready(wrap, &args, "lors depot: ready");
         let mut addr = None;
         let mut metrics = None;
         for line in &lines {
@@ -81,9 +87,17 @@ impl Drop for DepotProc {
     }
 }
 
-/// Starts `lors ARGS…` and collects its stdout lines up to `ready`.
-fn spawn_ready(args: &[String], ready: &str) -> (Child, Vec<String>) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_lors"))
+/// Starts `[WRAP…] lors ARGS…` and collects its stdout lines up to `ready`.
+fn spawn_ready(wrap: &[String], args: &[String], ready: &str) -> (Child, Vec<String>) {
+    let mut cmd = match wrap.split_first() {
+        Some((first, rest)) => {
+            let mut c = Command::new(first);
+            c.args(rest).arg(env!("CARGO_BIN_EXE_lors"));
+            c
+        }
+        None => Command::new(env!("CARGO_BIN_EXE_lors")),
+    };
+    let mut child = cmd
         .args(args)
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
@@ -144,7 +158,7 @@ impl LboneProc {
         .map(|s| s.to_string())
         .collect();
         args.extend(extra.iter().map(|s| s.to_string()));
-        let (child, lines) = spawn_ready(&args, "lors lbone: ready");
+        let (child, lines) = spawn_ready(&[], &args, "lors lbone: ready");
         let find = |prefix: &str| {
             lines
                 .iter()

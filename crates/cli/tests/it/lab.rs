@@ -1,0 +1,295 @@
+//! Fault and straggler scenarios in a network lab: each depot on a host of
+//! its own (a network namespace) behind a rate-limited link, built by
+//! `scripts/netlab.sh`; the client's host has an unlimited link. Needs root
+//! and iproute2: skipped otherwise, unless `LORS_REQUIRE_SERVICES=1` (as in
+//! CI), which makes a missing lab a failure.
+//!
+//! Each scenario checks what a user would: the transfer completes and the
+//! bytes are identical. Times are printed, never asserted.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::util::{DepotProc, tempdir};
+
+/// Every depot link, Mbit/s each way.
+const RATE: u32 = 40;
+const SIZE: usize = 24 << 20;
+
+fn netlab_script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/netlab.sh")
+}
+
+struct Lab {
+    prefix: String,
+    net: String,
+    depots: Vec<Option<DepotProc>>,
+    dir: tempfile::TempDir,
+}
+
+impl Lab {
+    /// `n` depot hosts (1..=n) at [`RATE`] and a client host n+1, or `None`
+    /// when this machine cannot build a lab.
+    fn up(prefix: &str, net: &str, n: usize) -> Option<Lab> {
+        let root = Command::new("id")
+            .arg("-u")
+            .output()
+            .is_ok_and(|o| o.stdout.trim_ascii() == b"0");
+        let required = std::env::var("LORS_REQUIRE_SERVICES").is_ok_and(|v| v == "1");
+        if !root {
+            assert!(!required, "the network lab needs root");
+            eprintln!("skipping: the network lab needs root");
+            return None;
+        }
+        let mut lab = Lab {
+            prefix: prefix.into(),
+            net: net.into(),
+            depots: Vec::new(),
+            dir: tempdir(),
+        };
+        let up = lab.netlab(&["up", &(n + 1).to_string(), &RATE.to_string()]);
+        if !up.status.success() {
+            let why = String::from_utf8_lossy(&up.stderr).into_owned();
+            assert!(!required, "cannot build the network lab: {why}");
+            eprintln!("skipping: cannot build the network lab: {why}");
+            return None;
+        }
+        assert!(
+            lab.netlab(&["rate", &(n + 1).to_string(), "0"])
+                .status
+                .success()
+        );
+        for i in 1..=n {
+            let data = lab.dir.path().join(format!("depot-{i}"));
+            let listen = format!("{}:6714", lab.addr(i));
+            let d = DepotProc::start_in(&lab.ns(i), &data, &["--listen", &listen]);
+            lab.depots.push(Some(d));
+        }
+        Some(lab)
+    }
+
+    fn netlab(&self, args: &[&str]) -> Output {
+        Command::new("bash")
+            .arg(netlab_script())
+            .args(args)
+            .env("NL_PREFIX", &self.prefix)
+            .env("NL_NET", &self.net)
+            .output()
+            .expect("run netlab.sh")
+    }
+
+    fn addr(&self, i: usize) -> String {
+        let out = self.netlab(&["addr", &i.to_string()]);
+        String::from_utf8(out.stdout).unwrap().trim().to_owned()
+    }
+
+    fn ns(&self, i: usize) -> Vec<String> {
+        ["ip", "netns", "exec", &format!("{}-h{i}", self.prefix)]
+            .map(String::from)
+            .to_vec()
+    }
+
+    fn client(&self) -> usize {
+        self.depots.len() + 1
+    }
+
+    /// `lors ARGS…` on the client host, not waited for.
+    fn spawn(&self, args: &[&str]) -> Child {
+        let ns = self.ns(self.client());
+        Command::new(&ns[0])
+            .args(&ns[1..])
+            .arg(env!("CARGO_BIN_EXE_lors"))
+            .args(args)
+            .env("RUST_LOG", "warn")
+            .env_remove("LBONE_SERVER")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn lors in the lab")
+    }
+
+    /// `lors ARGS…` on the client host.
+    fn run(&self, args: &[&str]) -> Output {
+        self.spawn(args).wait_with_output().unwrap()
+    }
+
+    fn depot_args(&self) -> Vec<String> {
+        self.depots
+            .iter()
+            .flatten()
+            .flat_map(|d| ["--depot".to_string(), d.addr.clone()])
+            .collect()
+    }
+
+    fn path(&self, name: &str) -> String {
+        self.dir.path().join(name).display().to_string()
+    }
+
+    /// Writes the test file and uploads it: 2 copies of 1 MiB blocks.
+    fn place(&self) -> (Vec<u8>, String) {
+        let data: Vec<u8> = (0..SIZE as u64)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect();
+        std::fs::write(self.path("src.bin"), &data).unwrap();
+        let xnd = self.path("src.xnd");
+        let mut args = vec!["upload", "--quiet", "-n", "-c", "2", "-b", "1M", "-o", &xnd];
+        let depots = self.depot_args();
+        args.extend(depots.iter().map(String::as_str));
+        let src = self.path("src.bin");
+        args.push(&src);
+        let out = self.run(&args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (data, xnd)
+    }
+
+    /// Cuts host `i`'s link: its packets go nowhere, its connections hang.
+    fn cut(&self, i: usize) {
+        let ns = self.ns(i);
+        let st = Command::new(&ns[0])
+            .args(&ns[1..])
+            .args(["ip", "link", "set", "eth0", "down"])
+            .status()
+            .unwrap();
+        assert!(st.success());
+    }
+
+    fn kill(&mut self, i: usize) {
+        if let Some(mut d) = self.depots[i - 1].take() {
+            d.kill9();
+            self.depots[i - 1] = Some(d); // keep its address for depot_args
+        }
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        self.depots.clear();
+        let _ = self.netlab(&["down"]);
+    }
+}
+
+/// Downloads `xnd` on the client host with `-T 2s` and checks the bytes.
+fn download_identical(lab: &Lab, xnd: &str, want: &[u8], fault: impl FnOnce()) -> String {
+    let out = lab.path("out.bin");
+    let t0 = Instant::now();
+    let child = lab.spawn(&["download", "--quiet", "--json", "-T", "2s", "-o", &out, xnd]);
+    fault();
+    let res = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&res.stderr).into_owned();
+    assert!(res.status.success(), "download failed: {stderr}");
+    let got = std::fs::read(&out).unwrap();
+    assert!(got == want, "downloaded bytes differ from the upload");
+    eprintln!("download took {:.2}s", t0.elapsed().as_secs_f64());
+    String::from_utf8_lossy(&res.stdout).into_owned() + &stderr
+}
+
+fn after(ms: u64) {
+    std::thread::sleep(Duration::from_millis(ms));
+}
+
+#[test]
+fn a_depot_at_a_tenth_of_the_rate_serves_less_and_the_download_is_identical() {
+    let Some(lab) = Lab::up("lt1", "10.213.31", 3) else {
+        return;
+    };
+    let (data, xnd) = lab.place();
+    assert!(
+        lab.netlab(&["rate", "1", &(RATE / 10).to_string()])
+            .status
+            .success()
+    );
+    let report = download_identical(&lab, &xnd, &data, || {});
+    // The JSON summary lists bytes per depot: the slow one must not have
+    // carried its even share.
+    let slow = lab.depots[0].as_ref().unwrap().addr.clone();
+    let json_at = report.find('{').expect("a JSON summary");
+    let v: serde_json::Value =
+        serde_json::from_str(report[json_at..].lines().next().unwrap()).expect("JSON summary");
+    let served = v["per_depot"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["depot"] == slow.as_str())
+        .map_or(0, |d| d["bytes"].as_u64().unwrap());
+    assert!(
+        served < (SIZE / 3) as u64,
+        "the slowed depot served {served} of {SIZE} bytes"
+    );
+}
+
+#[test]
+fn a_depot_link_cut_mid_download_leaves_the_output_identical() {
+    let Some(lab) = Lab::up("lt2", "10.213.32", 3) else {
+        return;
+    };
+    let (data, xnd) = lab.place();
+    download_identical(&lab, &xnd, &data, || {
+        after(400);
+        lab.cut(1);
+    });
+}
+
+#[test]
+fn a_depot_killed_mid_download_leaves_the_output_identical() {
+    let Some(mut lab) = Lab::up("lt3", "10.213.33", 3) else {
+        return;
+    };
+    let (data, xnd) = lab.place();
+    let out = lab.path("out.bin");
+    let child = lab.spawn(&["download", "--quiet", "-T", "2s", "-o", &out, &xnd]);
+    after(400);
+    lab.kill(1);
+    let res = child.wait_with_output().unwrap();
+    assert!(
+        res.status.success(),
+        "download failed: {}",
+        String::from_utf8_lossy(&res.stderr)
+    );
+    assert!(
+        std::fs::read(&out).unwrap() == data,
+        "downloaded bytes differ"
+    );
+}
+
+/// Uploads with a fault injected 400 ms in; the upload must complete and
+/// the file come back identical with the fault still in place.
+fn upload_survives(prefix: &str, net: &str, fault: impl FnOnce(&mut Lab)) {
+    let Some(mut lab) = Lab::up(prefix, net, 4) else {
+        return;
+    };
+    let data: Vec<u8> = (0..SIZE as u64).map(|i| (i * 7 + i / 4099) as u8).collect();
+    let src = lab.path("src.bin");
+    std::fs::write(&src, &data).unwrap();
+    let xnd = lab.path("up.xnd");
+    let depots = lab.depot_args();
+    let mut args = vec!["upload", "--quiet", "-n", "-c", "2", "-b", "1M", "-T", "2s"];
+    args.extend(depots.iter().map(String::as_str));
+    args.extend(["-o", &xnd, &src]);
+    let t0 = Instant::now();
+    let child = lab.spawn(&args);
+    after(400);
+    fault(&mut lab);
+    let res = child.wait_with_output().unwrap();
+    assert!(
+        res.status.success(),
+        "upload failed: {}",
+        String::from_utf8_lossy(&res.stderr)
+    );
+    eprintln!("upload took {:.2}s", t0.elapsed().as_secs_f64());
+    download_identical(&lab, &xnd, &data, || {});
+}
+
+#[test]
+fn an_upload_completes_on_the_other_depots_when_one_is_killed() {
+    upload_survives("lt4", "10.213.34", |lab| lab.kill(1));
+}
+
+#[test]
+fn an_upload_completes_on_the_other_depots_when_a_link_is_cut() {
+    upload_survives("lt5", "10.213.35", |lab| lab.cut(2));
+}
