@@ -1,7 +1,8 @@
 //! Download: the adaptive block scheduler of DESIGN.md / seed 001 §3.
 //!
 //! The range is planned into segments ([`crate::plan`]). Each depot gets
-//! `conns_per_depot` workers; a worker takes the first pending segment its
+//! `conns_per_depot` workers, or as many as its measured throughput earns
+//! (auto-tuning, the default); a worker takes the first pending segment its
 //! depot holds, so faster depots take more. A failed read marks that replica
 //! bad for the segment and puts the segment back. When nothing is pending, an
 //! idle worker fetches the oldest in-flight segment again from another replica
@@ -36,7 +37,8 @@ pub struct DownloadOptions {
     pub length: Option<u64>,
     /// Largest segment fetched in one LOAD.
     pub block_size: u64,
-    /// Parallel connections per depot.
+    /// Parallel connections per depot; 0 = tuned per depot from measured
+    /// throughput (see [`AUTO_START`], [`AUTO_MAX`]).
     pub conns_per_depot: usize,
     /// Fetch stragglers again from another replica when idle.
     pub hedge: bool,
@@ -59,13 +61,75 @@ impl Default for DownloadOptions {
             offset: 0,
             length: None,
             block_size: 10 << 20,
-            conns_per_depot: 4,
+            conns_per_depot: 0,
             hedge: true,
             resume: false,
             window: 16,
             threads: 0,
             last_resort: HashSet::new(),
         }
+    }
+}
+
+/// Connections per depot an auto-tuned download starts with.
+pub const AUTO_START: usize = 2;
+/// Most connections per depot the tuner will open.
+pub const AUTO_MAX: usize = 8;
+/// A tuner step must gain this much throughput to be kept.
+const AUTO_GAIN: f64 = 1.10;
+
+/// Per-depot connection tuning: hill-climbing on measured throughput. The
+/// depot starts at [`AUTO_START`] connections; after each measurement window
+/// it adds one while the last one added raised its rate by at least
+/// [`AUTO_GAIN`], and otherwise gives the last one back and stays there. A
+/// link that one connection fills stays at few; a long fat pipe, where each
+/// TCP window limits a connection, climbs.
+struct Tune {
+    level: usize,
+    growing: bool,
+    /// Rate at `level - 1`, bytes/s.
+    prev_rate: Option<f64>,
+    window_start: Instant,
+    window_bytes: u64,
+    window_segs: u32,
+}
+
+impl Tune {
+    fn new() -> Self {
+        Tune {
+            level: AUTO_START,
+            growing: true,
+            prev_rate: None,
+            window_start: Instant::now(),
+            window_bytes: 0,
+            window_segs: 0,
+        }
+    }
+
+    /// Counts a delivered segment; closes the window once it holds enough
+    /// segments and time to mean something.
+    fn delivered(&mut self, len: u64) {
+        self.window_bytes += len;
+        self.window_segs += 1;
+        let took = self.window_start.elapsed();
+        if !self.growing || self.window_segs < 4 || took < Duration::from_millis(500) {
+            return;
+        }
+        let rate = self.window_bytes as f64 / took.as_secs_f64();
+        match self.prev_rate {
+            Some(p) if rate < p * AUTO_GAIN => {
+                self.level -= 1;
+                self.growing = false;
+            }
+            _ if self.level >= AUTO_MAX => self.growing = false,
+            _ => {
+                self.prev_rate = Some(rate);
+                self.level += 1;
+            }
+        }
+        self.window_start = Instant::now();
+        self.window_bytes = 0;
+        self.window_segs = 0;
     }
 }
 
@@ -128,6 +192,8 @@ struct Sched {
     dead: HashSet<String>,
     /// Segments claimed but not yet handed to the output.
     writing: usize,
+    /// Per-depot connection tuning, when the connection count is automatic.
+    tune: BTreeMap<String, Tune>,
 }
 
 struct Ctx {
@@ -169,10 +235,14 @@ impl Ctx {
             .find(|m| !s.failed.contains(m) && !s.running_on.contains(m) && self.depot(*m) == depot)
     }
 
-    fn pick(&self, depot: &str) -> Pick {
+    /// What connection `conn` (0-based) of `depot` should do next.
+    fn pick(&self, depot: &str, conn: usize) -> Pick {
         let mut g = self.lock();
         if g.fatal.is_some() || g.done + g.lost.len() == g.segs.len() || g.dead.contains(depot) {
             return Pick::Exit;
+        }
+        if g.tune.get(depot).is_some_and(|t| conn >= t.level) {
+            return Pick::Wait; // a connection the tuner has not opened (yet)
         }
         let limit = if self.stream {
             g.written + self.opts.window
@@ -322,6 +392,9 @@ impl Ctx {
         g.done += 1;
         g.writing += 1;
         g.stats.bytes += len;
+        if let Some(t) = g.tune.get_mut(depot) {
+            t.delivered(len);
+        }
         *g.depot_bytes.entry(depot.to_owned()).or_default() += len;
         true
     }
@@ -330,6 +403,7 @@ impl Ctx {
 async fn worker(
     ctx: Arc<Ctx>,
     depot: String,
+    conn: usize,
     tx: Option<mpsc::Sender<(usize, Vec<u8>)>>,
     out: Option<Arc<OutFile>>,
 ) {
@@ -339,7 +413,7 @@ async fn worker(
             Some(s) => Some(s.clone().acquire_owned().await),
             None => None,
         };
-        let (i, m) = match ctx.pick(&depot) {
+        let (i, m) = match ctx.pick(&depot, conn) {
             Pick::Exit => return,
             Pick::Wait => {
                 drop(slot);
@@ -631,6 +705,11 @@ pub async fn download(
             depot_bytes: BTreeMap::new(),
             dead: HashSet::new(),
             writing: 0,
+            tune: if opts.conns_per_depot == 0 {
+                depots.iter().map(|d| (d.clone(), Tune::new())).collect()
+            } else {
+                BTreeMap::new()
+            },
         }),
         wake: Notify::new(),
         pool,
@@ -664,11 +743,16 @@ pub async fn download(
         None => (None, None),
     };
     let mut workers = tokio::task::JoinSet::new();
+    let per_depot = match opts.conns_per_depot {
+        0 => AUTO_MAX,
+        n => n,
+    };
     for d in &depots {
-        for _ in 0..opts.conns_per_depot.max(1) {
+        for conn in 0..per_depot {
             workers.spawn(worker(
                 ctx.clone(),
                 d.clone(),
+                conn,
                 tx.clone(),
                 file_out.as_ref().map(|f| f.0.clone()),
             ));

@@ -41,9 +41,10 @@ pub struct Args {
     /// Largest piece fetched in one request [default: 10M].
     #[arg(short = 'b', long = "block-size", env = "LORS_BLOCKSIZE", value_parser = size_arg)]
     block_size: Option<u64>,
-    /// Connections per depot.
-    #[arg(short = 'a', long = "connections", default_value_t = 4)]
-    connections: usize,
+    /// Connections per depot [default: tuned per depot from its measured
+    /// throughput, 2 to 8]
+    #[arg(short = 'a', long = "connections", value_parser = clap::value_parser!(u16).range(1..=256))]
+    connections: Option<u16>,
     /// Fetches in flight across all depots [default: THREADS in ~/.xndrc,
     /// else connections × depots].
     #[arg(short = 't', long, env = "LORS_THREADS")]
@@ -132,7 +133,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         offset: a.offset,
         length: a.length,
         block_size: a.block_size.or(a.exnode.block_size).unwrap_or(10 << 20),
-        conns_per_depot: a.connections,
+        conns_per_depot: a.connections.map_or(0, usize::from),
         hedge: !a.no_redundancy,
         resume: a.resume,
         window: a.prebuffer.max(1),

@@ -707,8 +707,13 @@ fn a_flipped_byte_on_a_depot_is_detected_and_read_from_the_replica() {
         f.write_all_at(&[b[0] ^ 0x10], 4096 + 1000).unwrap();
         drop(f);
         let out = dir.path().join("c.out");
+        // Four connections per depot for three blocks: the idle ones fetch
+        // every running block again from the other replica, so the damaged
+        // replica is read whichever depot starts first.
         let (ok, _, err) = lors(&[
             "download",
+            "-a",
+            "4",
             "-o",
             out.to_str().unwrap(),
             xnd.to_str().unwrap(),
