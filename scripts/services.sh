@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Test services the suite needs besides our own processes, installed from
 # Debian's packages when missing: a throwaway PostgreSQL (for the L-Bone's
-# PostgreSQL store) and headless Chromium + ChromeDriver (for the dashboard).
+# PostgreSQL store), headless Chromium + ChromeDriver (for the dashboard) and
+# iproute2 (for the network lab).
 #
 #   source scripts/services.sh   # exports LORS_TEST_PG_URL, LORS_REQUIRE_SERVICES,
 #                                # LORS_CHROMIUM; stops PostgreSQL on exit
@@ -19,6 +20,12 @@ _pg_bin() { ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1; }
 if [ -z "$(_pg_bin)" ]; then
     echo "installing PostgreSQL (Debian package postgresql)"
     _apt_install postgresql
+fi
+# The network-lab tests (crates/cli/tests/it/lab.rs) build namespaces and
+# tbf links with iproute2 (ip, tc).
+if ! command -v ip >/dev/null 2>&1 || ! command -v tc >/dev/null 2>&1; then
+    echo "installing iproute2 (network lab)"
+    _apt_install iproute2
 fi
 if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
     echo "installing Chromium and ChromeDriver (Debian packages chromium, chromium-driver)"

@@ -60,7 +60,10 @@ impl Default for DownloadOptions {
         DownloadOptions {
             offset: 0,
             length: None,
-            block_size: 10 << 20,
+            // Small enough that the last pieces in flight end close together
+            // (2 MiB is 0.17 s at 100 Mbit/s), large enough that a request
+            // per piece costs nothing measurable on loopback.
+            block_size: 2 << 20,
             conns_per_depot: 0,
             hedge: true,
             resume: false,

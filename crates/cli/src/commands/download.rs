@@ -38,7 +38,8 @@ pub struct Args {
     /// Bytes to fetch [default: to the end].
     #[arg(short = 'L', long, value_parser = size_arg)]
     length: Option<u64>,
-    /// Largest piece fetched in one request [default: 10M].
+    /// Largest piece fetched in one request [default: 2M]. Small pieces
+    /// keep every depot busy to the end of the transfer.
     #[arg(short = 'b', long = "block-size", env = "LORS_BLOCKSIZE", value_parser = size_arg)]
     block_size: Option<u64>,
     /// Connections per depot [default: tuned per depot from its measured
@@ -132,7 +133,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         last_resort,
         offset: a.offset,
         length: a.length,
-        block_size: a.block_size.or(a.exnode.block_size).unwrap_or(10 << 20),
+        block_size: a
+            .block_size
+            .or(a.exnode.block_size)
+            .unwrap_or(DownloadOptions::default().block_size),
         conns_per_depot: a.connections.map_or(0, usize::from),
         hedge: !a.no_redundancy,
         resume: a.resume,
