@@ -75,7 +75,7 @@ impl Default for DownloadOptions {
 }
 
 /// Connections per depot an auto-tuned download starts with.
-pub const AUTO_START: usize = 2;
+pub const AUTO_START: usize = 1;
 /// Most connections per depot the tuner will open.
 pub const AUTO_MAX: usize = 8;
 /// A tuner step must gain this much throughput to be kept.
@@ -208,6 +208,8 @@ struct Ctx {
     opts: DownloadOptions,
     base: u64,
     stream: bool,
+    /// Each mapping's depot (`host:port`), computed once.
+    names: Vec<String>,
     /// The `threads` cap, when set.
     slots: Option<Arc<tokio::sync::Semaphore>>,
 }
@@ -223,19 +225,18 @@ impl Ctx {
         self.sched.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    fn depot_name(&self, m: usize) -> &str {
+        &self.names[m]
+    }
+
     fn depot(&self, m: usize) -> String {
-        self.x.mappings[m]
-            .read
-            .as_ref()
-            .map(|c| c.address())
-            .unwrap_or_default()
+        self.names[m].clone()
     }
 
     fn usable(&self, s: &Seg, depot: &str) -> Option<usize> {
-        s.sources
-            .iter()
-            .copied()
-            .find(|m| !s.failed.contains(m) && !s.running_on.contains(m) && self.depot(*m) == depot)
+        s.sources.iter().copied().find(|m| {
+            !s.failed.contains(m) && !s.running_on.contains(m) && self.depot_name(*m) == depot
+        })
     }
 
     /// What connection `conn` (0-based) of `depot` should do next.
@@ -254,31 +255,39 @@ impl Ctx {
         };
         let mut could_later = false;
         let last_resort = self.opts.last_resort.contains(depot);
-        let pos = g.pending.iter().position(|&i| {
-            let s = &g.segs[i];
-            // A last-resort depot leaves pieces to the others while they can.
-            if last_resort
-                && s.sources.iter().any(|m| {
-                    let d = self.depot(*m);
-                    !s.failed.contains(m)
-                        && !g.dead.contains(&d)
-                        && !self.opts.last_resort.contains(&d)
-                })
-            {
-                if self.usable(s, depot).is_some() {
-                    could_later = true;
+        let candidates: Vec<usize> = (0..g.pending.len())
+            .filter(|&p| {
+                let i = g.pending[p];
+                let s = &g.segs[i];
+                // A last-resort depot leaves pieces to the others while they can.
+                if last_resort
+                    && s.sources.iter().any(|m| {
+                        let d = self.depot(*m);
+                        !s.failed.contains(m)
+                            && !g.dead.contains(&d)
+                            && !self.opts.last_resort.contains(&d)
+                    })
+                {
+                    if self.usable(s, depot).is_some() {
+                        could_later = true;
+                    }
+                    return false;
                 }
-                return false;
-            }
-            match self.usable(s, depot) {
-                Some(_) if i < limit => true,
-                Some(_) => {
-                    could_later = true;
-                    false
+                match self.usable(s, depot) {
+                    Some(_) if i < limit => true,
+                    Some(_) => {
+                        could_later = true;
+                        false
+                    }
+                    None => false,
                 }
-                None => false,
-            }
-        });
+            })
+            .collect();
+        let pos = if self.stream {
+            candidates.first().copied() // in order: the writer waits for the earliest
+        } else {
+            self.balanced(&g, depot, &candidates)
+        };
         if let Some(p) = pos {
             let i = g.pending.remove(p).expect("position is in range");
             let m = self.usable(&g.segs[i], depot).expect("checked above");
@@ -288,7 +297,12 @@ impl Ctx {
             s.running_on.push(m);
             return Pick::Fetch(i, m);
         }
-        // Nothing pending here: help with the oldest straggler, once.
+        // Nothing pending here: help with the oldest straggler, once — but
+        // only with this depot's link idle, or the copy would slow the piece
+        // it is already sending.
+        let idle_here = !g.segs.iter().any(|s| {
+            s.st == St::Running && s.running_on.iter().any(|&m| self.depot_name(m) == depot)
+        });
         let mut best: Option<(usize, usize, Instant)> = None;
         for (i, s) in g.segs.iter().enumerate() {
             if s.st != St::Running || i >= limit {
@@ -297,6 +311,7 @@ impl Ctx {
             if let Some(m) = self.usable(s, depot) {
                 could_later = true;
                 if self.opts.hedge
+                    && idle_here
                     && s.running_on.len() == 1
                     && best.is_none_or(|b| s.started < b.2)
                 {
@@ -318,6 +333,38 @@ impl Ctx {
         } else {
             Pick::Exit
         }
+    }
+
+    /// Among the pending positions `candidates` (all servable by `depot`),
+    /// the piece whose other holders have the most pending work of their
+    /// own: each depot takes what the others are least likely to get to,
+    /// so no depot is left at the end with nothing it holds while others
+    /// still queue. Ties go to the earliest piece.
+    fn balanced(&self, g: &Sched, depot: &str, candidates: &[usize]) -> Option<usize> {
+        if candidates.len() <= 1 {
+            return candidates.first().copied();
+        }
+        let mut load: BTreeMap<&str, usize> = BTreeMap::new();
+        for &i in &g.pending {
+            let s = &g.segs[i];
+            for &m in &s.sources {
+                if !s.failed.contains(&m) {
+                    *load.entry(self.depot_name(m)).or_default() += 1;
+                }
+            }
+        }
+        candidates.iter().copied().max_by_key(|&p| {
+            let s = &g.segs[g.pending[p]];
+            let others = s
+                .sources
+                .iter()
+                .map(|&m| self.depot_name(m))
+                .filter(|d| *d != depot && !g.dead.contains(*d))
+                .map(|d| load.get(d).copied().unwrap_or(0))
+                .min()
+                .unwrap_or(usize::MAX);
+            (others, std::cmp::Reverse(p))
+        })
     }
 
     /// A read failed (or returned corrupted bytes): that replica is bad for
@@ -697,6 +744,11 @@ pub async fn download(
     depots.dedup();
     let ctx = Arc::new(Ctx {
         x: x.clone(),
+        names: x
+            .mappings
+            .iter()
+            .map(|m| m.read.as_ref().map(|c| c.address()).unwrap_or_default())
+            .collect(),
         sched: Mutex::new(Sched {
             segs,
             pending,

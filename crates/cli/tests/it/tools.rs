@@ -706,14 +706,42 @@ fn a_flipped_byte_on_a_depot_is_detected_and_read_from_the_replica() {
         f.read_exact_at(&mut b, 4096 + 1000).unwrap();
         f.write_all_at(&[b[0] ^ 0x10], 4096 + 1000).unwrap();
         drop(f);
+        // Only the damaged replica left for block 1: the damage is caught
+        // and named, not written out.
+        let other = x
+            .mappings
+            .iter()
+            .position(|m| m.exnode_offset == 256 << 10 && m.depot() != victim.depot())
+            .unwrap()
+            .to_string();
+        let one = dir.path().join("one.xnd");
+        let (ok, _, err) = lors(&[
+            "trim",
+            "-m",
+            &other,
+            "-o",
+            one.to_str().unwrap(),
+            xnd.to_str().unwrap(),
+        ]);
+        assert!(ok, "{label}: trim: {err}");
         let out = dir.path().join("c.out");
-        // Four connections per depot for three blocks: the idle ones fetch
-        // every running block again from the other replica, so the damaged
-        // replica is read whichever depot starts first.
         let (ok, _, err) = lors(&[
             "download",
-            "-a",
-            "4",
+            "-o",
+            out.to_str().unwrap(),
+            one.to_str().unwrap(),
+        ]);
+        assert!(
+            !ok,
+            "{label}: a download from the damaged replica alone must fail"
+        );
+        assert!(
+            err.contains("corrupted"),
+            "{label}: the damage is reported: {err}"
+        );
+        // With both replicas, the file comes back whole whichever is read.
+        let (ok, _, err) = lors(&[
+            "download",
             "-o",
             out.to_str().unwrap(),
             xnd.to_str().unwrap(),
@@ -722,10 +750,6 @@ fn a_flipped_byte_on_a_depot_is_detected_and_read_from_the_replica() {
         assert!(
             std::fs::read(&out).unwrap() == data,
             "{label}: output differs"
-        );
-        assert!(
-            err.contains("corrupted"),
-            "{label}: the damage is reported: {err}"
         );
     }
 }
