@@ -171,7 +171,7 @@ def download_cases(lab: Lab, src: Path, xnd: Path, www: Path, size: int,
     mirrors = [f"http://{lab.addr[i]}:{HTTP_PORT}/{src.name}" for i in range(1, lab.k + 1)]
     lors = str(lab.lors)
     return [
-        Case(f"lors download (defaults)", "ours",
+        Case("lors download (defaults)", "ours",
              lab.at_client([lors, "download", "--quiet", "-o", str(out), str(xnd)]), size,
              before=[rm], verify=(out, src)),
         *[
@@ -192,20 +192,35 @@ def download_cases(lab: Lab, src: Path, xnd: Path, www: Path, size: int,
     ]
 
 
-def scaling(lors: Path, d: Path, k: int, rate: int, per_link: int, rounds: int,
-            threads: list[int]) -> tuple[str, dict]:
+def link_goodput(lab: Lab, per_link: int) -> Case:
+    """iperf3, one stream, depot host 1 -> client: the single-link TCP goodput."""
+    return Case("iperf3, one link, one stream", "limit",
+                lab.at_client(["iperf3", "-c", lab.addr[1], "-p", str(IPERF_PORT), "-R", "-t", "5",
+                               "-J"]), per_link, parse=iperf_seconds(per_link))
+
+
+def setup(lors: Path, d: Path, k: int, rate: int, per_link: int) -> tuple[Lab, Path, Path, Path, int]:
+    """The test file (k x per_link random bytes), the lab, and the file placed on its depots."""
     size = k * per_link
     www = d / "www"
     src = www / f"src-{k}.bin"
     make_file(src, size)
     src.chmod(0o644)
     lab = Lab(lors, d, k, rate)
+    xnd = d / f"src-{k}.xnd"
     try:
-        xnd = d / f"src-{k}.xnd"
         place(lab, src, xnd)
-        g = Case("iperf3, one link, one stream", "limit",
-                 lab.at_client(["iperf3", "-c", lab.addr[1], "-p", str(IPERF_PORT), "-R", "-t", "5",
-                                "-J"]), per_link, parse=iperf_seconds(per_link))
+    except BaseException:
+        lab.stop()
+        raise
+    return lab, www, src, xnd, size
+
+
+def scaling(lors: Path, d: Path, k: int, rate: int, per_link: int, rounds: int,
+            threads: list[int]) -> tuple[str, dict]:
+    lab, www, src, xnd, size = setup(lors, d, k, rate, per_link)
+    try:
+        g = link_goodput(lab, per_link)
         cases = [g, *download_cases(lab, src, xnd, www, size, threads)]
         measure(cases, rounds, timeout=900)
     finally:
@@ -233,19 +248,10 @@ def scaling(lors: Path, d: Path, k: int, rate: int, per_link: int, rounds: int,
 
 
 def faults(lors: Path, d: Path, k: int, rate: int, per_link: int, rounds: int) -> str:
-    size = k * per_link
-    www = d / "www"
-    src = www / f"src-{k}.bin"
-    make_file(src, size)
-    src.chmod(0o644)
-    lab = Lab(lors, d, k, rate)
+    lab, www, src, xnd, size = setup(lors, d, k, rate, per_link)
     lines = []
     try:
-        xnd = d / f"src-{k}.xnd"
-        place(lab, src, xnd)
-        g = Case("iperf3", "limit", lab.at_client(["iperf3", "-c", lab.addr[1], "-p", str(IPERF_PORT),
-                                                    "-R", "-t", "5", "-J"]), per_link,
-                 parse=iperf_seconds(per_link))
+        g = link_goodput(lab, per_link)
         measure([g], 1, timeout=60)
         goodput = median(g.rates()) * GiB
         slow = max(1, rate // 10)

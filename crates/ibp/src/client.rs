@@ -21,7 +21,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use tokio::io::{AsyncBufRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use tokio::time::timeout;
 
@@ -446,22 +446,8 @@ impl Connection {
         pos: u64,
     ) -> Result<()> {
         self.load_header(cap, offset, len).await?;
-        // Data that arrived with the reply line is already in our buffer.
-        let head_len = self
-            .stream
-            .buffer()
-            .len()
-            .min(usize::try_from(len).unwrap_or(usize::MAX));
-        let r = zerocopy::recv_file(
-            self.stream.get_ref(),
-            &self.stream.buffer()[..head_len],
-            file,
-            pos,
-            len,
-            self.cfg.io_timeout,
-        )
-        .await;
-        std::pin::Pin::new(&mut self.stream).consume(head_len);
+        let r =
+            zerocopy::recv_buffered(&mut self.stream, file, pos, len, self.cfg.io_timeout).await;
         self.xfer_result(r, "LOAD data", "LOAD output")
     }
 
@@ -475,18 +461,11 @@ impl Connection {
         pos: u64,
         len: u64,
     ) -> Result<u64> {
-        let req = Request::Store {
-            version: Version::V14,
-            key: KeyToken::of(cap),
-            typekey: cap.typekey.clone(),
-            length: len,
-            timeout: self.cfg.server_timeout,
-        };
-        self.begin_data("STORE", &req.encode()).await?;
+        self.begin_store(cap, len).await?;
         let r =
             zerocopy::send_file(self.stream.get_ref(), file, pos, len, self.cfg.io_timeout).await;
         self.xfer_result(r, "STORE data", "STORE input")?;
-        self.finish_data("STORE", len).await
+        self.finish_store(len).await
     }
 
     fn xfer_result(

@@ -185,6 +185,28 @@ pub async fn recv_file(
     Ok(())
 }
 
+/// [`recv_file`] on a buffered socket: bytes the reader already holds (they
+/// arrived with the command or reply line) go first and are consumed.
+///
+/// # Errors
+/// As [`recv_file`].
+pub async fn recv_buffered(
+    rd: &mut tokio::io::BufReader<TcpStream>,
+    file: &File,
+    pos: u64,
+    len: u64,
+    idle: Duration,
+) -> Result<(), XferError> {
+    use tokio::io::AsyncBufRead;
+    let head = rd
+        .buffer()
+        .len()
+        .min(usize::try_from(len).unwrap_or(usize::MAX));
+    let r = recv_file(rd.get_ref(), &rd.buffer()[..head], file, pos, len, idle).await;
+    std::pin::Pin::new(rd).consume(head);
+    r
+}
+
 /// Copies `n` bytes out of the pipe into the file with read + pwrite.
 fn drain_by_copy(pr: &OwnedFd, file: &File, pos: &mut u64, mut n: usize) -> Result<(), XferError> {
     let mut buf = vec![0u8; n.min(PIPE_BYTES)];

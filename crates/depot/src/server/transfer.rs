@@ -7,7 +7,7 @@ use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncBufRead, AsyncReadExt, BufReader};
+use tokio::io::{AsyncReadExt, BufReader};
 use tokio::net::TcpStream;
 use tokio::time::timeout;
 
@@ -52,15 +52,7 @@ pub(crate) async fn recv_to_file(
     len: u64,
     idle: Duration,
 ) -> Result<(), XferError> {
-    let head = rd
-        .buffer()
-        .len()
-        .min(usize::try_from(len).unwrap_or(usize::MAX));
-    let r =
-        lors_ibp::zerocopy::recv_file(rd.get_ref(), &rd.buffer()[..head], &file, pos, len, idle)
-            .await;
-    std::pin::Pin::new(rd).consume(head);
-    r
+    lors_ibp::zerocopy::recv_buffered(rd, &file, pos, len, idle).await
 }
 
 /// Copies `len` bytes between files (blocking): `copy_file_range` where the
