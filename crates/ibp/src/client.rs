@@ -434,20 +434,20 @@ impl Connection {
         Ok(len)
     }
 
-    /// LOAD straight into `file` at byte `pos`, with no copy through user
-    /// space on Linux (see [`crate::zerocopy`]). Errors writing the file are
+    /// LOAD straight into `out`'s file at byte `pos`, with no copy through
+    /// user space on Linux (see [`crate::zerocopy`]); other connections may
+    /// be loading into the same file. Errors writing the file are
     /// [`Error::Local`].
     pub async fn load_to_file(
         &mut self,
         cap: &Capability,
         offset: u64,
         len: u64,
-        file: &std::fs::File,
+        out: &zerocopy::SharedFile,
         pos: u64,
     ) -> Result<()> {
         self.load_header(cap, offset, len).await?;
-        let r =
-            zerocopy::recv_buffered(&mut self.stream, file, pos, len, self.cfg.io_timeout).await;
+        let r = zerocopy::recv_shared(&mut self.stream, out, pos, len, self.cfg.io_timeout).await;
         self.xfer_result(r, "LOAD data", "LOAD output")
     }
 

@@ -11,6 +11,7 @@
 //! buffer → kernel) and no buffer to allocate or zero. Where the kernel
 //! refuses a splice (some file systems), the copy falls back to read + pwrite.
 
+use std::collections::VecDeque;
 use std::fs::File;
 use std::io;
 use std::os::fd::OwnedFd;
@@ -100,11 +101,135 @@ pub async fn send_file(
 }
 
 /// A pipe sized for one splice round.
-fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
-    let (r, w) = pipe_with(PipeFlags::CLOEXEC | PipeFlags::NONBLOCK)?;
-    // A bigger pipe means fewer rounds; the default (64 KiB) still works.
-    let _ = fcntl_setpipe_size(&w, PIPE_BYTES);
-    Ok((r, w))
+struct Pipe {
+    r: OwnedFd,
+    w: OwnedFd,
+}
+
+impl Pipe {
+    fn new() -> io::Result<Self> {
+        let (r, w) = pipe_with(PipeFlags::CLOEXEC | PipeFlags::NONBLOCK)?;
+        // A bigger pipe means fewer rounds; the default (64 KiB) still works.
+        let _ = fcntl_setpipe_size(&w, PIPE_BYTES);
+        Ok(Pipe { r, w })
+    }
+}
+
+/// Pipes one receive may hold filled while another writes the shared file.
+const HELD_PIPES: usize = 4;
+
+/// A file several connections receive into at once.
+///
+/// Writes into one file take its inode lock, and a writer that finds it
+/// taken spins in the kernel while the holder copies: CPU that the network
+/// stack (and, on one machine, the sending depot) needs. Receives into a
+/// shared file take turns through a user-space gate instead, and a
+/// connection that finds the gate taken goes on receiving into another pipe
+/// (up to [`HELD_PIPES`]), writing what it holds at its next turn. The
+/// client's download uses one per output file; the depot, whose connections
+/// write different files, copies inline ([`recv_file`]).
+///
+/// ```no_run
+/// # async fn f(mut rd: tokio::io::BufReader<tokio::net::TcpStream>) -> std::io::Result<()> {
+/// use lors_ibp::zerocopy::{SharedFile, recv_shared};
+/// let out = SharedFile::new(std::fs::File::create("/tmp/out")?);
+/// recv_shared(&mut rd, &out, 0, 1 << 20, std::time::Duration::from_secs(30))
+///     .await
+///     .map_err(std::io::Error::other)?;
+/// # Ok(()) }
+/// ```
+pub struct SharedFile {
+    file: File,
+    gate: std::sync::Mutex<()>,
+}
+
+impl SharedFile {
+    /// Wraps `file` for shared receiving.
+    pub fn new(file: File) -> Self {
+        SharedFile {
+            file,
+            gate: std::sync::Mutex::new(()),
+        }
+    }
+
+    /// The file written.
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+}
+
+/// Where one receive puts its pipes' contents: drained at once into a
+/// file, or into a [`SharedFile`] at this receive's turn.
+struct Sink<'a> {
+    file: &'a File,
+    shared: Option<&'a SharedFile>,
+    free: Vec<Pipe>,
+    /// Filled pipes waiting for a turn at the shared file: (pipe, pos, n).
+    held: VecDeque<(Pipe, u64, usize)>,
+}
+
+impl<'a> Sink<'a> {
+    fn new(file: &'a File, shared: Option<&'a SharedFile>) -> Self {
+        Sink {
+            file,
+            shared,
+            free: Vec::new(),
+            held: VecDeque::new(),
+        }
+    }
+
+    /// An empty pipe: a free one, a new one, or one emptied by waiting for
+    /// a turn. `None` when no pipe can be made and none is held.
+    fn pipe(&mut self) -> Result<Option<Pipe>, XferError> {
+        if let Some(p) = self.free.pop() {
+            return Ok(Some(p));
+        }
+        if self.held.len() < HELD_PIPES {
+            if let Ok(p) = Pipe::new() {
+                return Ok(Some(p));
+            }
+        }
+        self.write_held(true)?;
+        Ok(self.free.pop())
+    }
+
+    /// Hands over `n` bytes in `pipe` for byte `pos` of the file.
+    fn put(&mut self, pipe: Pipe, pos: u64, n: usize) -> Result<(), XferError> {
+        if self.shared.is_none() {
+            // Drained here, not on a blocking thread: the pipe holds at
+            // most one round (PIPE_BYTES), and a page-cache write of that
+            // size is short.
+            drain(&pipe.r, self.file, pos, n)?;
+            self.free.push(pipe);
+            return Ok(());
+        }
+        self.held.push_back((pipe, pos, n));
+        self.write_held(false)
+    }
+
+    /// Writes the held pipes if it is this receive's turn; with `wait`, waits
+    /// for the turn (another receive's write of at most [`HELD_PIPES`] pipes).
+    fn write_held(&mut self, wait: bool) -> Result<(), XferError> {
+        let Some(shared) = self.shared else {
+            return Ok(());
+        };
+        if self.held.is_empty() {
+            return Ok(());
+        }
+        let _turn = match shared.gate.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::WouldBlock) if !wait => return Ok(()),
+            Err(std::sync::TryLockError::WouldBlock) => {
+                shared.gate.lock().unwrap_or_else(|e| e.into_inner())
+            }
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+        };
+        while let Some((pipe, pos, n)) = self.held.pop_front() {
+            drain(&pipe.r, self.file, pos, n)?;
+            self.free.push(pipe);
+        }
+        Ok(())
+    }
 }
 
 /// Receives exactly `len` bytes from `sock` into `file` at byte `pos`.
@@ -120,22 +245,29 @@ pub async fn recv_file(
     sock: &TcpStream,
     head: &[u8],
     file: &File,
+    pos: u64,
+    len: u64,
+    idle: Duration,
+) -> Result<(), XferError> {
+    recv_into(sock, head, Sink::new(file, None), pos, len, idle).await
+}
+
+async fn recv_into(
+    sock: &TcpStream,
+    head: &[u8],
+    mut sink: Sink<'_>,
     mut pos: u64,
     len: u64,
     idle: Duration,
 ) -> Result<(), XferError> {
     let head = &head[..usize::try_from(len).map_or(head.len(), |l| l.min(head.len()))];
-    file.write_all_at(head, pos).map_err(XferError::Disk)?;
+    sink.file.write_all_at(head, pos).map_err(XferError::Disk)?;
     pos += head.len() as u64;
     let mut left = len - head.len() as u64;
-    if left == 0 {
-        return Ok(());
-    }
-    let (pr, pw) = match pipe() {
-        Ok(p) => p,
-        Err(_) => return recv_copy(sock, file, pos, left, idle).await,
-    };
     while left > 0 {
+        let Some(p) = sink.pipe()? else {
+            return recv_copy(sock, sink.file, pos, left, idle).await;
+        };
         let want = usize::try_from(left).unwrap_or(usize::MAX).min(PIPE_BYTES);
         let res = timeout(
             idle,
@@ -143,7 +275,7 @@ pub async fn recv_file(
                 splice(
                     sock,
                     None,
-                    &pw,
+                    &p.w,
                     None,
                     want,
                     SpliceFlags::MOVE | SpliceFlags::NONBLOCK,
@@ -152,37 +284,23 @@ pub async fn recv_file(
             }),
         )
         .await;
-        let mut n = match res {
+        let n = match res {
             Err(_) => return Err(XferError::Peer(timed_out())),
             Ok(Ok(0)) => return Err(XferError::Peer(io::ErrorKind::UnexpectedEof.into())),
             Ok(Ok(n)) => n,
             // Nothing is in the pipe yet: a kernel that cannot splice this
             // socket falls back to copying.
             Ok(Err(e)) if e.raw_os_error() == Some(rustix::io::Errno::INVAL.raw_os_error()) => {
-                return recv_copy(sock, file, pos, left, idle).await;
+                sink.write_held(true)?;
+                return recv_copy(sock, sink.file, pos, left, idle).await;
             }
             Ok(Err(e)) => return Err(XferError::Peer(e)),
         };
+        sink.put(p, pos, n)?;
+        pos += n as u64;
         left -= n as u64;
-        // Drained here, not on a blocking thread: the pipe holds at most one
-        // round (PIPE_BYTES), and a page-cache write of that size is short.
-        while n > 0 {
-            match splice(&pr, None, file, Some(&mut pos), n, SpliceFlags::MOVE) {
-                Ok(0) => {
-                    return Err(XferError::Disk(io::Error::other("file accepted no bytes")));
-                }
-                Ok(k) => n -= k,
-                Err(rustix::io::Errno::INTR) => {}
-                Err(rustix::io::Errno::INVAL) => {
-                    // The file system cannot take a splice: copy out of the pipe.
-                    drain_by_copy(&pr, file, &mut pos, n)?;
-                    n = 0;
-                }
-                Err(e) => return Err(XferError::Disk(e.into())),
-            }
-        }
     }
-    Ok(())
+    sink.write_held(true)
 }
 
 /// [`recv_file`] on a buffered socket: bytes the reader already holds (they
@@ -197,14 +315,58 @@ pub async fn recv_buffered(
     len: u64,
     idle: Duration,
 ) -> Result<(), XferError> {
+    recv_buffered_into(rd, Sink::new(file, None), pos, len, idle).await
+}
+
+/// [`recv_buffered`] into a file other receives write at the same time.
+/// Returns once every byte is in the file.
+///
+/// # Errors
+/// As [`recv_file`].
+pub async fn recv_shared(
+    rd: &mut tokio::io::BufReader<TcpStream>,
+    out: &SharedFile,
+    pos: u64,
+    len: u64,
+    idle: Duration,
+) -> Result<(), XferError> {
+    recv_buffered_into(rd, Sink::new(&out.file, Some(out)), pos, len, idle).await
+}
+
+async fn recv_buffered_into(
+    rd: &mut tokio::io::BufReader<TcpStream>,
+    sink: Sink<'_>,
+    pos: u64,
+    len: u64,
+    idle: Duration,
+) -> Result<(), XferError> {
     use tokio::io::AsyncBufRead;
     let head = rd
         .buffer()
         .len()
         .min(usize::try_from(len).unwrap_or(usize::MAX));
-    let r = recv_file(rd.get_ref(), &rd.buffer()[..head], file, pos, len, idle).await;
+    let r = recv_into(rd.get_ref(), &rd.buffer()[..head], sink, pos, len, idle).await;
     std::pin::Pin::new(rd).consume(head);
     r
+}
+
+/// Moves `n` bytes out of the pipe into `file` at byte `pos`.
+fn drain(pr: &OwnedFd, file: &File, mut pos: u64, mut n: usize) -> Result<(), XferError> {
+    while n > 0 {
+        match splice(pr, None, file, Some(&mut pos), n, SpliceFlags::MOVE) {
+            Ok(0) => {
+                return Err(XferError::Disk(io::Error::other("file accepted no bytes")));
+            }
+            Ok(k) => n -= k,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(rustix::io::Errno::INVAL) => {
+                // The file system cannot take a splice: copy out of the pipe.
+                return drain_by_copy(pr, file, &mut pos, n);
+            }
+            Err(e) => return Err(XferError::Disk(e.into())),
+        }
+    }
+    Ok(())
 }
 
 /// Copies `n` bytes out of the pipe into the file with read + pwrite.
@@ -309,6 +471,46 @@ mod tests {
         dst.read_exact_at(&mut got, 5).unwrap();
         assert!(got == data[100..], "received bytes differ");
         let _ = std::fs::remove_file(sp);
+        let _ = std::fs::remove_file(dp);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_receives_into_one_shared_file_land_in_place() {
+        // Four connections, each carrying one quarter, interleaved on two
+        // threads: every byte must land at its own offset.
+        let quarter = (5 << 20) + 777usize;
+        let data: Vec<u8> = (0..4 * quarter as u32)
+            .map(|i| (i * 13 + i / 509) as u8)
+            .collect();
+        let data = std::sync::Arc::new(data);
+        let (dp, dst) = tmp("shared");
+        let out = std::sync::Arc::new(SharedFile::new(dst));
+        let idle = Duration::from_secs(10);
+        let mut tasks = Vec::new();
+        for q in 0..4 {
+            let (a, b) = pair().await;
+            let d = data.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut a = a;
+                a.write_all(&d[q * quarter..(q + 1) * quarter])
+                    .await
+                    .unwrap();
+            }));
+            let out = out.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut rd = tokio::io::BufReader::new(b);
+                let pos = (q * quarter) as u64;
+                recv_shared(&mut rd, &out, pos, quarter as u64, idle)
+                    .await
+                    .unwrap();
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let mut got = vec![0u8; data.len()];
+        out.file().read_exact_at(&mut got, 0).unwrap();
+        assert!(got == data[..], "received bytes differ");
         let _ = std::fs::remove_file(dp);
     }
 

@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use lors_exnode::ExNode;
 use lors_exnode::functions::{Codec, MAX_ENCODED_MAPPING};
+use lors_ibp::zerocopy::SharedFile;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::sync::{Notify, mpsc};
 
@@ -115,7 +116,7 @@ impl Tune {
         self.window_bytes += len;
         self.window_segs += 1;
         let took = self.window_start.elapsed();
-        if !self.growing || self.window_segs < 4 || took < Duration::from_millis(500) {
+        if !self.growing || self.window_segs < 4 || took < Duration::from_millis(250) {
             return;
         }
         let rate = self.window_bytes as f64 / took.as_secs_f64();
@@ -443,7 +444,11 @@ impl Ctx {
         g.writing += 1;
         g.stats.bytes += len;
         if let Some(t) = g.tune.get_mut(depot) {
+            let before = t.level;
             t.delivered(len);
+            if t.level != before {
+                tracing::debug!(depot, from = before, to = t.level, "connections re-tuned");
+            }
         }
         *g.depot_bytes.entry(depot.to_owned()).or_default() += len;
         true
@@ -606,13 +611,14 @@ fn ibp_err(e: lors_ibp::Error) -> Fail {
 
 /// The output file and its resume record.
 struct OutFile {
-    file: File,
+    /// The output file, which every connection splices raw pieces into.
+    file: SharedFile,
     record: Mutex<File>,
 }
 
 impl OutFile {
     fn write_segment(&self, pos: u64, offset: u64, data: &[u8]) -> std::io::Result<()> {
-        self.file.write_all_at(data, pos)?;
+        self.file.file().write_all_at(data, pos)?;
         self.record(offset, data.len() as u64)
     }
 
@@ -719,7 +725,7 @@ pub async fn download(
             (
                 Some((
                     Arc::new(OutFile {
-                        file,
+                        file: SharedFile::new(file),
                         record: Mutex::new(record),
                     }),
                     path,
@@ -857,6 +863,7 @@ pub async fn download(
     }
     if let Some((f, _, record_path)) = &file_out {
         f.file
+            .file()
             .sync_all()
             .map_err(|e| Error::io("flushing the output file", e))?;
         let _ = std::fs::remove_file(record_path);
