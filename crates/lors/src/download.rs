@@ -213,6 +213,10 @@ struct Ctx {
     names: Vec<String>,
     /// The `threads` cap, when set.
     slots: Option<Arc<tokio::sync::Semaphore>>,
+    /// Pieces may be cut smaller at the end (file output of raw mappings).
+    split_tail: bool,
+    /// Depots holding any piece of the range.
+    depots: usize,
 }
 
 enum Pick {
@@ -291,6 +295,9 @@ impl Ctx {
         };
         if let Some(p) = pos {
             let i = g.pending.remove(p).expect("position is in range");
+            if self.split_tail && g.pending.len() < self.depots.saturating_sub(g.dead.len()) {
+                split_half(&mut g, i, p);
+            }
             let m = self.usable(&g.segs[i], depot).expect("checked above");
             let s = &mut g.segs[i];
             s.st = St::Running;
@@ -579,6 +586,35 @@ async fn worker(
     }
 }
 
+/// Pieces are not cut below this at the end of a download.
+const TAIL_PIECE_MIN: u64 = 256 << 10;
+
+/// End game: with fewer pieces left than depots, the piece being taken is
+/// cut in two and its second half goes back at position `p` of the queue.
+/// Otherwise the depots that finish first sit idle while the last ones each
+/// send a whole piece; cutting shrinks that tail to a fraction of a piece.
+fn split_half(g: &mut Sched, i: usize, p: usize) {
+    let s = &g.segs[i];
+    // Halves on 64 KiB boundaries keep writes page-aligned.
+    let half = (s.len / 2) & !((64 << 10) - 1);
+    if half < TAIL_PIECE_MIN || s.len - half < TAIL_PIECE_MIN {
+        return;
+    }
+    let rest = Seg {
+        offset: s.offset + half,
+        len: s.len - half,
+        sources: s.sources.clone(),
+        failed: s.failed.clone(),
+        running_on: Vec::new(),
+        started: Instant::now(),
+        st: St::Pending,
+    };
+    g.segs[i].len = half;
+    g.segs.push(rest);
+    let j = g.segs.len() - 1;
+    g.pending.insert(p, j);
+}
+
 /// A fetched segment: in memory, or already written into the output file.
 enum Got {
     Mem(Vec<u8>),
@@ -779,6 +815,8 @@ pub async fn download(
         slots: (opts.threads > 0).then(|| Arc::new(tokio::sync::Semaphore::new(opts.threads))),
         base: start,
         stream: stream.is_some(),
+        split_tail: stream.is_none() && !whole,
+        depots: depots.len(),
     });
     let (tx, writer) = match stream {
         Some(mut w) => {
@@ -872,4 +910,67 @@ pub async fn download(
     stats.per_depot = g.depot_bytes.iter().map(|(k, v)| (k.clone(), *v)).collect();
     stats.elapsed = t0.elapsed();
     Ok(stats)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sched(lens: &[u64]) -> Sched {
+        let mut offset = 0;
+        let segs = lens
+            .iter()
+            .map(|&len| {
+                let s = Seg {
+                    offset,
+                    len,
+                    sources: vec![0, 1],
+                    failed: HashSet::new(),
+                    running_on: Vec::new(),
+                    started: Instant::now(),
+                    st: St::Pending,
+                };
+                offset += len;
+                s
+            })
+            .collect();
+        Sched {
+            segs,
+            pending: (0..lens.len()).collect(),
+            done: 0,
+            written: 0,
+            fatal: None,
+            lost: Vec::new(),
+            stats: Stats::default(),
+            depot_bytes: BTreeMap::new(),
+            dead: HashSet::new(),
+            writing: 0,
+            tune: BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn end_game_cuts_cover_the_range_in_aligned_pieces_no_smaller_than_the_floor() {
+        let size = (2 << 20) + 12345;
+        let mut g = sched(&[size]);
+        // Take the first pending piece and cut it, as pick does, until
+        // nothing is left to take.
+        let mut taken = Vec::new();
+        while let Some(i) = g.pending.pop_front() {
+            split_half(&mut g, i, 0);
+            taken.push((g.segs[i].offset, g.segs[i].len));
+        }
+        taken.sort_unstable();
+        let mut next = 0;
+        for &(offset, len) in &taken {
+            assert_eq!(offset, next, "pieces must tile the range: {taken:?}");
+            assert!(len >= TAIL_PIECE_MIN, "piece below the floor: {taken:?}");
+            assert_eq!(offset % (64 << 10), 0, "piece not aligned: {taken:?}");
+            next += len;
+        }
+        assert_eq!(next, size);
+        // 1 MiB, 512 KiB, 256 KiB, and 256 KiB + the odd end (too small to cut).
+        assert_eq!(taken.len(), 4, "{taken:?}");
+        assert_eq!(g.segs.len(), taken.len());
+    }
 }
