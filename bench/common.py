@@ -147,7 +147,11 @@ def same_file(a: Path, b: Path) -> bool:
 
 
 def measure(cases: list[Case], rounds: int, timeout: float) -> None:
-    """One untimed, verified warm-up run per case, then `rounds` interleaved rounds."""
+    """One untimed, verified warm-up run per case, then `rounds` interleaved rounds.
+
+    Each round starts one case later than the one before, so no case always
+    runs right after the same neighbour (a tmpfs full of the last case's
+    output, a CPU still busy with it)."""
     for c in cases:
         try:
             log(f"warm-up: {c.name}")
@@ -160,7 +164,8 @@ def measure(cases: list[Case], rounds: int, timeout: float) -> None:
             log(f"  {c.name} FAILED: {c.failed}")
     for r in range(rounds):
         log(f"round {r + 1}/{rounds}")
-        for c in cases:
+        k = r % len(cases) if cases else 0
+        for c in cases[k:] + cases[:k]:
             if c.failed:
                 continue
             try:
