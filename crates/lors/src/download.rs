@@ -76,7 +76,7 @@ impl Default for DownloadOptions {
 }
 
 /// Connections per depot an auto-tuned download starts with.
-pub const AUTO_START: usize = 1;
+pub const AUTO_START: usize = 2;
 /// Most connections per depot the tuner will open.
 pub const AUTO_MAX: usize = 8;
 /// A tuner step must gain this much throughput to be kept.
