@@ -125,7 +125,7 @@ const HELD_PIPES: usize = 4;
 /// stack (and, on one machine, the sending depot) needs. Receives into a
 /// shared file take turns through a user-space gate instead, and a
 /// connection that finds the gate taken goes on receiving into another pipe
-/// (up to [`HELD_PIPES`]), writing what it holds at its next turn. The
+/// (up to four), writing what it holds at its next turn. The
 /// client's download uses one per output file; the depot, whose connections
 /// write different files, copies inline ([`recv_file`]).
 ///
