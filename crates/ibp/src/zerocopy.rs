@@ -159,20 +159,28 @@ impl SharedFile {
 }
 
 /// Where one receive puts its pipes' contents: drained at once into a
-/// file, or into a [`SharedFile`] at this receive's turn.
+/// file, or, with a gate (a [`SharedFile`]'s), at this receive's turn.
 struct Sink<'a> {
     file: &'a File,
-    shared: Option<&'a SharedFile>,
+    gate: Option<&'a std::sync::Mutex<()>>,
     free: Vec<Pipe>,
     /// Filled pipes waiting for a turn at the shared file: (pipe, pos, n).
     held: VecDeque<(Pipe, u64, usize)>,
 }
 
 impl<'a> Sink<'a> {
-    fn new(file: &'a File, shared: Option<&'a SharedFile>) -> Self {
+    fn inline(file: &'a File) -> Self {
+        Self::with(file, None)
+    }
+
+    fn shared(out: &'a SharedFile) -> Self {
+        Self::with(&out.file, Some(&out.gate))
+    }
+
+    fn with(file: &'a File, gate: Option<&'a std::sync::Mutex<()>>) -> Self {
         Sink {
             file,
-            shared,
+            gate,
             free: Vec::new(),
             held: VecDeque::new(),
         }
@@ -195,7 +203,7 @@ impl<'a> Sink<'a> {
 
     /// Hands over `n` bytes in `pipe` for byte `pos` of the file.
     fn put(&mut self, pipe: Pipe, pos: u64, n: usize) -> Result<(), XferError> {
-        if self.shared.is_none() {
+        if self.gate.is_none() {
             // Drained here, not on a blocking thread: the pipe holds at
             // most one round (PIPE_BYTES), and a page-cache write of that
             // size is short.
@@ -210,17 +218,17 @@ impl<'a> Sink<'a> {
     /// Writes the held pipes if it is this receive's turn; with `wait`, waits
     /// for the turn (another receive's write of at most [`HELD_PIPES`] pipes).
     fn write_held(&mut self, wait: bool) -> Result<(), XferError> {
-        let Some(shared) = self.shared else {
+        let Some(gate) = self.gate else {
             return Ok(());
         };
         if self.held.is_empty() {
             return Ok(());
         }
-        let _turn = match shared.gate.try_lock() {
+        let _turn = match gate.try_lock() {
             Ok(g) => g,
             Err(std::sync::TryLockError::WouldBlock) if !wait => return Ok(()),
             Err(std::sync::TryLockError::WouldBlock) => {
-                shared.gate.lock().unwrap_or_else(|e| e.into_inner())
+                gate.lock().unwrap_or_else(|e| e.into_inner())
             }
             Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
         };
@@ -249,7 +257,7 @@ pub async fn recv_file(
     len: u64,
     idle: Duration,
 ) -> Result<(), XferError> {
-    recv_into(sock, head, Sink::new(file, None), pos, len, idle).await
+    recv_into(sock, head, Sink::inline(file), pos, len, idle).await
 }
 
 async fn recv_into(
@@ -315,7 +323,7 @@ pub async fn recv_buffered(
     len: u64,
     idle: Duration,
 ) -> Result<(), XferError> {
-    recv_buffered_into(rd, Sink::new(file, None), pos, len, idle).await
+    recv_buffered_into(rd, Sink::inline(file), pos, len, idle).await
 }
 
 /// [`recv_buffered`] into a file other receives write at the same time.
@@ -330,7 +338,7 @@ pub async fn recv_shared(
     len: u64,
     idle: Duration,
 ) -> Result<(), XferError> {
-    recv_buffered_into(rd, Sink::new(&out.file, Some(out)), pos, len, idle).await
+    recv_buffered_into(rd, Sink::shared(out), pos, len, idle).await
 }
 
 async fn recv_buffered_into(

@@ -86,8 +86,8 @@ const AUTO_GAIN: f64 = 1.10;
 /// depot starts at [`AUTO_START`] connections; after each measurement window
 /// it doubles them while the last step raised its rate by at least
 /// [`AUTO_GAIN`], and otherwise goes back to the count before that step and
-/// stays there. A link that one connection fills stays at one; a long fat
-/// pipe, where each TCP window limits a connection, or a fast local path,
+/// stays there. A link that one connection fills stays where it started; a
+/// long fat pipe, where each TCP window limits a connection, or a fast local path,
 /// where more connections overlap receiving with writing, climbs. Doubling
 /// (not adding one) makes each step's gain large enough to stand out of the
 /// noise, and reaches the top in three windows.
