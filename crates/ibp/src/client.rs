@@ -32,7 +32,7 @@ use crate::proto::{
     AllocType, Allocate, KeyToken, ManageOp, Reliability, Request, StatusCode, StatusOp, Timeout,
     Version, split_reply,
 };
-use crate::wire::{Line, read_line};
+use crate::wire::{Line, read_line, read_line_exact};
 use crate::zerocopy;
 
 /// Default connect deadline.
@@ -199,12 +199,26 @@ impl Connection {
 
     /// Reads one reply line and returns its text (without the newline).
     pub async fn read_reply_line(&mut self, during: &'static str) -> Result<String> {
+        self.reply_line(during, false).await
+    }
+
+    /// With `exact`, nothing past the newline is read (see
+    /// [`read_line_exact`]), unless earlier bytes are already buffered.
+    async fn reply_line(&mut self, during: &'static str, exact: bool) -> Result<String> {
         let mut buf = std::mem::take(&mut self.line);
-        let res = io!(
-            self,
-            during,
-            read_line(&mut self.stream, MAX_LINE_BYTES, &mut buf)
-        );
+        let res = if exact && self.stream.buffer().is_empty() {
+            io!(
+                self,
+                during,
+                read_line_exact(self.stream.get_mut(), MAX_LINE_BYTES, &mut buf)
+            )
+        } else {
+            io!(
+                self,
+                during,
+                read_line(&mut self.stream, MAX_LINE_BYTES, &mut buf)
+            )
+        };
         let text = String::from_utf8_lossy(&buf).trim_end().to_owned();
         self.line = buf;
         match res? {
@@ -236,7 +250,11 @@ impl Connection {
     /// Reads a reply line, turning a negative status into [`Error::Depot`], and
     /// returns the fields after the status.
     async fn expect_ok(&mut self, during: &'static str) -> Result<Vec<String>> {
-        let line = self.read_reply_line(during).await?;
+        self.expect_ok_with(during, false).await
+    }
+
+    async fn expect_ok_with(&mut self, during: &'static str, exact: bool) -> Result<Vec<String>> {
+        let line = self.reply_line(during, exact).await?;
         let Some((status, rest)) = split_reply(&line) else {
             self.healthy = false;
             return Err(self.protocol(during, &line));
@@ -510,7 +528,8 @@ impl Connection {
             timeout: self.cfg.server_timeout,
         };
         self.send_line("LOAD", &req.encode()).await?;
-        let fields = self.expect_ok("LOAD").await?;
+        // The data follows the reply: leave all of it to the caller's splice.
+        let fields = self.expect_ok_with("LOAD", true).await?;
         let n: u64 = self.number("LOAD", fields.first())?;
         if n != len {
             self.healthy = false;
