@@ -43,7 +43,7 @@ pub struct Args {
     #[arg(short = 'b', long = "block-size", env = "LORS_BLOCKSIZE", value_parser = size_arg)]
     block_size: Option<u64>,
     /// Connections per depot [default: tuned per depot from its measured
-    /// throughput, 2 to 8]
+    /// throughput, 4 or 8]
     #[arg(short = 'a', long = "connections", value_parser = clap::value_parser!(u16).range(1..=256))]
     connections: Option<u16>,
     /// Fetches in flight across all depots [default: THREADS in ~/.xndrc,
