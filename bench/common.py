@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import random
 import statistics
 import subprocess
 import sys
@@ -109,6 +110,9 @@ class Case:
     size: int
     # Runs before each timed run (e.g. removing the previous output); untimed.
     before: list[list[str]] = field(default_factory=list)
+    # Runs after each run (e.g. removing its output, so the next case does
+    # not start with 2 GiB less free memory); untimed.
+    after: list[list[str]] = field(default_factory=list)
     # Returns the measured seconds from the command's own output instead of wall time.
     parse: object = None
     # Checked after the warm-up run: (produced file, expected file).
@@ -130,6 +134,10 @@ class Case:
             return self.parse(r.stdout)
         return wall
 
+    def clean(self) -> None:
+        for a in self.after:
+            subprocess.run(a, check=False, capture_output=True)
+
     def rates(self) -> list[float]:
         return [self.size / t / GiB for t in self.times]
 
@@ -149,9 +157,11 @@ def same_file(a: Path, b: Path) -> bool:
 def measure(cases: list[Case], rounds: int, timeout: float) -> None:
     """One untimed, verified warm-up run per case, then `rounds` interleaved rounds.
 
-    Each round starts one case later than the one before, so no case always
-    runs right after the same neighbour (a tmpfs full of the last case's
-    output, a CPU still busy with it)."""
+    Each round runs the cases in a different order (shuffled, seeded by the
+    round number, so a rerun repeats it): a case that always ran right after
+    the same neighbour would carry that neighbour's after-effects (a tmpfs
+    full of its output, memory it just freed) in every one of its figures.
+    Rotating the order is not enough, as it keeps every case's neighbours."""
     for c in cases:
         try:
             log(f"warm-up: {c.name}")
@@ -160,12 +170,14 @@ def measure(cases: list[Case], rounds: int, timeout: float) -> None:
                 c.failed = f"output differs from {c.verify[1]}"
         except (RuntimeError, subprocess.TimeoutExpired) as e:
             c.failed = str(e).splitlines()[0][:200]
+        c.clean()
         if c.failed:
             log(f"  {c.name} FAILED: {c.failed}")
     for r in range(rounds):
         log(f"round {r + 1}/{rounds}")
-        k = r % len(cases) if cases else 0
-        for c in cases[k:] + cases[:k]:
+        order = list(cases)
+        random.Random(r).shuffle(order)
+        for c in order:
             if c.failed:
                 continue
             try:
@@ -173,6 +185,7 @@ def measure(cases: list[Case], rounds: int, timeout: float) -> None:
             except (RuntimeError, subprocess.TimeoutExpired) as e:
                 c.failed = str(e).splitlines()[0][:200]
                 log(f"  {c.name} FAILED: {c.failed}")
+            c.clean()
 
 
 def median(xs: list[float]) -> float:

@@ -126,55 +126,59 @@ def cases(lors: Path, s: Servers, d: Path, size: int, threads: list[int]) -> tup
              size, parse=iperf3_seconds(size)),
         Case("tmpfs write (dd 4 MiB blocks)", "limit",
              ["dd", "if=/dev/zero", f"of={out}", "bs=4M", f"count={size // (4 << 20)}", "status=none"],
-             size, before=[rm]),
+             size, before=[rm], after=[rm]),
     ]
     quiet = ["--quiet"]
     down = [
         Case("lors download (defaults)", "ours",
-             [str(lors), "download", *quiet, "-o", str(out), str(xnd)], size, before=[rm],
+             [str(lors), "download", *quiet, "-o", str(out), str(xnd)], size, before=[rm], after=[rm],
              verify=(out, src)),
         *[
             Case(f"lors download -a {t}", "ours-tuned",
                  [str(lors), "download", *quiet, "-a", str(t), "-o", str(out), str(xnd)], size,
-                 before=[rm])
+                 before=[rm], after=[rm])
             for t in threads
         ],
         Case("GridFTP globus-url-copy -p 4 -tcp-bs 4M", "peer",
              ["globus-url-copy", "-p", "4", "-tcp-bs", "4M",
-              f"ftp://127.0.0.1:{s.ports['gridftp']}{src}", f"file://{out}"], size, before=[rm],
+              f"ftp://127.0.0.1:{s.ports['gridftp']}{src}", f"file://{out}"], size, before=[rm], after=[rm],
              verify=(out, src)),
         Case("XRootD xrdcp", "peer",
              ["xrdcp", "-s", "-f", f"root://127.0.0.1:{s.ports['xrootd']}/{src}", str(out)], size,
-             before=[rm], verify=(out, src)),
+             before=[rm], after=[rm], verify=(out, src)),
         Case("nginx + curl", "peer",
              ["curl", "-s", "-o", str(out), f"http://127.0.0.1:{s.ports['nginx']}/src.bin"], size,
-             before=[rm], verify=(out, src)),
+             before=[rm], after=[rm], verify=(out, src)),
         Case("aria2c -x 4 -s 4", "peer",
              ["aria2c", "-q", "-x", "4", "-s", "4", "--file-allocation=none", "--allow-overwrite=true",
               "-d", str(d), "-o", "out.bin", f"http://127.0.0.1:{s.ports['nginx']}/src.bin"], size,
-             before=[rm], verify=(out, src)),
+             before=[rm], after=[rm], verify=(out, src)),
     ]
     up_xnd = d / "up.xnd"
-    # Each upload first frees the previous one's allocations, so the depot never fills.
+    # Each upload frees its allocations afterwards (and, in case that failed,
+    # the previous one's before), so the depot never fills.
     free = [str(lors), "trim", "--depot", depot, "-d", "--allow-holes", str(up_xnd)]
     up_base = [str(lors), "upload", *quiet, "--depot", depot, "-c", "1", "-n", "-o", str(up_xnd)]
     up = [
-        Case("lors upload (defaults)", "ours", [*up_base, str(src)], size, before=[free]),
+        Case("lors upload (defaults)", "ours", [*up_base, str(src)], size, before=[free], after=[free]),
         *[
             Case(f"lors upload -t {t}", "ours-tuned", [*up_base[:-2], "-t", str(t), *up_base[-2:], str(src)],
-                 size, before=[free])
+                 size, before=[free], after=[free])
             for t in threads
         ],
         Case("GridFTP globus-url-copy -p 4 -tcp-bs 4M", "peer",
              ["globus-url-copy", "-p", "4", "-tcp-bs", "4M", f"file://{src}",
               f"ftp://127.0.0.1:{s.ports['gridftp']}{d}/up-gridftp.bin"], size,
-             before=[["rm", "-f", str(d / "up-gridftp.bin")]]),
+             before=[["rm", "-f", str(d / "up-gridftp.bin")]],
+                 after=[["rm", "-f", str(d / "up-gridftp.bin")]]),
         Case("XRootD xrdcp", "peer",
              ["xrdcp", "-s", "-f", str(src), f"root://127.0.0.1:{s.ports['xrootd']}/{d}/up-xrootd.bin"],
-             size, before=[["rm", "-f", str(d / "up-xrootd.bin")]]),
+             size, before=[["rm", "-f", str(d / "up-xrootd.bin")]],
+                 after=[["rm", "-f", str(d / "up-xrootd.bin")]]),
         Case("nginx (WebDAV PUT) + curl -T", "peer",
              ["curl", "-s", "-f", "-T", str(src), f"http://127.0.0.1:{s.ports['nginx']}/up-nginx.bin"],
-             size, before=[["rm", "-f", str(d / "up-nginx.bin")]]),
+             size, before=[["rm", "-f", str(d / "up-nginx.bin")]],
+                 after=[["rm", "-f", str(d / "up-nginx.bin")]]),
     ]
     return limits + down, limits + up
 
