@@ -86,22 +86,26 @@ const AUTO_LOSS: f64 = 0.90;
 
 /// Per-depot connection tuning: hill-climbing on measured throughput. The
 /// depot starts at [`AUTO_START`] connections; after each measurement window
+/// (skipping the one right after a step, while the new connections start)
 /// it doubles them while the last step raised its rate by at least
 /// [`AUTO_GAIN`]; otherwise it stays, or, if the step clearly lowered the
 /// rate (below [`AUTO_LOSS`] of it), goes back to the count before it and
 /// stays there.
 ///
-/// Why these numbers: on the network lab's links one to eight connections
-/// per depot move the same bytes, so extra ones cost nothing there; on a
-/// fast local path each connection that is added takes receive work off the
-/// others (eight beat four by 10–20 % on loopback, and two were slower
-/// still), so the tuner starts at four and keeps eight unless eight measure
-/// clearly slower. Going back only on a clear loss matters: a 250 ms window on a
-/// shared machine is too noisy to resolve a 10 % difference either way, and
-/// a wrong step back costs the rest of the transfer.
+/// Why these numbers: on a fast local path each added connection takes
+/// receive work off the others (eight beat four by 10–20 % on loopback, and
+/// two were slower still), while on the network lab's shaped links one to
+/// eight connections per depot move the same bytes to within 1–3 %. So the
+/// tuner starts at four and keeps eight unless eight measure clearly slower.
+/// Going back only on a clear loss matters: a 250 ms window on a shared
+/// machine is too noisy to resolve a 10 % difference either way, and a wrong
+/// step back costs the rest of the transfer.
 struct Tune {
     level: usize,
     growing: bool,
+    /// The window after a step is not judged: the new connections are
+    /// still connecting and in TCP slow start.
+    settling: bool,
     /// The level before the last step, and its rate in bytes/s.
     prev: Option<(usize, f64)>,
     window_start: Instant,
@@ -114,6 +118,7 @@ impl Tune {
         Tune {
             level: AUTO_START,
             growing: true,
+            settling: false,
             prev: None,
             window_start: Instant::now(),
             window_bytes: 0,
@@ -141,6 +146,10 @@ impl Tune {
         if !self.growing {
             return;
         }
+        if self.settling {
+            self.settling = false;
+            return;
+        }
         match self.prev {
             // The step clearly cost throughput: undo it.
             Some((level, p)) if rate < p * AUTO_LOSS => {
@@ -154,6 +163,7 @@ impl Tune {
             _ => {
                 self.prev = Some((self.level, rate));
                 self.level = (self.level * 2).min(AUTO_MAX);
+                self.settling = true;
             }
         }
     }
@@ -238,7 +248,7 @@ struct Ctx {
     /// Pieces may be cut smaller at the end (file output of raw mappings).
     split_tail: bool,
     /// Depots holding any piece of the range.
-    depots: usize,
+    depots: Vec<String>,
 }
 
 enum Pick {
@@ -250,6 +260,19 @@ enum Pick {
 impl Ctx {
     fn lock(&self) -> std::sync::MutexGuard<'_, Sched> {
         self.sched.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Connections open (or allowed) across the depots still alive.
+    fn live_connections(&self, g: &Sched) -> usize {
+        let n: usize = (self.depots.iter())
+            .filter(|d| !g.dead.contains(*d))
+            .map(|d| g.tune.get(d).map_or(self.opts.conns_per_depot, |t| t.level))
+            .sum();
+        if self.opts.threads > 0 {
+            n.min(self.opts.threads)
+        } else {
+            n
+        }
     }
 
     fn depot_name(&self, m: usize) -> &str {
@@ -317,7 +340,7 @@ impl Ctx {
         };
         if let Some(p) = pos {
             let i = g.pending.remove(p).expect("position is in range");
-            if self.split_tail && g.pending.len() < self.depots.saturating_sub(g.dead.len()) {
+            if self.split_tail && g.pending.len() < self.live_connections(&g) {
                 split_half(&mut g, i, p);
             }
             let m = self.usable(&g.segs[i], depot).expect("checked above");
@@ -614,10 +637,11 @@ async fn worker(
 /// Pieces are not cut below this at the end of a download.
 const TAIL_PIECE_MIN: u64 = 256 << 10;
 
-/// End game: with fewer pieces left than depots, the piece being taken is
-/// cut in two and its second half goes back at position `p` of the queue.
-/// Otherwise the depots that finish first sit idle while the last ones each
-/// send a whole piece; cutting shrinks that tail to a fraction of a piece.
+/// End game: with fewer pieces left than connections, the piece being taken
+/// is cut in two and its second half goes back at position `p` of the queue.
+/// Otherwise the connections that finish first sit idle while the last ones
+/// each send a whole piece, at their share of their depot's link; cutting
+/// shrinks that tail to a fraction of a piece.
 fn split_half(g: &mut Sched, i: usize, p: usize) {
     let s = &g.segs[i];
     // Halves on 64 KiB boundaries keep writes page-aligned.
@@ -841,7 +865,7 @@ pub async fn download(
         base: start,
         stream: stream.is_some(),
         split_tail: stream.is_none() && !whole,
-        depots: depots.len(),
+        depots: depots.clone(),
     });
     let (tx, writer) = match stream {
         Some(mut w) => {
@@ -989,13 +1013,14 @@ mod tests {
     #[test]
     fn tuner_climbs_while_steps_pay_stays_on_a_small_gain_and_backs_off_a_loss() {
         assert_eq!(AUTO_START, 4, "the sequences below start at 4");
+        // The window right after a step (here 50) is not judged.
         // Every doubling pays: to the top, then no further.
-        assert_eq!(levels(&[100.0, 150.0, 400.0]), [8, 8, 8]);
+        assert_eq!(levels(&[100.0, 50.0, 150.0, 400.0]), [8, 8, 8, 8]);
         // 4 -> 8 gained or lost 5 %: within the noise, kept.
-        assert_eq!(levels(&[100.0, 105.0, 300.0]), [8, 8, 8]);
-        assert_eq!(levels(&[100.0, 95.0, 300.0]), [8, 8, 8]);
+        assert_eq!(levels(&[100.0, 50.0, 105.0, 300.0]), [8, 8, 8, 8]);
+        assert_eq!(levels(&[100.0, 50.0, 95.0, 300.0]), [8, 8, 8, 8]);
         // 4 -> 8 lost 15 %: back to 4 for good.
-        assert_eq!(levels(&[100.0, 85.0, 400.0]), [8, 4, 4]);
+        assert_eq!(levels(&[100.0, 50.0, 85.0, 400.0]), [8, 8, 4, 4]);
     }
 
     #[test]
