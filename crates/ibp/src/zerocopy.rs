@@ -253,7 +253,9 @@ impl<'a> Sink<'a> {
 impl Drop for Sink<'_> {
     fn drop(&mut self) {
         // Only drained pipes are kept: a held one may still have data in it.
-        SPARE.with(|s| {
+        // (`try_with`: a receive dropped while its thread exits just closes
+        // its pipes.)
+        let _ = SPARE.try_with(|s| {
             let mut s = s.borrow_mut();
             let room = (HELD_PIPES + 1).saturating_sub(s.len());
             s.extend(self.free.drain(..).take(room));

@@ -264,7 +264,9 @@ impl Ctx {
 
     /// Connections open (or allowed) across the depots still alive.
     fn live_connections(&self, g: &Sched) -> usize {
-        let n: usize = (self.depots.iter())
+        let n: usize = self
+            .depots
+            .iter()
             .filter(|d| !g.dead.contains(*d))
             .map(|d| g.tune.get(d).map_or(self.opts.conns_per_depot, |t| t.level))
             .sum();
