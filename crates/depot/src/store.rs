@@ -137,6 +137,14 @@ impl Resource {
     fn soft_limit(&self) -> u64 {
         self.cfg.soft_size.map_or(self.cfg.size.0, |s| s.0)
     }
+    /// The largest allocation of type `t` the depot's policy allows.
+    fn alloc_limit(&self, t: AllocType) -> u64 {
+        if t == AllocType::ByteArray {
+            self.cfg.max_alloc_size.map_or(self.cfg.size.0, |s| s.0)
+        } else {
+            self.cfg.max_queue_size.0
+        }
+    }
     fn offers(&self, t: AllocType) -> bool {
         let name = match t {
             AllocType::ByteArray => TypeName::ByteArray,
@@ -281,6 +289,11 @@ impl Alloc {
         }
     }
 
+    #[cfg(test)]
+    fn data_file_for_test(&self) -> Arc<File> {
+        lock(&self.data).file.clone().expect("data file")
+    }
+
     /// Probe result.
     pub fn probe(&self) -> ProbeInfo {
         let info = lock(&self.info);
@@ -321,10 +334,12 @@ impl State {
             self.keys.insert(*h, (a.id, *kind));
         }
         self.expiry.insert((rec.expires_at, a.id));
+        // Saturating, not wrapping: records loaded from disk may add up to
+        // more than a resource whose size was since configured smaller.
         let u = &mut self.usage[a.res.idx];
         match rec.reliability {
-            Reliability::Hard => u.hard += rec.max_size,
-            Reliability::Soft => u.soft += rec.max_size,
+            Reliability::Hard => u.hard = u.hard.saturating_add(rec.max_size),
+            Reliability::Soft => u.soft = u.soft.saturating_add(rec.max_size),
         }
         u.count += 1;
         self.allocs.insert(
@@ -400,10 +415,17 @@ pub struct ResourceStatus {
     pub max_duration: u64,
 }
 
+impl Usage {
+    /// Hard and soft bytes together.
+    pub fn used(&self) -> u64 {
+        self.hard.saturating_add(self.soft)
+    }
+}
+
 impl ResourceStatus {
     /// Bytes still allocatable of any kind.
     pub fn free(&self) -> u64 {
-        self.total.saturating_sub(self.usage.hard + self.usage.soft)
+        self.total.saturating_sub(self.usage.used())
     }
     /// Bytes still allocatable as hard storage.
     pub fn hard_free(&self) -> u64 {
@@ -418,6 +440,7 @@ pub struct Store {
     resources: Vec<Arc<Resource>>,
     state: Mutex<State>,
     sync: bool,
+    damaged: usize,
 }
 
 impl Store {
@@ -426,6 +449,7 @@ impl Store {
     pub fn open(cfg: &Config) -> Result<Store> {
         let sync = cfg.sync == SyncPolicy::Always;
         let mut resources = Vec::new();
+        let mut damaged = 0;
         let mut state = State {
             allocs: HashMap::new(),
             keys: HashMap::new(),
@@ -448,20 +472,28 @@ impl Store {
                 tmp_dir,
             });
             let (records, bad) = res.db.load_all()?;
+            let mut reclaim = Vec::new();
             for id in bad {
-                tracing::error!(rid = %rc.rid, id, "skipping undecodable allocation record");
+                tracing::error!(rid = %rc.rid, id, "reclaiming an undecodable allocation record");
+                reclaim.push(id);
             }
             for (id, rec) in records {
-                let (file, extent) = match datafile::open(&res.data_path(id)) {
-                    Ok((f, e)) => (Some(Arc::new(f)), e),
-                    Err(datafile::DataFileError::Io(e)) if e.kind() == io::ErrorKind::NotFound => {
-                        (None, Extent::default())
-                    }
-                    Err(e) => {
-                        // Keep the record (its owner can still DECR it) but
-                        // serve no bytes from a damaged file.
-                        tracing::error!(rid = %rc.rid, id, error = %e, "allocation data file is damaged");
-                        (None, Extent::default())
+                let (file, extent) = match load_data(&res, id, &rec) {
+                    Ok(x) => x,
+                    Err(why) => {
+                        // Damaged from outside the depot: the allocation can
+                        // no longer keep its promise. Report it, keep the
+                        // bytes for the operator, and give the space back,
+                        // so clients see "not found" rather than an
+                        // allocation that takes no STORE.
+                        let kept = quarantine(&res, id);
+                        tracing::error!(
+                            rid = %rc.rid, id, error = %why, kept_at = ?kept,
+                            "allocation data file is damaged; allocation reclaimed"
+                        );
+                        reclaim.push(id);
+                        damaged += 1;
+                        continue;
                     }
                 };
                 let a = Arc::new(Alloc {
@@ -478,6 +510,9 @@ impl Store {
                 });
                 state.insert(a, &rec);
             }
+            if !reclaim.is_empty() {
+                res.db.apply(&[], &reclaim)?;
+            }
             remove_orphans(&res, &state.allocs);
             resources.push(res);
         }
@@ -485,7 +520,13 @@ impl Store {
             resources,
             state: Mutex::new(state),
             sync,
+            damaged,
         })
+    }
+
+    /// Allocations found damaged (and reclaimed) when the store opened.
+    pub fn damaged_on_open(&self) -> usize {
+        self.damaged
     }
 
     /// Whether acknowledged data is fsynced.
@@ -600,12 +641,7 @@ impl Store {
                 err = StoreError::LongDuration;
                 continue;
             }
-            let limit = if req.atype == AllocType::ByteArray {
-                r.cfg.max_alloc_size.map_or(r.cfg.size.0, |s| s.0)
-            } else {
-                r.cfg.max_queue_size.0
-            };
-            if req.size > limit {
+            if req.size > r.alloc_limit(req.atype) {
                 err = StoreError::Policy("allocation larger than the depot allows");
                 continue;
             }
@@ -783,24 +819,7 @@ impl Store {
                 }
                 rec.expires_at = now_secs().saturating_add(duration.unsigned_abs());
             }
-            // Check the space the new attributes need, as if newly allocated.
-            let mut probe = st.usage[res.idx];
-            match rec.reliability {
-                Reliability::Hard => probe.hard -= rec.max_size,
-                Reliability::Soft => probe.soft -= rec.max_size,
-            }
-            let (hard, soft) = match new_rel {
-                Reliability::Hard => (probe.hard + new_size, probe.soft),
-                Reliability::Soft => (probe.hard, probe.soft + new_size),
-            };
-            let grows = new_size > rec.max_size || new_rel != rec.reliability;
-            if grows
-                && (hard + soft > res.cfg.size.0
-                    || hard > res.hard_limit()
-                    || soft > res.soft_limit())
-            {
-                return Err(StoreError::NoSpace);
-            }
+            check_resize(st, &res, rec, new_size, new_rel)?;
             rec.max_size = new_size;
             rec.reliability = new_rel;
             Ok(true)
@@ -816,6 +835,13 @@ impl Store {
         if size == 0 {
             return Err(StoreError::Invalid("size 0"));
         }
+        {
+            // Growth passes the checks ALLOCATE and CHNG make, under the same
+            // lock as the accounting it changes; shrinking always fits.
+            let info = lock(&a.info);
+            let st = lock(&self.state);
+            check_resize(&st, &a.res, &info.rec, size, info.rec.reliability)?;
+        }
         let (file, ext) = a.snapshot();
         if let Some(f) = &file {
             if ext.len > size {
@@ -824,7 +850,9 @@ impl Store {
                     .map_err(StoreError::Write)?;
             }
         }
-        self.update(a, |rec, _| {
+        let res = a.res.clone();
+        self.update(a, |rec, st| {
+            check_resize(st, &res, rec, size, rec.reliability)?;
             rec.max_size = size;
             Ok(true)
         })
@@ -836,7 +864,7 @@ impl Store {
         let expired: Vec<Arc<Alloc>> = {
             let st = lock(&self.state);
             st.expiry
-                .range(..(now + 1, 0))
+                .range(..=(now, u64::MAX))
                 .filter_map(|(_, id)| st.allocs.get(id).map(|e| e.alloc.clone()))
                 .collect()
         };
@@ -871,6 +899,49 @@ struct Plan<'a> {
     revoke: Vec<Arc<Alloc>>,
 }
 
+/// The room left on `r` after adding `size` bytes of `rel` storage to the
+/// usage `u`, or `None` if that breaks the resource's total or its cap for
+/// `rel`. Every sum is checked: a size from the wire can be anything up to
+/// `u64::MAX`, and a wrapped sum would read as free space.
+fn room_after(u: Usage, r: &Resource, rel: Reliability, size: u64) -> Option<u64> {
+    let (class, cap) = match rel {
+        Reliability::Hard => (u.hard, r.hard_limit()),
+        Reliability::Soft => (u.soft, r.soft_limit()),
+    };
+    let used = u.hard.checked_add(u.soft)?.checked_add(size)?;
+    let total = r.cfg.size.0;
+    (class.checked_add(size)? <= cap && used <= total).then(|| total - used)
+}
+
+/// Checks that allocation `rec` on `res` may become `new_size` bytes of
+/// `new_rel` storage (CHNG, TRUNCATE): the policy and space checks ALLOCATE
+/// makes, against the usage without the allocation's own share. Shrinking
+/// with the same reliability always passes.
+fn check_resize(
+    st: &State,
+    res: &Resource,
+    rec: &AllocRecord,
+    new_size: u64,
+    new_rel: Reliability,
+) -> Result<()> {
+    if new_size <= rec.max_size && new_rel == rec.reliability {
+        return Ok(());
+    }
+    if new_size > rec.max_size && new_size > res.alloc_limit(rec.atype) {
+        return Err(StoreError::Policy(
+            "allocation larger than the depot allows",
+        ));
+    }
+    let mut others = st.usage[res.idx];
+    match rec.reliability {
+        Reliability::Hard => others.hard = others.hard.saturating_sub(rec.max_size),
+        Reliability::Soft => others.soft = others.soft.saturating_sub(rec.max_size),
+    }
+    room_after(others, res, new_rel, new_size)
+        .map(|_| ())
+        .ok_or(StoreError::NoSpace)
+}
+
 /// Decides whether `size` bytes of `rel` storage fit on `r`, possibly by
 /// revoking soft allocations (soonest-expiring first) for a hard request.
 /// Returns the room left afterwards and what to revoke.
@@ -881,34 +952,83 @@ fn plan_space(
     size: u64,
 ) -> Option<(u64, Vec<Arc<Alloc>>)> {
     let u = st.usage[r.idx];
-    let total = r.cfg.size.0;
-    match rel {
-        Reliability::Soft => {
-            let fits = u.soft + size <= r.soft_limit() && u.hard + u.soft + size <= total;
-            fits.then(|| (total - (u.hard + u.soft + size), Vec::new()))
+    if let Some(room) = room_after(u, r, rel, size) {
+        return Some((room, Vec::new()));
+    }
+    if rel == Reliability::Soft {
+        return None;
+    }
+    // A hard request may revoke soft allocations, if without them it fits.
+    let mut left = u;
+    let mut revoke = Vec::new();
+    room_after(Usage { soft: 0, ..u }, r, rel, size)?;
+    for (_, id) in &st.expiry {
+        let Some(e) = st.allocs.get(id) else { continue };
+        if e.alloc.res.idx != r.idx || e.reliability != Reliability::Soft {
+            continue;
         }
-        Reliability::Hard => {
-            if u.hard + size > r.hard_limit() || u.hard + size > total {
-                return None;
-            }
-            let mut used = u.hard + u.soft;
-            let mut revoke = Vec::new();
-            if used + size > total {
-                for (_, id) in &st.expiry {
-                    let Some(e) = st.allocs.get(id) else { continue };
-                    if e.alloc.res.idx != r.idx || e.reliability != Reliability::Soft {
-                        continue;
-                    }
-                    used -= e.max_size;
-                    revoke.push(e.alloc.clone());
-                    if used + size <= total {
-                        break;
-                    }
-                }
-            }
-            (used + size <= total).then(|| (total - (used + size), revoke))
+        left.soft = left.soft.saturating_sub(e.max_size);
+        revoke.push(e.alloc.clone());
+        if let Some(room) = room_after(left, r, rel, size) {
+            return Some((room, revoke));
         }
     }
+    None
+}
+
+/// Opens allocation `id`'s data file, if it has one, and checks it against
+/// its record.
+fn load_data(
+    res: &Resource,
+    id: u64,
+    rec: &AllocRecord,
+) -> Result<(Option<Arc<File>>, Extent), String> {
+    let (f, e) = match datafile::open(&res.data_path(id)) {
+        Ok(datafile::Opened::File {
+            file,
+            extent,
+            type_num,
+        }) => {
+            if i64::from(type_num) != rec.atype.number() {
+                return Err(format!(
+                    "data file holds type {type_num}, the record says {}",
+                    rec.atype.number()
+                ));
+            }
+            (file, extent)
+        }
+        Ok(datafile::Opened::Unwritten) => return Ok((None, Extent::default())),
+        Err(datafile::DataFileError::Io(e)) if e.kind() == io::ErrorKind::NotFound => {
+            return Ok((None, Extent::default()));
+        }
+        Err(e) => return Err(e.to_string()),
+    };
+    let queue = matches!(rec.atype, AllocType::Fifo | AllocType::Circular);
+    // Queue sizes never change after ALLOCATE and byte arrays never hold more
+    // than their max size (TRUNCATE cuts the data before the record).
+    let fits = if queue {
+        e.capacity == rec.max_size
+    } else {
+        e.capacity == 0 && e.len <= rec.max_size
+    };
+    if !fits {
+        return Err(format!(
+            "data file extent {e:?} does not fit the record (type {}, max size {})",
+            rec.atype.number(),
+            rec.max_size
+        ));
+    }
+    Ok((Some(Arc::new(f)), e))
+}
+
+/// Moves a damaged data file aside (`<resource>/damaged/<id>`) for the
+/// operator; returns where it went.
+fn quarantine(res: &Resource, id: u64) -> Option<PathBuf> {
+    let dir = res.data_dir.parent()?.join("damaged");
+    std::fs::create_dir_all(&dir).ok()?;
+    let to = dir.join(format!("{id:016x}-{}", now_secs()));
+    std::fs::rename(res.data_path(id), &to).ok()?;
+    Some(to)
 }
 
 /// Deletes data files with no metadata record: their allocation was deleted
@@ -931,5 +1051,180 @@ fn remove_orphans(res: &Resource, allocs: &HashMap<u64, Entry>) {
                 let _ = std::fs::remove_file(f.path());
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::FileExt;
+
+    const MIB: u64 = 1 << 20;
+
+    fn config(dir: &std::path::Path) -> Config {
+        let mut cfg = Config::default();
+        let mut r = ResourceConfig::new("1", dir.to_path_buf());
+        r.size = crate::config::ByteSize(100 * MIB);
+        cfg.resources = vec![r];
+        cfg.sync = SyncPolicy::Never;
+        cfg
+    }
+
+    fn req(size: u64, reliability: Reliability) -> AllocRequest {
+        AllocRequest {
+            rid: None,
+            reliability,
+            atype: AllocType::ByteArray,
+            duration: 3600,
+            size,
+        }
+    }
+
+    fn used(s: &Store) -> u64 {
+        s.status()[0].usage.used()
+    }
+
+    fn alloc(s: &Store, size: u64) -> Arc<Alloc> {
+        let id = s.allocate(&req(size, Reliability::Hard)).unwrap().id;
+        lock(&s.state).allocs[&id].alloc.clone()
+    }
+
+    #[test]
+    fn allocate_rejects_every_extreme_it_cannot_honour() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(&config(dir.path())).unwrap();
+        let cases = [
+            (0, 3600, StatusCode::INVALID_PARAMETER),
+            (u64::MAX, 3600, StatusCode::WOULD_EXCEED_POLICY),
+            (u64::MAX - 1, 3600, StatusCode::WOULD_EXCEED_POLICY),
+            (100 * MIB + 1, 3600, StatusCode::WOULD_EXCEED_POLICY),
+            (1, 0, StatusCode::INVALID_PARAMETER),
+            (1, -2, StatusCode::INVALID_PARAMETER),
+            (1, i64::MIN, StatusCode::INVALID_PARAMETER),
+            (1, i64::MAX, StatusCode::LONG_DURATION),
+        ];
+        for (size, duration, want) in cases {
+            let r = AllocRequest {
+                duration,
+                ..req(size, Reliability::Hard)
+            };
+            let got = s.allocate(&r).map(|_| ()).unwrap_err().status();
+            assert_eq!(got, want, "size {size} duration {duration}");
+        }
+        assert_eq!(used(&s), 0);
+        // 1 byte, and exactly the whole resource, are fine.
+        s.allocate(&req(1, Reliability::Hard)).unwrap();
+        assert_eq!(
+            s.allocate(&req(100 * MIB, Reliability::Hard))
+                .unwrap_err()
+                .status(),
+            StatusCode::WOULD_EXCEED_LIMIT
+        );
+        s.allocate(&req(100 * MIB - 1, Reliability::Soft)).unwrap();
+        assert_eq!(used(&s), 100 * MIB);
+    }
+
+    #[test]
+    fn growth_by_truncate_or_chng_is_checked_and_never_wraps() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(&config(dir.path())).unwrap();
+        let a = alloc(&s, 1000);
+        let b = alloc(&s, 1000);
+        for size in [1 << 40, 100 * MIB, u64::MAX - 1, u64::MAX] {
+            let e = s.truncate(&a, size).unwrap_err();
+            assert!(
+                matches!(e, StoreError::NoSpace | StoreError::Policy(_)),
+                "truncate {size}: {e}"
+            );
+            let e = s.change(&a, size, -1, -1).unwrap_err();
+            assert!(
+                matches!(e, StoreError::NoSpace | StoreError::Policy(_)),
+                "chng {size}: {e}"
+            );
+            assert_eq!(used(&s), 2000, "after {size}");
+            assert_eq!(a.max_size(), 1000);
+        }
+        // Growth that fits is allowed and accounted, to the last byte.
+        s.truncate(&a, 100 * MIB - 1000).unwrap();
+        assert_eq!(used(&s), 100 * MIB);
+        assert!(s.change(&b, 1001, -1, -1).is_err());
+        s.change(&a, 1000, -1, -1).unwrap();
+        s.change(&b, 100 * MIB - 1000, -1, -1).unwrap();
+        assert_eq!(used(&s), 100 * MIB);
+        // Hard to soft at the same size moves the bytes between the classes.
+        s.change(&b, 0, -1, 1).unwrap();
+        assert_eq!(s.status()[0].usage.soft, 100 * MIB - 1000);
+        // A 0 size keeps the size; a negative duration keeps the lease.
+        s.change(&a, 0, -5, -1).unwrap();
+        assert_eq!(a.max_size(), 1000);
+    }
+
+    #[test]
+    fn refcounts_saturate_instead_of_wrapping_to_deletion() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(&config(dir.path())).unwrap();
+        let a = alloc(&s, 10);
+        s.update(&a, |rec, _| {
+            rec.read_refs = u32::MAX - 1;
+            Ok(true)
+        })
+        .unwrap();
+        s.change_refcount(&a, 1, true).unwrap();
+        s.change_refcount(&a, 1, true).unwrap();
+        assert_eq!(a.probe().read_refs, i64::from(u32::MAX));
+        s.change_refcount(&a, 1, false).unwrap();
+        assert_eq!(a.probe().read_refs, i64::from(u32::MAX - 1));
+        // Write count from 0 does not wrap below zero either.
+        s.change_refcount(&a, 2, false).unwrap();
+        assert_eq!(a.probe().write_refs, 0);
+        assert_eq!(s.allocation_count(), 1);
+    }
+
+    #[test]
+    fn expiry_at_the_end_of_time_does_not_overflow() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(&config(dir.path())).unwrap();
+        alloc(&s, 10);
+        assert_eq!(s.reap_expired(u64::MAX - 1), 1);
+        alloc(&s, 10);
+        assert_eq!(s.reap_expired(u64::MAX), 1);
+        assert_eq!(used(&s), 0);
+    }
+
+    #[test]
+    fn a_damaged_allocation_is_reported_and_reclaimed_on_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = config(dir.path());
+        let (good, bad) = {
+            let s = Store::open(&cfg).unwrap();
+            let (good, bad) = (alloc(&s, 1000), alloc(&s, 2000));
+            for a in [&good, &bad] {
+                let f = a.file_for_write().unwrap();
+                f.write_all_at(b"abc", datafile::HEADER_BYTES).unwrap();
+                a.commit_written(&f, 3).unwrap();
+            }
+            bad.data_file_for_test()
+                .write_all_at(b"garbage", 0)
+                .unwrap();
+            (good.id, bad.id)
+        };
+        let s = Store::open(&cfg).unwrap();
+        assert_eq!(s.damaged_on_open(), 1);
+        assert_eq!(s.allocation_count(), 1);
+        assert_eq!(used(&s), 1000, "the damaged allocation's space came back");
+        let st = lock(&s.state);
+        assert_eq!(st.allocs[&good].alloc.snapshot().1.len, 3);
+        assert!(!st.allocs.contains_key(&bad));
+        drop(st);
+        let kept: Vec<_> = std::fs::read_dir(dir.path().join("damaged"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().into_string().unwrap())
+            .collect();
+        assert_eq!(kept.len(), 1);
+        assert!(kept[0].starts_with(&format!("{bad:016x}-")), "{kept:?}");
+        // And the record is gone for good, not reclaimed again next time.
+        drop(s);
+        assert_eq!(Store::open(&cfg).unwrap().damaged_on_open(), 0);
     }
 }

@@ -85,6 +85,9 @@ pub fn create(path: &Path, type_num: u32, capacity: u64, sync: bool) -> io::Resu
         capacity,
     };
     f.write_all_at(&header_bytes(type_num, e), 0)?;
+    // The whole header page exists from the start, so the file's length is
+    // always `HEADER_BYTES + committed bytes` (or more, mid data phase).
+    f.set_len(HEADER_BYTES)?;
     if sync {
         f.sync_all()?;
         if let Some(dir) = path.parent() {
@@ -94,14 +97,49 @@ pub fn create(path: &Path, type_num: u32, capacity: u64, sync: bool) -> io::Resu
     Ok(f)
 }
 
-/// Opens an existing data file, checks its header and drops any bytes past the
-/// committed extent (an unacknowledged data phase cut short by a crash).
-pub fn open(path: &Path) -> Result<(File, Extent), DataFileError> {
+/// What [`open`] found.
+#[derive(Debug)]
+pub enum Opened {
+    /// A data file with a good header; bytes past the committed extent (an
+    /// unacknowledged data phase cut short) have been dropped.
+    File {
+        /// The open file.
+        file: File,
+        /// Its committed extent.
+        extent: Extent,
+        /// The allocation type number in its header.
+        type_num: u32,
+    },
+    /// A file the depot created but never committed a byte to: a crash came
+    /// between creating it and writing its header. It has been removed; the
+    /// allocation simply has no data yet.
+    Unwritten,
+}
+
+/// Opens an existing data file and checks its header against every state the
+/// depot itself can leave behind:
+///
+/// * a header and committed bytes, perhaps followed by the uncommitted tail
+///   of a data phase a crash cut short (the tail is dropped);
+/// * a header with nothing committed, whatever the file's length (a STORE of
+///   zero bytes, or a crash right after a STORE's go-ahead; files written
+///   before the header page was preallocated are only 48 bytes long);
+/// * no header at all — an empty file, or one whose header is still zeros
+///   (a crash between creating the file and writing its header).
+///
+/// Anything else — a bad checksum, another format, committed bytes missing —
+/// is [`DataFileError::BadHeader`]: damage from outside the depot.
+pub fn open(path: &Path) -> Result<Opened, DataFileError> {
     let f = OpenOptions::new().read(true).write(true).open(path)?;
+    let have = f.metadata()?.len();
     let mut h = [0u8; 48];
-    f.read_exact_at(&mut h, 0)
-        .map_err(|_| DataFileError::BadHeader)?;
-    if &h[0..8] != MAGIC || h[8..12] != FORMAT_VERSION.to_le_bytes() {
+    let got = read_up_to(&f, &mut h)?;
+    if h[..got].iter().all(|&b| b == 0) && (got < h.len() || have <= HEADER_BYTES) {
+        drop(f);
+        std::fs::remove_file(path)?;
+        return Ok(Opened::Unwritten);
+    }
+    if got < h.len() || &h[0..8] != MAGIC || h[8..12] != FORMAT_VERSION.to_le_bytes() {
         return Err(DataFileError::BadHeader);
     }
     if blake3::hash(&h[0..40]).as_bytes()[0..8] != h[40..48] {
@@ -112,20 +150,42 @@ pub fn open(path: &Path) -> Result<(File, Extent), DataFileError> {
         len: le_u64(&h[24..32]),
         capacity: le_u64(&h[32..40]),
     };
-    if e.capacity == 0 {
-        let want = HEADER_BYTES
-            .checked_add(e.len)
-            .ok_or(DataFileError::BadHeader)?;
-        let have = f.metadata()?.len();
-        if have > want {
-            f.set_len(want)?;
-        } else if have < want {
+    let want = HEADER_BYTES
+        .checked_add(if e.capacity == 0 { e.len } else { 0 })
+        .ok_or(DataFileError::BadHeader)?;
+    if e.capacity > 0 && (e.len > e.capacity || e.head >= e.capacity) {
+        return Err(DataFileError::BadHeader);
+    }
+    if e.capacity == 0 && have > want {
+        f.set_len(want)?;
+    } else if have < want {
+        if e.len > 0 && e.capacity == 0 {
             // Committed bytes missing: the file was cut by something other
             // than us. Refuse rather than serve zeros as data.
             return Err(DataFileError::BadHeader);
         }
+        f.set_len(want)?;
     }
-    Ok((f, e))
+    let type_num = u32::from_le_bytes([h[12], h[13], h[14], h[15]]);
+    Ok(Opened::File {
+        file: f,
+        extent: e,
+        type_num,
+    })
+}
+
+/// Reads from byte 0 until `buf` is full or the file ends; returns the count.
+fn read_up_to(f: &File, buf: &mut [u8]) -> io::Result<usize> {
+    let mut got = 0;
+    while got < buf.len() {
+        match f.read_at(&mut buf[got..], got as u64) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(got)
 }
 
 /// Writes the header for a new committed extent. With `sync`, data written
@@ -194,11 +254,105 @@ mod tests {
         // An unacknowledged store that a crash cut short.
         f.write_all_at(b" world", HEADER_BYTES + 5).unwrap();
         drop(f);
-        let (f, e) = open(&p).unwrap();
+        let Opened::File {
+            file: f, extent: e, ..
+        } = open(&p).unwrap()
+        else {
+            panic!("a written file opens as one")
+        };
         assert_eq!(e.len, 5);
         assert_eq!(f.metadata().unwrap().len(), HEADER_BYTES + 5);
         // Flip a header byte: refused, not served.
         f.write_all_at(&[0xff], 25).unwrap();
+        assert!(matches!(open(&p), Err(DataFileError::BadHeader)));
+    }
+
+    fn opened(p: &Path) -> (File, Extent) {
+        match open(p).unwrap() {
+            Opened::File { file, extent, .. } => (file, extent),
+            Opened::Unwritten => panic!("expected a data file"),
+        }
+    }
+
+    #[test]
+    fn every_state_the_depot_leaves_behind_reopens() {
+        let dir = tempfile::tempdir().unwrap();
+        // A new file (a zero-byte STORE, or a crash right after a STORE's
+        // go-ahead): nothing committed, and it stays usable.
+        let p = dir.path().join("new");
+        drop(create(&p, 1, 0, true).unwrap());
+        let (f, e) = opened(&p);
+        assert_eq!(e, Extent::default());
+        assert_eq!(f.metadata().unwrap().len(), HEADER_BYTES);
+        // The same with bytes of the cut-short data phase after the header.
+        f.write_all_at(b"unacknowledged", HEADER_BYTES).unwrap();
+        drop(f);
+        let (f, e) = opened(&p);
+        assert_eq!((e.len, f.metadata().unwrap().len()), (0, HEADER_BYTES));
+        // A header-only file as earlier versions wrote it (48 bytes).
+        let p = dir.path().join("short");
+        let f = create(&p, 1, 0, false).unwrap();
+        f.set_len(48).unwrap();
+        drop(f);
+        let (f, e) = opened(&p);
+        assert_eq!((e.len, f.metadata().unwrap().len()), (0, HEADER_BYTES));
+        // A crash between creating the file and writing its header: an empty
+        // file, or a header page still all zeros. Removed, not "damaged".
+        for len in [0, 20, 48, HEADER_BYTES] {
+            let p = dir.path().join(format!("unwritten-{len}"));
+            File::create(&p).unwrap().set_len(len).unwrap();
+            assert!(matches!(open(&p), Ok(Opened::Unwritten)), "{len}");
+            assert!(!p.exists());
+        }
+        // A queue whose ring was never written past the header.
+        let p = dir.path().join("queue");
+        drop(create(&p, 3, 1000, true).unwrap());
+        let (_, e) = opened(&p);
+        assert_eq!(e.capacity, 1000);
+    }
+
+    #[test]
+    fn damage_from_outside_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("a");
+        let f = create(&p, 1, 0, true).unwrap();
+        f.write_all_at(b"hello", HEADER_BYTES).unwrap();
+        let five = Extent {
+            head: 0,
+            len: 5,
+            capacity: 0,
+        };
+        commit(&f, 1, five, true).unwrap();
+        // Committed bytes cut off.
+        f.set_len(HEADER_BYTES + 2).unwrap();
+        assert!(matches!(open(&p), Err(DataFileError::BadHeader)));
+        // A queue extent that does not fit its ring (checksum still good).
+        for bad in [
+            Extent {
+                head: 0,
+                len: 11,
+                capacity: 10,
+            },
+            Extent {
+                head: 10,
+                len: 0,
+                capacity: 10,
+            },
+        ] {
+            commit(&f, 3, bad, false).unwrap();
+            assert!(matches!(open(&p), Err(DataFileError::BadHeader)), "{bad:?}");
+        }
+        // A committed length that would overflow the file offset.
+        let huge = Extent {
+            head: 0,
+            len: u64::MAX,
+            capacity: 0,
+        };
+        commit(&f, 1, huge, false).unwrap();
+        assert!(matches!(open(&p), Err(DataFileError::BadHeader)));
+        // Garbage where the header should be.
+        f.write_all_at(b"not a header at all, just text....", 0)
+            .unwrap();
         assert!(matches!(open(&p), Err(DataFileError::BadHeader)));
     }
 
