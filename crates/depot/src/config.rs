@@ -175,8 +175,25 @@ pub struct Config {
     #[serde(default = "default_idle")]
     pub idle_timeout: Span,
     /// Abort a data phase with no progress for this long (default 60 s).
+    /// A request's own timeout field may raise it, up to `max_client_timeout`.
     #[serde(default = "default_idle")]
     pub io_timeout: Span,
+    /// The longest inactivity deadline a client may ask for in a request's
+    /// timeout field (default 300 s). Longer requests get this much.
+    #[serde(default = "default_max_client_timeout")]
+    pub max_client_timeout: Span,
+    /// Most connections one client address may hold open (default 64); more
+    /// get `-66` (busy), as over `max_connections`.
+    #[serde(default = "default_connections_per_client")]
+    pub max_connections_per_client: usize,
+    /// Most data phases (STORE, WRITE, queue LOAD) one client address may run
+    /// at once (default 16); more wait, up to their I/O deadline, for a slot.
+    #[serde(default = "default_transfers_per_client")]
+    pub max_transfers_per_client: usize,
+    /// Most transfer-buffer memory one client address may hold at once
+    /// (default: a quarter of `buffer_memory`), so the rest stays free for
+    /// other clients. Buffers are held only while a client's bytes flow.
+    pub max_buffer_per_client: Option<ByteSize>,
     /// How often the expiry worker runs at most (default 1 s).
     #[serde(default = "default_reap")]
     pub reap_interval: Span,
@@ -206,6 +223,15 @@ fn default_max_connections() -> usize {
 fn default_idle() -> Span {
     Span(Duration::from_secs(60))
 }
+fn default_max_client_timeout() -> Span {
+    Span(Duration::from_secs(300))
+}
+fn default_connections_per_client() -> usize {
+    64
+}
+fn default_transfers_per_client() -> usize {
+    16
+}
 fn default_reap() -> Span {
     Span(Duration::from_secs(1))
 }
@@ -223,6 +249,13 @@ impl Config {
     /// Parses a TOML document.
     pub fn from_toml(text: &str) -> Result<Config, String> {
         toml::from_str(text).map_err(|e| e.to_string())
+    }
+
+    /// Transfer-buffer bytes one client address may hold (the configured
+    /// `max_buffer_per_client`, or a quarter of `buffer_memory`).
+    pub fn buffer_per_client(&self) -> u64 {
+        self.max_buffer_per_client
+            .map_or((self.buffer_memory.0 / 4).max(2 << 20), |b| b.0)
     }
 
     /// Checks cross-field rules; returns a message that says what to fix.
@@ -256,6 +289,18 @@ impl Config {
         }
         if self.buffer_memory.0 < (4 << 20) {
             return Err("buffer_memory must be at least 4MiB".into());
+        }
+        if self.max_connections_per_client == 0 || self.max_transfers_per_client == 0 {
+            return Err(
+                "max_connections_per_client and max_transfers_per_client must be at least 1".into(),
+            );
+        }
+        let share = self.buffer_per_client();
+        if share < (2 << 20) || share > self.buffer_memory.0 {
+            return Err(format!(
+                "max_buffer_per_client must be between 2MiB and buffer_memory ({} bytes)",
+                self.buffer_memory.0
+            ));
         }
         Ok(())
     }

@@ -2,6 +2,7 @@
 //! per-connection task (`conn`). Shutdown: stop accepting, let idle
 //! connections close, wait for in-flight commands (bounded).
 
+mod clients;
 mod conn;
 mod copy;
 mod transfer;
@@ -18,6 +19,7 @@ use tokio::sync::{Semaphore, watch};
 use crate::config::Config;
 use crate::metrics::{self, Metrics};
 use crate::store::{Store, StoreError, now_secs};
+use clients::{ClientLimits, ClientSlot, Clients, Wait, acquire, permits_in};
 
 /// Size of one transfer buffer; `buffer_memory` is counted in these.
 pub const CHUNK_BYTES: usize = 1 << 20;
@@ -51,7 +53,8 @@ pub struct Depot {
     pub metrics: Metrics,
     /// Transfer-buffer budget, in [`CHUNK_BYTES`] units.
     pub(crate) buffers: Arc<Semaphore>,
-    buffer_permits: u32,
+    /// Per-client connection, data-phase and buffer limits.
+    pub(crate) clients: Arc<Clients>,
     /// Host and port written into capabilities (set when serving starts).
     advertise: OnceLock<(String, u16)>,
     /// The address we are bound to.
@@ -80,12 +83,17 @@ impl Depot {
         let permits = u32::try_from(cfg.buffer_memory.0 / CHUNK_BYTES as u64)
             .unwrap_or(u32::MAX)
             .max(4);
+        let clients = Clients::new(ClientLimits {
+            connections: cfg.max_connections_per_client,
+            transfers: cfg.max_transfers_per_client,
+            buffer_permits: permits_in(cfg.buffer_per_client()).min(permits),
+        });
         Ok(Arc::new(Depot {
+            clients,
             cfg,
             store: Arc::new(store),
             metrics: Metrics::default(),
             buffers: Arc::new(Semaphore::new(permits as usize)),
-            buffer_permits: permits,
             advertise: OnceLock::new(),
             bound: OnceLock::new(),
             started: Instant::now(),
@@ -150,28 +158,38 @@ impl Depot {
         }
     }
 
-    /// Buffer permits needed for `bytes`, capped at the whole budget so a large
-    /// request waits rather than deadlocks.
-    pub(crate) fn permits_for(&self, bytes: u64) -> u32 {
-        u32::try_from(bytes.div_ceil(CHUNK_BYTES as u64))
-            .unwrap_or(u32::MAX)
-            .clamp(1, self.buffer_permits)
-    }
-
-    /// Reserves transfer-buffer budget for `bytes`; waits while the depot is
-    /// at its memory budget.
-    pub(crate) async fn budget(&self, bytes: u64) -> Option<tokio::sync::OwnedSemaphorePermit> {
-        self.buffers
-            .clone()
-            .acquire_many_owned(self.permits_for(bytes))
+    /// Reserves transfer-buffer budget for `bytes` (capped at what one
+    /// client may hold, so a large request waits rather than deadlocks): first
+    /// from the client's share, then from the depot's. Waits at most the
+    /// depot's `io_timeout` in all. Call it only once the client's bytes are
+    /// there to move, so an idle data phase holds no budget.
+    pub(crate) async fn budget(&self, slot: &ClientSlot, bytes: u64) -> Result<Budget, Wait> {
+        let limit = self.cfg.io_timeout.0;
+        let n = permits_in(bytes).min(self.clients.limits().buffer_permits);
+        let both = async {
+            let client = acquire(&slot.buffers, n, limit).await?;
+            let depot = acquire(&self.buffers, n, limit).await?;
+            Ok(Budget {
+                _client: client,
+                _depot: depot,
+            })
+        };
+        tokio::time::timeout(limit, both)
             .await
-            .ok()
+            .unwrap_or(Err(Wait::TimedOut))
     }
 
     /// Seconds since start.
     pub fn uptime(&self) -> Duration {
         self.started.elapsed()
     }
+}
+
+/// Transfer-buffer budget one data phase holds: its client's share and the
+/// depot's, released together.
+pub(crate) struct Budget {
+    _client: tokio::sync::OwnedSemaphorePermit,
+    _depot: tokio::sync::OwnedSemaphorePermit,
 }
 
 fn default_advertise(bound: SocketAddr) -> String {
@@ -224,12 +242,23 @@ pub async fn run(
             });
             continue;
         };
+        let Some(slot) = depot.clients.admit(peer.ip()) else {
+            // This address already holds its share: busy for it alone.
+            depot.metrics.connections_rejected.fetch_add(1, Relaxed);
+            tracing::debug!(%peer, "per-client connection limit reached");
+            drop(permit);
+            tokio::spawn(async move {
+                let _ = tokio::time::timeout(Duration::from_secs(2), sock.write_all(b"-66 1.0\n"))
+                    .await;
+            });
+            continue;
+        };
         let _ = sock.set_nodelay(true);
         let depot = depot.clone();
         let shutdown = shutdown.clone();
         tokio::spawn(async move {
             depot.metrics.connections_open.fetch_add(1, Relaxed);
-            conn::serve(depot.clone(), sock, peer, shutdown).await;
+            conn::serve(depot.clone(), sock, peer, slot, shutdown).await;
             depot.metrics.connections_open.fetch_sub(1, Relaxed);
             drop(permit);
         });

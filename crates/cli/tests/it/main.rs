@@ -2,6 +2,7 @@
 
 mod dashboard;
 mod depot;
+mod hostile;
 mod lab;
 mod lbone;
 mod tools;

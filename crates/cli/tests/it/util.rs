@@ -73,6 +73,14 @@ impl DepotProc {
         let _ = self.child.wait();
     }
 
+    /// SIGTERM, then wait for the exit: a clean shutdown.
+    pub fn terminate(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let _ = self.child.wait();
+    }
+
     /// A fresh client connection.
     pub async fn connect(&self) -> Connection {
         Connection::connect(&self.addr, &client_cfg())
@@ -237,6 +245,17 @@ pub struct Raw {
 impl Raw {
     pub async fn connect(addr: &str) -> Raw {
         let s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        Raw {
+            rd: tokio::io::BufReader::new(s),
+        }
+    }
+
+    /// Connects from the local address `from` (any of 127.0.0.0/8 is ours),
+    /// so a test can be two clients at once.
+    pub async fn connect_from(addr: &str, from: &str) -> Raw {
+        let sock = tokio::net::TcpSocket::new_v4().unwrap();
+        sock.bind(format!("{from}:0").parse().unwrap()).unwrap();
+        let s = sock.connect(addr.parse().unwrap()).await.unwrap();
         Raw {
             rd: tokio::io::BufReader::new(s),
         }

@@ -20,8 +20,9 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio::time::timeout;
 
+use super::clients::ClientSlot;
 use super::transfer::{XferError, copy_range, read_exact_idle, recv_to_file, send_file};
-use super::{Depot, copy};
+use super::{Budget, CHUNK_BYTES, Depot, copy};
 use crate::metrics::command_index;
 use crate::store::datafile::{self, Extent, HEADER_BYTES};
 use crate::store::{Alloc, AllocRequest, StoreError};
@@ -79,18 +80,35 @@ pub(super) struct Conn {
     pub depot: Arc<Depot>,
     pub rd: BufReader<TcpStream>,
     pub peer: SocketAddr,
+    /// This connection's hold on its client's limits.
+    slot: ClientSlot,
+}
+
+/// Bytes received per reservation of transfer-buffer budget: a data phase
+/// gives its budget back between rounds and waits for the client's next
+/// bytes without it.
+const RECV_ROUND_BYTES: u64 = 8 * CHUNK_BYTES as u64;
+
+/// Why a receive stopped.
+enum RecvFail {
+    /// The peer or the disk failed.
+    Xfer(XferError),
+    /// No transfer budget freed up within the deadline.
+    Busy,
 }
 
 pub(super) async fn serve(
     depot: Arc<Depot>,
     sock: TcpStream,
     peer: SocketAddr,
+    slot: ClientSlot,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut c = Conn {
         depot,
         rd: BufReader::with_capacity(64 * 1024, sock),
         peer,
+        slot,
     };
     let idle = c.depot.cfg.idle_timeout.0;
     let mut line = Vec::with_capacity(256);
@@ -144,12 +162,75 @@ impl Conn {
         self.depot.metrics.errors[command_index(name)].fetch_add(1, Relaxed);
     }
 
+    /// The inactivity deadline for a data phase: the depot's `io_timeout`,
+    /// raised by the request's timeout field up to `max_client_timeout`, so
+    /// no client can park a data phase for as long as it likes.
     fn io_deadline(&self, t: Timeout) -> Duration {
-        let floor = self.depot.cfg.io_timeout.0;
+        let cfg = &self.depot.cfg;
         match t {
-            Timeout::Secs(s) => floor.max(Duration::from_secs(u64::from(s).min(3600))),
-            Timeout::Default => floor,
+            Timeout::Secs(s) => cfg
+                .io_timeout
+                .0
+                .max(Duration::from_secs(u64::from(s)).min(cfg.max_client_timeout.0)),
+            Timeout::Default => cfg.io_timeout.0,
         }
+    }
+
+    /// Takes one of the client's data-phase slots before a go-ahead; a client
+    /// running more data phases than its share waits for one of its own, up
+    /// to the depot's `io_timeout` (not the client's: a client cannot ask to
+    /// queue for longer).
+    async fn transfer_slot(&mut self) -> Result<tokio::sync::OwnedSemaphorePermit, Fail> {
+        let limit = self.depot.cfg.io_timeout.0;
+        self.slot.transfer(limit).await.map_err(|_| {
+            tracing::info!(peer = %self.peer, "client at its data-phase limit; refused");
+            Fail::closing(StatusCode::OUT_OF_SOCKETS)
+        })
+    }
+
+    /// Waits, holding no budget, until the client has bytes for us, then
+    /// takes the budget for `bytes` of them.
+    async fn budget_when_ready(&mut self, bytes: u64, idle: Duration) -> Result<Budget, RecvFail> {
+        if self.rd.buffer().is_empty() {
+            match timeout(idle, self.rd.get_ref().readable()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return Err(RecvFail::Xfer(XferError::Peer(e))),
+                Err(_) => {
+                    return Err(RecvFail::Xfer(XferError::Peer(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "no data within the I/O timeout",
+                    ))));
+                }
+            }
+        }
+        self.depot
+            .budget(&self.slot, bytes)
+            .await
+            .map_err(|_| RecvFail::Busy)
+    }
+
+    /// Receives `len` bytes into `file` at byte `pos`, in rounds that each
+    /// hold transfer budget only while the client's bytes flow.
+    async fn receive(
+        &mut self,
+        file: &Arc<std::fs::File>,
+        pos: u64,
+        len: u64,
+        idle: Duration,
+    ) -> Result<(), RecvFail> {
+        let mut done = 0u64;
+        while done < len {
+            let n = (len - done).min(RECV_ROUND_BYTES);
+            let budget = self
+                .budget_when_ready(n.min(2 * CHUNK_BYTES as u64), idle)
+                .await?;
+            recv_to_file(&mut self.rd, file.clone(), pos + done, n, idle)
+                .await
+                .map_err(RecvFail::Xfer)?;
+            drop(budget);
+            done += n;
+        }
+        Ok(())
     }
 
     pub async fn reply(&mut self, text: &str) -> std::io::Result<()> {
@@ -266,6 +347,7 @@ impl Conn {
                 if end > max {
                     return Err(Fail::closing(StatusCode::WOULD_EXCEED_LIMIT));
                 }
+                let _slot = self.transfer_slot().await?;
                 let start = ext.len;
                 self.receive_bytearray(a, start, length, idle).await
             }
@@ -286,6 +368,7 @@ impl Conn {
         if end > a.max_size() {
             return Err(Fail::closing(StatusCode::WOULD_EXCEED_LIMIT));
         }
+        let _slot = self.transfer_slot().await?;
         let (_, ext) = a.snapshot();
         if offset >= ext.len {
             return self.receive_bytearray(a, offset, length, idle).await;
@@ -307,11 +390,7 @@ impl Conn {
         let stage = Arc::new(stage);
         let _ = std::fs::remove_file(&stage_path); // unlinked: gone even on crash
         self.go_ahead().await?;
-        let _budget = self
-            .depot
-            .budget(length.min(2 * super::CHUNK_BYTES as u64))
-            .await;
-        if let Err(e) = recv_to_file(&mut self.rd, stage.clone(), 0, length, idle).await {
+        if let Err(e) = self.receive(&stage, 0, length, idle).await {
             return self.data_failed(e, None, a);
         }
         self.depot.metrics.bytes_in.fetch_add(length, Relaxed);
@@ -348,20 +427,10 @@ impl Conn {
     ) -> Res {
         let file = data_file(a).await?;
         self.go_ahead().await?;
-        let budget = self
-            .depot
-            .budget(length.min(2 * super::CHUNK_BYTES as u64))
-            .await;
-        let got = recv_to_file(
-            &mut self.rd,
-            file.clone(),
-            HEADER_BYTES + start,
-            length,
-            idle,
-        )
-        .await;
-        drop(budget);
-        if let Err(e) = got {
+        if let Err(e) = self
+            .receive(&file, HEADER_BYTES + start, length, idle)
+            .await
+        {
             return self.data_failed(e, Some(&file), a);
         }
         self.depot.metrics.bytes_in.fetch_add(length, Relaxed);
@@ -381,7 +450,7 @@ impl Conn {
 
     fn data_failed(
         &mut self,
-        e: XferError,
+        e: RecvFail,
         file: Option<&Arc<std::fs::File>>,
         a: &Arc<Alloc>,
     ) -> Res {
@@ -389,11 +458,15 @@ impl Conn {
             a.rollback(f);
         }
         match e {
-            XferError::Peer(err) => {
+            RecvFail::Busy => {
+                tracing::warn!(peer = %self.peer, "no transfer buffer freed up in time; rolled back");
+                Err(Fail::closing(StatusCode::OUT_OF_SOCKETS))
+            }
+            RecvFail::Xfer(XferError::Peer(err)) => {
                 tracing::info!(peer = %self.peer, error = %err, "data phase cut short; rolled back");
                 Ok(Flow::Close)
             }
-            XferError::Disk(err) => {
+            RecvFail::Xfer(XferError::Disk(err)) => {
                 tracing::error!(peer = %self.peer, error = %err, "disk write failed; rolled back");
                 Err(Fail::closing(StatusCode::FILE_WRITE))
             }
@@ -412,14 +485,20 @@ impl Conn {
         if !fits {
             return Err(Fail::closing(StatusCode::WOULD_EXCEED_LIMIT));
         }
-        let file = data_file(a).await?;
-        self.go_ahead().await?;
-        let _budget = self.depot.budget(length).await;
         let n =
             usize::try_from(length).map_err(|_| Fail::closing(StatusCode::WOULD_EXCEED_LIMIT))?;
+        let _slot = self.transfer_slot().await?;
+        let file = data_file(a).await?;
+        self.go_ahead().await?;
+        // Staged whole in memory (bounded by max_queue_size): the budget is
+        // taken once the bytes start to arrive, and held until they are in.
+        let _budget = match self.budget_when_ready(length, idle).await {
+            Ok(b) => b,
+            Err(e) => return self.data_failed(e, None, a),
+        };
         let mut buf = vec![0u8; n];
         if let Err(e) = read_exact_idle(&mut self.rd, &mut buf, idle).await {
-            return self.data_failed(XferError::Peer(e), None, a);
+            return self.data_failed(RecvFail::Xfer(XferError::Peer(e)), None, a);
         }
         self.depot.metrics.bytes_in.fetch_add(length, Relaxed);
         let res = blocking({
@@ -516,7 +595,12 @@ impl Conn {
             return Err(Fail::new(StatusCode::WOULD_EXCEED_LIMIT));
         }
         let n = usize::try_from(length).map_err(|_| Fail::new(StatusCode::WOULD_EXCEED_LIMIT))?;
-        let _budget = self.depot.budget(length).await;
+        let _slot = self.transfer_slot().await?;
+        let _budget = self
+            .depot
+            .budget(&self.slot, length)
+            .await
+            .map_err(|_| Fail::closing(StatusCode::OUT_OF_SOCKETS))?;
         let (file, buf) = match file {
             Some(f) if n > 0 => {
                 let f2 = f.clone();
@@ -605,7 +689,11 @@ impl Conn {
                 ..
             } => {
                 let a = store.lookup(key, Some(CapKind::Manage))?;
-                blocking(move || store.change(&a, max_size, duration, reliability)).await?;
+                // Under the writer lock, as TRUNCATE: a data phase in flight
+                // was checked against the old max size.
+                let _w = a.writer.lock().await;
+                let a2 = a.clone();
+                blocking(move || store.change(&a2, max_size, duration, reliability)).await?;
                 self.ok("1 \n").await
             }
             ManageOp::Truncate { size } => {
@@ -636,7 +724,7 @@ impl Conn {
                     }
                 };
                 let sum = |f: &dyn Fn(&crate::store::ResourceStatus) -> u64| {
-                    chosen.iter().map(f).sum::<u64>()
+                    chosen.iter().map(f).fold(0u64, u64::saturating_add)
                 };
                 let total = sum(&|s| s.total);
                 let hard_total = sum(&|s| s.hard_total);
@@ -660,7 +748,7 @@ impl Conn {
                 }
                 let body = format!(
                     "VS:1.4:1.0 DT:1  RID:{rid_name} RT:1 CT:{total} ST:{total} UT:{} UH:{used_hard} SH:{hard_total} CH:{hard_total} AT:{free} AH:{hard_free} DR:{max_dur} RE \n",
-                    used_hard + used_soft
+                    used_hard.saturating_add(used_soft)
                 );
                 self.ok(&format!("1 {} \n{body}", body.len())).await
             }
@@ -727,7 +815,7 @@ impl Conn {
                 "RID: {} Max: {} b Used: {} b Free: {} b Allocations: {} Max duration: {} s",
                 r.rid,
                 r.total,
-                r.usage.hard + r.usage.soft,
+                r.usage.used(),
                 r.free(),
                 r.usage.count,
                 r.max_duration
