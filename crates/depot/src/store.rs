@@ -2,8 +2,8 @@
 //! accounting, soft revocation and expiry. No sockets here; the server drives
 //! it from `spawn_blocking` for anything that touches the disk.
 //!
-//! Lock order: an allocation's `info` before the store's `state`; neither is
-//! held across an `.await`. The per-allocation `writer` (async) serializes
+//! Lock order: an allocation's `info` before its `data` and before the
+//! store's `state`; none is held across an `.await`. The per-allocation `writer` (async) serializes
 //! data phases and is taken before either.
 
 pub mod datafile;
@@ -235,11 +235,21 @@ impl Alloc {
     /// The data file, created on first use (lazy allocation, as the reference
     /// depot does by default). Blocking.
     pub fn file_for_write(&self) -> Result<Arc<File>> {
+        // Under the info lock, as deletion is: a data phase that raced a
+        // DECR or expiry must not create a file nobody will remove.
+        let info = lock(&self.info);
+        if info.deleted {
+            return Err(StoreError::NotFound);
+        }
         let mut d = lock(&self.data);
         if let Some(f) = &d.file {
             return Ok(f.clone());
         }
-        let capacity = if self.is_queue() { self.max_size() } else { 0 };
+        let capacity = if self.is_queue() {
+            info.rec.max_size
+        } else {
+            0
+        };
         let f = datafile::create(
             &self.res.data_path(self.id),
             self.type_num(),
@@ -558,6 +568,55 @@ impl Store {
                 max_duration: r.cfg.max_duration.0.as_secs(),
             })
             .collect()
+    }
+
+    /// Recomputes every resource's usage from its live allocations and
+    /// compares it with the running totals the space checks use. `Err` says
+    /// where they differ: a bug in the accounting, never a client's doing.
+    /// (For tests and fuzzing; it walks every allocation under the lock.)
+    pub fn check_accounting(&self) -> Result<(), String> {
+        let mut sums = vec![Usage::default(); self.resources.len()];
+        let entries: Vec<(Arc<Alloc>, u64, Reliability)> = {
+            let st = lock(&self.state);
+            for e in st.allocs.values() {
+                let u = &mut sums[e.alloc.res.idx];
+                match e.reliability {
+                    Reliability::Hard => u.hard = u.hard.saturating_add(e.max_size),
+                    Reliability::Soft => u.soft = u.soft.saturating_add(e.max_size),
+                }
+                u.count += 1;
+            }
+            for (r, (have, want)) in self.resources.iter().zip(st.usage.iter().zip(&sums)) {
+                if (have.hard, have.soft, have.count) != (want.hard, want.soft, want.count) {
+                    return Err(format!(
+                        "resource {}: usage {have:?}, allocations add up to {want:?}",
+                        r.rid()
+                    ));
+                }
+            }
+            st.allocs
+                .values()
+                .map(|e| (e.alloc.clone(), e.max_size, e.reliability))
+                .collect()
+        };
+        // Outside the state lock (lock order): each record against its entry.
+        for (a, max_size, rel) in entries {
+            let rec = lock(&a.info).rec.clone();
+            if (rec.max_size, rec.reliability) != (max_size, rel) {
+                return Err(format!(
+                    "allocation {} accounted as {max_size} bytes ({rel:?}), its record says {} ({:?})",
+                    a.id, rec.max_size, rec.reliability
+                ));
+            }
+            let len = a.snapshot().1.len;
+            if len > max_size {
+                return Err(format!(
+                    "allocation {} holds {len} bytes, over its max size {max_size}",
+                    a.id
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Number of live allocations.
@@ -1157,6 +1216,7 @@ mod tests {
         // A 0 size keeps the size; a negative duration keeps the lease.
         s.change(&a, 0, -5, -1).unwrap();
         assert_eq!(a.max_size(), 1000);
+        s.check_accounting().unwrap();
     }
 
     #[test]

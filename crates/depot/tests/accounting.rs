@@ -348,6 +348,9 @@ async fn run_ops(ops: Vec<Op>) {
             c = connect(&running.addr).await;
         }
         check(&mut c, &mut live, revoked_ok, step, &op).await;
+        if let Err(e) = depot.store.check_accounting() {
+            panic!("step {step} ({op:?}): {e}");
+        }
     }
     drop(c);
     drop(depot);

@@ -71,6 +71,9 @@ pub struct Args {
     /// Most simultaneous connections [default: 1024].
     #[arg(long, value_name = "N")]
     max_connections: Option<usize>,
+    /// Most simultaneous connections from one client address [default: 64].
+    #[arg(long, value_name = "N")]
+    max_connections_per_client: Option<usize>,
     /// fsync policy: `always` (before every acknowledgement) or `never`.
     #[arg(long, value_name = "POLICY", value_parser = parse_sync)]
     sync: Option<SyncPolicy>,
@@ -245,6 +248,9 @@ pub fn config(args: &Args) -> anyhow::Result<Config> {
     }
     if let Some(p) = &args.password {
         cfg.password = p.clone();
+    }
+    if let Some(n) = args.max_connections_per_client {
+        cfg.max_connections_per_client = n;
     }
     if let Some(n) = args.max_connections {
         cfg.max_connections = n;

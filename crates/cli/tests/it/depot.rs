@@ -597,7 +597,12 @@ async fn fifo_and_circular_queues_follow_their_documented_semantics() {
 #[tokio::test]
 async fn serves_256_concurrent_clients() {
     let dir = tempdir();
-    let d = DepotProc::start(dir.path(), &["--sync", "never"]);
+    // All from 127.0.0.1 (and one more to check), so above the per-client
+    // default (64).
+    let d = DepotProc::start(
+        dir.path(),
+        &["--sync", "never", "--max-connections-per-client", "300"],
+    );
     let addr = d.addr.clone();
     let mut tasks = Vec::new();
     for i in 0..256u32 {
