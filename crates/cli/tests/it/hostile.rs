@@ -532,8 +532,12 @@ async fn wire_numbers_at_their_extremes() {
         assert_eq!(&c.line().await, want, "{req}");
         assert!(c.closed().await, "{req}");
     }
-    // The edges that fit: WRITE of 1 byte at 999 (a hole before it reads as
-    // zeros) and a STORE of 0 bytes into the full queue's neighbour.
+    // The edges that fit: a STORE of 0 bytes into a queue is answered at
+    // once (no data to wait for), and a WRITE of 1 byte at 999 leaves a hole
+    // before it that reads as zeros.
+    r.send(format!("1 2 {} 0 10\n", q.write).as_bytes()).await;
+    assert_eq!(r.line().await, "1 \n");
+    assert_eq!(r.line().await, "1 0 \n");
     r.send(format!("1 13 {wr} 999 1 10\n").as_bytes()).await;
     assert_eq!(r.line().await, "1 \n");
     r.send(b"!").await;
@@ -543,5 +547,7 @@ async fn wire_numbers_at_their_extremes() {
     assert!(all[10..999].iter().all(|&b| b == 0));
     assert_eq!(all[999], b'!');
     assert_eq!(usage(&mut r).await, (1100, 100 * MIB - 1100, 2));
-    assert_eq!(bytes_on_disk(dir.path()), HEADER + 1000);
+    // The byte array's header and bytes, and the queue's header (its ring
+    // was never written).
+    assert_eq!(bytes_on_disk(dir.path()), 2 * HEADER + 1000);
 }

@@ -492,9 +492,13 @@ impl Conn {
         self.go_ahead().await?;
         // Staged whole in memory (bounded by max_queue_size): the budget is
         // taken once the bytes start to arrive, and held until they are in.
-        let _budget = match self.budget_when_ready(length, idle).await {
-            Ok(b) => b,
-            Err(e) => return self.data_failed(e, None, a),
+        let _budget = if length == 0 {
+            None // nothing will arrive, so there is nothing to wait for
+        } else {
+            match self.budget_when_ready(length, idle).await {
+                Ok(b) => Some(b),
+                Err(e) => return self.data_failed(e, None, a),
+            }
         };
         let mut buf = vec![0u8; n];
         if let Err(e) = read_exact_idle(&mut self.rd, &mut buf, idle).await {
