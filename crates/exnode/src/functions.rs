@@ -14,11 +14,11 @@
 use std::fmt::Write as _;
 
 use aes_gcm::aead::{Aead, KeyInit};
-use md5::{Digest, Md5};
 
 use crate::model::{Function, Mapping, Metadata, Value};
 
 pub mod legacy;
+pub mod lors_md5;
 
 pub use legacy::{LegacyChain, LegacyKind};
 
@@ -40,8 +40,14 @@ pub const TAG_BYTES: usize = 16;
 pub enum Step {
     /// BLAKE3 of the block appended (`blake3_checksum`).
     Blake3,
-    /// The original LoRS `checksum`: 32 hex MD5 digits, `:`, the block.
+    /// The original LoRS `checksum`: 32 hex digits of the block's MD5 as
+    /// LoRS 0.82 computes it on 64-bit hosts ([`lors_md5::LorsMd5`]), `:`,
+    /// the block. Readers accept standard MD5 digests too.
     Md5,
+    /// The same format with standard MD5 (RFC 1321) digests, as 32-bit LoRS
+    /// builds and earlier versions of this tool wrote. Written by name only
+    /// (`-k md5-rfc1321`); an exNode records both as `checksum`.
+    Md5Rfc1321,
     /// zstd compression (`zstd_compress`).
     Zstd {
         /// Compression level (1–19).
@@ -65,6 +71,7 @@ impl std::fmt::Debug for Step {
         f.write_str(match self {
             Step::Blake3 => "Blake3",
             Step::Md5 => "Md5",
+            Step::Md5Rfc1321 => "Md5Rfc1321",
             Step::Zstd { .. } => "Zstd",
             Step::Aes256Gcm { .. } => "Aes256Gcm(key redacted)",
             Step::ChaCha20Poly1305 { .. } => "ChaCha20Poly1305(key redacted)",
@@ -77,7 +84,7 @@ impl Step {
     pub fn name(&self) -> &'static str {
         match self {
             Step::Blake3 => "blake3_checksum",
-            Step::Md5 => "checksum",
+            Step::Md5 | Step::Md5Rfc1321 => "checksum",
             Step::Zstd { .. } => "zstd_compress",
             Step::Aes256Gcm { .. } => "aes256gcm_encrypt",
             Step::ChaCha20Poly1305 { .. } => "chacha20poly1305_encrypt",
@@ -88,7 +95,7 @@ impl Step {
     fn overhead(&self) -> Option<u64> {
         match self {
             Step::Blake3 => Some(32),
-            Step::Md5 => Some(33),
+            Step::Md5 | Step::Md5Rfc1321 => Some(33),
             Step::Zstd { .. } => None,
             Step::Aes256Gcm { .. } | Step::ChaCha20Poly1305 { .. } => {
                 Some((NONCE_BYTES + TAG_BYTES) as u64)
@@ -172,8 +179,13 @@ impl Chain {
                     cur.extend_from_slice(h.as_bytes());
                     cur
                 }
-                Step::Md5 => {
-                    let mut out = hex(&Md5::digest(&cur)).into_bytes();
+                Step::Md5 | Step::Md5Rfc1321 => {
+                    let variant = if *s == Step::Md5 {
+                        lors_md5::Md5Variant::Lors64
+                    } else {
+                        lors_md5::Md5Variant::Rfc1321
+                    };
+                    let mut out = variant.hex_digest(&cur).into_bytes();
                     out.push(b':');
                     out.extend_from_slice(&cur);
                     out
@@ -223,12 +235,12 @@ impl Chain {
                     }
                     d.to_vec()
                 }
-                Step::Md5 => {
+                Step::Md5 | Step::Md5Rfc1321 => {
                     if cur.len() < 33 || cur[32] != b':' {
                         return Err(corrupt("malformed MD5 checksum header"));
                     }
                     let (h, d) = (&cur[..32], &cur[33..]);
-                    if hex(&Md5::digest(d)).as_bytes() != h {
+                    if !lors_md5::matches(h, d) {
                         return Err(corrupt("MD5 checksum mismatch"));
                     }
                     d.to_vec()

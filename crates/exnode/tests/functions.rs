@@ -61,9 +61,9 @@ fn md5_checksum_blocks_have_the_lors_layout() {
         steps: vec![Step::Md5],
     };
     let stored = chain.encode(b"hello");
-    // Two e2e blocks: "hell" and "o", each = 32 hex MD5 digits, ':', data.
-    // (digests from `printf hell | md5sum` and `printf o | md5sum`)
-    let want = b"4229d691b07b13341da53f17ab9f2416:helld95679752134a2d9eb61dbd7b91c4bcc:o";
+    // Two e2e blocks: "hell" and "o", each = 32 hex digits, ':', data. The
+    // digests are LoRS 0.82's on a 64-bit host (64-bit UINT4), not md5sum's.
+    let want = b"e53c819fced31b2fac750cd892369d8f:hell91ae8871ab56b458110da40a92cb2512:o";
     assert_eq!(stored, want.to_vec());
     let f = chain.to_function().unwrap();
     assert_eq!(f.name, "checksum");
@@ -71,6 +71,35 @@ fn md5_checksum_blocks_have_the_lors_layout() {
         f.argument("blocksize"),
         Some(&lors_exnode::Value::Integer(37)),
         "e2e block size + 33, as LoRS writes"
+    );
+    // The standard-MD5 variant, by name (digests from `printf hell | md5sum`).
+    let rfc = Chain {
+        block_size: 4,
+        steps: vec![Step::Md5Rfc1321],
+    };
+    let std_stored = rfc.encode(b"hello");
+    let want = b"4229d691b07b13341da53f17ab9f2416:helld95679752134a2d9eb61dbd7b91c4bcc:o";
+    assert_eq!(std_stored, want.to_vec());
+    assert_eq!(rfc.to_function().unwrap().name, "checksum");
+    // A reader accepts either digest (and a mix of them), nothing else.
+    for stored in [&stored, &std_stored] {
+        assert_eq!(chain.decode(stored, 5).unwrap(), b"hello");
+        assert_eq!(rfc.decode(stored, 5).unwrap(), b"hello");
+    }
+    let mixed = [&stored[..37], &std_stored[37..]].concat();
+    assert_eq!(chain.decode(&mixed, 5).unwrap(), b"hello");
+    let mut bad = stored.clone();
+    bad[34] ^= 1;
+    assert!(chain.decode(&bad, 5).is_err());
+}
+
+#[test]
+fn lors_zlib_chain_checksums_with_the_64_bit_lors_digest() {
+    let chain = LegacyChain::new(4, vec![LegacyKind::Checksum]);
+    let (stored, _) = chain.encode(b"hello").unwrap();
+    assert_eq!(
+        stored,
+        b"e53c819fced31b2fac750cd892369d8f:hell91ae8871ab56b458110da40a92cb2512:o".to_vec()
     );
 }
 

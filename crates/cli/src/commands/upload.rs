@@ -75,9 +75,11 @@ pub struct Args {
     /// No end-to-end functions: store the bytes as they are.
     #[arg(short = 'n', long = "none", conflicts_with_all = ["checksum", "compress", "encrypt", "zlib"])]
     no_e2e: bool,
-    /// Checksum every e2e block: `blake3` (default) or `md5` (the original
-    /// LoRS format, readable by lors_download 0.82).
-    #[arg(short = 'k', long, value_name = "KIND", value_parser = ["blake3", "md5", "none"])]
+    /// Checksum every e2e block: `blake3` (default), `md5` (the original
+    /// LoRS format with the digest LoRS 0.82 computes on 64-bit hosts, so
+    /// lors_download 0.82 reads it), or `md5-rfc1321` (the same format with
+    /// standard MD5, for 32-bit LoRS builds). Downloads accept either digest.
+    #[arg(short = 'k', long, value_name = "KIND", value_parser = ["blake3", "md5", "md5-rfc1321", "none"])]
     checksum: Option<String>,
     /// Compress every e2e block with zstd.
     #[arg(short = 'z', long)]
@@ -125,7 +127,7 @@ fn chain(a: &Args, rc: &Xndrc) -> anyhow::Result<Option<Codec>> {
             Some("none") => {}
             Some(_) => {
                 return Err(UsageError(
-                    "--zlib writes the LoRS format, whose checksum is MD5: use -k md5 or -k none"
+                    "--zlib writes the LoRS format with the 64-bit LoRS MD5: use -k md5 or -k none"
                         .into(),
                 )
                 .into());
@@ -149,6 +151,7 @@ fn chain(a: &Args, rc: &Xndrc) -> anyhow::Result<Option<Codec>> {
     match a.checksum.as_deref() {
         None | Some("blake3") => steps.push(Step::Blake3),
         Some("md5") => steps.push(Step::Md5),
+        Some("md5-rfc1321") => steps.push(Step::Md5Rfc1321),
         _ => {}
     }
     if steps.is_empty() {

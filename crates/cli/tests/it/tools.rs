@@ -680,6 +680,7 @@ fn a_flipped_byte_on_a_depot_is_detected_and_read_from_the_replica() {
     for (flags, label) in [
         (vec![], "blake3 (default)"),
         (vec!["-k", "md5"], "md5"),
+        (vec!["-k", "md5-rfc1321"], "md5-rfc1321"),
         (vec!["-z", "-e", "chacha"], "zstd+chacha+blake3"),
     ] {
         let data = pattern(700_000, 21);

@@ -9,7 +9,9 @@
 //! The byte formats, as `libe2e/e2e.c` produces them:
 //!
 //! * `checksum`: per block, 32 lowercase hex digits of the block's MD5, `:`,
-//!   the block. Output block = input block + 33.
+//!   the block. Output block = input block + 33. "MD5" is what LoRS computes
+//!   on a 64-bit host (`lors_md5`), which is what we write; we accept
+//!   standard MD5 digests too.
 //! * `xor_encrypt`: per block, bytes at even offsets XORed with the last
 //!   character of `KEY`, odd offsets left as they are (an old indexing bug
 //!   that LoRS keeps "for compatibility"; odd offsets meet the key's NUL
@@ -31,11 +33,10 @@
 
 use std::io::Read as _;
 
-use aes::cipher::{BlockDecrypt, BlockEncrypt, KeyInit, generic_array::GenericArray};
-use md5::{Digest, Md5};
-
+use super::lors_md5::Md5Variant;
 use super::{E2eError, hex, unhex};
 use crate::model::{Function, Metadata, Value};
+use aes::cipher::{BlockDecrypt, BlockEncrypt, KeyInit, generic_array::GenericArray};
 
 /// Bytes of the MD5 `checksum` header (`32 hex digits` + `:`).
 pub const CHECKSUM_HEADER: u64 = 33;
@@ -197,7 +198,7 @@ impl LegacyChain {
                 LegacyKind::Checksum => {
                     let mut out = Vec::with_capacity(cur.len() + cur.len() / bs * 33 + 33);
                     for b in blocks(&cur, bs) {
-                        out.extend_from_slice(hex(&Md5::digest(b)).as_bytes());
+                        out.extend_from_slice(Md5Variant::Lors64.hex_digest(b).as_bytes());
                         out.push(b':');
                         out.extend_from_slice(b);
                     }
@@ -292,7 +293,7 @@ impl LegacyChain {
                         if b.len() < 33 || b[32] != b':' {
                             return Err(corrupt("malformed MD5 checksum header"));
                         }
-                        if hex(&Md5::digest(&b[33..])).as_bytes() != &b[..32] {
+                        if !super::lors_md5::matches(&b[..32], &b[33..]) {
                             return Err(corrupt("MD5 checksum mismatch"));
                         }
                         out.extend_from_slice(&b[33..]);
