@@ -8,6 +8,7 @@ pub mod request;
 pub mod status;
 
 pub use limits::*;
+pub use request::cmd;
 pub use request::{
     AllocType, Allocate, KeyToken, ManageOp, ParseError, Reliability, Request, StatusOp, Timeout,
     Version,

@@ -243,7 +243,7 @@ async fn malformed_requests_get_errors_and_never_touch_data() {
     let mut r = Raw::connect(&d.addr).await;
     for (line, want) in [
         (&b"garbage\n"[..], "-21 \n"),
-        (b"1 77 a b\n", "-43 \n"),
+        (b"1 16 a b 10\n", "-43 \n"), // RENAME: not served, and sends no data
         (b"3 8 1#k 1 0 1 1\n", "-27 \n"),
         (b"1 8 1#k 1 0\n", "-21 \n"),
         (b"1 8 1#k 1 -1 5 10\n", "-30 \n"),
@@ -256,6 +256,22 @@ async fn malformed_requests_get_errors_and_never_touch_data() {
     // After all that, the same connection still works.
     r.send(b"1 4 3 10\n").await;
     assert_eq!(r.line().await, "1 1 \n");
+    // A command we do not serve whose data phase we cannot size (here
+    // LStore's checksummed WRITE with its data behind it, and a number
+    // nobody defined): one error reply, then the connection closes instead
+    // of reading the data as commands.
+    for req in [
+        &b"1 27 1 65536 1#k 1 0 4 10
+DATA"[..],
+        b"1 77 a b
+0 9 1#k 1 40
+",
+    ] {
+        let mut r = Raw::connect(&d.addr).await;
+        r.send(req).await;
+        assert_eq!(r.line().await, "-43 \n");
+        assert!(r.closed().await, "{:?}", String::from_utf8_lossy(req));
+    }
     // An endless line is cut off at the limit and the connection closed.
     let mut r = Raw::connect(&d.addr).await;
     r.send(&vec![b'7'; 10_000]).await;

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use lors_ibp::caps::{CapKind, Capability};
 use lors_ibp::proto::{
-    AllocType, Allocate, MAX_LINE_BYTES, ManageOp, Request, StatusCode, StatusOp, Timeout, Version,
-    status_line,
+    AllocType, Allocate, MAX_LINE_BYTES, ManageOp, ParseError, Request, StatusCode, StatusOp,
+    Timeout, Version, cmd, status_line,
 };
 use lors_ibp::wire::{Line, read_line};
 use tokio::io::{AsyncWriteExt, BufReader};
@@ -137,6 +137,11 @@ pub(super) async fn serve(
                 c.metric_error("INVALID");
                 if c.reply(&status_line(e.status())).await.is_err() {
                     return;
+                }
+                if let ParseError::UnknownCommand(n) = e {
+                    if !cmd::sends_no_data(n) {
+                        return; // its data, if any, would read as commands
+                    }
                 }
                 continue;
             }

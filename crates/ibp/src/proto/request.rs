@@ -387,6 +387,18 @@ pub mod cmd {
     pub const CHNG: i64 = 43;
     /// MANAGE TRUNCATE.
     pub const TRUNCATE: i64 = 45;
+
+    /// Whether command `n`, one we do not serve, is known to send no data
+    /// after its request line (ALIAS/RENAME/SPLIT/MERGE, PUSH/PULL and their
+    /// checksummed forms, checksummed ALLOCATE and LOAD/SEND, GET/VALIDATE
+    /// checksum, VEC_READ). For any other — the checksummed and vector
+    /// WRITE/STORE, LoCI legacy and ACCRE internal commands, numbers nobody
+    /// defined — we cannot tell where a data phase would end, so after the
+    /// error reply the connection must close rather than read that data as
+    /// commands (the reference depot closes too).
+    pub fn sends_no_data(n: i64) -> bool {
+        matches!(n, 14..=26 | 29..=32 | 35 | 36)
+    }
 }
 
 struct Fields<'a> {

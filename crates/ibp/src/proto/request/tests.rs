@@ -457,3 +457,16 @@ fn rejection_table() {
         }
     }
 }
+
+#[test]
+fn unserved_commands_are_sorted_by_whether_data_follows() {
+    use super::cmd::sends_no_data;
+    // ALIAS_ALLOCATE, RENAME, MERGE, PUSH, checksummed LOAD, GET_CHKSUM, VEC_READ.
+    for n in [14, 16, 19, 20, 24, 31, 35] {
+        assert!(sends_no_data(n), "{n}");
+    }
+    // WRITE_CHKSUM, STORE_CHKSUM, VEC_WRITE, LoCI DELIVER, ACCRE internal, unknown.
+    for n in [27, 28, 33, 34, 3, 90, 77, -1, i64::MAX] {
+        assert!(!sends_no_data(n), "{n}");
+    }
+}
