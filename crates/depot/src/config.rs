@@ -203,6 +203,12 @@ pub struct Config {
     /// fsync policy.
     #[serde(default)]
     pub sync: SyncPolicy,
+    /// Refuse what the reference (ACCRE) depot refuses where ours is lenient,
+    /// so clients can be tested against the strictest behaviour: MANAGE CHNG
+    /// with max size 0 ("keep" here) or below the current max size answers
+    /// `-20` (default false).
+    #[serde(default)]
+    pub strict: bool,
     /// Storage resources; at least one.
     #[serde(default, rename = "resource")]
     pub resources: Vec<ResourceConfig>,

@@ -451,6 +451,7 @@ pub struct Store {
     state: Mutex<State>,
     sync: bool,
     damaged: usize,
+    strict: bool,
 }
 
 impl Store {
@@ -531,6 +532,7 @@ impl Store {
             state: Mutex::new(state),
             sync,
             damaged,
+            strict: cfg.strict,
         })
     }
 
@@ -852,9 +854,14 @@ impl Store {
         let len = a.snapshot().1.len;
         let res = a.res.clone();
         let queue = a.is_queue();
+        let strict = self.strict;
         self.update(a, |rec, st| {
             if duration == 0 {
                 return Err(StoreError::Invalid("duration 0"));
+            }
+            if strict && max_size < rec.max_size {
+                // The reference depot takes 0 as a size, not as "keep".
+                return Err(StoreError::WouldDamage);
             }
             let new_rel = match reliability {
                 -1 => rec.reliability,

@@ -232,13 +232,15 @@ pub async fn refresh(
         };
         let r = async {
             let mut c = pool.get(&cap.address()).await?;
+            // CHNG carries the max size and reliability the allocation has:
+            // the reference depot takes max size 0 as "shrink to 0" (-20)
+            // rather than "keep", as LoRS's own lors_refresh knows.
+            let now = c.probe(cap).await?;
             let secs = match lease {
                 Lease::To(d) => i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
-                Lease::By(d) => {
-                    let p = c.probe(cap).await?;
-                    p.seconds_left
-                        .saturating_add(i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
-                }
+                Lease::By(d) => now
+                    .seconds_left
+                    .saturating_add(i64::try_from(d.as_secs()).unwrap_or(i64::MAX)),
                 Lease::Max => {
                     let rid = cap.rid.clone().unwrap_or_else(|| "0".into());
                     let st = c.status(&rid, "ibp").await?;
@@ -247,7 +249,8 @@ pub async fn refresh(
                         .max(1)
                 }
             };
-            c.change(cap, 0, secs.max(1), None).await?;
+            let rel = lors_ibp::proto::Reliability::from_number(now.reliability);
+            c.change(cap, now.max_size, secs.max(1), rel).await?;
             let p = c.probe(cap).await?;
             pool.put(c);
             Ok::<_, lors_ibp::Error>(p.seconds_left)

@@ -74,6 +74,11 @@ pub struct Args {
     /// Most simultaneous connections from one client address [default: 64].
     #[arg(long, value_name = "N")]
     max_connections_per_client: Option<usize>,
+    /// Refuse what the reference (ACCRE) depot refuses where this one is
+    /// lenient (MANAGE CHNG to max size 0 or a smaller size: -20), to test
+    /// clients against the strictest behaviour.
+    #[arg(long)]
+    strict: bool,
     /// fsync policy: `always` (before every acknowledgement) or `never`.
     #[arg(long, value_name = "POLICY", value_parser = parse_sync)]
     sync: Option<SyncPolicy>,
@@ -257,6 +262,9 @@ pub fn config(args: &Args) -> anyhow::Result<Config> {
     }
     if let Some(s) = args.sync {
         cfg.sync = s;
+    }
+    if args.strict {
+        cfg.strict = true;
     }
     if let Some(dir) = &args.data {
         if !cfg.resources.is_empty() {

@@ -440,6 +440,30 @@ async fn manage_refcounts_change_and_truncate() {
 }
 
 #[tokio::test]
+async fn strict_mode_refuses_chng_as_the_reference_depot_does() {
+    let dir = tempdir();
+    let d = DepotProc::start(dir.path(), &["--strict"]);
+    let mut c = d.connect().await;
+    let caps = alloc(&mut c, 1000, 600).await;
+    c.store(&caps.write, b"abc").await.unwrap();
+    let mg = tok(&caps.manage);
+    let mut r = Raw::connect(&d.addr).await;
+    for (size, want) in [
+        ("0", "-20 \n"),   // "keep" on our lenient depot; a size of 0 here
+        ("999", "-20 \n"), // below the current max size
+        ("1000", "1 \n"),
+        ("2000", "1 \n"),
+    ] {
+        r.send(format!("1 9 {mg} 43 3 {size} 3600 -1 10\n").as_bytes())
+            .await;
+        assert_eq!(r.line().await, want, "CHNG to {size}");
+    }
+    let p = c.probe(&caps.manage).await.unwrap();
+    assert_eq!((p.max_size, p.size), (2000, 3));
+    assert!((3590..=3600).contains(&p.seconds_left));
+}
+
+#[tokio::test]
 async fn allocations_expire_and_their_space_returns() {
     let dir = tempdir();
     let d = DepotProc::start(dir.path(), &["--size", "1M"]);

@@ -498,6 +498,63 @@ async fn probe(m: &lors_exnode::Mapping) -> Result<lors_ibp::ProbeInfo, lors_ibp
     c.probe(cap).await
 }
 
+/// `lors refresh` in every mode against a depot as strict as the reference
+/// one, which refuses CHNG with max size 0 ("keep" on our lenient depot).
+#[tokio::test(flavor = "multi_thread")]
+async fn refresh_works_against_a_depot_as_strict_as_the_reference() {
+    let dir = tempdir();
+    let d = DepotProc::start(&dir.path().join("strict"), &["--sync", "never", "--strict"]);
+    let data = pattern(300_000, 4);
+    let xnd = upload_cli(
+        std::slice::from_ref(&d),
+        dir.path(),
+        "s.bin",
+        &data,
+        &["-c", "1", "-b", "100K", "-d", "1h"],
+    );
+    let x = read_x(&xnd);
+    let before: Vec<_> = {
+        let mut v = Vec::new();
+        for m in &x.mappings {
+            v.push(probe(m).await.unwrap());
+        }
+        v
+    };
+    for (mode, want) in [
+        (["-s", "3h"], 3 * 3600),
+        (["-d", "1h"], 4 * 3600),
+        (["-m", ""], 30 * 86_400),
+    ] {
+        let mut args = vec!["refresh", mode[0]];
+        if !mode[1].is_empty() {
+            args.push(mode[1]);
+        }
+        args.push(xnd.to_str().unwrap());
+        let (ok, _, err) = lors(&args);
+        assert!(ok, "refresh {mode:?} on a strict depot: {err}");
+        for (m, b) in x.mappings.iter().zip(&before) {
+            let p = probe(m).await.unwrap();
+            assert!(
+                (want - 10..=want).contains(&p.seconds_left),
+                "{mode:?}: {p:?}"
+            );
+            assert_eq!(
+                (p.max_size, p.reliability, p.size),
+                (b.max_size, b.reliability, b.size)
+            );
+        }
+    }
+    let out = dir.path().join("s.out");
+    let (ok, _, err) = lors(&[
+        "download",
+        "-o",
+        out.to_str().unwrap(),
+        xnd.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    assert!(std::fs::read(&out).unwrap() == data);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn augment_trim_refresh_modify_route_as_the_depots_see_them() {
     let dir = tempdir();
