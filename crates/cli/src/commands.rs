@@ -23,6 +23,18 @@ use lors_exnode::{ExNode, xml};
 
 use crate::UsageError;
 
+/// `println!` that returns an error instead of panicking when standard output
+/// is gone (`lors stat x | head -1`); `main` turns a broken pipe into a quiet
+/// exit, as `cat` gets.
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout().lock(), $($arg)*)
+            .map_err(|e| anyhow::Error::new(e).context("writing to standard output"))?
+    }};
+}
+pub(crate) use outln;
+
 /// Parses `10M`-style sizes for clap.
 pub fn size_arg(s: &str) -> Result<u64, String> {
     lors_ibp::units::parse_size(s)

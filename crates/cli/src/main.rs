@@ -101,6 +101,9 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        // The reader went away (`| head`): stop quietly with the status a
+        // shell shows for a program ended by SIGPIPE, as `cat` does.
+        Err(e) if broken_pipe(&e) => ExitCode::from(141),
         Err(e) => {
             eprintln!("lors: error: {e:#}");
             if e.downcast_ref::<UsageError>().is_some() {
@@ -110,4 +113,12 @@ fn main() -> ExitCode {
             }
         }
     }
+}
+
+/// Whether `e` comes from writing to a closed pipe.
+fn broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
 }

@@ -27,6 +27,17 @@ pub use legacy::{LegacyChain, LegacyKind};
 /// not be able to ask for more; LoRS data blocks are a few MiB.
 pub const MAX_ENCODED_MAPPING: u64 = 1 << 30;
 
+/// Mapping metadata holding the BLAKE3 digest (64 hex digits) of the
+/// mapping's stored bytes. Written beside a LoRS `checksum` chain, whose
+/// digest alone misses some corruption ([`Codec::needs_stored_digest`]);
+/// checked by [`Codec::decode_mapping`]. LoRS tools ignore it.
+pub const STORED_BLAKE3: &str = "stored_blake3";
+
+/// The [`STORED_BLAKE3`] metadata item for a mapping's stored bytes.
+pub fn stored_digest(stored: &[u8]) -> Metadata {
+    Metadata::string(STORED_BLAKE3, &hex(blake3::hash(stored).as_bytes()))
+}
+
 /// Largest e2e block size accepted.
 pub const MAX_E2E_BLOCK: u64 = 256 << 20;
 
@@ -414,6 +425,59 @@ impl Codec {
             return LegacyChain::from_function(f, m.e2e_blocksize).map(|c| Some(Codec::Legacy(c)));
         }
         Ok(Chain::from_mapping(m)?.map(Codec::Native))
+    }
+
+    /// Whether the chain's only integrity check is the LoRS `checksum`
+    /// (no BLAKE3 step, no AEAD tag). Its MD5 as LoRS 0.82 computes it on
+    /// 64-bit hosts misses some single-bit flips (the 64-bit rotation ORs
+    /// bits together), so writers record [`STORED_BLAKE3`] beside it.
+    pub fn needs_stored_digest(&self) -> bool {
+        match self {
+            Codec::Native(c) => {
+                c.steps
+                    .iter()
+                    .any(|s| matches!(s, Step::Md5 | Step::Md5Rfc1321))
+                    && !c.steps.iter().any(|s| {
+                        matches!(
+                            s,
+                            Step::Blake3 | Step::Aes256Gcm { .. } | Step::ChaCha20Poly1305 { .. }
+                        )
+                    })
+            }
+            Codec::Legacy(c) => c.steps.iter().any(|s| s.kind == LegacyKind::Checksum),
+        }
+    }
+
+    /// Decodes a mapping's stored bytes as [`Codec::decode`] does, after
+    /// checking them against the mapping's [`STORED_BLAKE3`] digest when it
+    /// records one. What downloads call.
+    ///
+    /// ```
+    /// use lors_exnode::functions::{stored_digest, Chain, Codec, Step};
+    /// use lors_exnode::Mapping;
+    /// let codec = Codec::Native(Chain { block_size: 8, steps: vec![Step::Md5] });
+    /// let (mut stored, function) = codec.encode(b"telescope").unwrap();
+    /// let m = Mapping { logical_length: 9, e2e_blocksize: 8, function,
+    ///                   metadata: vec![stored_digest(&stored)], ..Mapping::default() };
+    /// assert_eq!(codec.decode_mapping(&m, &stored).unwrap(), b"telescope");
+    /// stored[40] ^= 1;
+    /// assert!(codec.decode_mapping(&m, &stored).is_err());
+    /// ```
+    pub fn decode_mapping(&self, m: &Mapping, stored: &[u8]) -> Result<Vec<u8>, E2eError> {
+        if let Some(v) = m.metadata.iter().find(|x| x.name == STORED_BLAKE3) {
+            let want = match &v.value {
+                Value::String(h) => unhex(h).filter(|d| d.len() == 32),
+                _ => None,
+            }
+            .ok_or(E2eError::Malformed("stored_blake3 must be 64 hex digits"))?;
+            if blake3::hash(stored).as_bytes()[..] != want[..] {
+                return Err(E2eError::Corrupt {
+                    block: 0,
+                    what: "stored bytes do not match the mapping's BLAKE3 digest",
+                });
+            }
+        }
+        self.decode(stored, m.logical_length)
     }
 
     /// Encodes a mapping's data; returns the stored bytes and the function

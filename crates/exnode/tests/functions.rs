@@ -1,7 +1,9 @@
 //! End-to-end functions: round trips, corruption detection, LoRS layout.
 
 use lors_exnode::Mapping;
-use lors_exnode::functions::{Chain, Codec, E2eError, LegacyChain, LegacyKind, Step};
+use lors_exnode::functions::{
+    Chain, Codec, E2eError, LegacyChain, LegacyKind, STORED_BLAKE3, Step, stored_digest,
+};
 use lors_exnode::xml;
 use proptest::prelude::*;
 
@@ -45,13 +47,87 @@ proptest! {
     fn any_flipped_byte_is_detected(len in 1usize..5000, bs in 1u64..2000, at: prop::sample::Index, bit in 0u8..8, which in 0usize..8) {
         let steps = chains()[which].clone();
         prop_assume!(steps != vec![Step::Zstd { level: 3 }]); // compression alone has no integrity
-        let chain = Chain { block_size: bs, steps };
-        let data = vec![0x5au8; len];
-        let mut stored = chain.encode(&data);
+        let codec = Codec::Native(Chain { block_size: bs, steps });
+        let (mut stored, m) = as_uploaded(&codec, &vec![0x5au8; len]);
         let i = at.index(stored.len());
         stored[i] ^= 1 << bit;
-        prop_assert!(chain.decode(&stored, len as u64).is_err());
+        prop_assert!(read_back(&m, &stored).is_err());
     }
+}
+
+/// Encodes `data` as `lors upload` does: the mapping records the chain and,
+/// where the chain needs one, the stored bytes' BLAKE3; then through XML.
+fn as_uploaded(codec: &Codec, data: &[u8]) -> (Vec<u8>, Mapping) {
+    let (stored, function) = codec.encode(data).unwrap();
+    let m = Mapping {
+        logical_length: data.len() as u64,
+        alloc_length: stored.len() as u64,
+        e2e_blocksize: codec.e2e_blocksize(),
+        function,
+        metadata: codec
+            .needs_stored_digest()
+            .then(|| stored_digest(&stored))
+            .into_iter()
+            .collect(),
+        ..Mapping::default()
+    };
+    let x = lors_exnode::ExNode {
+        mappings: vec![m],
+        ..Default::default()
+    };
+    let m = xml::parse(xml::write(&x).as_bytes())
+        .unwrap()
+        .mappings
+        .remove(0);
+    (stored, m)
+}
+
+/// Decodes as `lors download` does.
+fn read_back(m: &Mapping, stored: &[u8]) -> Result<Vec<u8>, E2eError> {
+    Codec::from_mapping(m)
+        .unwrap()
+        .unwrap()
+        .decode_mapping(m, stored)
+}
+
+/// LoRS 0.82's MD5 on 64-bit hosts ORs bits together in its rotation, so
+/// some single-bit flips keep the digest: the LoRS checksum alone (all that
+/// `lors_download` checks) misses them. Our uploads record the stored
+/// bytes' BLAKE3 beside it, which catches them.
+#[test]
+fn lors_md5_misses_flips_that_the_stored_digest_catches() {
+    let xor = LegacyKind::Xor {
+        key: b"k3Y!x9q".to_vec(),
+    };
+    let codec = Codec::Legacy(LegacyChain::new(350, vec![xor, LegacyKind::Checksum]));
+    let (stored, m) = as_uploaded(&codec, &[7u8; 350]);
+    assert!(m.metadata.iter().any(|x| x.name == STORED_BLAKE3));
+    let recorded = Codec::from_mapping(&m).unwrap().unwrap();
+    let mut missed = 0;
+    for i in 0..stored.len() {
+        for bit in 0..8 {
+            let mut s = stored.clone();
+            s[i] ^= 1 << bit;
+            if recorded.decode(&s, 350).is_ok() {
+                missed += 1;
+            }
+            assert!(read_back(&m, &s).is_err(), "flip at {i} bit {bit}");
+        }
+    }
+    assert!(
+        missed > 0,
+        "the LoRS digest alone is known to miss some flips"
+    );
+    // A digest that is not 64 hex digits is an error, not a pass.
+    let mut bad = m.clone();
+    bad.metadata[0] = lors_exnode::Metadata::string(STORED_BLAKE3, "zz");
+    assert!(read_back(&bad, &stored).is_err());
+    // Strong chains need no extra digest.
+    let strong = Codec::Native(Chain {
+        block_size: 64,
+        steps: vec![Step::Md5, Step::Blake3],
+    });
+    assert!(!strong.needs_stored_digest());
 }
 
 #[test]
@@ -227,10 +303,11 @@ proptest! {
 
     #[test]
     fn legacy_checksum_outermost_catches_any_flip(len in 1usize..5000, bs in 1u64..2000, at: prop::sample::Index, bit in 0u8..8, which in 4usize..7) {
-        let (mut stored, rec) = LegacyChain::new(bs, legacy_chains()[which].clone()).encode(&vec![7u8; len]).unwrap();
+        let codec = Codec::Legacy(LegacyChain::new(bs, legacy_chains()[which].clone()));
+        let (mut stored, m) = as_uploaded(&codec, &vec![7u8; len]);
         let i = at.index(stored.len());
         stored[i] ^= 1 << bit;
-        prop_assert!(rec.decode(&stored, len as u64).is_err());
+        prop_assert!(read_back(&m, &stored).is_err());
     }
 
     #[test]

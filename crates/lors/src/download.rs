@@ -575,11 +575,12 @@ async fn worker(
                         .await
                         .map_err(ibp_err)?;
                     ctx.pool.put(c);
-                    let logical = map.logical_length;
-                    let plain = tokio::task::spawn_blocking(move || codec.decode(&stored, logical))
-                        .await
-                        .map_err(|e| (e.to_string(), false))?
-                        .map_err(|e| (format!("{e} (from {depot})"), false))?;
+                    let m = map.clone();
+                    let plain =
+                        tokio::task::spawn_blocking(move || codec.decode_mapping(&m, &stored))
+                            .await
+                            .map_err(|e| (e.to_string(), false))?
+                            .map_err(|e| (format!("{e} (from {depot})"), false))?;
                     let from = usize::try_from(offset - map.exnode_offset).unwrap_or(usize::MAX);
                     let to = from.saturating_add(usize::try_from(len).unwrap_or(usize::MAX));
                     plain
@@ -876,16 +877,27 @@ pub async fn download(
             let writer = tokio::spawn(async move {
                 let mut held: BTreeMap<usize, Vec<u8>> = BTreeMap::new();
                 let mut next = 0usize;
+                // A failed write (reader gone, disk full) is fatal at once:
+                // the fetches waiting for the window to move must stop, not
+                // wait for a writer that will never write again.
+                let fail = |e: std::io::Error| {
+                    let kind = e.kind();
+                    c2.lock()
+                        .fatal
+                        .get_or_insert(Error::io("writing the output", e));
+                    c2.wake.notify_waiters();
+                    std::io::Error::from(kind)
+                };
                 while let Some((i, data)) = rx.recv().await {
                     held.insert(i, data);
                     while let Some(d) = held.remove(&next) {
-                        w.write_all(&d).await?;
+                        w.write_all(&d).await.map_err(fail)?;
                         next += 1;
                         c2.lock().written = next;
                         c2.wake.notify_waiters();
                     }
                 }
-                w.flush().await?;
+                w.flush().await.map_err(fail)?;
                 Ok::<_, std::io::Error>(())
             });
             (Some(tx), Some(writer))
@@ -921,9 +933,10 @@ pub async fn download(
         }
     }
     if let Some(w) = writer {
+        // Its error, if any, is already the fatal one (with its context).
         w.await
             .map_err(|e| Error::io("output writer", std::io::Error::other(e.to_string())))?
-            .map_err(|e| Error::io("writing the output", e))?;
+            .ok();
     }
     let mut g = ctx.lock();
     if let Some(e) = g.fatal.take() {

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lors_exnode::Function;
-use lors_exnode::functions::Codec;
+use lors_exnode::functions::{Codec, E2eError, stored_digest};
 use lors_exnode::{ExNode, Mapping, Metadata};
 use lors_ibp::CapSet;
 use lors_ibp::proto::Reliability;
@@ -192,7 +192,7 @@ fn mapping(
     offset: u64,
     len: u64,
     stored: u64,
-    e2e: &Option<(u64, Option<Function>)>,
+    e2e: &Option<(u64, Option<Function>, Option<Metadata>)>,
     caps: CapSet,
 ) -> Mapping {
     Mapping {
@@ -202,10 +202,10 @@ fn mapping(
         alloc_length: stored,
         e2e_blocksize: e2e.as_ref().map_or(0, |e| e.0),
         function: e2e.as_ref().and_then(|e| e.1.clone()),
+        metadata: e2e.iter().filter_map(|e| e.2.clone()).collect(),
         read: Some(caps.read),
         write: Some(caps.write),
         manage: Some(caps.manage),
-        ..Mapping::default()
     }
 }
 
@@ -340,15 +340,19 @@ async fn run<R: AsyncRead + Unpin>(
             let (stored, e2e) = match (sh.opts.e2e.clone(), data) {
                 (Some(codec), Data::Mem(buf)) => {
                     let bs = codec.e2e_blocksize();
-                    let (stored, f) = tokio::task::spawn_blocking(move || codec.encode(&buf))
-                        .await
-                        .map_err(|e| {
-                            Error::io("encoding a block", std::io::Error::other(e.to_string()))
-                        })?
-                        .map_err(|e| {
-                            Error::io("encoding a block", std::io::Error::other(e.to_string()))
-                        })?;
-                    (Data::Mem(stored), Some((bs, f)))
+                    let (stored, f, digest) = tokio::task::spawn_blocking(move || {
+                        let (stored, f) = codec.encode(&buf)?;
+                        let digest = codec.needs_stored_digest().then(|| stored_digest(&stored));
+                        Ok::<_, E2eError>((stored, f, digest))
+                    })
+                    .await
+                    .map_err(|e| {
+                        Error::io("encoding a block", std::io::Error::other(e.to_string()))
+                    })?
+                    .map_err(|e| {
+                        Error::io("encoding a block", std::io::Error::other(e.to_string()))
+                    })?;
+                    (Data::Mem(stored), Some((bs, f, digest)))
                 }
                 (_, data) => (data, None),
             };

@@ -183,7 +183,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         if stdout {
             eprintln!("{line}");
         } else {
-            println!("{line}");
+            super::outln!("{line}");
         }
     }
     if !a.quiet {

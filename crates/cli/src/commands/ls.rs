@@ -166,7 +166,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             );
         }
     }
-    print!("{s}");
+    if !s.is_empty() {
+        super::outln!("{}", s.trim_end_matches('\n'));
+    }
     Ok(())
 }
 

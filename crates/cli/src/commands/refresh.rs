@@ -55,13 +55,13 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let mut failed = 0;
     for (i, r) in &res {
         match r {
-            Ok(secs) => println!(
+            Ok(secs) => super::outln!(
                 "{i:>3} {:<22} expires in {secs} s",
                 x.mappings[*i].depot().unwrap_or_default()
             ),
             Err(e) => {
                 failed += 1;
-                println!(
+                super::outln!(
                     "{i:>3} {:<22} not refreshed: {e}",
                     x.mappings[*i].depot().unwrap_or_default()
                 );

@@ -41,7 +41,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             .iter()
             .map(|(d, n)| format!("{{\"depot\":{},\"mappings\":{n}}}", json_str(d)))
             .collect();
-        println!(
+        super::outln!(
             "{{\"filename\":{},\"size\":{},\"mappings\":{},\"blocks\":{},\"min_live_replicas\":{min_live},\"blocks_lost\":{lost},\"soonest_expiry_s\":{},\"depots\":[{}]}}",
             json_str(x.filename().unwrap_or("")),
             x.logical_size(),
@@ -51,14 +51,14 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             depots.join(",")
         );
     } else {
-        println!("file:      {}", x.filename().unwrap_or("(no name)"));
-        println!("size:      {} bytes", x.logical_size());
-        println!(
+        super::outln!("file:      {}", x.filename().unwrap_or("(no name)"));
+        super::outln!("size:      {} bytes", x.logical_size());
+        super::outln!(
             "blocks:    {} ({} mappings)",
             blocks.len(),
             x.mappings.len()
         );
-        println!(
+        super::outln!(
             "replicas:  at least {min_live} reachable per block{}",
             if lost > 0 {
                 format!(", {lost} blocks with none!")
@@ -67,13 +67,13 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             }
         );
         if let Some(s) = soonest {
-            println!(
+            super::outln!(
                 "expires:   first allocation in {s} s ({:.1} h); extend with `lors refresh`",
                 s as f64 / 3600.0
             );
         }
         for (d, n) in &per_depot {
-            println!("depot:     {d} — {n} mappings");
+            super::outln!("depot:     {d} — {n} mappings");
         }
     }
     Ok(())

@@ -314,7 +314,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let size = x.logical_size();
     let secs = started.elapsed().as_secs_f64();
     if a.json {
-        println!(
+        super::outln!(
             "{{\"exnode\":{},\"size\":{size},\"mappings\":{},\"copies\":{copies},\"seconds\":{secs:.3},\"mib_per_s\":{:.1}}}",
             super::json_str(&out.display().to_string()),
             x.mappings.len(),
