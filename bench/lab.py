@@ -137,7 +137,7 @@ def iperf_seconds(size: int):
 def place(lab: Lab, src: Path, xnd: Path) -> None:
     """Uploads `src` from the client: 2 copies (1 when there is one depot)."""
     copies = str(min(2, lab.k))
-    args = [str(lab.lors), "upload", "--quiet", "-n", "-c", copies, "-o", str(xnd), str(src)]
+    args = [str(lab.lors), "upload", "--quiet", "--force", "-n", "-c", copies, "-o", str(xnd), str(src)]
     for dep in lab.depots():
         args[2:2] = ["--depot", dep]
     log(f"placing {src.stat().st_size >> 20} MiB on {lab.k} depots, {copies} copies")

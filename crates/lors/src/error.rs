@@ -28,6 +28,19 @@ pub enum Error {
         /// Last depot error.
         last: String,
     },
+    /// An upload failed with `cause`. What it had stored was released, except
+    /// the allocations in `stranded` (their depots could not be reached):
+    /// record them so they can be freed later, or they hold space until their
+    /// lease ends.
+    #[error("{cause}")]
+    Abandoned {
+        /// Why the upload failed.
+        cause: Box<Error>,
+        /// Allocations released.
+        released: usize,
+        /// Allocations still held, as mappings with their capabilities.
+        stranded: lors_exnode::ExNode,
+    },
     /// Part of the file cannot be read from any replica.
     #[error("bytes {offset}..{end} could not be read from any replica; last error: {last}")]
     Unreadable {

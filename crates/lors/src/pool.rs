@@ -99,15 +99,14 @@ impl Pool {
         Ok(n)
     }
 
-    /// Best effort: drops our reference to the allocation `manage` controls
-    /// (DECR of its read count), so the depot frees it now rather than at the
-    /// end of its lease.
-    pub async fn release(&self, manage: &Capability) {
-        if let Ok(mut c) = self.get(&manage.address()).await {
-            if c.decr(manage, lors_ibp::CapKind::Read).await.is_ok() {
-                self.put(c);
-            }
-        }
+    /// Drops our reference to the allocation `manage` controls (DECR of its
+    /// read count), so the depot frees it now rather than at the end of its
+    /// lease.
+    pub async fn release(&self, manage: &Capability) -> Result<()> {
+        let mut c = self.get(&manage.address()).await?;
+        c.decr(manage, lors_ibp::CapKind::Read).await?;
+        self.put(c);
+        Ok(())
     }
 
     /// Has the depot holding `src` copy `[offset, offset+len)` to `dest` (SEND).

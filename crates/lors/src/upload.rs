@@ -94,11 +94,85 @@ struct Shared {
     pool: Arc<Pool>,
     depots: Mutex<Depots>,
     progress: Arc<dyn Progress>,
+    /// Every allocation made and not released: what a failed upload frees.
+    made: Mutex<Vec<Mapping>>,
 }
 
 impl Shared {
     fn lock(&self) -> std::sync::MutexGuard<'_, Depots> {
         self.depots.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn made(&self) -> std::sync::MutexGuard<'_, Vec<Mapping>> {
+        self.made.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Releases an allocation of ours; it stays in the ledger if that fails.
+    async fn release(&self, caps: &CapSet) {
+        if self.pool.release(&caps.manage).await.is_ok() {
+            self.made()
+                .retain(|m| m.manage.as_ref() != Some(&caps.manage));
+        }
+    }
+
+    /// Allocates for the block at `offset` on `addr` and notes it in the ledger.
+    async fn allocate(
+        &self,
+        addr: &str,
+        offset: u64,
+        len: u64,
+        data: &Data,
+    ) -> lors_ibp::Result<CapSet> {
+        let caps = self
+            .pool
+            .allocate(addr, self.opts.reliability, self.opts.duration, data.len())
+            .await?;
+        self.made()
+            .push(mapping(offset, len, data.len(), &None, caps.clone()));
+        Ok(caps)
+    }
+
+    /// After a failure: releases everything the upload allocated. Returns
+    /// `cause`, wrapped with what was released and what could not be (the
+    /// depot is down or unreachable), named in an exNode.
+    async fn abandon(&self, cause: Error) -> Error {
+        let made = std::mem::take(&mut *self.made());
+        if made.is_empty() {
+            return cause;
+        }
+        let total = made.len();
+        let limit = Arc::new(Semaphore::new(16));
+        let mut set = tokio::task::JoinSet::new();
+        for m in made {
+            let (pool, limit) = (self.pool.clone(), limit.clone());
+            set.spawn(async move {
+                let _slot = limit.acquire_owned().await;
+                let cap = m.manage.as_ref().expect("ledger entries carry caps");
+                let freed = pool.release(cap).await.is_ok();
+                (m, freed)
+            });
+        }
+        let mut stranded = Vec::new();
+        while let Some(done) = set.join_next().await {
+            match done {
+                Ok((_, true)) => {}
+                Ok((m, false)) => stranded.push(m),
+                Err(e) => tracing::warn!(error = %e, "releasing an allocation"),
+            }
+        }
+        stranded.sort_by_key(|m| m.exnode_offset);
+        let mut x = ExNode::default();
+        x.set_meta(Metadata::string("filename", &self.opts.filename));
+        x.set_meta(Metadata::string(
+            "lors_unreleased",
+            "allocations a failed upload could not release; free them with lors trim -d",
+        ));
+        x.mappings = stranded;
+        Error::Abandoned {
+            cause: Box::new(cause),
+            released: total - x.mappings.len(),
+            stranded: x,
+        }
     }
 
     fn fail(&self, i: usize, err: &lors_ibp::Error) {
@@ -122,15 +196,22 @@ impl Shared {
         }
     }
 
-    /// One attempt at `job` on depot `addr`.
-    async fn attempt(&self, addr: &str, data: &Data, job: &Job<'_>) -> lors_ibp::Result<CapSet> {
-        let caps = self
-            .pool
-            .allocate(addr, self.opts.reliability, self.opts.duration, data.len())
-            .await?;
+    /// One attempt at `job` for the `len` bytes at `offset` on depot `addr`.
+    /// An allocation it cannot fill is released.
+    async fn attempt(
+        &self,
+        addr: &str,
+        (offset, len): (u64, u64),
+        data: &Data,
+        job: &Job<'_>,
+    ) -> lors_ibp::Result<CapSet> {
+        let caps = self.allocate(addr, offset, len, data).await?;
         match job {
             Job::Store => {
-                self.store(&caps.write, data).await?;
+                if let Err(e) = self.store(&caps.write, data).await {
+                    self.release(&caps).await;
+                    return Err(e);
+                }
             }
             Job::CopyFrom(src) => {
                 if let Err(e) = self.pool.send(&src.read, &caps.write, 0, data.len()).await {
@@ -139,12 +220,12 @@ impl Shared {
                     // have landed in `caps` all the same, so we send ours
                     // into a fresh allocation and release that one.
                     tracing::info!(error = %e, "SEND failed; storing the copy directly");
-                    let fresh = self
-                        .pool
-                        .allocate(addr, self.opts.reliability, self.opts.duration, data.len())
-                        .await?;
-                    self.store(&fresh.write, data).await?;
-                    self.pool.release(&caps.manage).await;
+                    self.release(&caps).await;
+                    let fresh = self.allocate(addr, offset, len, data).await?;
+                    if let Err(e) = self.store(&fresh.write, data).await {
+                        self.release(&fresh).await;
+                        return Err(e);
+                    }
                     return Ok(fresh);
                 }
             }
@@ -156,7 +237,7 @@ impl Shared {
     /// the next when it fails (a failed depot is skipped from then on).
     async fn on_some_depot(
         &self,
-        offset: u64,
+        (offset, len): (u64, u64),
         data: &Data,
         job: Job<'_>,
         avoid: &mut HashSet<usize>,
@@ -169,7 +250,7 @@ impl Shared {
             };
             avoid.insert(i);
             let addr = self.lock().addrs[i].clone();
-            match self.attempt(&addr, data, &job).await {
+            match self.attempt(&addr, (offset, len), data, &job).await {
                 Ok(caps) => {
                     self.lock().release(i);
                     return Ok((i, caps));
@@ -213,8 +294,9 @@ fn mapping(
 ///
 /// Blocks are read sequentially; at most `threads` are in memory and in flight.
 /// The returned exNode lists each block's copies in the order they were made.
-/// On failure nothing is returned; allocations already made expire with their
-/// lease.
+/// On failure every allocation already made is released (DECR); those on
+/// depots that cannot be reached are returned in [`Error::Abandoned`] so the
+/// caller can record them.
 pub async fn upload<R: AsyncRead + Unpin>(
     input: R,
     size: Option<u64>,
@@ -308,6 +390,7 @@ async fn run<R: AsyncRead + Unpin>(
             dead: vec![false; n],
         }),
         progress: progress.clone(),
+        made: Mutex::new(Vec::new()),
     });
     progress.start(size);
     let bs = usize::try_from(opts.block_size.max(1)).unwrap_or(usize::MAX);
@@ -316,7 +399,8 @@ async fn run<R: AsyncRead + Unpin>(
     let mut results: Vec<(usize, Vec<Mapping>)> = Vec::new();
     let mut offset = 0u64;
     let mut index = 0usize;
-    loop {
+    let mut failure = None;
+    'blocks: loop {
         let permit = slots
             .clone()
             .acquire_owned()
@@ -324,10 +408,21 @@ async fn run<R: AsyncRead + Unpin>(
             .expect("semaphore never closed");
         // Surface failures early instead of reading the whole input first.
         while let Some(done) = tasks.try_join_next() {
-            results.push(joined(done)?);
+            match joined(done) {
+                Ok(r) => results.push(r),
+                Err(e) => {
+                    failure = Some(e);
+                    break 'blocks;
+                }
+            }
         }
-        let Some(data) = input.next(offset, bs).await? else {
-            break;
+        let data = match input.next(offset, bs).await {
+            Ok(Some(data)) => data,
+            Ok(None) => break,
+            Err(e) => {
+                failure = Some(e);
+                break;
+            }
         };
         let got = data.len();
         let sh = shared.clone();
@@ -359,13 +454,13 @@ async fn run<R: AsyncRead + Unpin>(
             let slen = stored.len();
             let mut avoid = HashSet::new();
             let first = sh
-                .on_some_depot(block_off, &stored, Job::Store, &mut avoid, salt)
+                .on_some_depot((block_off, len), &stored, Job::Store, &mut avoid, salt)
                 .await?;
             let mut out = vec![mapping(block_off, len, slen, &e2e, first.1.clone())];
             for _ in 1..copies {
                 let job = Job::CopyFrom(&first.1);
                 let c = sh
-                    .on_some_depot(block_off, &stored, job, &mut avoid, salt)
+                    .on_some_depot((block_off, len), &stored, job, &mut avoid, salt)
                     .await?;
                 out.push(mapping(block_off, len, slen, &e2e, c.1));
             }
@@ -378,8 +473,18 @@ async fn run<R: AsyncRead + Unpin>(
             break;
         }
     }
+    // Blocks in flight finish or fail before we decide, never cut off: an
+    // allocation they make must reach the ledger for a failure to free it.
     while let Some(done) = tasks.join_next().await {
-        results.push(joined(done)?);
+        match joined(done) {
+            Ok(r) => results.push(r),
+            Err(e) => {
+                failure.get_or_insert(e);
+            }
+        }
+    }
+    if let Some(e) = failure {
+        return Err(shared.abandon(e).await);
     }
     results.sort_by_key(|(i, _)| *i);
     let mut x = ExNode::default();

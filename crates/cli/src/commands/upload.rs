@@ -103,6 +103,9 @@ pub struct Args {
     /// Write the exNode to FILE.xnd.
     #[arg(short = 'f', long = "auto-name")]
     auto_name: bool,
+    /// Replace an existing exNode file (its allocations are not freed).
+    #[arg(long)]
+    force: bool,
     /// No progress display.
     #[arg(short, long)]
     quiet: bool,
@@ -160,6 +163,97 @@ fn chain(a: &Args, rc: &Xndrc) -> anyhow::Result<Option<Codec>> {
     Ok(Some(Codec::Native(Chain { block_size, steps })))
 }
 
+/// Refuses, before anything is stored, an output that would overwrite an
+/// exNode (unless `force`) or that cannot be written.
+fn check_output(out: &std::path::Path, force: bool) -> anyhow::Result<()> {
+    if !force && std::fs::symlink_metadata(out).is_ok() {
+        return Err(UsageError(format!(
+            "{} already exists and may hold the only capabilities to its data: choose another -o, or give --force to replace it",
+            out.display()
+        ))
+        .into());
+    }
+    let dir = out
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
+    let name = out
+        .file_name()
+        .context("the exNode path has no file name")?;
+    let probe = dir.join(format!(
+        ".{}.probe{}",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&probe)
+        .with_context(|| {
+            format!(
+                "cannot write the exNode in {}; nothing was uploaded",
+                dir.display()
+            )
+        })?;
+    let _ = std::fs::remove_file(&probe);
+    Ok(())
+}
+
+/// Releases every allocation an exNode names; how many were released.
+async fn release_all(pool: &Pool, x: &lors_exnode::ExNode) -> usize {
+    let mut n = 0;
+    for m in &x.mappings {
+        if let Some(cap) = &m.manage {
+            n += usize::from(pool.release(cap).await.is_ok());
+        }
+    }
+    n
+}
+
+/// The error of a failed upload, after saying what it left on the depots:
+/// allocations it could not release are recorded in `OUT.partial`.
+fn failed(e: lors::Error, out: &std::path::Path) -> anyhow::Error {
+    let lors::Error::Abandoned {
+        cause,
+        released,
+        stranded,
+    } = e
+    else {
+        return e.into();
+    };
+    if stranded.mappings.is_empty() {
+        eprintln!(
+            "lors: the {released} allocations already made were released; nothing is left on the depots"
+        );
+        return (*cause).into();
+    }
+    let mut partial = out.as_os_str().to_owned();
+    partial.push(".partial");
+    let partial = std::path::PathBuf::from(partial);
+    let mut depots: Vec<String> = stranded.mappings.iter().filter_map(|m| m.depot()).collect();
+    depots.sort();
+    depots.dedup();
+    let n = stranded.mappings.len();
+    match write_exnode(&partial, &stranded) {
+        Ok(()) => eprintln!(
+            "lors: released {released} allocations already made; {n} on unreachable depots ({}) are named in {}: free them with `lors trim -d --allow-holes {} {}` once the depots are back (else they expire with their lease)",
+            depots.join(", "),
+            partial.display(),
+            depots
+                .iter()
+                .map(|d| format!("--depot {d}"))
+                .collect::<Vec<_>>()
+                .join(" "),
+            partial.display()
+        ),
+        Err(w) => eprintln!(
+            "lors: released {released} allocations already made; {n} on unreachable depots ({}) could not be recorded ({w:#}); they expire with their lease",
+            depots.join(", ")
+        ),
+    }
+    (*cause).into()
+}
+
 pub fn run(a: Args) -> anyhow::Result<()> {
     let rc = lors::xndrc::load(a.xndrc.as_deref()).map_err(UsageError)?;
     let e2e = chain(&a, &rc)?;
@@ -182,6 +276,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         }
     };
     let out = uri.path.clone();
+    check_output(&out, a.force)?;
     // Flag (or env) > lors:// URI > ~/.xndrc > default.
     let copies = a.copies.or(uri.copies).or(rc.copies).unwrap_or(3);
     let timeout = a
@@ -278,27 +373,42 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let cfg = ClientConfig::with_io_timeout(timeout);
     let progress = Arc::new(TermProgress::new("uploading", a.quiet));
     let started = std::time::Instant::now();
+    let pool = Arc::new(Pool::new(cfg));
+    let input = (!stdin)
+        .then(|| {
+            std::fs::File::open(&a.file).with_context(|| format!("opening {}", a.file.display()))
+        })
+        .transpose()?;
     let x = rt.block_on(async {
-        let pool = Arc::new(Pool::new(cfg));
-        if stdin {
-            upload(tokio::io::stdin(), None, &opts, pool, progress.clone()).await
-        } else {
-            let f = std::fs::File::open(&a.file)
-                .with_context(|| format!("opening {}", a.file.display()))?;
-            let meta = f.metadata().ok();
-            if meta.as_ref().is_some_and(std::fs::Metadata::is_file) {
-                upload_file(f, &opts, pool, progress.clone()).await
-            } else {
-                // A pipe or device: read it as a stream.
-                let size = meta.map(|m| m.len()).filter(|&n| n > 0);
-                let f = tokio::fs::File::from_std(f);
-                upload(f, size, &opts, pool, progress.clone()).await
+        let pool = pool.clone();
+        match input {
+            None => upload(tokio::io::stdin(), None, &opts, pool, progress.clone()).await,
+            Some(f) => {
+                let meta = f.metadata().ok();
+                if meta.as_ref().is_some_and(std::fs::Metadata::is_file) {
+                    upload_file(f, &opts, pool, progress.clone()).await
+                } else {
+                    // A pipe or device: read it as a stream.
+                    let size = meta.map(|m| m.len()).filter(|&n| n > 0);
+                    let f = tokio::fs::File::from_std(f);
+                    upload(f, size, &opts, pool, progress.clone()).await
+                }
             }
         }
-        .map_err(anyhow::Error::from)
-    })?;
+    });
     progress.finish();
-    write_exnode(&out, &x)?;
+    let x = match x {
+        Ok(x) => x,
+        Err(e) => return Err(failed(e, &out)),
+    };
+    if let Err(e) = write_exnode(&out, &x) {
+        // Without its exNode nobody can reach the data: free it now.
+        let freed = rt.block_on(release_all(&pool, &x));
+        return Err(e.context(format!(
+            "the upload finished but its exNode could not be written; {freed} of {} allocations were released",
+            x.mappings.len()
+        )));
+    }
     let mut per_depot: std::collections::BTreeMap<String, u64> = Default::default();
     for m in &x.mappings {
         if let Some(d) = m.depot() {

@@ -744,7 +744,8 @@ fn a_flipped_byte_on_a_depot_is_detected_and_read_from_the_replica() {
         let data = pattern(700_000, 21);
         let mut f = vec!["-c", "2", "-b", "256K", "-E", "64K"];
         f.extend(flags.iter().copied());
-        let xnd = upload_cli(&ds, dir.path(), "c.bin", &data, &f);
+        let name = format!("c-{}.bin", label.replace(' ', "_"));
+        let xnd = upload_cli(&ds, dir.path(), &name, &data, &f);
         let x = read_x(&xnd);
         // The LoRS digest misses some flips: MD5 chains carry a BLAKE3 of
         // the stored bytes beside it; chains with a strong check need none.
@@ -867,6 +868,7 @@ fn xndrc_supplies_depots_and_defaults_below_flags_and_env() {
     let (ok, _, err) = lors(&[
         "upload",
         "--quiet",
+        "--force",
         "--xndrc",
         rc.to_str().unwrap(),
         "-c",
@@ -881,6 +883,7 @@ fn xndrc_supplies_depots_and_defaults_below_flags_and_env() {
         .args([
             "upload",
             "--quiet",
+            "--force",
             "--xndrc",
             rc.to_str().unwrap(),
             "-o",
@@ -896,6 +899,7 @@ fn xndrc_supplies_depots_and_defaults_below_flags_and_env() {
     std::fs::write(&rc, "COPIES many\n").unwrap();
     let (ok, _, err) = lors(&[
         "upload",
+        "--force",
         "--xndrc",
         rc.to_str().unwrap(),
         "-o",
@@ -964,4 +968,145 @@ fn a_closed_stdout_ends_every_command_quietly() {
         assert!(!err.contains("panicked"), "{args:?}: {err}");
         assert!(!err.contains("error"), "{args:?} says nothing: {err}");
     }
+}
+
+/// Bytes allocated on a depot's resource 1 (STATUS `UT`).
+fn used(d: &DepotProc) -> u64 {
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let st = d.connect().await.status("1", "ibp").await.unwrap();
+        st.get_u64("UT").expect("STATUS has UT")
+    })
+}
+
+#[test]
+fn a_failed_upload_leaves_nothing_unnamed_on_the_depots() {
+    use std::io::Write as _;
+    use std::process::{Command, Stdio};
+    let dir = tempdir();
+    let (da, db) = (dir.path().join("a"), dir.path().join("b"));
+    let a = DepotProc::start(&da, &[]);
+    let mut b = DepotProc::start(&db, &[]);
+    let src = dir.path().join("f.bin");
+    std::fs::write(&src, pattern(1 << 20, 4)).unwrap();
+    let both = ["--depot", &a.addr, "--depot", &b.addr];
+
+    // An output that cannot be written is refused before anything is stored.
+    let bad = dir.path().join("no/such/dir/out.xnd");
+    let mut args = vec!["upload", "--quiet", "-c", "2", "-b", "64K"];
+    args.extend(both);
+    args.extend(["-o", bad.to_str().unwrap(), src.to_str().unwrap()]);
+    let (ok, _, err) = lors(&args);
+    assert!(!ok && err.contains("nothing was uploaded"), "{err}");
+    assert_eq!((used(&a), used(&b)), (0, 0), "no allocation was made");
+
+    // An existing exNode is not overwritten without --force.
+    let out = dir.path().join("f.xnd");
+    let mut args = vec!["upload", "--quiet", "-c", "1"];
+    args.extend(both);
+    args.extend(["-o", out.to_str().unwrap(), src.to_str().unwrap()]);
+    let (ok, _, err) = lors(&args);
+    assert!(ok, "{err}");
+    let first = std::fs::read(&out).unwrap();
+    let before = used(&a) + used(&b);
+    let (ok, _, err) = lors(&args);
+    assert!(
+        !ok && err.contains("already exists") && err.contains("--force"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read(&out).unwrap(),
+        first,
+        "the exNode is untouched"
+    );
+    assert_eq!(used(&a) + used(&b), before, "nothing was stored");
+    args.insert(1, "--force");
+    let (ok, _, err) = lors(&args);
+    assert!(ok, "{err}");
+    assert_eq!(
+        used(&a) + used(&b),
+        2 * before,
+        "--force replaces the file, not the data"
+    );
+    // Free both uploads with the exNodes that name them.
+    let old = dir.path().join("old.xnd");
+    std::fs::write(&old, &first).unwrap();
+    for x in [&out, &old] {
+        let (ok, _, err) = lors(&[
+            "trim",
+            "-d",
+            "--allow-holes",
+            "--depot",
+            &a.addr,
+            "--depot",
+            &b.addr,
+            x.to_str().unwrap(),
+        ]);
+        assert!(ok, "{err}");
+    }
+    assert_eq!((used(&a), used(&b)), (0, 0));
+
+    // A depot dies mid-upload: what was stored is released, and what sits on
+    // the dead depot is named in OUT.partial.
+    let (fresh_a, fresh_b) = (0, 0);
+    let out = dir.path().join("g.xnd");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_lors"))
+        .args(["upload", "--quiet", "-c", "2", "-b", "64K", "-T", "10s"])
+        .args(both)
+        .args(["-o", out.to_str().unwrap(), "-"])
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(&pattern(640 << 10, 5)).unwrap();
+    stdin.flush().unwrap();
+    // Wait until the first ten blocks sit on both depots and all is quiet.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while used(&b) < fresh_b + (640 << 10) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "blocks never reached b"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    b.kill9();
+    let _ = stdin.write_all(&pattern(640 << 10, 6));
+    drop(stdin);
+    let status = child.wait().unwrap();
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(!status.success(), "{err}");
+    assert!(!out.exists(), "no exNode for a failed upload");
+    assert_eq!(used(&a), fresh_a, "a's allocations were released: {err}");
+    let partial = dir.path().join("g.xnd.partial");
+    assert!(
+        err.contains(partial.to_str().unwrap()) && err.contains("lors trim -d"),
+        "{err}"
+    );
+    let px = read_x(&partial);
+    assert!(!px.mappings.is_empty());
+    assert!(
+        px.mappings
+            .iter()
+            .all(|m| m.depot().as_deref() == Some(b.addr.as_str()))
+    );
+    // Back up: exactly what the partial exNode names is left on b, and the
+    // command it suggests frees it.
+    let port = b.port.to_string();
+    let listen = format!("127.0.0.1:{port}");
+    let b = DepotProc::start(&db, &["--listen", &listen]);
+    let named: u64 = px.mappings.iter().map(|m| m.alloc_length).sum();
+    assert_eq!(used(&b), fresh_b + named, "{err}");
+    let (ok, _, e) = lors(&[
+        "trim",
+        "-d",
+        "--allow-holes",
+        "--depot",
+        &b.addr,
+        partial.to_str().unwrap(),
+    ]);
+    assert!(ok, "{e}");
+    assert_eq!(used(&b), fresh_b);
 }
