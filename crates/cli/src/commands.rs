@@ -47,7 +47,7 @@ pub fn duration_arg(s: &str) -> Result<Duration, String> {
 
 /// Probes every mapping of `x` (what its depots report), with a 20 s deadline
 /// per depot so one dead depot does not hang a listing.
-pub fn probe_all(x: &ExNode) -> anyhow::Result<Vec<Result<lors_ibp::ProbeInfo, String>>> {
+pub fn probe_all(x: &ExNode) -> anyhow::Result<Vec<lors::manage::Probe>> {
     let cfg = lors_ibp::ClientConfig {
         io_timeout: Duration::from_secs(20),
         ..lors_ibp::ClientConfig::default()
@@ -56,6 +56,28 @@ pub fn probe_all(x: &ExNode) -> anyhow::Result<Vec<Result<lors_ibp::ProbeInfo, S
         .enable_all()
         .build()?;
     Ok(rt.block_on(async { lors::manage::probe_all(x, &lors::Pool::new(cfg)).await }))
+}
+
+/// The error `ls` and `stat` end with when part of the file has no live
+/// replica, after printing their report.
+pub fn unreadable(x: &ExNode, probes: &[lors::manage::Probe]) -> anyhow::Result<()> {
+    let live: Vec<bool> = probes.iter().map(lors::manage::Probe::is_live).collect();
+    let gaps = lors::manage::uncovered(x, &live);
+    if gaps.is_empty() {
+        return Ok(());
+    }
+    let bytes: u64 = gaps.iter().map(|(s, e)| e - s).sum();
+    let shown: Vec<String> = gaps
+        .iter()
+        .take(3)
+        .map(|(s, e)| format!("{s}..{e}"))
+        .collect();
+    anyhow::bail!(
+        "{bytes} of {} bytes have no live replica (bytes {}{}): the file cannot be downloaded whole; see the state of each mapping above",
+        x.logical_size(),
+        shown.join(", "),
+        if gaps.len() > 3 { ", …" } else { "" }
+    )
 }
 
 /// L-Bone options shared by the tools.

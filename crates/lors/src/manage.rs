@@ -280,23 +280,161 @@ pub fn modify(x: &ExNode, strip_read: bool, strip_write: bool, strip_manage: boo
     y
 }
 
+/// What probing one mapping found.
+#[derive(Debug, Clone)]
+pub enum Probe {
+    /// The allocation is there; what the depot reports of it.
+    Live(ProbeInfo),
+    /// The depot has no such allocation: its lease ended, or it was freed.
+    Gone,
+    /// The depot refused the capability (wrong kind or key).
+    Refused(String),
+    /// The depot could not be reached (connection refused, timed out, dropped).
+    Unreachable(String),
+    /// Anything else: a depot error, a malformed reply, no capability.
+    Failed(String),
+}
+
+impl Probe {
+    fn from_result(r: std::result::Result<ProbeInfo, lors_ibp::Error>) -> Probe {
+        use lors_ibp::proto::StatusCode as S;
+        match r {
+            Ok(p) => Probe::Live(p),
+            Err(e) => match e.status() {
+                Some(S::CAP_NOT_FOUND) => Probe::Gone,
+                Some(c)
+                    if (S::CAP_ACCESS_DENIED.code()..=S::CAP_NOT_WRITE.code())
+                        .contains(&c.code()) =>
+                {
+                    Probe::Refused(e.to_string())
+                }
+                Some(_) => Probe::Failed(e.to_string()),
+                None if e.is_retryable() => Probe::Unreachable(e.to_string()),
+                None => Probe::Failed(e.to_string()),
+            },
+        }
+    }
+
+    /// The allocation answered.
+    pub fn is_live(&self) -> bool {
+        matches!(self, Probe::Live(_))
+    }
+
+    /// One word for listings: `live`, `expired`, `refused`, `unreachable`, `failed`.
+    pub fn state(&self) -> &'static str {
+        match self {
+            Probe::Live(_) => "live",
+            Probe::Gone => "expired",
+            Probe::Refused(_) => "refused",
+            Probe::Unreachable(_) => "unreachable",
+            Probe::Failed(_) => "failed",
+        }
+    }
+
+    /// A sentence for a person.
+    pub fn reason(&self) -> String {
+        match self {
+            Probe::Live(_) => "live".into(),
+            Probe::Gone => "expired or freed: the depot no longer has this allocation".into(),
+            Probe::Refused(e) => format!("capability refused: {e}"),
+            Probe::Unreachable(e) => format!("depot unreachable: {e}"),
+            Probe::Failed(e) => e.clone(),
+        }
+    }
+}
+
 /// Probes every mapping (manage key, else read key): what the depots report.
-pub async fn probe_all(x: &ExNode, pool: &Pool) -> Vec<std::result::Result<ProbeInfo, String>> {
-    let mut out = Vec::new();
-    for m in &x.mappings {
-        let cap = m.manage.as_ref().or(m.read.as_ref()).or(m.write.as_ref());
-        let r = match cap {
-            None => Err("no capability".to_string()),
-            Some(c) => async {
-                let mut conn = pool.get(&c.address()).await?;
-                let p = conn.probe(c).await?;
-                pool.put(conn);
-                Ok::<_, lors_ibp::Error>(p)
+/// Depots are probed in parallel, each over one connection; once a depot
+/// cannot be reached its other mappings are reported unreachable without
+/// waiting for it again.
+pub async fn probe_all(x: &ExNode, pool: &Pool) -> Vec<Probe> {
+    let mut by_depot: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+    let mut out = vec![Probe::Failed("no capability".into()); x.mappings.len()];
+    for (i, m) in x.mappings.iter().enumerate() {
+        if let Some(c) = m.manage.as_ref().or(m.read.as_ref()).or(m.write.as_ref()) {
+            by_depot.entry(c.address()).or_default().push(i);
+        }
+    }
+    let per_depot = by_depot.into_values().map(|idx| async move {
+        let mut got = Vec::with_capacity(idx.len());
+        let mut down: Option<String> = None;
+        for i in idx {
+            let m = &x.mappings[i];
+            let c = m.manage.as_ref().or(m.read.as_ref()).or(m.write.as_ref());
+            let c = c.expect("grouped by capability");
+            let p = match &down {
+                Some(why) => Probe::Unreachable(why.clone()),
+                None => Probe::from_result(
+                    async {
+                        let mut conn = pool.get(&c.address()).await?;
+                        let p = conn.probe(c).await?;
+                        pool.put(conn);
+                        Ok(p)
+                    }
+                    .await,
+                ),
+            };
+            if let Probe::Unreachable(why) = &p {
+                down = Some(why.clone());
             }
-            .await
-            .map_err(|e| e.to_string()),
-        };
-        out.push(r);
+            got.push((i, p));
+        }
+        got
+    });
+    for (i, p) in futures_join_all(per_depot).await.into_iter().flatten() {
+        out[i] = p;
     }
     out
+}
+
+/// Runs futures concurrently on this task, results in order.
+async fn futures_join_all<F: std::future::Future>(
+    fs: impl IntoIterator<Item = F>,
+) -> Vec<F::Output> {
+    let mut fs: Vec<_> = fs.into_iter().map(Box::pin).collect();
+    let mut out: Vec<Option<F::Output>> = fs.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (f, o) in fs.iter_mut().zip(out.iter_mut()) {
+            if o.is_none() {
+                match f.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => *o = Some(v),
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+    out.into_iter().map(|o| o.expect("all ready")).collect()
+}
+
+/// Byte ranges of `[0, logical size)` that no live mapping covers: what a
+/// download could not read. `live[i]` says whether mapping `i` answered.
+pub fn uncovered(x: &ExNode, live: &[bool]) -> Vec<(u64, u64)> {
+    let mut spans: Vec<(u64, u64)> = x
+        .mappings
+        .iter()
+        .zip(live)
+        .filter(|(_, l)| **l)
+        .map(|(m, _)| (m.exnode_offset, m.logical_end()))
+        .collect();
+    spans.sort_unstable();
+    let mut gaps = Vec::new();
+    let mut at = 0u64;
+    for (s, e) in spans {
+        if s > at {
+            gaps.push((at, s));
+        }
+        at = at.max(e);
+    }
+    let size = x.logical_size();
+    if at < size {
+        gaps.push((at, size));
+    }
+    gaps
 }

@@ -3,8 +3,8 @@
 use std::fmt::Write as _;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use lors::manage::Probe;
 use lors::uri::ExnodeRef;
-use lors_ibp::ProbeInfo;
 
 use super::{json_str, read_exnode};
 
@@ -63,10 +63,10 @@ fn ctime(unix: u64) -> String {
 
 pub fn run(a: Args) -> anyhow::Result<()> {
     let x = read_exnode(&a.exnode.path)?;
-    let probes: Vec<Result<ProbeInfo, String>> = if a.offline {
+    let probes: Vec<Probe> = if a.offline {
         x.mappings
             .iter()
-            .map(|_| Err("not probed".to_string()))
+            .map(|_| Probe::Failed("not probed".to_string()))
             .collect()
     } else {
         super::probe_all(&x)?
@@ -102,10 +102,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                     .map_or("null".to_string(), |f| json_str(&f.name)),
             );
             match p {
-                Ok(p) => {
+                Probe::Live(p) => {
                     let _ = write!(
                         s,
-                        ",\"reliability\":{},\"read_refs\":{},\"stored\":{},\"max_size\":{},\"expires\":{},\"error\":null}}",
+                        ",\"state\":\"live\",\"reliability\":{},\"read_refs\":{},\"stored\":{},\"max_size\":{},\"expires\":{},\"error\":null}}",
                         json_str(if p.reliability == 2 { "hard" } else { "soft" }),
                         p.read_refs,
                         p.size,
@@ -113,8 +113,13 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                         now.saturating_add(u64::try_from(p.seconds_left).unwrap_or(0))
                     );
                 }
-                Err(e) => {
-                    let _ = write!(s, ",\"error\":{}}}", json_str(e));
+                p => {
+                    let _ = write!(
+                        s,
+                        ",\"state\":{},\"error\":{}}}",
+                        json_str(if a.offline { "not probed" } else { p.state() }),
+                        json_str(&p.reason())
+                    );
                 }
             }
         }
@@ -129,12 +134,12 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         );
         for (i, (m, p)) in x.mappings.iter().zip(&probes).enumerate() {
             let rel = match p {
-                Ok(p) if p.reliability == 2 => 'H',
-                Ok(p) if p.reliability == 1 => 'S',
+                Probe::Live(p) if p.reliability == 2 => 'H',
+                Probe::Live(p) if p.reliability == 1 => 'S',
                 _ => '?',
             };
             let kind = match p {
-                Ok(p) if p.alloc_type == 1 => 'a',
+                Probe::Live(p) if p.alloc_type == 1 => 'a',
                 _ => '?',
             };
             let flags = format!(
@@ -144,11 +149,12 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 if m.manage.is_some() { 'm' } else { '-' }
             );
             let (refs, exp) = match p {
-                Ok(p) => (
+                Probe::Live(p) => (
                     p.read_refs.to_string(),
                     ctime(now.saturating_add(u64::try_from(p.seconds_left).unwrap_or(0))),
                 ),
-                Err(_) => ("-1".into(), "Unknown".into()),
+                _ if a.offline => ("-1".into(), "Unknown".into()),
+                p => ("-1".into(), format!("Unknown ({})", p.state())),
             };
             let _ = writeln!(
                 s,
@@ -158,18 +164,35 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 m.depot().unwrap_or_else(|| "-".into())
             );
         }
-        let failed = probes.iter().filter(|p| p.is_err()).count();
-        if failed > 0 && !a.offline {
-            let _ = writeln!(
-                s,
-                "{failed} mapping(s) could not be probed (depot down, or allocation gone); see --json for reasons"
-            );
+        if !a.offline {
+            // One line per distinct reason, not per mapping: a dead depot
+            // may hold thousands.
+            let mut why: Vec<(String, Vec<usize>)> = Vec::new();
+            for (i, p) in probes.iter().enumerate().filter(|(_, p)| !p.is_live()) {
+                let r = p.reason();
+                match why.iter_mut().find(|(w, _)| *w == r) {
+                    Some((_, v)) => v.push(i),
+                    None => why.push((r, vec![i])),
+                }
+            }
+            for (r, idx) in why {
+                let shown: Vec<String> = idx.iter().take(8).map(usize::to_string).collect();
+                let more = if idx.len() > 8 {
+                    format!(" and {} more", idx.len() - 8)
+                } else {
+                    String::new()
+                };
+                let _ = writeln!(s, "mapping {}{more}: {r}", shown.join(", "));
+            }
         }
     }
     if !s.is_empty() {
         super::outln!("{}", s.trim_end_matches('\n'));
     }
-    Ok(())
+    if a.offline {
+        return Ok(());
+    }
+    super::unreadable(&x, &probes)
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 
 use super::{json_str, read_exnode};
+use lors::manage::Probe;
 use lors::uri::ExnodeRef;
 
 /// Summarize an exNode: size, blocks, replicas, depots, leases, problems.
@@ -20,7 +21,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let x = read_exnode(&a.exnode.path)?;
     let probes = super::probe_all(&x)?;
     let blocks = lors::manage::blocks(&x);
-    let live = |i: usize| probes[i].is_ok();
+    let live = |i: usize| probes[i].is_live();
     let replicas: Vec<usize> = blocks
         .values()
         .map(|v| v.iter().filter(|&&i| live(i)).count())
@@ -33,20 +34,48 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     }
     let soonest = probes
         .iter()
-        .filter_map(|p| p.as_ref().ok())
-        .map(|p| p.seconds_left)
+        .filter_map(|p| match p {
+            Probe::Live(p) => Some(p.seconds_left),
+            _ => None,
+        })
         .min();
+    // How many mappings are in each state, in a fixed order.
+    let mut states: Vec<(&str, usize)> = Vec::new();
+    for st in ["live", "expired", "refused", "unreachable", "failed"] {
+        let n = probes.iter().filter(|p| p.state() == st).count();
+        if n > 0 {
+            states.push((st, n));
+        }
+    }
+    let mut down: Vec<String> = x
+        .mappings
+        .iter()
+        .zip(&probes)
+        .filter(|(_, p)| matches!(p, Probe::Unreachable(_)))
+        .filter_map(|(m, _)| m.depot())
+        .collect();
+    down.sort();
+    down.dedup();
     if a.json {
         let depots: Vec<String> = per_depot
             .iter()
             .map(|(d, n)| format!("{{\"depot\":{},\"mappings\":{n}}}", json_str(d)))
             .collect();
         super::outln!(
-            "{{\"filename\":{},\"size\":{},\"mappings\":{},\"blocks\":{},\"min_live_replicas\":{min_live},\"blocks_lost\":{lost},\"soonest_expiry_s\":{},\"depots\":[{}]}}",
+            "{{\"filename\":{},\"size\":{},\"mappings\":{},\"blocks\":{},\"min_live_replicas\":{min_live},\"blocks_lost\":{lost},\"states\":{{{}}},\"unreachable_depots\":[{}],\"soonest_expiry_s\":{},\"depots\":[{}]}}",
             json_str(x.filename().unwrap_or("")),
             x.logical_size(),
             x.mappings.len(),
             blocks.len(),
+            states
+                .iter()
+                .map(|(s, n)| format!("{}:{n}", json_str(s)))
+                .collect::<Vec<_>>()
+                .join(","),
+            down.iter()
+                .map(|d| json_str(d))
+                .collect::<Vec<_>>()
+                .join(","),
             soonest.map_or("null".into(), |s| s.to_string()),
             depots.join(",")
         );
@@ -61,11 +90,25 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         super::outln!(
             "replicas:  at least {min_live} reachable per block{}",
             if lost > 0 {
-                format!(", {lost} blocks with none!")
+                format!(
+                    ", {lost} block{} with none",
+                    if lost == 1 { "" } else { "s" }
+                )
             } else {
                 String::new()
             }
         );
+        super::outln!(
+            "mappings:  {}",
+            states
+                .iter()
+                .map(|(s, n)| format!("{n} {s}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        if !down.is_empty() {
+            super::outln!("unreachable depots: {}", down.join(", "));
+        }
         if let Some(s) = soonest {
             super::outln!(
                 "expires:   first allocation in {s} s ({:.1} h); extend with `lors refresh`",
@@ -76,5 +119,5 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             super::outln!("depot:     {d} — {n} mappings");
         }
     }
-    Ok(())
+    super::unreadable(&x, &probes)
 }

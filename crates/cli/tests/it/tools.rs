@@ -1110,3 +1110,87 @@ fn a_failed_upload_leaves_nothing_unnamed_on_the_depots() {
     assert!(ok, "{e}");
     assert_eq!(used(&b), fresh_b);
 }
+
+#[test]
+fn ls_and_stat_tell_expired_from_unreachable_and_fail_when_bytes_are_lost() {
+    let dir = tempdir();
+    let mut ds = depots(3, dir.path());
+    let data = pattern(300_000, 9);
+    let xnd = upload_cli(&ds, dir.path(), "s.bin", &data, &["-c", "2", "-b", "100K"]);
+    let x = read_x(&xnd);
+    let p = xnd.to_str().unwrap();
+    let (ok, out, err) = lors(&["stat", p]);
+    let out = String::from_utf8(out).unwrap();
+    assert!(ok && out.contains("mappings:  6 live"), "{out}{err}");
+
+    // Free one replica of block 0 behind the exNode's back (through a copy).
+    let (i, m) = x
+        .mappings
+        .iter()
+        .enumerate()
+        .find(|(_, m)| m.exnode_offset == 0)
+        .unwrap();
+    let other = x
+        .mappings
+        .iter()
+        .find(|o| o.exnode_offset == 0 && o.depot() != m.depot())
+        .unwrap()
+        .depot()
+        .unwrap();
+    let copy = dir.path().join("copy.xnd");
+    std::fs::copy(&xnd, &copy).unwrap();
+    let (ok, _, err) = lors(&["trim", "-d", "-m", &i.to_string(), copy.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    let (ok, out, err) = lors(&["ls", "--json", p]);
+    assert!(ok, "one replica of each block is still live: {err}");
+    let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(v["mappings"][i]["state"], "expired");
+    assert_eq!(
+        v["mappings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| m["state"] == "live")
+            .count(),
+        5
+    );
+
+    // Now the depot with block 0's other replica goes down: bytes 0..100K
+    // have no live replica, and both commands say so and fail.
+    let k = ds.iter().position(|d| d.addr == other).unwrap();
+    ds[k].kill9();
+    let (ok, out, err) = lors(&["stat", p]);
+    let out = String::from_utf8(out).unwrap();
+    assert!(!ok, "lost bytes are an error: {out}");
+    assert!(
+        out.contains("1 expired") && out.contains("unreachable"),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!("unreachable depots: {other}")),
+        "{out}"
+    );
+    assert!(
+        err.contains("no live replica") && err.contains("0..102400"),
+        "{err}"
+    );
+    let (ok, out, err) = lors(&["ls", p]);
+    let out = String::from_utf8(out).unwrap();
+    assert!(!ok && err.contains("no live replica"), "{err}");
+    assert!(
+        out.contains("Unknown (expired)") && out.contains("Unknown (unreachable)"),
+        "{out}"
+    );
+    assert!(
+        out.contains("expired or freed") && out.contains("depot unreachable"),
+        "{out}"
+    );
+    let (ok, out, _) = lors(&["stat", "--json", p]);
+    let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    assert!(!ok);
+    assert_eq!(v["states"]["expired"], 1);
+    assert_eq!(v["unreachable_depots"][0], other.as_str());
+    // Offline listing does not probe, so it cannot fail.
+    let (ok, _, err) = lors(&["ls", "--offline", p]);
+    assert!(ok, "{err}");
+}
