@@ -25,7 +25,7 @@ use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::sync::{Notify, mpsc};
 
 use crate::error::{Error, Result};
-use crate::plan::plan;
+use crate::plan::{check_geometry, plan};
 use crate::pool::Pool;
 use crate::progress::Progress;
 
@@ -750,6 +750,7 @@ pub async fn download(
     progress: Arc<dyn Progress>,
 ) -> Result<Stats> {
     let t0 = Instant::now();
+    check_geometry(&x.mappings)?;
     let size = x.logical_size();
     let start = opts.offset.min(size);
     let len = opts.length.unwrap_or(size - start).min(size - start);

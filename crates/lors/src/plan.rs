@@ -32,6 +32,49 @@ pub enum PlanError {
         /// One past the last missing byte.
         end: u64,
     },
+    /// A mapping's recorded sizes cannot be right: the exNode is damaged or
+    /// was edited. Found before any I/O.
+    #[error(
+        "the exNode is inconsistent: mapping {index} {what}; nothing was read (fix or re-create the exNode)"
+    )]
+    Geometry {
+        /// Mapping index, in file order.
+        index: usize,
+        /// What does not add up.
+        what: String,
+    },
+}
+
+/// Checks what an exNode says of each mapping's sizes before any byte moves,
+/// so a damaged or edited exNode is blamed instead of the depots: a mapping
+/// stored as is cannot hold more logical bytes than it stores, and an
+/// encoded one must name functions we can undo and fit in memory.
+pub fn check_geometry(mappings: &[Mapping]) -> Result<(), PlanError> {
+    use lors_exnode::functions::{Codec, MAX_ENCODED_MAPPING};
+    for (index, m) in mappings.iter().enumerate() {
+        let bad = |what: String| Err(PlanError::Geometry { index, what });
+        match Codec::from_mapping(m) {
+            Err(e) => return bad(format!("has an unusable function: {e}")),
+            // A missing alloc_length (0) is not checked: old writers omit it.
+            Ok(None) if m.alloc_length > 0 && m.logical_length > m.alloc_length => {
+                return bad(format!(
+                    "claims {} bytes of data but its allocation holds {} (alloc_length)",
+                    m.logical_length, m.alloc_length
+                ));
+            }
+            Ok(Some(_))
+                if m.alloc_length > MAX_ENCODED_MAPPING
+                    || m.logical_length > MAX_ENCODED_MAPPING =>
+            {
+                return bad(format!(
+                    "is encoded and claims {} logical / {} stored bytes, more than the {MAX_ENCODED_MAPPING} decoded in memory",
+                    m.logical_length, m.alloc_length
+                ));
+            }
+            Ok(_) => {}
+        }
+    }
+    Ok(())
 }
 
 /// Plans `[start, start+len)` into segments of at most `max_seg` bytes.
@@ -148,6 +191,58 @@ mod tests {
         let mut unreadable = m(100, 100, "b");
         unreadable.read = None;
         assert!(plan(&[m(0, 100, "a"), unreadable], 0, 200, 10).is_err());
+    }
+
+    #[test]
+    fn geometry_blames_the_exnode() {
+        use lors_exnode::functions::{Chain, Step};
+        let ok = m(0, 100, "a");
+        assert_eq!(check_geometry(std::slice::from_ref(&ok)), Ok(()));
+        // Stored as is, but claiming more than the allocation holds.
+        let long = Mapping {
+            logical_length: 101,
+            ..ok.clone()
+        };
+        let e = check_geometry(&[ok.clone(), long]).unwrap_err();
+        assert!(matches!(e, PlanError::Geometry { index: 1, .. }), "{e}");
+        // A missing alloc_length is not held against it.
+        let old = Mapping {
+            alloc_length: 0,
+            ..ok.clone()
+        };
+        assert_eq!(check_geometry(&[old]), Ok(()));
+        // Encoded, larger than we decode in memory.
+        let chain = Chain {
+            block_size: 64,
+            steps: vec![Step::Blake3],
+        };
+        let huge = Mapping {
+            e2e_blocksize: 64,
+            function: chain.to_function(),
+            logical_length: 4 << 30,
+            alloc_length: 4 << 30,
+            ..ok.clone()
+        };
+        assert!(
+            check_geometry(&[huge])
+                .unwrap_err()
+                .to_string()
+                .contains("encoded")
+        );
+        // A function we cannot undo.
+        let mut f = chain.to_function().unwrap();
+        f.name = "des_encrypt".into();
+        let des = Mapping {
+            e2e_blocksize: 64,
+            function: Some(f),
+            ..ok
+        };
+        assert!(
+            check_geometry(&[des])
+                .unwrap_err()
+                .to_string()
+                .contains("unusable function")
+        );
     }
 
     proptest! {

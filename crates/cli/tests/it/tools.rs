@@ -1194,3 +1194,44 @@ fn ls_and_stat_tell_expired_from_unreachable_and_fail_when_bytes_are_lost() {
     let (ok, _, err) = lors(&["ls", "--offline", p]);
     assert!(ok, "{err}");
 }
+
+#[test]
+fn a_tampered_exnode_is_blamed_before_any_io() {
+    let dir = tempdir();
+    let ds = depots(1, dir.path());
+    let xnd = upload_cli(
+        &ds,
+        dir.path(),
+        "t.bin",
+        &pattern(300_000, 3),
+        &["-c", "1", "-b", "100K", "-n"],
+    );
+    let mut x = read_x(&xnd);
+    let last = x.mappings.len() - 1;
+    x.mappings[last].logical_length = 100_000_000_000;
+    let bad = dir.path().join("bad.xnd");
+    std::fs::write(&bad, lors_exnode::xml::write(&x)).unwrap();
+    let out = dir.path().join("t.out");
+    let (ok, _, err) = lors(&[
+        "download",
+        "--quiet",
+        "-o",
+        out.to_str().unwrap(),
+        bad.to_str().unwrap(),
+    ]);
+    assert!(!ok);
+    assert!(
+        err.contains("exNode is inconsistent")
+            && err.contains(&format!("mapping {last}"))
+            && err.contains("100000000000"),
+        "{err}"
+    );
+    assert!(!err.contains("depot"), "the depots are not blamed: {err}");
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("t.out"))
+        .collect();
+    assert!(left.is_empty(), "nothing written: {left:?}");
+}
