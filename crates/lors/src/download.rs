@@ -43,7 +43,9 @@ pub struct DownloadOptions {
     pub conns_per_depot: usize,
     /// Fetch stragglers again from another replica when idle.
     pub hedge: bool,
-    /// Continue an interrupted download to a file.
+    /// Continue an interrupted download to a file from its `PATH.lors-part`
+    /// and `PATH.lors-resume` record, when they are from the same exNode and
+    /// range; otherwise start over.
     pub resume: bool,
     /// Segments an ordered (stream) output may run ahead of the writer
     /// (`lors_download -q`).
@@ -171,7 +173,8 @@ impl Tune {
 
 /// Where the bytes go.
 pub enum Output {
-    /// A file, written with positional writes; resumable.
+    /// A file, written with positional writes into `PATH.lors-part` and
+    /// renamed to `PATH` when complete; resumable.
     File(PathBuf),
     /// A stream (stdout, a pipe), written in order.
     Writer(Box<dyn AsyncWrite + Unpin + Send>),
@@ -718,10 +721,39 @@ impl OutFile {
     }
 }
 
-fn sidecar(path: &Path) -> PathBuf {
+/// `PATH` + `ext`.
+fn beside(path: &Path, ext: &str) -> PathBuf {
     let mut s = path.as_os_str().to_owned();
-    s.push(".lors-part");
+    s.push(ext);
     PathBuf::from(s)
+}
+
+/// Where a download to `path` writes until it is complete and verified.
+pub fn partial_path(path: &Path) -> PathBuf {
+    beside(path, ".lors-part")
+}
+
+/// The record of the pieces a download to `path` has finished.
+pub fn record_path(path: &Path) -> PathBuf {
+    beside(path, ".lors-resume")
+}
+
+/// Names the exNode's data (ranges and read capabilities) in the resume
+/// record, so a partial file is only ever resumed from the same exNode.
+fn fingerprint(x: &ExNode) -> u64 {
+    // FNV-1a: stable across runs and builds, unlike `DefaultHasher`.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for m in &x.mappings {
+        let cap = m.read.as_ref().map(|c| c.to_url()).unwrap_or_default();
+        let line = format!(
+            "{} {} {} {cap}\n",
+            m.exnode_offset, m.logical_length, m.alloc_offset
+        );
+        for b in line.bytes() {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h
 }
 
 /// Segments an earlier run finished, from its resume record.
@@ -777,22 +809,29 @@ pub async fn download(
     let mut stats = Stats::default();
     let (file_out, stream) = match out {
         Output::File(path) => {
-            let header = format!("lors-partial v1 {start} {len} {}", opts.block_size);
-            let record_path = sidecar(&path);
-            let done = if opts.resume {
+            let header = format!(
+                "lors-partial v2 {start} {len} {} {:016x}",
+                opts.block_size,
+                fingerprint(x)
+            );
+            let part = partial_path(&path);
+            let record_path = record_path(&path);
+            let done = if opts.resume && part.exists() {
                 resumed(&record_path, &header)
             } else {
                 HashSet::new()
             };
+            // The data goes to PATH.lors-part, renamed to PATH once complete:
+            // a file under the final name is always whole.
             let file = std::fs::OpenOptions::new()
                 .read(true)
                 .write(true)
                 .create(true)
-                .truncate(!opts.resume)
-                .open(&path)
-                .map_err(|e| Error::io(format!("opening {}", path.display()), e))?;
+                .truncate(done.is_empty())
+                .open(&part)
+                .map_err(|e| Error::io(format!("opening {}", part.display()), e))?;
             file.set_len(len)
-                .map_err(|e| Error::io(format!("sizing {}", path.display()), e))?;
+                .map_err(|e| Error::io(format!("sizing {}", part.display()), e))?;
             for s in &mut segs {
                 if done.contains(&(s.offset, s.len)) {
                     s.st = St::Done;
@@ -964,11 +1003,25 @@ pub async fn download(
             last: "every depot holding it failed".into(),
         });
     }
-    if let Some((f, _, record_path)) = &file_out {
+    if let Some((f, path, record_path)) = &file_out {
+        let part = partial_path(path);
         f.file
             .file()
             .sync_all()
-            .map_err(|e| Error::io("flushing the output file", e))?;
+            .map_err(|e| Error::io(format!("flushing {}", part.display()), e))?;
+        std::fs::rename(&part, path).map_err(|e| {
+            Error::io(
+                format!(
+                    "renaming the complete {} to {}",
+                    part.display(),
+                    path.display()
+                ),
+                e,
+            )
+        })?;
+        if let Some(dir) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            let _ = std::fs::File::open(dir).and_then(|d| d.sync_all());
+        }
         let _ = std::fs::remove_file(record_path);
     }
     let mut stats = std::mem::take(&mut g.stats);

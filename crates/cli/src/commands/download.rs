@@ -17,7 +17,9 @@ use crate::UsageError;
 #[command(after_help = "EXAMPLES:
   lors download -o run42.dat run42.xnd
   lors download -o - video.xnd | mplayer -        # stream to stdout, in order
-  lors download -R -o run42.dat run42.xnd         # resume an interrupted download
+  lors download -o run42.dat run42.xnd            # again after a failure: resumes
+  lors download -o results/ run42.xnd             # writes results/<recorded name>
+  lors download -o /dev/null run42.xnd            # fetch and verify, keep nothing
   lors download -O 1G -L 100M -o part.bin run42.xnd
   lors download -t 16 -a 8 -q 32 -o - big.xnd > big.dat  # 16 fetches, 32 blocks ahead
 
@@ -26,7 +28,9 @@ pub struct Args {
     /// The exNode.
     #[arg(value_parser = super::exnode_arg, value_name = "FILE.xnd|lors://…")]
     exnode: ExnodeRef,
-    /// Output file; `-` writes standard output.
+    /// Output file; `-` writes standard output; a directory (or a path
+    /// ending in `/`) gets the exNode's recorded file name. Data goes to
+    /// OUT.lors-part and is renamed to OUT once complete.
     #[arg(short, long, value_name = "OUT")]
     output: Option<PathBuf>,
     /// Write to the exNode's recorded file name.
@@ -66,9 +70,13 @@ pub struct Args {
     /// are reported back to it.
     #[command(flatten)]
     lbone: super::LboneOpts,
-    /// Resume an interrupted download to the same output file.
-    #[arg(short = 'R', long)]
+    /// Resume an interrupted download to the same output file (the
+    /// default whenever OUT.lors-part is there from the same exNode).
+    #[arg(short = 'R', long, conflicts_with = "restart")]
     resume: bool,
+    /// Start over, discarding what an interrupted download left in OUT.lors-part.
+    #[arg(long)]
+    restart: bool,
     /// Never fetch a slow block twice from another replica.
     #[arg(long)]
     no_redundancy: bool,
@@ -86,16 +94,25 @@ pub struct Args {
 pub fn run(a: Args) -> anyhow::Result<()> {
     let rc = lors::xndrc::load(a.xndrc.as_deref()).map_err(UsageError)?;
     let x = read_exnode(&a.exnode.path)?;
+    let recorded = || -> Result<PathBuf, UsageError> {
+        x.filename()
+            .filter(|f| !f.is_empty() && !f.contains('/') && *f != "." && *f != "..")
+            .map(PathBuf::from)
+            .ok_or_else(|| UsageError("the exNode records no usable file name; use -o FILE".into()))
+    };
     let out =
         match (&a.output, a.auto_name) {
+            (Some(o), _)
+                if o.as_os_str() != "-"
+                    && (o.is_dir() || o.as_os_str().to_string_lossy().ends_with('/')) =>
+            {
+                if !o.is_dir() {
+                    return Err(UsageError(format!("{} is not a directory", o.display())).into());
+                }
+                o.join(recorded()?)
+            }
             (Some(o), _) => o.clone(),
-            (None, true) => PathBuf::from(
-                x.filename()
-                    .filter(|f| !f.is_empty() && !f.contains('/'))
-                    .ok_or_else(|| {
-                        UsageError("the exNode records no usable file name; use -o".into())
-                    })?,
-            ),
+            (None, true) => recorded()?,
             (None, false) => return Err(UsageError(
                 "say where the data goes: -o OUT (or -o - for stdout, -f for the recorded name)"
                     .into(),
@@ -103,8 +120,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             .into()),
         };
     let stdout = out.as_os_str() == "-";
-    if stdout && a.resume {
-        return Err(UsageError("-R needs an output file, not stdout".into()).into());
+    // A device or pipe (/dev/null, a FIFO) is written as a stream, in order.
+    let device = !stdout && std::fs::metadata(&out).is_ok_and(|m| !m.is_file() && !m.is_dir());
+    if (stdout || device) && a.resume {
+        return Err(UsageError("-R needs an output file, not a stream".into()).into());
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -139,7 +158,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             .unwrap_or(DownloadOptions::default().block_size),
         conns_per_depot: a.connections.map_or(0, usize::from),
         hedge: !a.no_redundancy,
-        resume: a.resume,
+        resume: !a.restart,
         window: a.prebuffer.max(1),
         threads: a.threads.or(a.exnode.threads).or(rc.threads).unwrap_or(0),
     };
@@ -154,11 +173,38 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         let pool = Arc::new(Pool::new(cfg));
         let output = if stdout {
             Output::Writer(Box::new(tokio::io::stdout()))
+        } else if device {
+            let f = tokio::fs::OpenOptions::new()
+                .write(true)
+                .open(&out)
+                .await
+                .map_err(|e| lors::Error::Io {
+                    what: format!("opening {}", out.display()),
+                    source: e,
+                })?;
+            Output::Writer(Box::new(f))
         } else {
             Output::File(out.clone())
         };
         download(&x, output, &opts, pool, progress.clone()).await
-    })?;
+    });
+    let stats = match stats {
+        Ok(s) => s,
+        Err(e) if !stdout && !device => {
+            let part = lors::download::partial_path(&out);
+            let e = anyhow::Error::from(e);
+            return Err(if part.exists() {
+                e.context(format!(
+                    "download to {} failed; what was fetched is kept in {}: run the same command again to resume (--restart to start over)",
+                    out.display(),
+                    part.display()
+                ))
+            } else {
+                e.context(format!("download to {} failed", out.display()))
+            });
+        }
+        Err(e) => return Err(e.into()),
+    };
     progress.finish();
     rt.block_on(super::report_rates(
         directory.as_ref(),

@@ -305,16 +305,25 @@ fn interrupted_download_resumes_without_refetching_finished_blocks() {
     ]);
     assert!(!ok, "must fail while blocks are unreachable");
     assert!(err.contains("could not be read from any replica"), "{err}");
-    let record = dir.path().join("r.out.lors-part");
+    assert!(
+        err.contains("r.out.lors-part") && err.contains("run the same command again"),
+        "the error says where the data is and what to do: {err}"
+    );
+    assert!(
+        !dst.exists(),
+        "nothing that looks complete under the final name"
+    );
+    let record = dir.path().join("r.out.lors-resume");
     assert!(record.exists(), "the resume record is kept");
+    assert!(dir.path().join("r.out.lors-part").exists());
     // The depot comes back (same data, same port); resume fetches only the rest.
     let _back = DepotProc::start(
         &dir.path().join("d1"),
         &["--sync", "never", "--listen", &format!("127.0.0.1:{port}")],
     );
+    // The same command again resumes (no -R needed).
     let (ok, _, err) = lors(&[
         "download",
-        "-R",
         "-o",
         dst.to_str().unwrap(),
         xnd.to_str().unwrap(),
@@ -326,6 +335,10 @@ fn interrupted_download_resumes_without_refetching_finished_blocks() {
     );
     assert!(std::fs::read(&dst).unwrap() == data);
     assert!(!record.exists(), "the record is removed when complete");
+    assert!(
+        !dir.path().join("r.out.lors-part").exists(),
+        "renamed into place"
+    );
     // Kill the downloader itself mid-way, then resume: output identical.
     let dst2 = dir.path().join("r2.out");
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_lors"))
@@ -1234,4 +1247,55 @@ fn a_tampered_exnode_is_blamed_before_any_io() {
         .filter(|n| n.starts_with("t.out"))
         .collect();
     assert!(left.is_empty(), "nothing written: {left:?}");
+}
+
+#[test]
+fn download_outputs_dev_null_directories_and_restart() {
+    let dir = tempdir();
+    let ds = depots(1, dir.path());
+    let data = pattern(500_000, 12);
+    let xnd = upload_cli(&ds, dir.path(), "n.bin", &data, &["-c", "1", "-b", "100K"]);
+    let x = xnd.to_str().unwrap();
+    // /dev/null: fetched and verified, nothing kept.
+    let (ok, _, err) = lors(&["download", "--quiet", "-o", "/dev/null", x]);
+    assert!(ok, "{err}");
+    // A directory gets the recorded name, with or without a trailing slash.
+    let sub = dir.path().join("results");
+    std::fs::create_dir(&sub).unwrap();
+    for o in [format!("{}/", sub.display()), sub.display().to_string()] {
+        let (ok, _, err) = lors(&["download", "--quiet", "-o", &o, x]);
+        assert!(ok, "{err}");
+        assert_eq!(std::fs::read(sub.join("n.bin")).unwrap(), data);
+        std::fs::remove_file(sub.join("n.bin")).unwrap();
+    }
+    let missing = format!("{}/", dir.path().join("nope").display());
+    let (ok, _, err) = lors(&["download", "--quiet", "-o", &missing, x]);
+    assert!(!ok && err.contains("is not a directory"), "{err}");
+    // A partial from another exNode is never resumed into this one; a stale
+    // partial of this one is discarded by --restart.
+    let out = dir.path().join("n.out");
+    std::fs::write(dir.path().join("n.out.lors-part"), vec![0xAAu8; data.len()]).unwrap();
+    std::fs::write(
+        dir.path().join("n.out.lors-resume"),
+        format!(
+            "lors-partial v2 0 {} 2097152 0000000000000000\n0 100000\n",
+            data.len()
+        ),
+    )
+    .unwrap();
+    let (ok, _, err) = lors(&["download", "-o", out.to_str().unwrap(), x]);
+    assert!(ok, "{err}");
+    assert!(!err.contains("resumed"), "{err}");
+    assert_eq!(std::fs::read(&out).unwrap(), data);
+    std::fs::write(dir.path().join("n.out.lors-part"), vec![0xAAu8; data.len()]).unwrap();
+    let (ok, _, err) = lors(&[
+        "download",
+        "--quiet",
+        "--restart",
+        "-o",
+        out.to_str().unwrap(),
+        x,
+    ]);
+    assert!(ok, "{err}");
+    assert_eq!(std::fs::read(&out).unwrap(), data);
 }
