@@ -204,6 +204,25 @@ fn default_advertise(bound: SocketAddr) -> String {
         .map_or_else(|| "localhost".to_owned(), str::to_owned)
 }
 
+/// Raises this process's soft limit on open files to its hard limit: a
+/// depot holds a descriptor per connection and per open allocation, and the
+/// usual soft default (1024) is far below what it needs. Returns the limit
+/// now in force, or `None` when it could not be read.
+pub fn raise_open_file_limit() -> Option<u64> {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let mut l = getrlimit(Resource::Nofile);
+    // An unlimited hard limit still stops at the kernel's nr_open (2^20 by
+    // default).
+    let want = l.maximum.unwrap_or(1 << 20);
+    if l.current.is_some_and(|c| c < want) {
+        l.current = Some(want);
+        if let Err(e) = setrlimit(Resource::Nofile, l) {
+            tracing::warn!(error = %e, "could not raise the open-file limit");
+        }
+    }
+    getrlimit(Resource::Nofile).current
+}
+
 /// Serves IBP on `listeners` until `shutdown` turns true.
 pub async fn run(
     listeners: Listeners,
@@ -225,7 +244,14 @@ pub async fn run(
                 Ok(x) => x,
                 Err(e) => {
                     // EMFILE and friends: back off instead of spinning.
-                    tracing::warn!(error = %e, "accept failed");
+                    if crate::store::out_of_descriptors(&e) {
+                        tracing::error!(
+                            error = %e,
+                            "out of file descriptors: new connections wait; raise `ulimit -n` or lower max_connections"
+                        );
+                    } else {
+                        tracing::warn!(error = %e, "accept failed");
+                    }
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
                 }

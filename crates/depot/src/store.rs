@@ -88,11 +88,20 @@ impl StoreError {
             StoreError::TypeNotSupported => StatusCode::TYPE_NOT_SUPPORTED,
             StoreError::InvalidCmd => StatusCode::INVALID_CMD,
             StoreError::WouldDamage => StatusCode::WOULD_DAMAGE_DATA,
+            StoreError::Read(e) | StoreError::Write(e) if out_of_descriptors(e) => {
+                StatusCode::RSRC_UNAVAIL
+            }
             StoreError::Read(_) | StoreError::Corrupt => StatusCode::FILE_READ,
             StoreError::Write(_) => StatusCode::FILE_WRITE,
             StoreError::Meta(_) => StatusCode::INTERNAL,
         }
     }
+}
+
+/// EMFILE or ENFILE: the process or the system is out of file descriptors,
+/// which is not a disk failure.
+pub fn out_of_descriptors(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(23 | 24))
 }
 
 /// Result alias for the store.

@@ -86,6 +86,20 @@ impl Error {
         }
     }
 
+    /// Whether the depot could not be reached at all: the connection was
+    /// refused, or connecting timed out (a host or firewall that drops
+    /// packets). Other requests to it will fare no better for now.
+    pub fn is_unreachable(&self) -> bool {
+        matches!(
+            self,
+            Error::Connect { .. }
+                | Error::Timeout {
+                    during: "connect",
+                    ..
+                }
+        )
+    }
+
     /// Whether retrying (on this or another replica) may succeed: network
     /// trouble and busy depots are transient; a refused key or bad request is not.
     pub fn is_retryable(&self) -> bool {

@@ -694,7 +694,7 @@ fn ibp_err(e: lors_ibp::Error) -> Fail {
     match e {
         lors_ibp::Error::Local { during, source } => Fail::Local(Error::io(during, source)),
         e => {
-            let unreachable = matches!(e, lors_ibp::Error::Connect { .. });
+            let unreachable = e.is_unreachable();
             Fail::Remote(e.to_string(), unreachable)
         }
     }

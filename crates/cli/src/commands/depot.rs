@@ -290,6 +290,8 @@ pub fn config(args: &Args) -> anyhow::Result<Config> {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let cfg = config(&args)?;
+    let nofile = lors_depot::server::raise_open_file_limit();
+    tracing::info!(limit = ?nofile, "open-file limit");
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -774,3 +774,56 @@ async fn concurrent_overlapping_writes_to_different_allocations_stay_separate() 
         t.await.unwrap();
     }
 }
+
+#[tokio::test]
+async fn a_low_soft_open_file_limit_is_raised_at_start() {
+    // As a depot started from a shell with `ulimit -Sn 256`: it holds a
+    // descriptor per allocation it has written, so without raising the
+    // limit it fails after ~230 allocations with -16.
+    let dir = tempdir();
+    let wrap: Vec<String> = ["sh", "-c", "ulimit -Sn 256 && exec \"$0\" \"$@\""]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let d = DepotProc::start_in(&wrap, dir.path(), &["--sync", "never"]);
+    let mut c = d.connect().await;
+    for i in 0..400 {
+        let caps = alloc(&mut c, 16, 3600).await;
+        c.store(&caps.write, b"0123456789abcdef")
+            .await
+            .unwrap_or_else(|e| panic!("allocation {i}: {e}"));
+    }
+}
+
+#[tokio::test]
+async fn running_out_of_descriptors_is_reported_as_such_and_the_depot_keeps_serving() {
+    // Hard limit 64: nothing to raise. Allocations that need a new data file
+    // are then refused as a resource shortage (-23), not a failing disk (-16).
+    let dir = tempdir();
+    let wrap: Vec<String> = ["sh", "-c", "ulimit -n 64 && exec \"$0\" \"$@\""]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let d = DepotProc::start_in(&wrap, dir.path(), &["--sync", "never"]);
+    let mut c = d.connect().await;
+    let mut refused = None;
+    let mut held = Vec::new();
+    for _ in 0..200 {
+        let caps = alloc(&mut c, 16, 3600).await;
+        match c.store(&caps.write, b"0123456789abcdef").await {
+            Ok(_) => held.push(caps),
+            Err(e) => {
+                refused = Some(code(e));
+                break;
+            }
+        }
+    }
+    assert_eq!(refused, Some(StatusCode::RSRC_UNAVAIL.code()));
+    // Still serving: what was stored reads back, and it can be freed.
+    let mut c = d.connect().await;
+    let mut buf = [0u8; 16];
+    c.load(&held[0].read, 0, &mut buf).await.unwrap();
+    assert_eq!(&buf, b"0123456789abcdef");
+    c.decr(&held[0].manage, CapKind::Read).await.unwrap();
+    assert!(c.status("1", "ibp").await.is_ok());
+}

@@ -1299,3 +1299,63 @@ fn download_outputs_dev_null_directories_and_restart() {
     assert!(ok, "{err}");
     assert_eq!(std::fs::read(&out).unwrap(), data);
 }
+
+/// A loopback port that accepts nothing: its listen queue is full, so new
+/// connections hang in SYN as with a host that drops packets. Keep the
+/// returned values alive.
+fn black_hole() -> (std::net::TcpListener, Vec<std::net::TcpStream>, u16) {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let mut held = Vec::new();
+    let addr = l.local_addr().unwrap();
+    while let Ok(s) = std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)) {
+        held.push(s);
+        assert!(held.len() < 10_000, "the listen queue never filled");
+    }
+    (l, held, port)
+}
+
+#[test]
+fn a_depot_that_black_holes_connections_is_marked_unreachable_once() {
+    let dir = tempdir();
+    let ds = depots(1, dir.path());
+    let data = pattern(2_000_000, 17);
+    let xnd = upload_cli(&ds, dir.path(), "h.bin", &data, &["-c", "1", "-b", "100K"]);
+    let (_l, _held, port) = black_hole();
+    // Each block gets a first replica on the black hole.
+    let mut x = read_x(&xnd);
+    let mut bogus = x.mappings.clone();
+    for m in &mut bogus {
+        for c in [&mut m.read, &mut m.write, &mut m.manage]
+            .into_iter()
+            .flatten()
+        {
+            c.port = port;
+        }
+    }
+    // Block 0 only on the black hole, so the download must try it.
+    bogus.extend(x.mappings.drain(..).filter(|m| m.exnode_offset > 0));
+    x.mappings = bogus;
+    let two = dir.path().join("two.xnd");
+    std::fs::write(&two, lors_exnode::xml::write(&x)).unwrap();
+    let out = dir.path().join("h.out");
+    let (ok, _, err) = lors(&[
+        "download",
+        "-T",
+        "2s",
+        "-o",
+        out.to_str().unwrap(),
+        two.to_str().unwrap(),
+    ]);
+    assert!(!ok, "block 0 has no reachable replica: {err}");
+    assert!(err.contains("bytes 0..102400 could not be read"), "{err}");
+    let hole = format!("127.0.0.1:{port}");
+    assert!(
+        err.contains(&format!("depot {hole} is unreachable")),
+        "a connect timeout marks the depot dead: {err}"
+    );
+    assert!(
+        !err.contains(&format!("read from {hole} failed")),
+        "it is not tried block by block: {err}"
+    );
+}

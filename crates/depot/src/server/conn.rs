@@ -53,14 +53,26 @@ impl Fail {
     }
 }
 
-impl From<StoreError> for Fail {
-    fn from(e: StoreError) -> Self {
-        if matches!(
-            e,
-            StoreError::Meta(_) | StoreError::Write(_) | StoreError::Read(_)
-        ) {
+/// Logs failures of the depot itself (not of the request) before they are
+/// answered.
+fn log_failure(e: &StoreError) {
+    match e {
+        StoreError::Write(io) | StoreError::Read(io) if crate::store::out_of_descriptors(io) => {
+            tracing::error!(
+                error = %e,
+                "out of file descriptors: answering -23; raise `ulimit -n` (the depot raises its soft limit to the hard one at start) or lower max_connections"
+            );
+        }
+        StoreError::Meta(_) | StoreError::Write(_) | StoreError::Read(_) => {
             tracing::error!(error = %e, "storage failure");
         }
+        _ => {}
+    }
+}
+
+impl From<StoreError> for Fail {
+    fn from(e: StoreError) -> Self {
+        log_failure(&e);
         Fail::new(e.status())
     }
 }
@@ -839,12 +851,11 @@ impl Conn {
 /// Failure closes the connection: the client may already be sending data.
 async fn data_file(a: &Arc<Alloc>) -> Result<Arc<std::fs::File>, Fail> {
     let a = a.clone();
-    blocking(move || a.file_for_write())
-        .await
-        .map_err(|e| Fail::closing(e.status()))
+    blocking(move || a.file_for_write()).await.map_err(closing)
 }
 
 /// STORE/WRITE lookups close the connection on failure: data may follow.
 fn closing(e: StoreError) -> Fail {
+    log_failure(&e);
     Fail::closing(e.status())
 }
