@@ -106,6 +106,10 @@ pub struct Args {
     /// Replace an existing exNode file (its allocations are not freed).
     #[arg(long)]
     force: bool,
+    /// Allow blocks smaller than 64 KiB (every block is an allocation on a
+    /// depot: tiny blocks make millions of them).
+    #[arg(long)]
+    small_blocks: bool,
     /// No progress display.
     #[arg(short, long)]
     quiet: bool,
@@ -197,6 +201,34 @@ fn check_output(out: &std::path::Path, force: bool) -> anyhow::Result<()> {
         })?;
     let _ = std::fs::remove_file(&probe);
     Ok(())
+}
+
+/// Smallest block (allocation) size taken without `--small-blocks`.
+const MIN_BLOCK: u64 = 64 << 10;
+
+/// Refuses a block size that would turn a file into a flood of allocations
+/// (`-b 10` is 10 bytes: 80,000 allocations for an 800 KB file).
+fn check_block_size(
+    bs: u64,
+    allowed: bool,
+    input: Option<&std::path::PathBuf>,
+) -> anyhow::Result<()> {
+    if bs >= MIN_BLOCK || allowed {
+        return Ok(());
+    }
+    let count = input
+        .and_then(|f| std::fs::metadata(f).ok())
+        .map(|m| {
+            format!(
+                " ({} allocations for this file)",
+                m.len().div_ceil(bs.max(1))
+            )
+        })
+        .unwrap_or_default();
+    Err(UsageError(format!(
+        "block size {bs} bytes is below the 64 KiB minimum: every block is an allocation{count}. Give a unit (-b {bs}M, -b 10M) or --small-blocks if you mean it"
+    ))
+    .into())
 }
 
 /// Releases every allocation an exNode names; how many were released.
@@ -300,6 +332,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         .or(uri.block_size)
         .or(rc.block_size)
         .unwrap_or(10 << 20);
+    check_block_size(block_size, a.small_blocks, (!stdin).then_some(&a.file))?;
     let duration = a
         .duration
         .or(uri.duration)

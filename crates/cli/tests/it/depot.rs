@@ -775,17 +775,23 @@ async fn concurrent_overlapping_writes_to_different_allocations_stay_separate() 
     }
 }
 
+/// A command prefix that runs `setup` in a shell, then execs the depot.
+fn shell_first(setup: &str) -> Vec<String> {
+    let script = format!("{setup} && exec \"$0\" \"$@\"");
+    vec!["sh".into(), "-c".into(), script]
+}
+
 #[tokio::test]
 async fn a_low_soft_open_file_limit_is_raised_at_start() {
     // As a depot started from a shell with `ulimit -Sn 256`: it holds a
     // descriptor per allocation it has written, so without raising the
     // limit it fails after ~230 allocations with -16.
     let dir = tempdir();
-    let wrap: Vec<String> = ["sh", "-c", "ulimit -Sn 256 && exec \"$0\" \"$@\""]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-    let d = DepotProc::start_in(&wrap, dir.path(), &["--sync", "never"]);
+    let d = DepotProc::start_in(
+        &shell_first("ulimit -Sn 256"),
+        dir.path(),
+        &["--sync", "never"],
+    );
     let mut c = d.connect().await;
     for i in 0..400 {
         let caps = alloc(&mut c, 16, 3600).await;
@@ -800,11 +806,11 @@ async fn running_out_of_descriptors_is_reported_as_such_and_the_depot_keeps_serv
     // Hard limit 64: nothing to raise. Allocations that need a new data file
     // are then refused as a resource shortage (-23), not a failing disk (-16).
     let dir = tempdir();
-    let wrap: Vec<String> = ["sh", "-c", "ulimit -n 64 && exec \"$0\" \"$@\""]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-    let d = DepotProc::start_in(&wrap, dir.path(), &["--sync", "never"]);
+    let d = DepotProc::start_in(
+        &shell_first("ulimit -n 64"),
+        dir.path(),
+        &["--sync", "never"],
+    );
     let mut c = d.connect().await;
     let mut refused = None;
     let mut held = Vec::new();

@@ -372,6 +372,9 @@ fn interrupted_download_resumes_without_refetching_finished_blocks() {
 
 #[test]
 fn tools_explain_bad_usage() {
+    let dir = tempdir();
+    let out = dir.path().join("x.xnd");
+    let out = out.to_str().unwrap();
     let (ok, _, err) = lors(&[
         "upload",
         "--depot",
@@ -379,7 +382,7 @@ fn tools_explain_bad_usage() {
         "-c",
         "2",
         "-o",
-        "/tmp/x.xnd",
+        out,
         "/etc/hostname",
     ]);
     assert!(
@@ -395,6 +398,26 @@ fn tools_explain_bad_usage() {
         "/etc/hostname",
     ]);
     assert!(!ok && err.contains("-o OUT.xnd"), "{err}");
+    // `-b 10` is 10 bytes: refused, with the count and what to write instead.
+    let src = dir.path().join("f.bin");
+    std::fs::write(&src, vec![0u8; 800_000]).unwrap();
+    let (ok, _, err) = lors(&[
+        "upload",
+        "--depot",
+        "127.0.0.1:1",
+        "-c",
+        "1",
+        "-b",
+        "10",
+        "-o",
+        out,
+        src.to_str().unwrap(),
+    ]);
+    assert!(
+        !ok && err.contains("80000 allocations") && err.contains("-b 10M"),
+        "{err}"
+    );
+    assert!(!std::path::Path::new(out).exists());
     let (ok, _, err) = lors(&["download", "-o", "/tmp/x", "/nonexistent.xnd"]);
     assert!(!ok && err.contains("reading /nonexistent.xnd"), "{err}");
 }
