@@ -353,14 +353,7 @@ impl State {
             self.keys.insert(*h, (a.id, *kind));
         }
         self.expiry.insert((rec.expires_at, a.id));
-        // Saturating, not wrapping: records loaded from disk may add up to
-        // more than a resource whose size was since configured smaller.
-        let u = &mut self.usage[a.res.idx];
-        match rec.reliability {
-            Reliability::Hard => u.hard = u.hard.saturating_add(rec.max_size),
-            Reliability::Soft => u.soft = u.soft.saturating_add(rec.max_size),
-        }
-        u.count += 1;
+        self.usage[a.res.idx].add(rec.reliability, rec.max_size);
         self.allocs.insert(
             a.id,
             Entry {
@@ -379,12 +372,7 @@ impl State {
             self.keys.remove(h);
         }
         self.expiry.remove(&(e.expires_at, id));
-        let u = &mut self.usage[e.alloc.res.idx];
-        match e.reliability {
-            Reliability::Hard => u.hard = u.hard.saturating_sub(e.max_size),
-            Reliability::Soft => u.soft = u.soft.saturating_sub(e.max_size),
-        }
-        u.count = u.count.saturating_sub(1);
+        self.usage[e.alloc.res.idx].remove(e.reliability, e.max_size);
         Some(e.alloc)
     }
 }
@@ -438,6 +426,29 @@ impl Usage {
     /// Hard and soft bytes together.
     pub fn used(&self) -> u64 {
         self.hard.saturating_add(self.soft)
+    }
+
+    fn class(&mut self, rel: Reliability) -> &mut u64 {
+        match rel {
+            Reliability::Hard => &mut self.hard,
+            Reliability::Soft => &mut self.soft,
+        }
+    }
+
+    /// Counts an allocation in. Saturating, not wrapping: records loaded
+    /// from disk may add up to more than a resource whose size was since
+    /// configured smaller.
+    fn add(&mut self, rel: Reliability, size: u64) {
+        let c = self.class(rel);
+        *c = c.saturating_add(size);
+        self.count += 1;
+    }
+
+    /// Counts an allocation out.
+    fn remove(&mut self, rel: Reliability, size: u64) {
+        let c = self.class(rel);
+        *c = c.saturating_sub(size);
+        self.count = self.count.saturating_sub(1);
     }
 }
 
@@ -590,12 +601,7 @@ impl Store {
         let entries: Vec<(Arc<Alloc>, u64, Reliability)> = {
             let st = lock(&self.state);
             for e in st.allocs.values() {
-                let u = &mut sums[e.alloc.res.idx];
-                match e.reliability {
-                    Reliability::Hard => u.hard = u.hard.saturating_add(e.max_size),
-                    Reliability::Soft => u.soft = u.soft.saturating_add(e.max_size),
-                }
-                u.count += 1;
+                sums[e.alloc.res.idx].add(e.reliability, e.max_size);
             }
             for (r, (have, want)) in self.resources.iter().zip(st.usage.iter().zip(&sums)) {
                 if (have.hard, have.soft, have.count) != (want.hard, want.soft, want.count) {
@@ -1008,10 +1014,7 @@ fn check_resize(
         ));
     }
     let mut others = st.usage[res.idx];
-    match rec.reliability {
-        Reliability::Hard => others.hard = others.hard.saturating_sub(rec.max_size),
-        Reliability::Soft => others.soft = others.soft.saturating_sub(rec.max_size),
-    }
+    others.remove(rec.reliability, rec.max_size);
     room_after(others, res, new_rel, new_size)
         .map(|_| ())
         .ok_or(StoreError::NoSpace)

@@ -7,9 +7,9 @@ use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
 use lors_exnode::{ExNode, Mapping};
-use lors_ibp::ProbeInfo;
 use lors_ibp::caps::CapKind;
 use lors_ibp::proto::Reliability;
+use lors_ibp::{Capability, Connection, ProbeInfo};
 
 use crate::error::{Error, Result};
 use crate::pool::Pool;
@@ -348,69 +348,57 @@ impl Probe {
 /// cannot be reached its other mappings are reported unreachable without
 /// waiting for it again.
 pub async fn probe_all(x: &ExNode, pool: &Pool) -> Vec<Probe> {
-    let mut by_depot: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+    let mut by_depot: BTreeMap<String, Vec<(usize, Capability)>> = BTreeMap::new();
     let mut out = vec![Probe::Failed("no capability".into()); x.mappings.len()];
     for (i, m) in x.mappings.iter().enumerate() {
         if let Some(c) = m.manage.as_ref().or(m.read.as_ref()).or(m.write.as_ref()) {
-            by_depot.entry(c.address()).or_default().push(i);
+            by_depot
+                .entry(c.address())
+                .or_default()
+                .push((i, c.clone()));
         }
     }
-    let per_depot = by_depot.into_values().map(|idx| async move {
-        let mut got = Vec::with_capacity(idx.len());
-        let mut down: Option<String> = None;
-        for i in idx {
-            let m = &x.mappings[i];
-            let c = m.manage.as_ref().or(m.read.as_ref()).or(m.write.as_ref());
-            let c = c.expect("grouped by capability");
-            let p = match &down {
-                Some(why) => Probe::Unreachable(why.clone()),
-                None => Probe::from_result(
-                    async {
-                        let mut conn = pool.get(&c.address()).await?;
-                        let p = conn.probe(c).await?;
-                        pool.put(conn);
-                        Ok(p)
+    let mut set = tokio::task::JoinSet::new();
+    for (addr, caps) in by_depot {
+        let cfg = pool.config().clone();
+        set.spawn(async move {
+            let mut conn: Option<Connection> = None;
+            let mut down: Option<String> = None;
+            let mut got = Vec::with_capacity(caps.len());
+            for (i, cap) in caps {
+                let p = match &down {
+                    Some(why) => Probe::Unreachable(why.clone()),
+                    None => {
+                        let r = async {
+                            let mut c = match conn.take() {
+                                Some(c) => c,
+                                None => Connection::connect(&addr, &cfg).await?,
+                            };
+                            let r = c.probe(&cap).await;
+                            if c.is_healthy() {
+                                conn = Some(c);
+                            }
+                            r
+                        }
+                        .await;
+                        Probe::from_result(r)
                     }
-                    .await,
-                ),
-            };
-            if let Probe::Unreachable(why) = &p {
-                down = Some(why.clone());
+                };
+                if let Probe::Unreachable(why) = &p {
+                    down = Some(why.clone());
+                }
+                got.push((i, p));
             }
-            got.push((i, p));
+            got
+        });
+    }
+    while let Some(done) = set.join_next().await {
+        match done {
+            Ok(got) => got.into_iter().for_each(|(i, p)| out[i] = p),
+            Err(e) => tracing::warn!(error = %e, "probing a depot"),
         }
-        got
-    });
-    for (i, p) in futures_join_all(per_depot).await.into_iter().flatten() {
-        out[i] = p;
     }
     out
-}
-
-/// Runs futures concurrently on this task, results in order.
-async fn futures_join_all<F: std::future::Future>(
-    fs: impl IntoIterator<Item = F>,
-) -> Vec<F::Output> {
-    let mut fs: Vec<_> = fs.into_iter().map(Box::pin).collect();
-    let mut out: Vec<Option<F::Output>> = fs.iter().map(|_| None).collect();
-    std::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (f, o) in fs.iter_mut().zip(out.iter_mut()) {
-            if o.is_none() {
-                match f.as_mut().poll(cx) {
-                    std::task::Poll::Ready(v) => *o = Some(v),
-                    std::task::Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending {
-            std::task::Poll::Pending
-        } else {
-            std::task::Poll::Ready(())
-        }
-    })
-    .await;
-    out.into_iter().map(|o| o.expect("all ready")).collect()
 }
 
 /// Byte ranges of `[0, logical size)` that no live mapping covers: what a

@@ -2,10 +2,11 @@
 //! its last command left it in step (`Connection::is_healthy`).
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use std::time::Duration;
 
+use lors_exnode::Mapping;
 use lors_ibp::proto::{AllocType, Reliability};
 use lors_ibp::{CapSet, Capability, ClientConfig, Connection, Result};
 
@@ -107,6 +108,35 @@ impl Pool {
         c.decr(manage, lors_ibp::CapKind::Read).await?;
         self.put(c);
         Ok(())
+    }
+
+    /// Releases the allocations of `mappings`, a few at a time; returns the
+    /// mappings whose allocation could not be released (no manage
+    /// capability, or the depot refused or could not be reached).
+    pub async fn release_all(self: &Arc<Self>, mappings: Vec<Mapping>) -> Vec<Mapping> {
+        let limit = Arc::new(tokio::sync::Semaphore::new(16));
+        let mut set = tokio::task::JoinSet::new();
+        for m in mappings {
+            let (pool, limit) = (self.clone(), limit.clone());
+            set.spawn(async move {
+                let _slot = limit.acquire_owned().await;
+                let freed = match &m.manage {
+                    Some(cap) => pool.release(cap).await.is_ok(),
+                    None => false,
+                };
+                (m, freed)
+            });
+        }
+        let mut kept = Vec::new();
+        while let Some(done) = set.join_next().await {
+            match done {
+                Ok((_, true)) => {}
+                Ok((m, false)) => kept.push(m),
+                Err(e) => tracing::warn!(error = %e, "releasing an allocation"),
+            }
+        }
+        kept.sort_by_key(|m| m.exnode_offset);
+        kept
     }
 
     /// Has the depot holding `src` copy `[offset, offset+len)` to `dest` (SEND).

@@ -141,26 +141,7 @@ impl Shared {
             return cause;
         }
         let total = made.len();
-        let limit = Arc::new(Semaphore::new(16));
-        let mut set = tokio::task::JoinSet::new();
-        for m in made {
-            let (pool, limit) = (self.pool.clone(), limit.clone());
-            set.spawn(async move {
-                let _slot = limit.acquire_owned().await;
-                let cap = m.manage.as_ref().expect("ledger entries carry caps");
-                let freed = pool.release(cap).await.is_ok();
-                (m, freed)
-            });
-        }
-        let mut stranded = Vec::new();
-        while let Some(done) = set.join_next().await {
-            match done {
-                Ok((_, true)) => {}
-                Ok((m, false)) => stranded.push(m),
-                Err(e) => tracing::warn!(error = %e, "releasing an allocation"),
-            }
-        }
-        stranded.sort_by_key(|m| m.exnode_offset);
+        let stranded = self.pool.release_all(made).await;
         let mut x = ExNode::default();
         x.set_meta(Metadata::string("filename", &self.opts.filename));
         x.set_meta(Metadata::string(

@@ -231,17 +231,6 @@ fn check_block_size(
     .into())
 }
 
-/// Releases every allocation an exNode names; how many were released.
-async fn release_all(pool: &Pool, x: &lors_exnode::ExNode) -> usize {
-    let mut n = 0;
-    for m in &x.mappings {
-        if let Some(cap) = &m.manage {
-            n += usize::from(pool.release(cap).await.is_ok());
-        }
-    }
-    n
-}
-
 /// The error of a failed upload, after saying what it left on the depots:
 /// allocations it could not release are recorded in `OUT.partial`.
 fn failed(e: lors::Error, out: &std::path::Path) -> anyhow::Error {
@@ -436,7 +425,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     };
     if let Err(e) = write_exnode(&out, &x) {
         // Without its exNode nobody can reach the data: free it now.
-        let freed = rt.block_on(release_all(&pool, &x));
+        let kept = rt.block_on(pool.release_all(x.mappings.clone())).len();
+        let freed = x.mappings.len() - kept;
         return Err(e.context(format!(
             "the upload finished but its exNode could not be written; {freed} of {} allocations were released",
             x.mappings.len()
