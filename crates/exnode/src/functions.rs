@@ -280,10 +280,23 @@ impl Chain {
 
     /// Decodes a mapping's stored bytes back to its `logical_len` bytes.
     pub fn decode(&self, stored: &[u8], logical_len: u64) -> Result<Vec<u8>, E2eError> {
+        let mut out = Vec::new();
+        self.decode_into(stored, logical_len, &mut out)?;
+        Ok(out)
+    }
+
+    /// [`Chain::decode`] into `out` (cleared first), whose capacity a caller
+    /// decoding many mappings reuses.
+    pub fn decode_into(
+        &self,
+        stored: &[u8],
+        logical_len: u64,
+        out: &mut Vec<u8>,
+    ) -> Result<(), E2eError> {
         let bs = self.block_size.max(1);
         let n_blocks = logical_len.div_ceil(bs);
-        let mut out =
-            Vec::with_capacity(usize::try_from(logical_len.min(MAX_ENCODED_MAPPING)).unwrap_or(0));
+        out.clear();
+        out.reserve(usize::try_from(logical_len.min(MAX_ENCODED_MAPPING)).unwrap_or(0));
         let mut pos = 0usize;
         let fixed: u64 = self.steps.iter().filter_map(Step::overhead).sum();
         for i in 0..n_blocks {
@@ -316,7 +329,7 @@ impl Chain {
                 what: "trailing bytes",
             });
         }
-        Ok(out)
+        Ok(())
     }
 
     /// The exNode function element for this chain: the last step applied is
@@ -464,6 +477,19 @@ impl Codec {
     /// assert!(codec.decode_mapping(&m, &stored).is_err());
     /// ```
     pub fn decode_mapping(&self, m: &Mapping, stored: &[u8]) -> Result<Vec<u8>, E2eError> {
+        let mut out = Vec::new();
+        self.decode_mapping_into(m, stored, &mut out)?;
+        Ok(out)
+    }
+
+    /// [`Codec::decode_mapping`] into `out`, whose capacity is reused where
+    /// the codec allows (native chains).
+    pub fn decode_mapping_into(
+        &self,
+        m: &Mapping,
+        stored: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<(), E2eError> {
         if let Some(v) = m.metadata.iter().find(|x| x.name == STORED_BLAKE3) {
             let want = match &v.value {
                 Value::String(h) => unhex(h).filter(|d| d.len() == 32),
@@ -477,7 +503,7 @@ impl Codec {
                 });
             }
         }
-        self.decode(stored, m.logical_length)
+        self.decode_into(stored, m.logical_length, out)
     }
 
     /// Encodes a mapping's data; returns the stored bytes and the function
@@ -492,12 +518,27 @@ impl Codec {
     /// Decodes a mapping's stored bytes back to its `logical_len` bytes
     /// (each at most [`MAX_ENCODED_MAPPING`]).
     pub fn decode(&self, stored: &[u8], logical_len: u64) -> Result<Vec<u8>, E2eError> {
+        let mut out = Vec::new();
+        self.decode_into(stored, logical_len, &mut out)?;
+        Ok(out)
+    }
+
+    /// [`Codec::decode`] into `out`, reusing its capacity for native chains.
+    pub fn decode_into(
+        &self,
+        stored: &[u8],
+        logical_len: u64,
+        out: &mut Vec<u8>,
+    ) -> Result<(), E2eError> {
         if logical_len > MAX_ENCODED_MAPPING || stored.len() as u64 > MAX_ENCODED_MAPPING {
             return Err(E2eError::Malformed("encoded mapping larger than 1 GiB"));
         }
         match self {
-            Codec::Native(c) => c.decode(stored, logical_len),
-            Codec::Legacy(c) => c.decode(stored, logical_len),
+            Codec::Native(c) => c.decode_into(stored, logical_len, out),
+            Codec::Legacy(c) => {
+                *out = c.decode(stored, logical_len)?;
+                Ok(())
+            }
         }
     }
 

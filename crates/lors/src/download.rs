@@ -9,6 +9,13 @@
 //! (progress-driven redundancy); the first copy to arrive wins. Output goes to
 //! a file with positional writes (resumable through a sidecar record), or to a
 //! writer in order through a bounded reorder window.
+//!
+//! Memory is bounded by [`DownloadOptions::memory`], not by the file: pieces
+//! that pass through memory (encoded mappings, which are verified whole, and
+//! every piece of a stream) each hold a memory slot from fetch until written.
+//! A depot that delivers nothing for [`DownloadOptions::stall`] while others
+//! deliver is *stalled*: its pieces move to other replicas and it is read only
+//! as a last resort until it delivers again.
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::fs::File;
@@ -22,7 +29,7 @@ use lors_exnode::ExNode;
 use lors_exnode::functions::{Codec, MAX_ENCODED_MAPPING};
 use lors_ibp::zerocopy::SharedFile;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
 
 use crate::error::{Error, Result};
 use crate::plan::{check_geometry, plan};
@@ -56,6 +63,14 @@ pub struct DownloadOptions {
     /// Depots to read only when no other replica of a piece is left (those
     /// the L-Bone does not list as online), as `host:port`.
     pub last_resort: HashSet<String>,
+    /// Most bytes of fetched data held in memory at once (encoded pieces
+    /// while they are decoded, stream pieces until written), whatever the
+    /// file size. The piece the writer waits for may exceed it by itself.
+    pub memory: u64,
+    /// A depot that delivers nothing for this long while others deliver is
+    /// stalled: its pieces move to other replicas. Zero never gives up on a
+    /// depot before the network timeout.
+    pub stall: Duration,
 }
 
 impl Default for DownloadOptions {
@@ -73,6 +88,11 @@ impl Default for DownloadOptions {
             window: 16,
             threads: 0,
             last_resort: HashSet::new(),
+            // Four 10 MiB encoded blocks (stored and decoded copies) at once,
+            // or 48 stream pieces of the default 2 MiB: enough to keep two
+            // cores decoding, and the whole process under 128 MiB.
+            memory: 96 << 20,
+            stall: Duration::from_secs(30),
         }
     }
 }
@@ -233,6 +253,11 @@ struct Sched {
     writing: usize,
     /// Per-depot connection tuning, when the connection count is automatic.
     tune: BTreeMap<String, Tune>,
+    /// When each depot last delivered a piece.
+    delivered: BTreeMap<String, Instant>,
+    /// Depots that stopped delivering while others delivered: read only as
+    /// a last resort until they deliver again.
+    stalled: HashSet<String>,
 }
 
 struct Ctx {
@@ -252,6 +277,15 @@ struct Ctx {
     split_tail: bool,
     /// Depots holding any piece of the range.
     depots: Vec<String>,
+    /// Memory slots, each the largest piece that passes through memory;
+    /// `None` when no piece does (raw mappings spliced into a file).
+    mem: Option<Arc<Semaphore>>,
+    /// Bytes in memory per piece of each mapping (0: spliced into the file).
+    mem_need: Vec<u64>,
+    /// When the download started: a depot's clock for stalls until it
+    /// first delivers.
+    t0: Instant,
+    bufs: Arc<Buffers>,
 }
 
 enum Pick {
@@ -294,8 +328,15 @@ impl Ctx {
         })
     }
 
-    /// What connection `conn` (0-based) of `depot` should do next.
-    fn pick(&self, depot: &str, conn: usize) -> Pick {
+    /// Whether `depot` is read only when a piece has no other replica left.
+    fn is_last_resort(&self, g: &Sched, depot: &str) -> bool {
+        self.opts.last_resort.contains(depot) || g.stalled.contains(depot)
+    }
+
+    /// What connection `conn` (0-based) of `depot` should do next. Without a
+    /// memory slot (`head_only`), only the piece the stream writer waits for
+    /// may be fetched: it always can, so held pieces never wait on it.
+    fn pick(&self, depot: &str, conn: usize, head_only: bool) -> Pick {
         let mut g = self.lock();
         if g.fatal.is_some() || g.done + g.lost.len() == g.segs.len() || g.dead.contains(depot) {
             return Pick::Exit;
@@ -303,13 +344,15 @@ impl Ctx {
         if g.tune.get(depot).is_some_and(|t| conn >= t.level) {
             return Pick::Wait; // a connection the tuner has not opened (yet)
         }
-        let limit = if self.stream {
+        let limit = if head_only {
+            g.written + 1
+        } else if self.stream {
             g.written + self.opts.window
         } else {
             usize::MAX
         };
         let mut could_later = false;
-        let last_resort = self.opts.last_resort.contains(depot);
+        let last_resort = self.is_last_resort(&g, depot);
         let candidates: Vec<usize> = (0..g.pending.len())
             .filter(|&p| {
                 let i = g.pending[p];
@@ -320,7 +363,7 @@ impl Ctx {
                         let d = self.depot(*m);
                         !s.failed.contains(m)
                             && !g.dead.contains(&d)
-                            && !self.opts.last_resort.contains(&d)
+                            && !self.is_last_resort(&g, &d)
                     })
                 {
                     if self.usable(s, depot).is_some() {
@@ -487,16 +530,91 @@ impl Ctx {
         g.fatal.is_some() || (g.done + g.lost.len() == g.segs.len() && g.writing == 0)
     }
 
+    /// Marks as stalled every depot that has delivered nothing for
+    /// `opts.stall` while another delivered, and moves its pieces that have
+    /// another live replica back to the queue for the other depots.
+    fn check_stalls(&self) {
+        let stall = self.opts.stall;
+        if stall.is_zero() {
+            return;
+        }
+        let now = Instant::now();
+        let mut g = self.lock();
+        for depot in &self.depots {
+            if g.dead.contains(depot) || g.stalled.contains(depot) {
+                continue;
+            }
+            let on_depot = |s: &Seg| {
+                s.st == St::Running && s.running_on.iter().any(|&m| self.depot_name(m) == depot)
+            };
+            let Some(oldest) = g
+                .segs
+                .iter()
+                .filter(|s| on_depot(s))
+                .map(|s| s.started)
+                .min()
+            else {
+                continue;
+            };
+            let since = g
+                .delivered
+                .get(depot)
+                .copied()
+                .unwrap_or(self.t0)
+                .max(oldest);
+            let others_flow = g.delivered.iter().any(|(d, &t)| d != depot && t > since);
+            if now.duration_since(since) < stall || !others_flow {
+                continue;
+            }
+            g.stalled.insert(depot.clone());
+            let mut moved = 0;
+            for i in 0..g.segs.len() {
+                let s = &g.segs[i];
+                let only_here =
+                    on_depot(s) && s.running_on.iter().all(|&m| self.depot_name(m) == depot);
+                let elsewhere = s.sources.iter().any(|&m| {
+                    let d = self.depot_name(m);
+                    !s.failed.contains(&m)
+                        && d != depot
+                        && !g.dead.contains(d)
+                        && !g.stalled.contains(d)
+                });
+                if only_here && elsewhere {
+                    g.segs[i].st = St::Pending;
+                    g.pending.push_front(i);
+                    moved += 1;
+                }
+            }
+            self.progress.note(&format!(
+                "depot {depot} has sent nothing for {}s while others deliver; \
+                 reading its {moved} pieces in flight from other replicas",
+                now.duration_since(since).as_secs()
+            ));
+        }
+        drop(g);
+        self.wake.notify_waiters();
+    }
+
     /// Claims a fetched segment; false if another replica already won.
     fn claim(&self, i: usize, m: usize, depot: &str) -> bool {
         let mut g = self.lock();
+        g.delivered.insert(depot.to_owned(), Instant::now());
+        if g.stalled.remove(depot) {
+            self.progress
+                .note(&format!("depot {depot} delivers again after its stall"));
+        }
         let s = &mut g.segs[i];
         s.running_on.retain(|&x| x != m);
-        if s.st == St::Done {
+        let was = s.st;
+        if was == St::Done {
             return false;
         }
         s.st = St::Done;
         let len = s.len;
+        if was == St::Pending {
+            // Moved off a stalled depot, which then delivered it after all.
+            g.pending.retain(|&p| p != i);
+        }
         g.done += 1;
         g.writing += 1;
         g.stats.bytes += len;
@@ -516,7 +634,7 @@ async fn worker(
     ctx: Arc<Ctx>,
     depot: String,
     conn: usize,
-    tx: Option<mpsc::Sender<(usize, Vec<u8>)>>,
+    tx: Option<mpsc::Sender<Held>>,
     out: Option<Arc<OutFile>>,
 ) {
     loop {
@@ -525,16 +643,28 @@ async fn worker(
             Some(s) => Some(s.clone().acquire_owned().await),
             None => None,
         };
-        let (i, m) = match ctx.pick(&depot, conn) {
+        // A file output frees its memory slots by itself: wait for one. A
+        // stream's are freed by the writer, which may be waiting for a
+        // piece only a worker without a slot can fetch.
+        let mut mem = match &ctx.mem {
+            Some(s) if ctx.stream => s.clone().try_acquire_owned().ok(),
+            Some(s) => s.clone().acquire_owned().await.ok(),
+            None => None,
+        };
+        let head_only = ctx.stream && ctx.mem.is_some() && mem.is_none();
+        let (i, m) = match ctx.pick(&depot, conn, head_only) {
             Pick::Exit => return,
             Pick::Wait => {
-                drop(slot);
+                drop((slot, mem));
                 let notified = ctx.wake.notified();
                 let _ = tokio::time::timeout(Duration::from_millis(50), notified).await;
                 continue;
             }
             Pick::Fetch(i, m) => (i, m),
         };
+        if ctx.mem_need[m] == 0 {
+            mem = None;
+        }
         let (offset, len) = {
             let g = ctx.lock();
             (g.segs[i].offset, g.segs[i].len)
@@ -557,7 +687,7 @@ async fn worker(
                         ctx.pool.put(c);
                         return Ok(Got::Written);
                     }
-                    let mut buf = vec![0u8; usize::try_from(len).unwrap_or(usize::MAX)];
+                    let mut buf = ctx.bufs.take(len);
                     c.load(cap, at, &mut buf).await.map_err(ibp_err)?;
                     ctx.pool.put(c);
                     Ok(Got::Mem(buf))
@@ -571,24 +701,32 @@ async fn worker(
                 )),
                 Ok(Some(codec)) => {
                     // Encoded mappings are fetched and verified whole, then cut.
-                    let mut stored =
-                        vec![0u8; usize::try_from(map.alloc_length).unwrap_or(usize::MAX)];
+                    let mut stored = ctx.bufs.take(map.alloc_length);
                     let mut c = ctx.pool.get(&depot).await.map_err(ibp_err)?;
                     c.load(cap, map.alloc_offset, &mut stored)
                         .await
                         .map_err(ibp_err)?;
                     ctx.pool.put(c);
                     let m = map.clone();
-                    let plain =
-                        tokio::task::spawn_blocking(move || codec.decode_mapping(&m, &stored))
-                            .await
-                            .map_err(|e| (e.to_string(), false))?
-                            .map_err(|e| (format!("{e} (from {depot})"), false))?;
+                    let bufs = ctx.bufs.clone();
+                    let plain = tokio::task::spawn_blocking(move || {
+                        let mut plain = bufs.take(0);
+                        let r = codec.decode_mapping_into(&m, &stored, &mut plain);
+                        bufs.give(stored);
+                        r.map(|()| plain)
+                    })
+                    .await
+                    .map_err(|e| (e.to_string(), false))?
+                    .map_err(|e| (format!("{e} (from {depot})"), false))?;
                     let from = usize::try_from(offset - map.exnode_offset).unwrap_or(usize::MAX);
                     let to = from.saturating_add(usize::try_from(len).unwrap_or(usize::MAX));
-                    plain
-                        .get(from..to)
-                        .map(|p| Got::Mem(p.to_vec()))
+                    if from == 0 && to == plain.len() {
+                        return Ok(Got::Mem(plain)); // the usual case: no copy
+                    }
+                    let piece = plain.get(from..to).map(<[u8]>::to_vec);
+                    ctx.bufs.give(plain);
+                    piece
+                        .map(Got::Mem)
                         .ok_or(Fail::Remote("mapping shorter than recorded".into(), false))
                 }
             }
@@ -618,10 +756,15 @@ async fn worker(
                 Got::Written => f.record(offset, len),
                 Got::Mem(buf) => {
                     let f = f.clone();
-                    tokio::task::spawn_blocking(move || f.write_segment(pos, offset, &buf))
-                        .await
-                        .map_err(|e| std::io::Error::other(e.to_string()))
-                        .and_then(|r| r)
+                    let bufs = ctx.bufs.clone();
+                    tokio::task::spawn_blocking(move || {
+                        let r = f.write_segment(pos, offset, &buf);
+                        bufs.give(buf);
+                        r
+                    })
+                    .await
+                    .map_err(|e| std::io::Error::other(e.to_string()))
+                    .and_then(|r| r)
                 }
             };
             if let Err(e) = r {
@@ -630,7 +773,7 @@ async fn worker(
                     .get_or_insert(Error::io("writing the output file", e));
             }
         } else if let (Some(tx), Got::Mem(buf)) = (&tx, got) {
-            if tx.send((i, buf)).await.is_err() {
+            if tx.send((i, buf, mem)).await.is_err() {
                 ctx.lock().writing -= 1;
                 return;
             }
@@ -669,6 +812,43 @@ fn split_half(g: &mut Sched, i: usize, p: usize) {
     let j = g.segs.len() - 1;
     g.pending.insert(p, j);
 }
+
+/// Buffers of pieces that pass through memory, kept for the next pieces. A
+/// download reuses the same few instead of asking the allocator for a fresh
+/// 10 MiB block per piece, which glibc spreads over per-thread arenas and
+/// does not give back: that alone doubled the peak RSS.
+struct Buffers {
+    free: Mutex<Vec<Vec<u8>>>,
+    keep: usize,
+}
+
+impl Buffers {
+    /// A buffer of `len` zero bytes, reused when one is free.
+    fn take(&self, len: u64) -> Vec<u8> {
+        let len = usize::try_from(len).unwrap_or(usize::MAX);
+        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        let mut b = match free.iter().position(|b| b.capacity() >= len) {
+            Some(p) => free.swap_remove(p),
+            None => free.pop().unwrap_or_default(),
+        };
+        drop(free);
+        b.clear();
+        b.resize(len, 0);
+        b
+    }
+
+    /// Keeps `b` for a later [`Buffers::take`], up to `keep` buffers.
+    fn give(&self, b: Vec<u8>) {
+        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        if free.len() < self.keep {
+            free.push(b);
+        }
+    }
+}
+
+/// A fetched stream piece on its way to the writer, with the memory slot it
+/// holds until written.
+type Held = (usize, Vec<u8>, Option<OwnedSemaphorePermit>);
 
 /// A fetched segment: in memory, or already written into the output file.
 enum Got {
@@ -876,6 +1056,35 @@ pub async fn download(
         .collect();
     depots.sort();
     depots.dedup();
+    // What a piece of each mapping holds in memory: an encoded mapping its
+    // stored and decoded bytes; a raw one its piece, unless spliced.
+    let mem_need: Vec<u64> = x
+        .mappings
+        .iter()
+        .map(|m| match (&m.function, stream.is_some()) {
+            (Some(_), _) => m.alloc_length.saturating_add(m.logical_length),
+            (None, true) => m.logical_length.min(opts.block_size),
+            (None, false) => 0,
+        })
+        .collect();
+    let largest = segs
+        .iter()
+        .flat_map(|s| s.sources.iter().map(|&m| mem_need[m]))
+        .max()
+        .unwrap_or(0);
+    let slots = usize::try_from(opts.memory / largest.max(1))
+        .unwrap_or(usize::MAX)
+        .clamp(1, Semaphore::MAX_PERMITS);
+    let mem = (largest > 0).then(|| Arc::new(Semaphore::new(slots)));
+    let bufs = Arc::new(Buffers {
+        free: Mutex::new(Vec::new()),
+        // A stored and a decoded buffer per slot, and the writer's piece.
+        keep: if largest > 0 {
+            2 * slots.min(64) + 2
+        } else {
+            0
+        },
+    });
     let ctx = Arc::new(Ctx {
         x: x.clone(),
         names: x
@@ -899,6 +1108,8 @@ pub async fn download(
             } else {
                 BTreeMap::new()
             },
+            delivered: BTreeMap::new(),
+            stalled: HashSet::new(),
         }),
         wake: Notify::new(),
         pool,
@@ -909,13 +1120,18 @@ pub async fn download(
         stream: stream.is_some(),
         split_tail: stream.is_none() && !whole,
         depots: depots.clone(),
+        mem,
+        mem_need,
+        t0,
+        bufs,
     });
     let (tx, writer) = match stream {
         Some(mut w) => {
-            let (tx, mut rx) = mpsc::channel::<(usize, Vec<u8>)>(opts.window.max(1));
+            let (tx, mut rx) = mpsc::channel::<Held>(opts.window.max(1));
             let c2 = ctx.clone();
             let writer = tokio::spawn(async move {
-                let mut held: BTreeMap<usize, Vec<u8>> = BTreeMap::new();
+                let mut held: BTreeMap<usize, (Vec<u8>, Option<OwnedSemaphorePermit>)> =
+                    BTreeMap::new();
                 let mut next = 0usize;
                 // A failed write (reader gone, disk full) is fatal at once:
                 // the fetches waiting for the window to move must stop, not
@@ -928,10 +1144,12 @@ pub async fn download(
                     c2.wake.notify_waiters();
                     std::io::Error::from(kind)
                 };
-                while let Some((i, data)) = rx.recv().await {
-                    held.insert(i, data);
-                    while let Some(d) = held.remove(&next) {
+                while let Some((i, data, mem)) = rx.recv().await {
+                    held.insert(i, (data, mem));
+                    while let Some((d, mem)) = held.remove(&next) {
                         w.write_all(&d).await.map_err(fail)?;
+                        c2.bufs.give(d);
+                        drop(mem);
                         next += 1;
                         c2.lock().written = next;
                         c2.wake.notify_waiters();
@@ -966,6 +1184,7 @@ pub async fn download(
             j = workers.join_next() => if j.is_none() { break },
             () = tokio::time::sleep(Duration::from_millis(50)) => {}
         }
+        ctx.check_stalls();
         if ctx.settled() {
             // Do not wait out a connect or read timeout on a depot whose
             // pieces other replicas already delivered.
@@ -1064,6 +1283,8 @@ mod tests {
             dead: HashSet::new(),
             writing: 0,
             tune: BTreeMap::new(),
+            delivered: BTreeMap::new(),
+            stalled: HashSet::new(),
         }
     }
 

@@ -62,6 +62,15 @@ pub struct Args {
         default_value_t = 16
     )]
     prebuffer: usize,
+    /// Most fetched data held in memory at once, whatever the file size
+    /// (encoded blocks while they are verified, stream pieces until
+    /// written). More lets more encoded blocks be fetched at once.
+    #[arg(long, value_name = "SIZE", value_parser = size_arg, default_value = "96M")]
+    memory: u64,
+    /// Move a depot's pieces to other replicas once it has sent nothing for
+    /// this long while others deliver (`0` = wait for the timeout, -T).
+    #[arg(long, value_name = "DURATION", value_parser = duration_arg, default_value = "30s")]
+    stall: Duration,
     /// Settings file [default: ~/.xndrc].
     #[arg(long, value_name = "FILE")]
     xndrc: Option<PathBuf>,
@@ -161,6 +170,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         resume: !a.restart,
         window: a.prebuffer.max(1),
         threads: a.threads.or(a.exnode.threads).or(rc.threads).unwrap_or(0),
+        memory: a.memory,
+        stall: a.stall,
     };
     let cfg = ClientConfig::with_io_timeout(
         a.timeout

@@ -12,7 +12,7 @@ use lors_ibp::proto::Reliability;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 
-use crate::util::{DepotProc, client_cfg, lors, pattern, tempdir};
+use crate::util::{DepotProc, client_cfg, lors, lors_within, pattern, tempdir};
 
 fn depots(n: usize, dir: &Path) -> Vec<DepotProc> {
     (0..n)
@@ -1381,4 +1381,62 @@ fn a_depot_that_black_holes_connections_is_marked_unreachable_once() {
         !err.contains(&format!("read from {hole} failed")),
         "it is not tried block by block: {err}"
     );
+}
+
+#[test]
+fn a_stalled_depot_is_named_and_its_pieces_read_elsewhere() {
+    let dir = tempdir();
+    let ds = depots(2, dir.path());
+    let data = pattern(8 << 20, 23);
+    let raw = upload_cli(
+        &ds,
+        dir.path(),
+        "s.bin",
+        &data,
+        &["-c", "2", "-b", "1M", "-n"],
+    );
+    let e2e = upload_cli(&ds, dir.path(), "t.bin", &data, &["-c", "2", "-b", "1M"]);
+    // Frozen, its sockets still accept and take requests: nothing comes back.
+    ds[1].signal("STOP");
+    let out = dir.path().join("s.out");
+    let out_s = out.to_str().unwrap();
+    // Without redundant fetches only stall detection can finish these; with
+    // them (the default) an idle connection re-fetches the stuck pieces too.
+    let runs = [
+        (&raw, out_s, "--no-redundancy", true),
+        (&e2e, "-", "--no-redundancy", true),
+        (&raw, out_s, "--restart", false),
+    ];
+    for (xnd, to, flag, named) in runs {
+        let args = [
+            "download",
+            "--quiet",
+            "-T",
+            "300s",
+            "--stall",
+            "1s",
+            "-b",
+            "256K",
+            flag,
+            "-o",
+            to,
+            xnd.to_str().unwrap(),
+        ];
+        // Without either this waits out the 300 s timeout.
+        let (ok, err) = lors_within(&args, Duration::from_secs(60))
+            .unwrap_or_else(|| panic!("download {flag} to {to} hung on a stalled depot"));
+        assert!(ok, "{err}");
+        if named {
+            assert!(
+                err.contains(&format!("depot {} has sent nothing for", ds[1].addr)),
+                "the stalled depot is named: {err}"
+            );
+            assert!(err.contains("from other replicas"), "{err}");
+        }
+        if to != "-" {
+            assert!(std::fs::read(&out).unwrap() == data, "output differs");
+            std::fs::remove_file(&out).unwrap();
+        }
+    }
+    ds[1].signal("CONT");
 }

@@ -81,6 +81,16 @@ impl DepotProc {
         let _ = self.child.wait();
     }
 
+    /// Sends `signal` (`STOP`, `CONT`, …) to the depot process: `STOP`
+    /// freezes it with its sockets open, a depot that stalls.
+    pub fn signal(&self, signal: &str) {
+        let ok = Command::new("kill")
+            .args([&format!("-{signal}"), &self.child.id().to_string()])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill -{signal} failed");
+    }
+
     /// A fresh client connection.
     pub async fn connect(&self) -> Connection {
         Connection::connect(&self.addr, &client_cfg())
@@ -219,6 +229,39 @@ pub fn lors_env(args: &[&str], env: &[(&str, &str)]) -> (bool, Vec<u8>, String) 
         out.stdout,
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
+}
+
+/// Runs `lors ARGS…` (stdout discarded), killing it after `limit`:
+/// `None` when it had to be killed (a hang), else (success, stderr).
+pub fn lors_within(args: &[&str], limit: Duration) -> Option<(bool, String)> {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_lors"))
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .env_remove("LBONE_SERVER")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run lors");
+    let mut stderr = child.stderr.take().expect("piped");
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = std::io::Read::read_to_string(&mut stderr, &mut s);
+        s
+    });
+    let t0 = std::time::Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().expect("wait") {
+            break Some(st);
+        }
+        if t0.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let err = reader.join().expect("stderr reader");
+    status.map(|st| (st.success(), err))
 }
 
 /// Client settings for tests: short deadlines so a hang fails fast.
