@@ -30,7 +30,8 @@ pub enum Error {
     },
     /// Our own file (the input of a STORE, the output of a LOAD) failed:
     /// no other depot or replica can help.
-    #[error("local file error during {during}: {source}")]
+    /// The OS error is the source, not repeated in the message.
+    #[error("local file error during {during}")]
     Local {
         /// What we were doing.
         during: &'static str,

@@ -161,7 +161,10 @@ fn main() {
                 let t = Instant::now();
                 download(
                     &x,
-                    Output::Writer(Box::new(tokio::io::sink())),
+                    Output::Stream {
+                        writer: Box::new(tokio::io::sink()),
+                        name: "a sink".into(),
+                    },
                     &dl,
                     pool.clone(),
                     Arc::new(NoProgress),

@@ -196,8 +196,14 @@ pub enum Output {
     /// A file, written with positional writes into `PATH.lors-part` and
     /// renamed to `PATH` when complete; resumable.
     File(PathBuf),
-    /// A stream (stdout, a pipe), written in order.
-    Writer(Box<dyn AsyncWrite + Unpin + Send>),
+    /// A stream (stdout, a pipe), written in order; `name` (`standard
+    /// output`, a path) is what its errors name.
+    Stream {
+        /// Where the bytes go.
+        writer: Box<dyn AsyncWrite + Unpin + Send>,
+        /// What to call it in errors.
+        name: String,
+    },
 }
 
 /// What happened.
@@ -1042,7 +1048,7 @@ pub async fn download(
                 None,
             )
         }
-        Output::Writer(w) => (None, Some(w)),
+        Output::Stream { writer, name } => (None, Some((writer, name))),
     };
     let pending: VecDeque<usize> = (0..segs.len())
         .filter(|&i| segs[i].st == St::Pending)
@@ -1126,7 +1132,7 @@ pub async fn download(
         bufs,
     });
     let (tx, writer) = match stream {
-        Some(mut w) => {
+        Some((mut w, name)) => {
             let (tx, mut rx) = mpsc::channel::<Held>(opts.window.max(1));
             let c2 = ctx.clone();
             let writer = tokio::spawn(async move {
@@ -1140,7 +1146,7 @@ pub async fn download(
                     let kind = e.kind();
                     c2.lock()
                         .fatal
-                        .get_or_insert(Error::io("writing the output", e));
+                        .get_or_insert(Error::io(format!("writing {name}"), e));
                     c2.wake.notify_waiters();
                     std::io::Error::from(kind)
                 };

@@ -32,7 +32,7 @@ pub enum Error {
     /// the allocations in `stranded` (their depots could not be reached):
     /// record them so they can be freed later, or they hold space until their
     /// lease ends.
-    #[error("{cause}")]
+    #[error("{}", chain(cause))]
     Abandoned {
         /// Why the upload failed.
         cause: Box<Error>,
@@ -54,8 +54,9 @@ pub enum Error {
     /// The exNode does not cover the requested range.
     #[error(transparent)]
     Plan(#[from] crate::plan::PlanError),
-    /// Local file I/O.
-    #[error("{what}: {source}")]
+    /// Local file I/O. The OS error is the [`std::error::Error::source`],
+    /// not repeated in the message (`{:#}` of an `anyhow` chain prints both).
+    #[error("{what}")]
     Io {
         /// What we were doing.
         what: String,
@@ -65,6 +66,18 @@ pub enum Error {
     /// A depot operation failed.
     #[error(transparent)]
     Ibp(#[from] lors_ibp::Error),
+}
+
+/// An error and its sources, as `anyhow` prints them with `{:#}`.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut next = e.source();
+    while let Some(c) = next {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        next = c.source();
+    }
+    s
 }
 
 impl Error {

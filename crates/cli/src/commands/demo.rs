@@ -210,7 +210,10 @@ async fn demo(a: &Args, dir: &std::path::Path) -> anyhow::Result<()> {
     };
     let stats = download(
         &x,
-        Output::Writer(Box::new(wtx)),
+        Output::Stream {
+            writer: Box::new(wtx),
+            name: "the checking pipe".into(),
+        },
         &dl,
         pool,
         Arc::new(NoProgress),

@@ -183,7 +183,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let stats = rt.block_on(async {
         let pool = Arc::new(Pool::new(cfg));
         let output = if stdout {
-            Output::Writer(Box::new(tokio::io::stdout()))
+            Output::Stream {
+                writer: Box::new(tokio::io::stdout()),
+                name: "standard output".into(),
+            }
         } else if device {
             let f = tokio::fs::OpenOptions::new()
                 .write(true)
@@ -193,7 +196,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                     what: format!("opening {}", out.display()),
                     source: e,
                 })?;
-            Output::Writer(Box::new(f))
+            Output::Stream {
+                writer: Box::new(f),
+                name: out.display().to_string(),
+            }
         } else {
             Output::File(out.clone())
         };

@@ -133,7 +133,10 @@ fn round_trips_over_sizes_block_sizes_copies_and_threads() {
                     });
                     download(
                         &x,
-                        Output::Writer(Box::new(tx)),
+                        Output::Stream {
+                            writer: Box::new(tx),
+                            name: "the test pipe".into(),
+                        },
                         &dl,
                         pool,
                         Arc::new(NoProgress),
@@ -1439,4 +1442,69 @@ fn a_stalled_depot_is_named_and_its_pieces_read_elsewhere() {
         }
     }
     ds[1].signal("CONT");
+}
+
+#[test]
+fn a_full_output_ends_the_download_at_once_and_names_it() {
+    let dir = tempdir();
+    let ds = depots(1, dir.path());
+    let data = pattern(40 << 20, 29);
+    let xnd = upload_cli(&ds, dir.path(), "f.bin", &data, &["-c", "1", "-b", "1M"]);
+    let x = xnd.to_str().unwrap();
+    // Streams: /dev/full answers every write with ENOSPC.
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_lors"))
+        .args(["download", "--quiet", "-o", "-", x])
+        .stdout(full)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("writing standard output: No space left on device"),
+        "{err}"
+    );
+    assert_eq!(err.matches("No space left").count(), 1, "said once: {err}");
+    let (ok, err) = lors_within(
+        &["download", "--quiet", "-o", "/dev/full", x],
+        Duration::from_secs(60),
+    )
+    .expect("a download to a full device ends");
+    assert!(
+        !ok && err.contains("writing /dev/full: No space left on device"),
+        "{err}"
+    );
+    // A file on a full file system (a 4 MiB tmpfs in a private mount
+    // namespace, where this machine allows one).
+    let mnt = dir.path().join("small");
+    std::fs::create_dir(&mnt).unwrap();
+    let script = format!(
+        "mount -t tmpfs -o size=4m tmpfs {m} || exit 77; {lors} download --quiet -o {m}/out {x}; \
+         rc=$?; ls {m}; exit $rc",
+        m = mnt.display(),
+        lors = env!("CARGO_BIN_EXE_lors"),
+    );
+    let run = std::process::Command::new("unshare")
+        .args(["-m", "sh", "-c", &script])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&run.stderr);
+    if run.status.code() == Some(77) || !run.status.code().is_some_and(|c| c < 77) {
+        eprintln!("skipping the full file system case: no private mounts here ({err})");
+        return;
+    }
+    assert_eq!(run.status.code(), Some(1), "{err}");
+    assert!(err.contains("No space left on device"), "{err}");
+    assert!(
+        err.contains(&format!("{}/out.lors-part", mnt.display())),
+        "{err}"
+    );
+    let left = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        !left.lines().any(|l| l == "out"),
+        "nothing under the final name: {left}"
+    );
 }
