@@ -9,11 +9,11 @@
 pub mod datafile;
 pub mod meta;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::fs::File;
 use std::io;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use lors_ibp::ProbeInfo;
@@ -197,10 +197,63 @@ pub struct AllocInfo {
 /// Data-file state.
 #[derive(Debug, Default)]
 pub struct DataState {
-    /// Open file, once created.
-    pub file: Option<Arc<File>>,
+    /// Whether the data file exists (it is created on the first write).
+    exists: bool,
+    /// The file while some request (or the [`OpenFiles`] cache) has it open.
+    open: Weak<File>,
     /// Committed extent.
     pub extent: Extent,
+}
+
+/// The data files kept open after use, at most `cap`, oldest closed first.
+/// An allocation's file is opened on demand and closed once neither a
+/// request nor this cache holds it: descriptors stay bounded by the cache
+/// and the requests in flight however many allocations the depot holds
+/// (one open file per allocation ran a depot out of descriptors at a few
+/// hundred, and a restart with 20,000 wedged it).
+pub struct OpenFiles {
+    cap: usize,
+    kept: Mutex<VecDeque<Arc<File>>>,
+}
+
+impl OpenFiles {
+    /// A cache of up to `cap` open files.
+    pub fn new(cap: usize) -> Self {
+        OpenFiles {
+            cap,
+            kept: Mutex::new(VecDeque::new()),
+        }
+    }
+
+    /// A size for a process allowed `nofile` descriptors: a quarter of
+    /// them, leaving the rest to connections, the database and requests.
+    pub fn for_limit(nofile: u64) -> usize {
+        usize::try_from(nofile / 4)
+            .unwrap_or(usize::MAX)
+            .clamp(8, 4096)
+    }
+
+    fn keep(&self, f: &Arc<File>) {
+        let mut k = lock(&self.kept);
+        k.push_back(f.clone());
+        if k.len() > self.cap {
+            k.pop_front();
+        }
+    }
+
+    fn forget(&self, f: &Arc<File>) {
+        lock(&self.kept).retain(|k| !Arc::ptr_eq(k, f));
+    }
+
+    /// Files open in the cache now.
+    pub fn len(&self) -> usize {
+        lock(&self.kept).len()
+    }
+
+    /// Whether the cache holds no open file.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 /// One allocation.
@@ -218,6 +271,7 @@ pub struct Alloc {
     /// Serializes data phases (STORE/WRITE, and queue LOADs that consume).
     pub writer: tokio::sync::Mutex<()>,
     sync: bool,
+    files: Arc<OpenFiles>,
 }
 
 impl Alloc {
@@ -235,10 +289,47 @@ impl Alloc {
         matches!(self.atype, AllocType::Fifo | AllocType::Circular)
     }
 
-    /// The committed extent and the open file (if any bytes were ever written).
-    pub fn snapshot(&self) -> (Option<Arc<File>>, Extent) {
-        let d = lock(&self.data);
-        (d.file.clone(), d.extent)
+    /// The committed extent.
+    pub fn extent(&self) -> Extent {
+        lock(&self.data).extent
+    }
+
+    /// The committed extent and the data file, opened if it is not (`None`
+    /// when no byte was ever written). Blocking when it opens the file.
+    pub fn snapshot(&self) -> Result<(Option<Arc<File>>, Extent)> {
+        let mut d = lock(&self.data);
+        let file = if d.exists {
+            Some(self.open_file(&mut d)?)
+        } else {
+            None
+        };
+        Ok((file, d.extent))
+    }
+
+    /// Removes the data file of a deleted allocation, closing the cache's
+    /// descriptor too: an unlinked file keeps its disk space while open.
+    fn remove_data(&self) {
+        let open = lock(&self.data).open.upgrade();
+        if let Some(f) = open {
+            self.files.forget(&f);
+        }
+        let _ = std::fs::remove_file(self.res.data_path(self.id));
+    }
+
+    /// The open data file, reopened if nothing holds it open.
+    fn open_file(&self, d: &mut DataState) -> Result<Arc<File>> {
+        if let Some(f) = d.open.upgrade() {
+            return Ok(f);
+        }
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(self.res.data_path(self.id))
+            .map(Arc::new)
+            .map_err(StoreError::Read)?;
+        d.open = Arc::downgrade(&f);
+        self.files.keep(&f);
+        Ok(f)
     }
 
     /// The data file, created on first use (lazy allocation, as the reference
@@ -251,8 +342,8 @@ impl Alloc {
             return Err(StoreError::NotFound);
         }
         let mut d = lock(&self.data);
-        if let Some(f) = &d.file {
-            return Ok(f.clone());
+        if d.exists {
+            return self.open_file(&mut d);
         }
         let capacity = if self.is_queue() {
             info.rec.max_size
@@ -267,7 +358,9 @@ impl Alloc {
         )
         .map_err(StoreError::Write)?;
         let f = Arc::new(f);
-        d.file = Some(f.clone());
+        d.exists = true;
+        d.open = Arc::downgrade(&f);
+        self.files.keep(&f);
         d.extent = Extent {
             head: 0,
             len: 0,
@@ -290,7 +383,7 @@ impl Alloc {
     /// Commits a byte-array write that ended at `end`: the committed length
     /// becomes the high-water mark. Blocking; call with the writer lock held.
     pub fn commit_written(&self, file: &File, end: u64) -> Result<()> {
-        let ext = self.snapshot().1;
+        let ext = self.extent();
         self.commit(
             file,
             Extent {
@@ -310,7 +403,7 @@ impl Alloc {
 
     #[cfg(test)]
     fn data_file_for_test(&self) -> Arc<File> {
-        lock(&self.data).file.clone().expect("data file")
+        self.snapshot().unwrap().0.expect("data file")
     }
 
     /// Probe result.
@@ -472,6 +565,7 @@ pub struct Store {
     sync: bool,
     damaged: usize,
     strict: bool,
+    files: Arc<OpenFiles>,
 }
 
 impl Store {
@@ -479,6 +573,10 @@ impl Store {
     /// allocations. Blocking.
     pub fn open(cfg: &Config) -> Result<Store> {
         let sync = cfg.sync == SyncPolicy::Always;
+        let nofile = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+            .current
+            .unwrap_or(1 << 20);
+        let files = Arc::new(OpenFiles::new(OpenFiles::for_limit(nofile)));
         let mut resources = Vec::new();
         let mut damaged = 0;
         let mut state = State {
@@ -509,7 +607,7 @@ impl Store {
                 reclaim.push(id);
             }
             for (id, rec) in records {
-                let (file, extent) = match load_data(&res, id, &rec) {
+                let (exists, extent) = match load_data(&res, id, &rec) {
                     Ok(x) => x,
                     Err(why) => {
                         // Damaged from outside the depot: the allocation can
@@ -535,9 +633,14 @@ impl Store {
                         rec: rec.clone(),
                         deleted: false,
                     }),
-                    data: Mutex::new(DataState { file, extent }),
+                    data: Mutex::new(DataState {
+                        exists,
+                        open: Weak::new(),
+                        extent,
+                    }),
                     writer: tokio::sync::Mutex::new(()),
                     sync,
+                    files: files.clone(),
                 });
                 state.insert(a, &rec);
             }
@@ -553,7 +656,13 @@ impl Store {
             sync,
             damaged,
             strict: cfg.strict,
+            files,
         })
+    }
+
+    /// Data files open in the reuse cache now (see [`OpenFiles`]).
+    pub fn open_files(&self) -> usize {
+        self.files.len()
     }
 
     /// Allocations found damaged (and reclaimed) when the store opened.
@@ -625,7 +734,7 @@ impl Store {
                     a.id, rec.max_size, rec.reliability
                 ));
             }
-            let len = a.snapshot().1.len;
+            let len = a.extent().len;
             if len > max_size {
                 return Err(format!(
                     "allocation {} holds {len} bytes, over its max size {max_size}",
@@ -780,6 +889,7 @@ impl Store {
             data: Mutex::new(DataState::default()),
             writer: tokio::sync::Mutex::new(()),
             sync: self.sync,
+            files: self.files.clone(),
         });
         // Reserve now so concurrent ALLOCATEs see the space as taken; nobody
         // can use the allocation before we reply with its keys.
@@ -794,7 +904,7 @@ impl Store {
         }
         for a in &revoke {
             tracing::info!(rid = %a.res.rid(), id = a.id, "revoked soft allocation to make room");
-            let _ = std::fs::remove_file(a.res.data_path(a.id));
+            a.remove_data();
         }
         Ok(NewAlloc {
             id,
@@ -836,7 +946,7 @@ impl Store {
             drop(st);
             info.deleted = true;
             a.res.db.apply(&[], &[a.id])?;
-            let _ = std::fs::remove_file(a.res.data_path(a.id));
+            a.remove_data();
         }
         Ok(())
     }
@@ -866,7 +976,7 @@ impl Store {
         duration: i64,
         reliability: i64,
     ) -> Result<()> {
-        let len = a.snapshot().1.len;
+        let len = a.extent().len;
         let res = a.res.clone();
         let queue = a.is_queue();
         let strict = self.strict;
@@ -923,7 +1033,7 @@ impl Store {
             let st = lock(&self.state);
             check_resize(&st, &a.res, &info.rec, size, info.rec.reliability)?;
         }
-        let (file, ext) = a.snapshot();
+        let (file, ext) = a.snapshot()?;
         if let Some(f) = &file {
             if ext.len > size {
                 a.commit(f, Extent { len: size, ..ext })?;
@@ -1054,13 +1164,10 @@ fn plan_space(
     None
 }
 
-/// Opens allocation `id`'s data file, if it has one, and checks it against
-/// its record.
-fn load_data(
-    res: &Resource,
-    id: u64,
-    rec: &AllocRecord,
-) -> Result<(Option<Arc<File>>, Extent), String> {
+/// Checks allocation `id`'s data file, if it has one, against its record;
+/// whether it has one, and its extent. The file is closed again: a restart
+/// with millions of allocations opens one at a time.
+fn load_data(res: &Resource, id: u64, rec: &AllocRecord) -> Result<(bool, Extent), String> {
     let (f, e) = match datafile::open(&res.data_path(id)) {
         Ok(datafile::Opened::File {
             file,
@@ -1075,9 +1182,9 @@ fn load_data(
             }
             (file, extent)
         }
-        Ok(datafile::Opened::Unwritten) => return Ok((None, Extent::default())),
+        Ok(datafile::Opened::Unwritten) => return Ok((false, Extent::default())),
         Err(datafile::DataFileError::Io(e)) if e.kind() == io::ErrorKind::NotFound => {
-            return Ok((None, Extent::default()));
+            return Ok((false, Extent::default()));
         }
         Err(e) => return Err(e.to_string()),
     };
@@ -1096,7 +1203,8 @@ fn load_data(
             rec.max_size
         ));
     }
-    Ok((Some(Arc::new(f)), e))
+    drop(f);
+    Ok((true, e))
 }
 
 /// Moves a damaged data file aside (`<resource>/damaged/<id>`) for the
@@ -1292,7 +1400,7 @@ mod tests {
         assert_eq!(s.allocation_count(), 1);
         assert_eq!(used(&s), 1000, "the damaged allocation's space came back");
         let st = lock(&s.state);
-        assert_eq!(st.allocs[&good].alloc.snapshot().1.len, 3);
+        assert_eq!(st.allocs[&good].alloc.extent().len, 3);
         assert!(!st.allocs.contains_key(&bad));
         drop(st);
         let kept: Vec<_> = std::fs::read_dir(dir.path().join("damaged"))

@@ -781,30 +781,83 @@ fn shell_first(setup: &str) -> Vec<String> {
     vec!["sh".into(), "-c".into(), script]
 }
 
+/// The depot's soft and hard limits on open files, and how many of the
+/// descriptors the soft limit allows it has open.
+fn descriptors(d: &DepotProc) -> (u64, u64, usize) {
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", d.pid())).unwrap();
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap();
+    let n: Vec<u64> = line
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    // The limit bounds descriptor numbers, so count those below it (a
+    // descriptor inherited from the test harness may sit above).
+    let open = std::fs::read_dir(format!("/proc/{}/fd", d.pid()))
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u64>().ok())
+        .filter(|&fd| fd < n[0])
+        .count();
+    (n[0], n[1], open)
+}
+
 #[tokio::test]
 async fn a_low_soft_open_file_limit_is_raised_at_start() {
-    // As a depot started from a shell with `ulimit -Sn 256`: it holds a
-    // descriptor per allocation it has written, so without raising the
-    // limit it fails after ~230 allocations with -16.
+    // As a depot started from a shell with `ulimit -Sn 256`.
     let dir = tempdir();
     let d = DepotProc::start_in(
         &shell_first("ulimit -Sn 256"),
         dir.path(),
         &["--sync", "never"],
     );
+    let (soft, hard, _) = descriptors(&d);
+    assert!(hard > 256, "the hard limit is above 256 here: {hard}");
+    assert_eq!(soft, hard, "soft limit raised to the hard one");
+}
+
+#[tokio::test]
+async fn thousands_of_allocations_need_few_descriptors_and_survive_a_restart() {
+    // A descriptor per written allocation failed at ~230 under `ulimit -n
+    // 256`, and a restart that reopened them all wedged the depot.
+    const N: usize = 2_000;
+    let dir = tempdir();
+    let limit = shell_first("ulimit -n 128");
+    let mut d = DepotProc::start_in(&limit, dir.path(), &["--sync", "never"]);
     let mut c = d.connect().await;
-    for i in 0..400 {
-        let caps = alloc(&mut c, 16, 3600).await;
-        c.store(&caps.write, b"0123456789abcdef")
+    let mut caps = Vec::new();
+    for i in 0..N {
+        let cs = alloc(&mut c, 16, 3600).await;
+        c.store(&cs.write, format!("allocation {i:05}").as_bytes())
             .await
             .unwrap_or_else(|e| panic!("allocation {i}: {e}"));
+        caps.push(cs);
     }
+    let (_, hard, open) = descriptors(&d);
+    assert_eq!(hard, 128);
+    assert!(open < 64, "{open} descriptors open for {N} allocations");
+    drop(c);
+    d.terminate();
+    let d = DepotProc::start_in(&limit, dir.path(), &["--sync", "never"]);
+    let mut c = d.connect().await;
+    for (i, cs) in caps.iter().enumerate() {
+        let mut buf = [0u8; 16];
+        c.load(&cs.read, 0, &mut buf)
+            .await
+            .unwrap_or_else(|e| panic!("allocation {i} after the restart: {e}"));
+        assert_eq!(buf, *format!("allocation {i:05}").as_bytes());
+    }
+    let more = alloc(&mut c, 16, 3600).await;
+    c.store(&more.write, b"0123456789abcdef").await.unwrap();
+    assert!(descriptors(&d).2 < 64);
 }
 
 #[tokio::test]
 async fn running_out_of_descriptors_is_reported_as_such_and_the_depot_keeps_serving() {
-    // Hard limit 64: nothing to raise. Allocations that need a new data file
-    // are then refused as a resource shortage (-23), not a failing disk (-16).
+    // Hard limit 64, nothing to raise, and idle connections take every
+    // descriptor: a STORE that needs a new data file is then refused as a
+    // resource shortage (-23), not a failing disk (-16).
     let dir = tempdir();
     let d = DepotProc::start_in(
         &shell_first("ulimit -n 64"),
@@ -812,24 +865,28 @@ async fn running_out_of_descriptors_is_reported_as_such_and_the_depot_keeps_serv
         &["--sync", "never"],
     );
     let mut c = d.connect().await;
-    let mut refused = None;
-    let mut held = Vec::new();
-    for _ in 0..200 {
-        let caps = alloc(&mut c, 16, 3600).await;
-        match c.store(&caps.write, b"0123456789abcdef").await {
-            Ok(_) => held.push(caps),
-            Err(e) => {
-                refused = Some(code(e));
-                break;
-            }
-        }
+    let kept = alloc(&mut c, 16, 3600).await;
+    c.store(&kept.write, b"0123456789abcdef").await.unwrap();
+    let fresh = alloc(&mut c, 16, 3600).await;
+    let mut idle = Vec::new();
+    while descriptors(&d).2 < 64 && idle.len() < 200 {
+        idle.push(tokio::net::TcpStream::connect(&d.addr).await.unwrap());
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    assert_eq!(refused, Some(StatusCode::RSRC_UNAVAIL.code()));
-    // Still serving: what was stored reads back, and it can be freed.
+    let e = c
+        .store(&fresh.write, b"0123456789abcdef")
+        .await
+        .unwrap_err();
+    assert_eq!(code(e), StatusCode::RSRC_UNAVAIL.code());
+    // Still serving once descriptors are free again: what was stored reads
+    // back, the refused STORE succeeds, and an allocation can be freed.
+    drop(idle);
+    tokio::time::sleep(Duration::from_millis(300)).await;
     let mut c = d.connect().await;
     let mut buf = [0u8; 16];
-    c.load(&held[0].read, 0, &mut buf).await.unwrap();
+    c.load(&kept.read, 0, &mut buf).await.unwrap();
     assert_eq!(&buf, b"0123456789abcdef");
-    c.decr(&held[0].manage, CapKind::Read).await.unwrap();
+    c.store(&fresh.write, b"0123456789abcdef").await.unwrap();
+    c.decr(&kept.manage, CapKind::Read).await.unwrap();
     assert!(c.status("1", "ibp").await.is_ok());
 }

@@ -81,6 +81,11 @@ impl DepotProc {
         let _ = self.child.wait();
     }
 
+    /// The depot's process id (under a `wrap` that execs, the shell's).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Sends `signal` (`STOP`, `CONT`, …) to the depot process: `STOP`
     /// freezes it with its sockets open, a depot that stalls.
     pub fn signal(&self, signal: &str) {

@@ -353,7 +353,7 @@ impl Conn {
     async fn store(&mut self, a: &Arc<Alloc>, length: u64, t: Timeout) -> Res {
         let idle = self.io_deadline(t);
         let _w = a.writer.lock().await;
-        let (_, ext) = a.snapshot();
+        let ext = a.extent();
         let max = a.max_size();
         match a.atype {
             AllocType::ByteArray => {
@@ -386,7 +386,7 @@ impl Conn {
             return Err(Fail::closing(StatusCode::WOULD_EXCEED_LIMIT));
         }
         let _slot = self.transfer_slot().await?;
-        let (_, ext) = a.snapshot();
+        let ext = a.extent();
         if offset >= ext.len {
             return self.receive_bytearray(a, offset, length, idle).await;
         }
@@ -493,7 +493,7 @@ impl Conn {
     /// STORE into a FIFO or circular queue: the data is staged in memory (queues
     /// are bounded by `max_queue_size`), then written into the ring and committed.
     async fn enqueue(&mut self, a: &Arc<Alloc>, length: u64, idle: Duration) -> Res {
-        let (_, ext) = a.snapshot();
+        let ext = a.extent();
         let cap = a.max_size();
         let fits = match a.atype {
             AllocType::Fifo => ext.len.checked_add(length).is_some_and(|e| e <= cap),
@@ -525,7 +525,7 @@ impl Conn {
         let res = blocking({
             let a = a.clone();
             move || {
-                let ext = a.snapshot().1;
+                let ext = a.extent();
                 let capacity = ext.capacity;
                 // Circular queues drop the oldest bytes to make room.
                 let overflow = (ext.len + length).saturating_sub(capacity);
@@ -567,7 +567,7 @@ impl Conn {
         if a.is_queue() {
             return self.dequeue(a, offset, length, idle).await;
         }
-        let (file, ext) = a.snapshot();
+        let (file, ext) = snapshot(a).await?;
         let end = offset
             .checked_add(length)
             .ok_or(Fail::new(StatusCode::WOULD_EXCEED_LIMIT))?;
@@ -611,7 +611,7 @@ impl Conn {
             return Err(Fail::new(StatusCode::INVALID_PARAMETER));
         }
         let _w = a.writer.lock().await;
-        let (file, ext) = a.snapshot();
+        let (file, ext) = snapshot(a).await?;
         if length > ext.len {
             return Err(Fail::new(StatusCode::WOULD_EXCEED_LIMIT));
         }
@@ -849,6 +849,12 @@ impl Conn {
 
 /// The allocation's data file, created on first use, off the async threads.
 /// Failure closes the connection: the client may already be sending data.
+/// The allocation's data file (opened if need be) and committed extent.
+async fn snapshot(a: &Arc<Alloc>) -> Result<(Option<Arc<std::fs::File>>, Extent), Fail> {
+    let a = a.clone();
+    Ok(blocking(move || a.snapshot()).await?)
+}
+
 async fn data_file(a: &Arc<Alloc>) -> Result<Arc<std::fs::File>, Fail> {
     let a = a.clone();
     blocking(move || a.file_for_write()).await.map_err(closing)

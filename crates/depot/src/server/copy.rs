@@ -31,7 +31,10 @@ pub(super) async fn send(
     if dest.kind != CapKind::Write {
         return Err(Fail::new(StatusCode::WRONG_CAP_FORMAT));
     }
-    let (file, ext) = src.snapshot();
+    let (file, ext) = {
+        let src = src.clone();
+        blocking(move || src.snapshot()).await?
+    };
     let end = offset
         .checked_add(length)
         .ok_or(Fail::new(StatusCode::WOULD_EXCEED_LIMIT))?;
@@ -86,7 +89,7 @@ async fn local(
         return Err(Fail::new(StatusCode::INVALID_CMD));
     }
     let _w = d.writer.lock().await;
-    let (_, dext) = d.snapshot();
+    let dext = d.extent();
     let end = dext
         .len
         .checked_add(length)
