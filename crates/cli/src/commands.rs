@@ -40,6 +40,12 @@ pub fn size_arg(s: &str) -> Result<u64, String> {
     lors_ibp::units::parse_size(s)
 }
 
+/// Parses block sizes for clap: a bare number is megabytes, as in a
+/// `lors://…?bs=` URI (see [`lors_ibp::units::parse_block_size`]).
+pub fn block_size_arg(s: &str) -> Result<u64, String> {
+    lors_ibp::units::parse_block_size(s)
+}
+
 /// Parses `2h`-style durations for clap.
 pub fn duration_arg(s: &str) -> Result<Duration, String> {
     lors_ibp::units::parse_duration(s)

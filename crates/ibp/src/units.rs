@@ -34,6 +34,38 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     Ok(bytes)
 }
 
+/// Largest bare number [`parse_block_size`] takes, in megabytes.
+pub const BARE_BLOCK_MAX_MB: u64 = 4096;
+
+/// Parses a block size: as [`parse_size`], except that a bare number means
+/// megabytes, as `bs=` and `LORS_BLOCKSIZE` do in the LoRS paper — the same
+/// in `-b`, `lors://…?bs=`, the environment and `~/.xndrc`, so `-b 10` is
+/// 10 MiB wherever it is written. A bare number above
+/// [`BARE_BLOCK_MAX_MB`] is refused rather than guessed at: it is almost
+/// certainly bytes, and `B` says so.
+///
+/// ```
+/// use lors_ibp::units::parse_block_size;
+/// assert_eq!(parse_block_size("10"), Ok(10 << 20));
+/// assert_eq!(parse_block_size("512K"), Ok(512 << 10));
+/// assert_eq!(parse_block_size("65536B"), Ok(65536));
+/// assert!(parse_block_size("1048576").unwrap_err().contains("1048576B"));
+/// ```
+pub fn parse_block_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    if !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()) {
+        let mb: u64 = t.parse().map_err(|_| format!("bad size {s:?}"))?;
+        if mb > BARE_BLOCK_MAX_MB {
+            return Err(format!(
+                "a block size without a unit is megabytes, and {mb} MiB is surely not meant: \
+                 write {mb}B for bytes, or use K, M or G"
+            ));
+        }
+        return Ok(mb << 20);
+    }
+    parse_size(t)
+}
+
 /// Parses `3600`, `90s`, `30m`, `12h`, `30d`, `2w`.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let t = s.trim();

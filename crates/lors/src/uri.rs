@@ -5,8 +5,9 @@
 //! short form `lors:///PATH`. As in LoRS `libxio`, the one `/` after the
 //! authority is a separator, so `lors:///run42.xnd` names `run42.xnd` in the
 //! current directory and `lors:////data/run42.xnd` an absolute path. Numbers
-//! without a unit mean what the paper says: `bs` in megabytes, `duration` and
-//! `timeout` in seconds; `bs=512K` or `duration=2h` spell a unit out.
+//! without a unit mean what the paper says: `bs` in megabytes (as every block
+//! size, see [`parse_block_size`]), `duration` and `timeout` in seconds;
+//! `bs=512K` or `duration=2h` spell a unit out.
 //!
 //! ```
 //! use lors::uri::ExnodeRef;
@@ -22,7 +23,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use lors_ibp::units::{parse_duration, parse_size};
+use lors_ibp::units::{parse_block_size, parse_duration};
 
 /// The default L-Bone port.
 pub const LBONE_PORT: u16 = 6767;
@@ -103,7 +104,7 @@ impl ExnodeRef {
                     .ok_or_else(|| bad(&format!("{k} must be a positive number")))
             };
             match k {
-                "bs" => r.block_size = Some(parse_size(&with_unit(v, "M")).map_err(|e| bad(&e))?),
+                "bs" => r.block_size = Some(parse_block_size(v).map_err(|e| bad(&e))?),
                 "duration" => {
                     r.duration = Some(parse_duration(&with_unit(v, "s")).map_err(|e| bad(&e))?)
                 }

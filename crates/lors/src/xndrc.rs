@@ -12,7 +12,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use lors_ibp::units::{parse_duration, parse_size};
+use lors_ibp::units::{parse_block_size, parse_duration};
 
 /// What a `.xndrc` file sets.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -87,8 +87,10 @@ pub fn parse(text: &str) -> Result<Xndrc, String> {
                     _ => return Err(bad("use HARD or SOFT")),
                 });
             }
-            "DATA_BLOCKSIZE" => x.block_size = Some(parse_size(one()?).map_err(|e| bad(&e))?),
-            "E2E_BLOCKSIZE" => x.e2e_block_size = Some(parse_size(one()?).map_err(|e| bad(&e))?),
+            "DATA_BLOCKSIZE" => x.block_size = Some(parse_block_size(one()?).map_err(|e| bad(&e))?),
+            "E2E_BLOCKSIZE" => {
+                x.e2e_block_size = Some(parse_block_size(one()?).map_err(|e| bad(&e))?)
+            }
             "COPIES" => {
                 let c: usize = one()?.parse().map_err(|_| bad("must be a number"))?;
                 if !(1..=1000).contains(&c) {

@@ -9,7 +9,7 @@ use lors::download::{DownloadOptions, Output, download};
 use lors::uri::ExnodeRef;
 use lors_ibp::ClientConfig;
 
-use super::{TermProgress, duration_arg, read_exnode, size_arg};
+use super::{TermProgress, block_size_arg, duration_arg, read_exnode, size_arg};
 use crate::UsageError;
 
 /// Download a file from the depots its exNode names (fastest replicas first).
@@ -44,7 +44,7 @@ pub struct Args {
     length: Option<u64>,
     /// Largest piece fetched in one request [default: 2M]. Small pieces
     /// keep every depot busy to the end of the transfer.
-    #[arg(short = 'b', long = "block-size", env = "LORS_BLOCKSIZE", value_parser = size_arg)]
+    #[arg(short = 'b', long = "block-size", env = "LORS_BLOCKSIZE", value_parser = block_size_arg)]
     block_size: Option<u64>,
     /// Connections per depot [default: tuned per depot from its measured
     /// throughput, 4 or 8]

@@ -13,7 +13,7 @@ use lors_exnode::functions::{Chain, Codec, LegacyChain, LegacyKind, Step};
 use lors_ibp::ClientConfig;
 use lors_ibp::proto::Reliability;
 
-use super::{TermProgress, duration_arg, size_arg, write_exnode};
+use super::{TermProgress, block_size_arg, duration_arg, write_exnode};
 use crate::UsageError;
 
 /// Store a file on IBP depots, striped and replicated; write its exNode.
@@ -55,7 +55,7 @@ pub struct Args {
     #[arg(short, long, env = "LORS_COPIES")]
     copies: Option<usize>,
     /// Block (allocation) size, e.g. 10M [default: DATA_BLOCKSIZE, else 10M].
-    #[arg(short = 'b', long = "block-size", env = "LORS_BLOCKSIZE", value_parser = size_arg)]
+    #[arg(short = 'b', long = "block-size", env = "LORS_BLOCKSIZE", value_parser = block_size_arg)]
     block_size: Option<u64>,
     /// Blocks transferred at once [default: THREADS, else 8].
     #[arg(short, long, env = "LORS_THREADS")]
@@ -95,7 +95,7 @@ pub struct Args {
     encrypt: Option<String>,
     /// e2e block size: the unit checksums, compression and encryption work
     /// on [default: E2E_BLOCKSIZE, else 1M].
-    #[arg(short = 'E', long = "e2e-block-size", value_parser = size_arg)]
+    #[arg(short = 'E', long = "e2e-block-size", value_parser = block_size_arg)]
     e2e_block_size: Option<u64>,
     /// Write the exNode here (a path or `lors://[LBONE]/OUT.xnd?bs=&copies=…`).
     #[arg(short, long, value_name = "OUT.xnd", conflicts_with = "auto_name", value_parser = super::exnode_arg)]
@@ -207,7 +207,7 @@ fn check_output(out: &std::path::Path, force: bool) -> anyhow::Result<()> {
 const MIN_BLOCK: u64 = 64 << 10;
 
 /// Refuses a block size that would turn a file into a flood of allocations
-/// (`-b 10` is 10 bytes: 80,000 allocations for an 800 KB file).
+/// (`-b 10K` on an 800 MB file is 80,000 allocations).
 fn check_block_size(
     bs: u64,
     allowed: bool,
@@ -226,7 +226,7 @@ fn check_block_size(
         })
         .unwrap_or_default();
     Err(UsageError(format!(
-        "block size {bs} bytes is below the 64 KiB minimum: every block is an allocation{count}. Give a unit (-b {bs}M, -b 10M) or --small-blocks if you mean it"
+        "block size {bs} bytes is below the 64 KiB minimum: every block is an allocation{count}. Use -b 10M (the default), or --small-blocks if you mean it"
     ))
     .into())
 }

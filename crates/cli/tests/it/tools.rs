@@ -401,7 +401,7 @@ fn tools_explain_bad_usage() {
         "/etc/hostname",
     ]);
     assert!(!ok && err.contains("-o OUT.xnd"), "{err}");
-    // `-b 10` is 10 bytes: refused, with the count and what to write instead.
+    // `-b 10B` (ten bytes): refused, with the count and what to write instead.
     let src = dir.path().join("f.bin");
     std::fs::write(&src, vec![0u8; 800_000]).unwrap();
     let (ok, _, err) = lors(&[
@@ -411,7 +411,7 @@ fn tools_explain_bad_usage() {
         "-c",
         "1",
         "-b",
-        "10",
+        "10B",
         "-o",
         out,
         src.to_str().unwrap(),
@@ -420,6 +420,14 @@ fn tools_explain_bad_usage() {
         !ok && err.contains("80000 allocations") && err.contains("-b 10M"),
         "{err}"
     );
+    // A bare number is megabytes, as in a URI's bs=; one that cannot be
+    // megabytes is refused with the spelling for bytes.
+    for b in ["-b", "--block-size"] {
+        let (ok, _, err) = lors(&["upload", b, "1048576", "-o", out, "f"]);
+        assert!(!ok && err.contains("write 1048576B"), "{err}");
+    }
+    let (ok, _, err) = lors(&["ls", "lors:///x.xnd?bs=1048576"]);
+    assert!(!ok && err.contains("write 1048576B"), "{err}");
     assert!(!std::path::Path::new(out).exists());
     let (ok, _, err) = lors(&["download", "-o", "/tmp/x", "/nonexistent.xnd"]);
     assert!(!ok && err.contains("reading /nonexistent.xnd"), "{err}");
@@ -462,6 +470,22 @@ fn lors_uris_lors_zlib_and_download_threads() {
     let x = read_x(&xnd);
     assert_eq!(x.mappings.len(), 4 * 2, "1 MiB blocks, 2 copies");
     assert_distinct_replicas(&x);
+    // The same bare number means the same in -b and in LORS_BLOCKSIZE.
+    for (flag, env) in [(Some("1"), None), (None, Some("1"))] {
+        let x2 = dir.path().join("u2.xnd");
+        let mut args = vec!["upload", "--quiet", "--force", "-c", "2", "-o"];
+        args.push(x2.to_str().unwrap());
+        if let Some(b) = flag {
+            args.extend(["-b", b]);
+        }
+        args.extend(da.iter().map(String::as_str));
+        args.push(src.to_str().unwrap());
+        let env: Vec<(&str, &str)> = env.map(|v| ("LORS_BLOCKSIZE", v)).into_iter().collect();
+        let (ok, _, err) = crate::util::lors_env(&args, &env);
+        assert!(ok, "{err}");
+        let y = read_x(&x2);
+        assert_eq!(y.mappings.len(), 4 * 2, "-b 1 / LORS_BLOCKSIZE=1 is 1 MiB");
+    }
     // Read back through a URI with settings, with a thread cap and a small
     // prebuffer, to stdout in order.
     let (ok, out, err) = lors(&[
