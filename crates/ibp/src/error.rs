@@ -101,6 +101,16 @@ impl Error {
         )
     }
 
+    /// Whether the depot said it is busy (`-66`, its connection or per-client
+    /// limit) or recovering: the same request will succeed later, so the
+    /// replica is not bad — ask again after a pause, with fewer connections.
+    pub fn is_busy(&self) -> bool {
+        matches!(
+            self.status(),
+            Some(StatusCode::OUT_OF_SOCKETS | StatusCode::SERVER_RECOVERING)
+        )
+    }
+
     /// Whether retrying (on this or another replica) may succeed: network
     /// trouble and busy depots are transient; a refused key or bad request is not.
     pub fn is_retryable(&self) -> bool {

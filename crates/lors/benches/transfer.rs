@@ -152,7 +152,8 @@ fn main() {
                     Arc::new(NoProgress),
                 )
                 .await
-                .unwrap();
+                .unwrap()
+                .exnode;
                 let u = t.elapsed();
                 let dl = DownloadOptions {
                     conns_per_depot: threads.div_ceil(4).max(1),

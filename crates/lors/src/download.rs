@@ -238,6 +238,8 @@ struct Seg {
     running_on: Vec<usize>,
     started: Instant,
     st: St,
+    /// Busy replies for this piece so far.
+    busy: u32,
 }
 
 struct Sched {
@@ -529,6 +531,36 @@ impl Ctx {
         self.wake.notify_waiters();
     }
 
+    /// The depot holding replica `m` said it is busy: the piece goes back to
+    /// the queue without blaming the replica, and an auto-tuned depot gets
+    /// fewer connections. A replica busy [`BUSY_MAX`] times in a row for one
+    /// piece counts as failed for it. Returns whether the caller should
+    /// pause before asking again.
+    fn busy(&self, i: usize, m: usize, why: &str) -> bool {
+        let depot = self.depot(m);
+        let mut g = self.lock();
+        g.stats.retries += 1;
+        if let Some(t) = g.tune.get_mut(&depot) {
+            t.level = (t.level / 2).max(1);
+            t.growing = false;
+        }
+        let s = &mut g.segs[i];
+        s.busy += 1;
+        if s.busy > BUSY_MAX {
+            drop(g);
+            self.failed(i, m, why, false);
+            return false;
+        }
+        s.running_on.retain(|&r| r != m);
+        if s.st == St::Running && s.running_on.is_empty() {
+            s.st = St::Pending;
+            g.pending.push_front(i);
+        }
+        drop(g);
+        self.wake.notify_waiters();
+        true
+    }
+
     /// Everything is in the output (or cannot be): fetches still running are
     /// hedged twins or stragglers nobody needs.
     fn settled(&self) -> bool {
@@ -749,6 +781,16 @@ async fn worker(
                 ctx.failed(i, m, &why, unreachable);
                 continue;
             }
+            Err(Fail::Busy(why)) => {
+                drop((slot, mem));
+                if ctx.busy(i, m, &why) {
+                    // Give the depot room: others' pieces, and a pause that
+                    // differs per connection so they do not return together.
+                    let ms = 100 + 50 * (conn as u64 % 8);
+                    tokio::time::sleep(Duration::from_millis(ms)).await;
+                }
+                continue;
+            }
         };
         if !ctx.claim(i, m, &depot) {
             continue; // a hedged copy arrived first
@@ -789,6 +831,9 @@ async fn worker(
     }
 }
 
+/// Busy replies (`-66`) one piece takes before its replica counts as failed.
+const BUSY_MAX: u32 = 100;
+
 /// Pieces are not cut below this at the end of a download.
 const TAIL_PIECE_MIN: u64 = 256 << 10;
 
@@ -812,6 +857,7 @@ fn split_half(g: &mut Sched, i: usize, p: usize) {
         running_on: Vec::new(),
         started: Instant::now(),
         st: St::Pending,
+        busy: 0,
     };
     g.segs[i].len = half;
     g.segs.push(rest);
@@ -866,6 +912,8 @@ enum Got {
 enum Fail {
     /// This replica (or its depot, when the flag says it is unreachable).
     Remote(String, bool),
+    /// The depot is busy: ask again later.
+    Busy(String),
     /// Our own output: no replica can help.
     Local(Error),
 }
@@ -879,6 +927,7 @@ impl From<(String, bool)> for Fail {
 fn ibp_err(e: lors_ibp::Error) -> Fail {
     match e {
         lors_ibp::Error::Local { during, source } => Fail::Local(Error::io(during, source)),
+        e if e.is_busy() => Fail::Busy(e.to_string()),
         e => {
             let unreachable = e.is_unreachable();
             Fail::Remote(e.to_string(), unreachable)
@@ -990,6 +1039,7 @@ pub async fn download(
             running_on: Vec::new(),
             started: Instant::now(),
             st: St::Pending,
+            busy: 0,
         })
         .collect();
     let mut stats = Stats::default();
@@ -1272,6 +1322,7 @@ mod tests {
                     running_on: Vec::new(),
                     started: Instant::now(),
                     st: St::Pending,
+                    busy: 0,
                 };
                 offset += len;
                 s

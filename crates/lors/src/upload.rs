@@ -141,19 +141,24 @@ impl Shared {
             return cause;
         }
         let total = made.len();
-        let stranded = self.pool.release_all(made).await;
-        let mut x = ExNode::default();
-        x.set_meta(Metadata::string("filename", &self.opts.filename));
-        x.set_meta(Metadata::string(
-            "lors_unreleased",
-            "allocations a failed upload could not release; free them with lors trim -d",
-        ));
-        x.mappings = stranded;
+        let x = self.unreleased(self.pool.release_all(made).await);
         Error::Abandoned {
             cause: Box::new(cause),
             released: total - x.mappings.len(),
             stranded: x,
         }
+    }
+
+    /// An exNode naming allocations the upload could not release.
+    fn unreleased(&self, mappings: Vec<Mapping>) -> ExNode {
+        let mut x = ExNode::default();
+        x.set_meta(Metadata::string("filename", &self.opts.filename));
+        x.set_meta(Metadata::string(
+            "lors_unreleased",
+            "allocations an upload could not release; free them with lors trim -d",
+        ));
+        x.mappings = mappings;
+        x
     }
 
     fn fail(&self, i: usize, err: &lors_ibp::Error) {
@@ -225,9 +230,24 @@ impl Shared {
         salt: usize,
     ) -> Result<(usize, CapSet)> {
         let mut last = String::from("no usable depot left");
+        // Depots that answered busy (-66) for this block: tried again after
+        // a pause once every other depot has been tried, a bounded number
+        // of times, rather than given up on as failed.
+        let mut busy: Vec<usize> = Vec::new();
+        let mut pauses = 0u32;
         loop {
-            let Some(i) = self.lock().pick(avoid, salt) else {
-                return Err(Error::Store { offset, last });
+            let picked = self.lock().pick(avoid, salt);
+            let Some(i) = picked else {
+                if busy.is_empty() || pauses >= BUSY_PAUSES {
+                    return Err(Error::Store { offset, last });
+                }
+                pauses += 1;
+                let ms = 100 + 50 * (salt as u64 % 8);
+                tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+                for b in busy.drain(..) {
+                    avoid.remove(&b);
+                }
+                continue;
             };
             avoid.insert(i);
             let addr = self.lock().addrs[i].clone();
@@ -241,6 +261,11 @@ impl Shared {
                     self.lock().release(i);
                     return Err(Error::io(during, source));
                 }
+                Err(e) if e.is_busy() => {
+                    last = e.to_string();
+                    self.lock().release(i);
+                    busy.push(i);
+                }
                 Err(e) => {
                     last = e.to_string();
                     self.fail(i, &e);
@@ -249,6 +274,9 @@ impl Shared {
         }
     }
 }
+
+/// Rounds of pauses a block waits for busy depots before it fails.
+const BUSY_PAUSES: u32 = 50;
 
 fn mapping(
     offset: u64,
@@ -271,20 +299,32 @@ fn mapping(
     }
 }
 
+/// A finished upload.
+#[derive(Debug)]
+pub struct Uploaded {
+    /// The file's exNode: each block's copies in the order they were made.
+    pub exnode: ExNode,
+    /// Allocations the upload made, could not use (their depot failed
+    /// during the STORE) and could not release either: not in `exnode`,
+    /// they hold space until their lease ends unless recorded and freed
+    /// (`lors trim -d`). No mappings when every depot answered.
+    pub unreleased: ExNode,
+}
+
 /// Uploads everything `input` yields. `size` (when known) is only for progress.
 ///
 /// Blocks are read sequentially; at most `threads` are in memory and in flight.
-/// The returned exNode lists each block's copies in the order they were made.
 /// On failure every allocation already made is released (DECR); those on
 /// depots that cannot be reached are returned in [`Error::Abandoned`] so the
-/// caller can record them.
+/// caller can record them. On success, the allocations of failed attempts
+/// that could not be released are in [`Uploaded::unreleased`].
 pub async fn upload<R: AsyncRead + Unpin>(
     input: R,
     size: Option<u64>,
     opts: &UploadOptions,
     pool: Arc<Pool>,
     progress: Arc<dyn Progress>,
-) -> Result<ExNode> {
+) -> Result<Uploaded> {
     run(Input::Stream(input), size, opts, pool, progress).await
 }
 
@@ -295,7 +335,7 @@ pub async fn upload_file(
     opts: &UploadOptions,
     pool: Arc<Pool>,
     progress: Arc<dyn Progress>,
-) -> Result<ExNode> {
+) -> Result<Uploaded> {
     let size = file
         .metadata()
         .map_err(|e| Error::io("reading the input's size", e))?
@@ -347,7 +387,7 @@ async fn run<R: AsyncRead + Unpin>(
     opts: &UploadOptions,
     pool: Arc<Pool>,
     progress: Arc<dyn Progress>,
-) -> Result<ExNode> {
+) -> Result<Uploaded> {
     let mut addrs = opts.depots.clone();
     addrs.sort();
     addrs.dedup();
@@ -475,7 +515,27 @@ async fn run<R: AsyncRead + Unpin>(
         lors_exnode::xml::LORS_VERSION,
     ));
     x.mappings = results.into_iter().flat_map(|(_, m)| m).collect();
-    Ok(x)
+    // The ledger still holds allocations of attempts that failed and could
+    // not be released then (their depot was down): try again now that the
+    // depot may be back; what remains goes to the caller to record.
+    let used: HashSet<&lors_ibp::Capability> = x
+        .mappings
+        .iter()
+        .filter_map(|m| m.manage.as_ref())
+        .collect();
+    let leftover: Vec<Mapping> = std::mem::take(&mut *shared.made())
+        .into_iter()
+        .filter(|m| m.manage.as_ref().is_some_and(|c| !used.contains(c)))
+        .collect();
+    let unreleased = shared.unreleased(if leftover.is_empty() {
+        leftover
+    } else {
+        shared.pool.release_all(leftover).await
+    });
+    Ok(Uploaded {
+        exnode: x,
+        unreleased,
+    })
 }
 
 fn joined<T>(r: std::result::Result<Result<T>, tokio::task::JoinError>) -> Result<T> {

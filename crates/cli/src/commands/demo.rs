@@ -173,7 +173,8 @@ async fn demo(a: &Args, dir: &std::path::Path) -> anyhow::Result<()> {
         pool.clone(),
         Arc::new(NoProgress),
     )
-    .await?;
+    .await?
+    .exnode;
     let up = t.elapsed();
     println!(
         "== uploaded: {} blocks x 2 copies = {} mappings in {:.2}s ({:.0} MiB/s; second copies made depot-to-depot)",

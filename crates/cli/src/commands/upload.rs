@@ -246,8 +246,19 @@ fn failed(e: lors::Error, out: &std::path::Path) -> anyhow::Error {
         eprintln!(
             "lors: the {released} allocations already made were released; nothing is left on the depots"
         );
-        return (*cause).into();
+    } else {
+        record_unreleased(
+            &stranded,
+            &format!("released {released} allocations already made; "),
+            out,
+        );
     }
+    (*cause).into()
+}
+
+/// Writes the allocations in `stranded` (on depots that could not be
+/// reached to release them) to `OUT.partial` and says how to free them.
+fn record_unreleased(stranded: &lors_exnode::ExNode, said: &str, out: &std::path::Path) {
     let mut partial = out.as_os_str().to_owned();
     partial.push(".partial");
     let partial = std::path::PathBuf::from(partial);
@@ -255,9 +266,9 @@ fn failed(e: lors::Error, out: &std::path::Path) -> anyhow::Error {
     depots.sort();
     depots.dedup();
     let n = stranded.mappings.len();
-    match write_exnode(&partial, &stranded) {
+    match write_exnode(&partial, stranded) {
         Ok(()) => eprintln!(
-            "lors: released {released} allocations already made; {n} on unreachable depots ({}) are named in {}: free them with `lors trim -d --allow-holes {} {}` once the depots are back (else they expire with their lease)",
+            "lors: {said}{n} on unreachable depots ({}) are named in {}: free them with `lors trim -d --allow-holes {} {}` once the depots are back (else they expire with their lease)",
             depots.join(", "),
             partial.display(),
             depots
@@ -268,11 +279,10 @@ fn failed(e: lors::Error, out: &std::path::Path) -> anyhow::Error {
             partial.display()
         ),
         Err(w) => eprintln!(
-            "lors: released {released} allocations already made; {n} on unreachable depots ({}) could not be recorded ({w:#}); they expire with their lease",
+            "lors: {said}{n} on unreachable depots ({}) could not be recorded ({w:#}); they expire with their lease",
             depots.join(", ")
         ),
     }
-    (*cause).into()
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
@@ -420,7 +430,16 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     });
     progress.finish();
     let x = match x {
-        Ok(x) => x,
+        Ok(up) => {
+            if !up.unreleased.mappings.is_empty() {
+                record_unreleased(
+                    &up.unreleased,
+                    "the upload succeeded, but of the allocations of attempts that failed, ",
+                    &out,
+                );
+            }
+            up.exnode
+        }
         Err(e) => return Err(failed(e, &out)),
     };
     if let Err(e) = write_exnode(&out, &x) {
