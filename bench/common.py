@@ -86,6 +86,13 @@ def wait_port(host: str, port: int, timeout: float = 15.0, wrap: list[str] | Non
     raise RuntimeError(f"nothing listens on {host}:{port} after {timeout}s")
 
 
+def save_report(text: str, out: str | None) -> None:
+    """Writes the Markdown report to `out`, when given."""
+    if out:
+        Path(out).write_text(text)
+        log(f"report written to {out}")
+
+
 def make_file(path: Path, size: int) -> None:
     """Random (incompressible) bytes, written once and reused."""
     if path.exists() and path.stat().st_size == size:

@@ -43,6 +43,7 @@ from common import (  # noqa: E402
     measure,
     median,
     same_file,
+    save_report,
     wait_port,
 )
 
@@ -331,9 +332,7 @@ def main() -> int:
         report += [f"| {s['k']} | {s['ours_vs_ideal']:.3f} | {s['peer_vs_ideal']:.3f} ({s['peer']}) | "
                    f"{s['defaults_vs_best_tuned']:.2f} |" for s in summaries]
         print("\n".join(report[-len(summaries) - 3:]), flush=True)
-    if a.out:
-        Path(a.out).write_text("\n".join(report) + "\n")
-        log(f"report written to {a.out}")
+    save_report("\n".join(report) + "\n", a.out)
     return 0
 
 

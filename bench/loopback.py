@@ -32,6 +32,7 @@ from common import (  # noqa: E402
     machine,
     make_file,
     measure,
+    save_report,
     median,
     table,
     wait_port,
@@ -238,10 +239,7 @@ def main() -> int:
             print("\n".join(report[-2:]), flush=True)
     finally:
         s.stop()
-    text = "\n".join(report)
-    if a.out:
-        Path(a.out).write_text(text)
-        log(f"report written to {a.out}")
+    save_report("\n".join(report), a.out)
     return 0
 
 

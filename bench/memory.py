@@ -24,7 +24,16 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import build_lors, free_port, log, machine, make_file, same_file, wait_port  # noqa: E402
+from common import (  # noqa: E402
+    build_lors,
+    free_port,
+    log,
+    machine,
+    make_file,
+    same_file,
+    save_report,
+    wait_port,
+)
 
 MiB = 1 << 20
 TARGET_MIB = 128
@@ -155,9 +164,7 @@ def main() -> int:
     ]
     text = "\n".join(lines)
     print(text, flush=True)
-    if a.out:
-        Path(a.out).write_text(text)
-        log(f"report written to {a.out}")
+    save_report(text, a.out)
     return 0
 
 
