@@ -533,9 +533,9 @@ impl Ctx {
 
     /// The depot holding replica `m` said it is busy: the piece goes back to
     /// the queue without blaming the replica, and an auto-tuned depot gets
-    /// fewer connections. A replica busy [`BUSY_MAX`] times in a row for one
-    /// piece counts as failed for it. Returns whether the caller should
-    /// pause before asking again.
+    /// fewer connections. Once a piece has met [`BUSY_MAX`] busy replies, the
+    /// replica that gave the last counts as failed for it. Returns whether
+    /// the caller should pause before asking again.
     fn busy(&self, i: usize, m: usize, why: &str) -> bool {
         let depot = self.depot(m);
         let mut g = self.lock();
