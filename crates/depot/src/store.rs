@@ -244,16 +244,6 @@ impl OpenFiles {
     fn forget(&self, f: &Arc<File>) {
         lock(&self.kept).retain(|k| !Arc::ptr_eq(k, f));
     }
-
-    /// Files open in the cache now.
-    pub fn len(&self) -> usize {
-        lock(&self.kept).len()
-    }
-
-    /// Whether the cache holds no open file.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 /// One allocation.
@@ -658,11 +648,6 @@ impl Store {
             strict: cfg.strict,
             files,
         })
-    }
-
-    /// Data files open in the reuse cache now (see [`OpenFiles`]).
-    pub fn open_files(&self) -> usize {
-        self.files.len()
     }
 
     /// Allocations found damaged (and reclaimed) when the store opened.

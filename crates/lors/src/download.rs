@@ -875,7 +875,9 @@ struct Buffers {
 }
 
 impl Buffers {
-    /// A buffer of `len` zero bytes, reused when one is free.
+    /// A buffer of `len` bytes, reused when one is free. Its contents are
+    /// whatever the last piece left: every caller overwrites all of it (a
+    /// LOAD fills it or fails and drops it), so it is not zeroed again.
     fn take(&self, len: u64) -> Vec<u8> {
         let len = usize::try_from(len).unwrap_or(usize::MAX);
         let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
@@ -884,7 +886,7 @@ impl Buffers {
             None => free.pop().unwrap_or_default(),
         };
         drop(free);
-        b.clear();
+        b.truncate(len);
         b.resize(len, 0);
         b
     }

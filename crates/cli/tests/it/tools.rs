@@ -12,7 +12,7 @@ use lors_ibp::proto::Reliability;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 
-use crate::util::{DepotProc, client_cfg, lors, lors_within, pattern, tempdir};
+use crate::util::{DepotProc, client_cfg, lors, lors_cmd, lors_within, pattern, tempdir};
 
 fn depots(n: usize, dir: &Path) -> Vec<DepotProc> {
     (0..n)
@@ -1481,8 +1481,7 @@ fn a_full_output_ends_the_download_at_once_and_names_it() {
         .write(true)
         .open("/dev/full")
         .unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_lors"))
-        .args(["download", "--quiet", "-o", "-", x])
+    let out = lors_cmd(&["download", "--quiet", "-o", "-", x])
         .stdout(full)
         .output()
         .unwrap();
@@ -1565,9 +1564,7 @@ fn twenty_uploads_and_downloads_survive_a_depot_killed_three_times() {
         before.push((xnd, data));
     }
     let spawn = |args: Vec<String>| {
-        std::process::Command::new(env!("CARGO_BIN_EXE_lors"))
-            .args(&args)
-            .env("RUST_LOG", "warn")
+        lors_cmd(&args)
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped())
             .spawn()

@@ -217,14 +217,21 @@ pub fn lors(args: &[&str]) -> (bool, Vec<u8>, String) {
     lors_env(args, &[])
 }
 
-/// Runs `lors ARGS…` with extra environment variables (and none of the
-/// caller's L-Bone settings or ~/.xndrc unless given).
-pub fn lors_env(args: &[&str], env: &[(&str, &str)]) -> (bool, Vec<u8>, String) {
+/// `lors ARGS…` as tests run it: warnings only, and none of the caller's
+/// L-Bone settings.
+pub fn lors_cmd<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_lors"));
     cmd.args(args)
         .env("RUST_LOG", "warn")
         .env_remove("LBONE_SERVER")
         .env_remove("LBONE_PORT");
+    cmd
+}
+
+/// Runs `lors ARGS…` with extra environment variables (and none of the
+/// caller's L-Bone settings or ~/.xndrc unless given).
+pub fn lors_env(args: &[&str], env: &[(&str, &str)]) -> (bool, Vec<u8>, String) {
+    let mut cmd = lors_cmd(args);
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -239,10 +246,7 @@ pub fn lors_env(args: &[&str], env: &[(&str, &str)]) -> (bool, Vec<u8>, String) 
 /// Runs `lors ARGS…` (stdout discarded), killing it after `limit`:
 /// `None` when it had to be killed (a hang), else (success, stderr).
 pub fn lors_within(args: &[&str], limit: Duration) -> Option<(bool, String)> {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_lors"))
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .env_remove("LBONE_SERVER")
+    let mut child = lors_cmd(args)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
