@@ -1,7 +1,8 @@
 //! exNode XML from untrusted files: no panic, bounded work, and what parses
 //! is written back and parses to the same model. Each mapping's function
 //! chain (ours or the LoRS ones, with hostile arguments) then decodes the
-//! input bytes as if a depot had returned them: errors, never panics.
+//! input bytes as if a depot had returned them: errors, never panics. The
+//! LoRS numbering of the mappings is a permutation of them.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -14,6 +15,13 @@ fuzz_target!(|data: &[u8]| {
         let text = xml::write(&x);
         let again = xml::parse(text.as_bytes()).expect("our own output must parse");
         assert_eq!(again, x);
+        let numbering = x.numbering();
+        let mut seen: Vec<usize> = numbering.in_order().collect();
+        seen.sort_unstable();
+        assert!(seen.iter().copied().eq(0..x.mappings.len()));
+        for (n, i) in numbering.in_order().enumerate() {
+            assert_eq!(numbering.number(i), n);
+        }
         for m in &x.mappings {
             if let Ok(Some(codec)) = Codec::from_mapping(m) {
                 let _ = codec.decode(data, m.logical_length.min(1 << 20));

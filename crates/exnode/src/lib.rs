@@ -3,6 +3,8 @@
 //! allocation, after these end-to-end functions" (seed 000 §3.2.2).
 //!
 //! * [`model`] — [`ExNode`], [`Mapping`], [`Function`], [`Metadata`]; no I/O.
+//! * [`numbering`] — [`Numbering`]: mapping numbers as the LoRS tools show
+//!   and accept them.
 //! * [`xml`] — the LoRS `.xnd` format, read with hard limits (size, depth,
 //!   counts; no DTDs, no entity expansion) and written so the original LoRS
 //!   0.82 tools can read it.
@@ -20,6 +22,8 @@
 
 pub mod functions;
 pub mod model;
+pub mod numbering;
 pub mod xml;
 
 pub use model::{ExNode, Function, Mapping, Metadata, Value};
+pub use numbering::Numbering;

@@ -193,6 +193,11 @@ impl ExNode {
         }
     }
 
+    /// The numbers the LoRS tools (and `lors ls`) give the mappings.
+    pub fn numbering(&self) -> crate::Numbering {
+        crate::Numbering::of(&self.mappings)
+    }
+
     /// The file's logical size: the end of the furthest mapping.
     pub fn logical_size(&self) -> u64 {
         self.mappings

@@ -35,11 +35,11 @@ pub enum PlanError {
     /// A mapping's recorded sizes cannot be right: the exNode is damaged or
     /// was edited. Found before any I/O.
     #[error(
-        "the exNode is inconsistent: mapping {index} {what}; nothing was read (fix or re-create the exNode)"
+        "the exNode is inconsistent: mapping {number} {what}; nothing was read (fix or re-create the exNode)"
     )]
     Geometry {
-        /// Mapping index, in file order.
-        index: usize,
+        /// Mapping number, as `lors ls` and `lors_ls` show it.
+        number: usize,
         /// What does not add up.
         what: String,
     },
@@ -52,7 +52,10 @@ pub enum PlanError {
 pub fn check_geometry(mappings: &[Mapping]) -> Result<(), PlanError> {
     use lors_exnode::functions::{Codec, MAX_ENCODED_MAPPING};
     for (index, m) in mappings.iter().enumerate() {
-        let bad = |what: String| Err(PlanError::Geometry { index, what });
+        let bad = |what: String| {
+            let number = lors_exnode::Numbering::of(mappings).number(index);
+            Err(PlanError::Geometry { number, what })
+        };
         match Codec::from_mapping(m) {
             Err(e) => return bad(format!("has an unusable function: {e}")),
             // A missing alloc_length (0) is not checked: old writers omit it.
@@ -204,7 +207,7 @@ mod tests {
             ..ok.clone()
         };
         let e = check_geometry(&[ok.clone(), long]).unwrap_err();
-        assert!(matches!(e, PlanError::Geometry { index: 1, .. }), "{e}");
+        assert!(matches!(e, PlanError::Geometry { number: 1, .. }), "{e}");
         // A missing alloc_length is not held against it.
         let old = Mapping {
             alloc_length: 0,

@@ -11,7 +11,9 @@ use super::{json_str, read_exnode};
 /// List the mappings of an exNode: offsets, depots, capabilities, leases.
 #[derive(clap::Args)]
 #[command(
-    after_help = "Row format (as lors_ls): index, flags (H/S/? reliability, r/w/m caps held,
+    after_help = "Rows are numbered and ordered as lors_ls does (by offset; replicas as LoRS
+orders them), the numbers `lors trim -m` takes.
+Row format (as lors_ls): index, flags (H/S/? reliability, r/w/m caps held,
 a = byte array), read refcount, offset, length, depot, expiry.
 
 EXAMPLES:
@@ -74,6 +76,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
+    // Rows are numbered and ordered as lors_ls does, so `lors trim -m N` and
+    // `lors_trim -m N` name the same mapping.
+    let numbering = x.numbering();
     let mut s = String::new();
     if a.json {
         let _ = write!(
@@ -82,13 +87,14 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             json_str(x.filename().unwrap_or("")),
             x.logical_size()
         );
-        for (i, (m, p)) in x.mappings.iter().zip(&probes).enumerate() {
-            if i > 0 {
+        for (n, i) in numbering.in_order().enumerate() {
+            let (m, p) = (&x.mappings[i], &probes[i]);
+            if n > 0 {
                 s.push(',');
             }
             let _ = write!(
                 s,
-                "{{\"index\":{i},\"exnode_offset\":{},\"logical_length\":{},\"alloc_offset\":{},\"alloc_length\":{},\"depot\":{},\"read\":{},\"write\":{},\"manage\":{},\"function\":{}",
+                "{{\"index\":{n},\"exnode_offset\":{},\"logical_length\":{},\"alloc_offset\":{},\"alloc_length\":{},\"depot\":{},\"read\":{},\"write\":{},\"manage\":{},\"function\":{}",
                 m.exnode_offset,
                 m.logical_length,
                 m.alloc_offset,
@@ -132,7 +138,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             x.logical_size(),
             x.mappings.len()
         );
-        for (i, (m, p)) in x.mappings.iter().zip(&probes).enumerate() {
+        for (n, i) in numbering.in_order().enumerate() {
+            let (m, p) = (&x.mappings[i], &probes[i]);
             let rel = match p {
                 Probe::Live(p) if p.reliability == 2 => 'H',
                 Probe::Live(p) if p.reliability == 1 => 'S',
@@ -158,7 +165,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             };
             let _ = writeln!(
                 s,
-                "{i:>2} {flags} {refs:>2} {:>9} {:>9} {} {exp}",
+                "{n:>2} {flags} {refs:>2} {:>9} {:>9} {} {exp}",
                 m.exnode_offset,
                 m.logical_length,
                 m.depot().unwrap_or_else(|| "-".into())
@@ -168,11 +175,14 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             // One line per distinct reason, not per mapping: a dead depot
             // may hold thousands.
             let mut why: Vec<(String, Vec<usize>)> = Vec::new();
-            for (i, p) in probes.iter().enumerate().filter(|(_, p)| !p.is_live()) {
-                let r = p.reason();
+            for (n, i) in numbering.in_order().enumerate() {
+                if probes[i].is_live() {
+                    continue;
+                }
+                let r = probes[i].reason();
                 match why.iter_mut().find(|(w, _)| *w == r) {
-                    Some((_, v)) => v.push(i),
-                    None => why.push((r, vec![i])),
+                    Some((_, v)) => v.push(n),
+                    None => why.push((r, vec![n])),
                 }
             }
             for (r, idx) in why {

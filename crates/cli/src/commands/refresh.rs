@@ -53,18 +53,19 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         &Pool::new(ClientConfig::default()),
     ));
     let mut failed = 0;
-    for (i, r) in &res {
+    let numbering = x.numbering();
+    let mut rows: Vec<_> = res
+        .iter()
+        .map(|(i, r)| (numbering.number(*i), *i, r))
+        .collect();
+    rows.sort_unstable_by_key(|&(n, ..)| n);
+    for (n, i, r) in rows {
+        let depot = x.mappings[i].depot().unwrap_or_default();
         match r {
-            Ok(secs) => super::outln!(
-                "{i:>3} {:<22} expires in {secs} s",
-                x.mappings[*i].depot().unwrap_or_default()
-            ),
+            Ok(secs) => super::outln!("{n:>3} {depot:<22} expires in {secs} s"),
             Err(e) => {
                 failed += 1;
-                super::outln!(
-                    "{i:>3} {:<22} not refreshed: {e}",
-                    x.mappings[*i].depot().unwrap_or_default()
-                );
+                super::outln!("{n:>3} {depot:<22} not refreshed: {e}");
             }
         }
     }

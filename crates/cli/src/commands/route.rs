@@ -71,8 +71,12 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     progress.finish();
     let out = a.output.map_or(a.exnode.path, |o| o.path);
     write_exnode(&out, &t.exnode)?;
+    // Old mappings keep their place at the front of the augmented exNode,
+    // so they are named by the numbers `lors ls` showed for the input.
+    let numbering = x.numbering();
     for (i, e) in &t.release_errors {
-        eprintln!("lors: old mapping {i} was not released: {e}");
+        let n = numbering.number(*i);
+        eprintln!("lors: old mapping {n} was not released: {e}");
     }
     if !a.quiet {
         eprintln!(

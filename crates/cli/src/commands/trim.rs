@@ -18,7 +18,7 @@ pub struct Args {
     /// The exNode.
     #[arg(value_parser = super::exnode_arg, value_name = "FILE.xnd|lors://…")]
     exnode: ExnodeRef,
-    /// Mapping indices to remove (as `lors ls` numbers them).
+    /// Mapping numbers to remove, as `lors ls` and `lors_ls` show them.
     #[arg(
         short = 'm',
         long = "mappings",
@@ -41,8 +41,24 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
+    let x = read_exnode(&a.exnode.path)?;
+    let numbering = x.numbering();
     let sel = match (a.mappings.is_empty(), a.depots.is_empty()) {
-        (false, _) => Selection::Indices(a.mappings.clone()),
+        (false, _) => Selection::Indices(
+            a.mappings
+                .iter()
+                .map(|&n| {
+                    numbering.index(n).ok_or_else(|| {
+                        UsageError(format!(
+                            "there is no mapping {n}: {} has {} (numbered 0 to {}, see lors ls)",
+                            a.exnode.path.display(),
+                            x.mappings.len(),
+                            x.mappings.len().saturating_sub(1)
+                        ))
+                    })
+                })
+                .collect::<Result<_, _>>()?,
+        ),
         (true, false) => Selection::Depots(a.depots.clone()),
         (true, true) => {
             return Err(UsageError(
@@ -51,7 +67,6 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             .into());
         }
     };
-    let x = read_exnode(&a.exnode.path)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -65,7 +80,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let out = a.output.map_or(a.exnode.path, |o| o.path);
     write_exnode(&out, &t.exnode)?;
     for (i, e) in &t.release_errors {
-        eprintln!("lors: mapping {i}: removed, but its allocation was not released: {e}");
+        let n = numbering.number(*i);
+        eprintln!("lors: mapping {n}: removed, but its allocation was not released: {e}");
     }
     eprintln!("lors: removed {} mappings -> {}", t.removed, out.display());
     Ok(())

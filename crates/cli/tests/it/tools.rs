@@ -1175,6 +1175,84 @@ fn a_failed_upload_leaves_nothing_unnamed_on_the_depots() {
     assert_eq!(used(&b), fresh_b);
 }
 
+/// `lors ls` numbers and orders mappings as `lors_ls` does — by offset, and
+/// replicas sharing an offset in the order LoRS's red-black tree leaves them,
+/// which is not file order — and `lors trim -m N` removes the mapping
+/// `lors_trim -m N` would.
+#[test]
+fn ls_and_trim_number_mappings_as_the_lors_tools_do() {
+    let dir = tempdir();
+    let ds = depots(3, dir.path());
+    let data = pattern(300_000, 4);
+    let xnd = upload_cli(&ds, dir.path(), "n.bin", &data, &["-c", "3", "-b", "100K"]);
+    let x = read_x(&xnd);
+    assert_eq!(x.mappings.len(), 9);
+    // Reorder the file so its blocks run 2,1,1,0,2,1,0,0,2: the reference
+    // tools list that as file indices 3,6,7,1,5,2,0,4,8 (known answer from
+    // LoRS 0.82's code, see lors_exnode::numbering).
+    let mut blocks: Vec<Vec<lors_exnode::Mapping>> = vec![Vec::new(); 3];
+    for m in &x.mappings {
+        blocks[usize::try_from(m.exnode_offset / 102_400).unwrap()].push(m.clone());
+    }
+    let mut y = x.clone();
+    y.mappings = [2, 1, 1, 0, 2, 1, 0, 0, 2]
+        .iter()
+        .map(|&b| blocks[b].pop().unwrap())
+        .collect();
+    let shuffled = dir.path().join("shuffled.xnd");
+    std::fs::write(&shuffled, lors_exnode::xml::write(&y)).unwrap();
+    let p = shuffled.to_str().unwrap();
+    let lors_order = [3, 6, 7, 1, 5, 2, 0, 4, 8];
+
+    let (ok, out, err) = lors(&["ls", p]);
+    assert!(ok, "{err}");
+    let out = String::from_utf8(out).unwrap();
+    let rows: Vec<Vec<&str>> = out
+        .lines()
+        .skip(1)
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(rows.len(), 9, "{out}");
+    for (n, &i) in lors_order.iter().enumerate() {
+        let m = &y.mappings[i];
+        let want = [
+            n.to_string(),
+            m.exnode_offset.to_string(),
+            m.depot().unwrap(),
+        ];
+        assert_eq!(
+            [rows[n][0], rows[n][3], rows[n][5]],
+            want,
+            "row {n} of\n{out}"
+        );
+    }
+    let (ok, out, err) = lors(&["ls", "--json", p]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    for (n, &i) in lors_order.iter().enumerate() {
+        let row = &v["mappings"][n];
+        assert_eq!(row["index"], n);
+        assert_eq!(row["exnode_offset"], y.mappings[i].exnode_offset);
+        assert_eq!(row["depot"], y.mappings[i].depot().unwrap());
+    }
+
+    // Number 4 is file index 5: a replica of block 1, not the fifth mapping
+    // in the file (block 2).
+    let trimmed = dir.path().join("trimmed.xnd");
+    let (ok, _, err) = lors(&["trim", "-m", "4", "-o", trimmed.to_str().unwrap(), p]);
+    assert!(ok, "{err}");
+    let z = read_x(&trimmed);
+    assert_eq!(z.mappings.len(), 8);
+    for (i, m) in y.mappings.iter().enumerate() {
+        assert_eq!(z.mappings.contains(m), i != 5, "mapping at file index {i}");
+    }
+    let (ok, _, err) = lors(&["trim", "-m", "9", "-o", "/dev/null", p]);
+    assert!(
+        !ok && err.contains("no mapping 9") && err.contains("0 to 8"),
+        "{err}"
+    );
+}
+
 #[test]
 fn ls_and_stat_tell_expired_from_unreachable_and_fail_when_bytes_are_lost() {
     let dir = tempdir();
@@ -1203,12 +1281,13 @@ fn ls_and_stat_tell_expired_from_unreachable_and_fail_when_bytes_are_lost() {
         .unwrap();
     let copy = dir.path().join("copy.xnd");
     std::fs::copy(&xnd, &copy).unwrap();
-    let (ok, _, err) = lors(&["trim", "-d", "-m", &i.to_string(), copy.to_str().unwrap()]);
+    let n = x.numbering().number(i);
+    let (ok, _, err) = lors(&["trim", "-d", "-m", &n.to_string(), copy.to_str().unwrap()]);
     assert!(ok, "{err}");
     let (ok, out, err) = lors(&["ls", "--json", p]);
     assert!(ok, "one replica of each block is still live: {err}");
     let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
-    assert_eq!(v["mappings"][i]["state"], "expired");
+    assert_eq!(v["mappings"][n]["state"], "expired");
     assert_eq!(
         v["mappings"]
             .as_array()
