@@ -1,8 +1,8 @@
 //! The depot's command handling, not only its parser: a real depot on
 //! 127.0.0.1 with its store in a temporary directory, driven by sequences of
-//! commands built from the input — ALLOCATE, STORE, WRITE, LOAD, SEND,
-//! MANAGE and STATUS with numbers at their extremes, data phases cut short,
-//! and raw lines. After every input:
+//! commands built from the input — ALLOCATE, STORE, WRITE, LOAD (plain and
+//! with LStore's network checksums, right or wrong), SEND, MANAGE and STATUS
+//! with numbers at their extremes, data phases cut short, and raw lines. After every input:
 //!
 //! * every reply came within its deadline (no hang), and the depot answers;
 //! * the space the depot accounts equals the sum of its live allocations and
@@ -22,6 +22,7 @@ use libfuzzer_sys::arbitrary::{Result as ArbResult, Unstructured};
 use libfuzzer_sys::fuzz_target;
 use lors_depot::Depot;
 use lors_depot::config::{ByteSize, Config, ResourceConfig, Span, SyncPolicy};
+use lors_ibp::proto::chksum::{ChksumType, NetChksum, frame};
 
 const RESOURCE: u64 = 16 << 20;
 /// Longest wait for any reply; the depot's own deadlines are 1 s.
@@ -210,6 +211,23 @@ fn run(u: &mut Unstructured<'_>, h: &Harness) -> ArbResult<()> {
         let ver = if u.ratio(1u8, 8)? { 0 } else { 1 };
         let t = plain(u, 30)?; // the timeout field
         let op = u.int_in_range(0u8..=9)?;
+        // LStore's checksummed forms of STORE, WRITE and LOAD, sometimes
+        // with types or block sizes the depot must refuse.
+        let chk = if u.ratio(1u8, 4)? {
+            Some(([1, 2, 3, 4, 0, 9][u.choose_index(6)?], plain(u, 64 << 10)?))
+        } else {
+            None
+        };
+        let ncs = chk.as_ref().and_then(|(k, bs)| {
+            Some(NetChksum {
+                kind: ChksumType::from_number(*k)?,
+                block_size: bs.parse().ok().filter(|&b| b >= 1)?,
+            })
+        });
+        let head = |plain: u8, checksummed: u8| match &chk {
+            None => format!("{ver} {plain}"),
+            Some((k, bs)) => format!("{ver} {checksummed} {k} {bs}"),
+        };
         let (line, data_len): (String, Option<u64>) = match op {
             0 => {
                 let rid = if u.ratio(1u8, 8)? { "9" } else { "1" };
@@ -226,17 +244,17 @@ fn run(u: &mut Unstructured<'_>, h: &Harness) -> ArbResult<()> {
                 let w = pick(u, &caps, 1)?;
                 let len = plain(u, 256 << 10)?;
                 let line = if op == 1 {
-                    format!("{ver} 2 {w} {len} {t}")
+                    format!("{} {w} {len} {t}", head(2, 28))
                 } else {
                     let off = plain(u, 1 << 20)?;
-                    format!("{ver} 13 {w} {off} {len} {t}")
+                    format!("{} {w} {off} {len} {t}", head(13, 27))
                 };
                 (line, len.parse().ok())
             }
             3 => {
                 let r = pick(u, &caps, 0)?;
                 let (off, len) = (plain(u, 1 << 20)?, plain(u, 256 << 10)?);
-                (format!("{ver} 8 {r} {off} {len} {t}"), None)
+                (format!("{} {r} {off} {len} {t}", head(8, 24)), None)
             }
             4 => {
                 let m = pick(u, &caps, 2)?;
@@ -312,7 +330,18 @@ fn run(u: &mut Unstructured<'_>, h: &Harness) -> ArbResult<()> {
                 } else {
                     len
                 };
-                let body = vec![0x5a; usize::try_from(send).unwrap()];
+                let mut body = vec![0x5a; usize::try_from(len.min(1 << 20)).unwrap()];
+                if let Some(n) = &ncs {
+                    body = frame(n, &body);
+                    if u.ratio(1u8, 8)? {
+                        if let Some(b) = body.last_mut() {
+                            *b ^= 1; // a wrong digest (or wrong data)
+                        }
+                    }
+                }
+                if cut {
+                    body.truncate(usize::try_from(send).unwrap());
+                }
                 if !c.send(&body) {
                     c = Client::connect(&h.addr);
                     continue;
@@ -341,7 +370,7 @@ fn run(u: &mut Unstructured<'_>, h: &Harness) -> ArbResult<()> {
                     n <= RESOURCE,
                     "LOAD promised {n} bytes from a {RESOURCE}-byte resource"
                 );
-                if !c.skip(n) {
+                if !c.skip(ncs.map_or(n, |x| x.framed_len(n))) {
                     c = Client::connect(&h.addr);
                 }
             }

@@ -3,6 +3,7 @@
 //! The authoritative description of every command we speak is
 //! `docs/ibp-protocol.md`; section numbers in comments point there.
 
+pub mod chksum;
 pub mod limits;
 pub mod request;
 pub mod status;

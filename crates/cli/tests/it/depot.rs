@@ -257,11 +257,11 @@ async fn malformed_requests_get_errors_and_never_touch_data() {
     r.send(b"1 4 3 10\n").await;
     assert_eq!(r.line().await, "1 1 \n");
     // A command we do not serve whose data phase we cannot size (here
-    // LStore's checksummed WRITE with its data behind it, and a number
-    // nobody defined): one error reply, then the connection closes instead
-    // of reading the data as commands.
+    // LStore's checksummed vector WRITE with its data behind it, and a
+    // number nobody defined): one error reply, then the connection closes
+    // instead of reading the data as commands.
     for req in [
-        &b"1 27 1 65536 1#k 1 0 4 10
+        &b"1 34 1 65536 1#k 1 1 0 4 10
 DATA"[..],
         b"1 77 a b
 0 9 1#k 1 40
@@ -270,6 +270,21 @@ DATA"[..],
         let mut r = Raw::connect(&d.addr).await;
         r.send(req).await;
         assert_eq!(r.line().await, "-43 \n");
+        assert!(r.closed().await, "{:?}", String::from_utf8_lossy(req));
+    }
+    // So does a STORE or WRITE refused before its go-ahead: LStore sends
+    // the data without waiting for one.
+    for req in [
+        &b"1 27 1 65536 1#k 1 0 4 10
+DATA"[..],
+        b"1 2 1#k 1 x 10
+DATA",
+        b"1 13 1#k 1 0 4
+DATA",
+    ] {
+        let mut r = Raw::connect(&d.addr).await;
+        r.send(req).await;
+        assert!(r.line().await.starts_with('-'));
         assert!(r.closed().await, "{:?}", String::from_utf8_lossy(req));
     }
     // An endless line is cut off at the limit and the connection closed.
@@ -889,4 +904,99 @@ async fn running_out_of_descriptors_is_reported_as_such_and_the_depot_keeps_serv
     c.store(&fresh.write, b"0123456789abcdef").await.unwrap();
     c.decr(&kept.manage, CapKind::Read).await.unwrap();
     assert!(c.status("1", "ibp").await.is_ok());
+}
+
+/// LStore's network checksums (commands 24, 27, 28) from a plain socket:
+/// a digest after every block, in both directions; a wrong digest is
+/// answered -63 and changes nothing; bad checksum fields are answered as
+/// the reference depot answers them. Digests are literal known answers.
+#[tokio::test]
+async fn network_checksummed_store_write_and_load_frame_every_block() {
+    let dir = tempdir();
+    let d = DepotProc::start(dir.path(), &[]);
+    let mut c = d.connect().await;
+    let caps = alloc(&mut c, 1024, 3600).await;
+    let (rd, wr) = (tok(&caps.read), tok(&caps.write));
+    let mut r = Raw::connect(&d.addr).await;
+
+    // STORE_CHKSUM, MD5 in 4-byte blocks: "hell" + md5 "o wo" + md5 "rld" + md5.
+    r.send(format!("1 28 4 4 {wr} 11 10\n").as_bytes()).await;
+    assert_eq!(r.line().await, "1 \n");
+    r.send(b"hell4229d691b07b13341da53f17ab9f2416o woe7c52a655c23270552b9bf9ea01b1483rlde90c8e1edb39b713d0675837a44d40d7").await;
+    assert_eq!(r.line().await, "1 11 \n");
+
+    // LOAD_CHKSUM, SHA256 in 6-byte blocks.
+    r.send(format!("1 24 1 6 {rd} 0 11 10\n").as_bytes()).await;
+    assert_eq!(r.line().await, "1 11 \n");
+    let want = [
+        &b"hello "[..],
+        b"5e3235a8346e5a4585f8c58562f5052b8fe26a3bb122e1e96c76784964dfc461",
+        b"world",
+        b"486ea46224d1bb4fb680f34f7c9ad96a8f24ec88be73ea8e5a6c65260e9cb8a7",
+    ]
+    .concat();
+    assert_eq!(r.bytes(want.len()).await, want);
+
+    // WRITE_CHKSUM over committed bytes whose second digest is wrong: -63,
+    // the connection closes, and the old bytes are intact.
+    r.send(format!("1 27 4 4 {wr} 0 8 10\n").as_bytes()).await;
+    assert_eq!(r.line().await, "1 \n");
+    r.send(b"HELL5fa58915fea0b7f3e0f1e8ec558a9123O WO").await;
+    r.send(&[b'0'; 32]).await;
+    assert_eq!(r.line().await, "-63 \n");
+    assert!(r.closed().await);
+    let mut got = [0u8; 11];
+    c.load(&caps.read, 0, &mut got).await.unwrap();
+    assert_eq!(&got, b"hello world");
+
+    // The same write with the right digests lands.
+    let mut r = Raw::connect(&d.addr).await;
+    r.send(format!("1 27 4 4 {wr} 0 8 10\n").as_bytes()).await;
+    assert_eq!(r.line().await, "1 \n");
+    r.send(b"HELL5fa58915fea0b7f3e0f1e8ec558a9123O WO8218fb0c520e0168ef923b2604b41ff1")
+        .await;
+    assert_eq!(r.line().await, "1 8 \n");
+    c.load(&caps.read, 0, &mut got).await.unwrap();
+    assert_eq!(&got, b"HELLO WOrld");
+
+    // Bad checksum fields: the reference depot's codes, then a close (the
+    // client's data would otherwise read as commands).
+    for (line, code) in [
+        (format!("1 27 0 4 {wr} 0 4 10\n"), "-64 \n"),
+        (format!("1 28 9 4 {wr} 4 10\n"), "-64 \n"),
+        (format!("1 28 4 0 {wr} 4 10\n"), "-65 \n"),
+    ] {
+        let mut r = Raw::connect(&d.addr).await;
+        r.send(line.as_bytes()).await;
+        assert_eq!(r.line().await, code, "{line}");
+        assert!(r.closed().await, "{line}");
+    }
+
+    // A FIFO: checksummed STORE, then a checksummed LOAD consumes it (SHA1,
+    // 3-byte blocks).
+    let q = c
+        .allocate("0", Reliability::Hard, AllocType::Fifo, 3600, 64)
+        .await
+        .unwrap();
+    let mut r = Raw::connect(&d.addr).await;
+    r.send(format!("1 28 3 3 {} 5 10\n", tok(&q.write)).as_bytes())
+        .await;
+    assert_eq!(r.line().await, "1 \n");
+    r.send(
+        b"abca9993e364706816aba3e25717850c26c9cd0d89dde600ccd1b71569232d01d110bc63e906beab04d8c",
+    )
+    .await;
+    assert_eq!(r.line().await, "1 5 \n");
+    r.send(format!("1 24 3 3 {} 0 5 10\n", tok(&q.read)).as_bytes())
+        .await;
+    assert_eq!(r.line().await, "1 5 \n");
+    assert_eq!(
+        r.bytes(5 + 80).await,
+        b"abca9993e364706816aba3e25717850c26c9cd0d89dde600ccd1b71569232d01d110bc63e906beab04d8c"
+    );
+    // Consumed: the same connection's next command sees it gone.
+    r.send(format!("1 9 {} 40 0 0 0 0 10\n", tok(&q.manage)).as_bytes())
+        .await;
+    let probe = r.line().await;
+    assert_eq!(probe.split_whitespace().nth(3), Some("0"), "{probe}");
 }

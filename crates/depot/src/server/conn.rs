@@ -10,6 +10,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use lors_ibp::caps::{CapKind, Capability};
+use lors_ibp::proto::chksum::{NetChksum, frame};
 use lors_ibp::proto::{
     AllocType, Allocate, MAX_LINE_BYTES, ManageOp, ParseError, Request, StatusCode, StatusOp,
     Timeout, Version, cmd, status_line,
@@ -21,7 +22,10 @@ use tokio::sync::watch;
 use tokio::time::timeout;
 
 use super::clients::ClientSlot;
-use super::transfer::{XferError, copy_range, read_exact_idle, recv_to_file, send_file};
+use super::transfer::{
+    Checked, CheckedError, XferError, copy_range, read_checked, read_exact_idle, recv_checked,
+    recv_to_file, send_checked, send_file,
+};
 use super::{Budget, CHUNK_BYTES, Depot, copy};
 use crate::metrics::command_index;
 use crate::store::datafile::{self, Extent, HEADER_BYTES};
@@ -107,6 +111,17 @@ enum RecvFail {
     Xfer(XferError),
     /// No transfer budget freed up within the deadline.
     Busy,
+    /// A block of a checksummed data phase did not match its digest.
+    Chksum,
+}
+
+impl From<CheckedError> for RecvFail {
+    fn from(e: CheckedError) -> Self {
+        match e {
+            CheckedError::Xfer(x) => RecvFail::Xfer(x),
+            CheckedError::Mismatch => RecvFail::Chksum,
+        }
+    }
 }
 
 pub(super) async fn serve(
@@ -150,10 +165,16 @@ pub(super) async fn serve(
                 if c.reply(&status_line(e.status())).await.is_err() {
                     return;
                 }
-                if let ParseError::UnknownCommand(n) = e {
-                    if !cmd::sends_no_data(n) {
-                        return; // its data, if any, would read as commands
-                    }
+                // Data we will not read would read as commands: an unknown
+                // command's, or that of a STORE or WRITE (plain or
+                // checksummed) refused before its go-ahead — clients such as
+                // LStore's send it without waiting.
+                let unframed = match e {
+                    ParseError::UnknownCommand(n) => !cmd::sends_no_data(n),
+                    _ => command_number(&line).is_some_and(cmd::uploads),
+                };
+                if unframed {
+                    return;
                 }
                 continue;
             }
@@ -172,6 +193,12 @@ pub(super) async fn serve(
             }
         }
     }
+}
+
+/// The command number of a request line that did not parse, if it has one.
+fn command_number(line: &[u8]) -> Option<i64> {
+    let text = std::str::from_utf8(line).ok()?;
+    text.split_ascii_whitespace().nth(1)?.parse().ok()
 }
 
 impl Conn {
@@ -234,16 +261,25 @@ impl Conn {
         pos: u64,
         len: u64,
         idle: Duration,
+        ncs: Option<NetChksum>,
     ) -> Result<(), RecvFail> {
+        let mut checked = ncs.map(Checked::new);
         let mut done = 0u64;
         while done < len {
             let n = (len - done).min(RECV_ROUND_BYTES);
             let budget = self
                 .budget_when_ready(n.min(2 * CHUNK_BYTES as u64), idle)
                 .await?;
-            recv_to_file(&mut self.rd, file.clone(), pos + done, n, idle)
-                .await
-                .map_err(RecvFail::Xfer)?;
+            let at = pos + done;
+            match &mut checked {
+                None => recv_to_file(&mut self.rd, file.clone(), at, n, idle)
+                    .await
+                    .map_err(RecvFail::Xfer)?,
+                Some(st) => {
+                    let last = done + n == len;
+                    recv_checked(&mut self.rd, file, at, n, last, idle, st).await?;
+                }
+            }
             drop(budget);
             done += n;
         }
@@ -272,42 +308,9 @@ impl Conn {
     async fn dispatch(&mut self, req: Request) -> Res {
         match req {
             Request::Allocate(a) => self.allocate(a).await,
-            Request::Store {
-                key,
-                length,
-                timeout,
-                ..
-            } => {
-                let a = self
-                    .depot
-                    .store
-                    .lookup(&key, Some(CapKind::Write))
-                    .map_err(closing)?;
-                self.store(&a, length, timeout).await
-            }
-            Request::Write {
-                key,
-                offset,
-                length,
-                timeout,
-                ..
-            } => {
-                let a = self
-                    .depot
-                    .store
-                    .lookup(&key, Some(CapKind::Write))
-                    .map_err(closing)?;
-                self.write(&a, offset, length, timeout).await
-            }
-            Request::Load {
-                key,
-                offset,
-                length,
-                timeout,
-                ..
-            } => {
-                let a = self.depot.store.lookup(&key, Some(CapKind::Read))?;
-                self.load(&a, offset, length, timeout).await
+            Request::Checksummed { chksum, req } => self.data_command(*req, Some(chksum)).await,
+            req @ (Request::Store { .. } | Request::Write { .. } | Request::Load { .. }) => {
+                self.data_command(req, None).await
             }
             Request::Send {
                 key,
@@ -324,6 +327,51 @@ impl Conn {
             }
             Request::Manage { key, op, .. } => self.manage(&key, op).await,
             Request::Status { version, op, .. } => self.status(version, op).await,
+        }
+    }
+
+    /// STORE, WRITE and LOAD, plain or with LStore's network checksums.
+    async fn data_command(&mut self, req: Request, ncs: Option<NetChksum>) -> Res {
+        match req {
+            Request::Store {
+                key,
+                length,
+                timeout,
+                ..
+            } => {
+                let a = self
+                    .depot
+                    .store
+                    .lookup(&key, Some(CapKind::Write))
+                    .map_err(closing)?;
+                self.store(&a, length, timeout, ncs).await
+            }
+            Request::Write {
+                key,
+                offset,
+                length,
+                timeout,
+                ..
+            } => {
+                let a = self
+                    .depot
+                    .store
+                    .lookup(&key, Some(CapKind::Write))
+                    .map_err(closing)?;
+                self.write(&a, offset, length, timeout, ncs).await
+            }
+            Request::Load {
+                key,
+                offset,
+                length,
+                timeout,
+                ..
+            } => {
+                let a = self.depot.store.lookup(&key, Some(CapKind::Read))?;
+                self.load(&a, offset, length, timeout, ncs).await
+            }
+            // The parser wraps nothing else.
+            _ => Err(Fail::new(StatusCode::BAD_FORMAT)),
         }
     }
 
@@ -350,7 +398,13 @@ impl Conn {
         self.ok(&text).await
     }
 
-    async fn store(&mut self, a: &Arc<Alloc>, length: u64, t: Timeout) -> Res {
+    async fn store(
+        &mut self,
+        a: &Arc<Alloc>,
+        length: u64,
+        t: Timeout,
+        ncs: Option<NetChksum>,
+    ) -> Res {
         let idle = self.io_deadline(t);
         let _w = a.writer.lock().await;
         let ext = a.extent();
@@ -366,14 +420,21 @@ impl Conn {
                 }
                 let _slot = self.transfer_slot().await?;
                 let start = ext.len;
-                self.receive_bytearray(a, start, length, idle).await
+                self.receive_bytearray(a, start, length, idle, ncs).await
             }
-            AllocType::Fifo | AllocType::Circular => self.enqueue(a, length, idle).await,
+            AllocType::Fifo | AllocType::Circular => self.enqueue(a, length, idle, ncs).await,
             AllocType::Buffer => Err(Fail::closing(StatusCode::TYPE_NOT_SUPPORTED)),
         }
     }
 
-    async fn write(&mut self, a: &Arc<Alloc>, offset: u64, length: u64, t: Timeout) -> Res {
+    async fn write(
+        &mut self,
+        a: &Arc<Alloc>,
+        offset: u64,
+        length: u64,
+        t: Timeout,
+        ncs: Option<NetChksum>,
+    ) -> Res {
         if a.atype != AllocType::ByteArray {
             return Err(Fail::closing(StatusCode::INVALID_CMD));
         }
@@ -388,7 +449,7 @@ impl Conn {
         let _slot = self.transfer_slot().await?;
         let ext = a.extent();
         if offset >= ext.len {
-            return self.receive_bytearray(a, offset, length, idle).await;
+            return self.receive_bytearray(a, offset, length, idle, ncs).await;
         }
         // Overlaps committed bytes: stage the data so a cut-short WRITE leaves
         // the old bytes intact, then copy it into place.
@@ -407,7 +468,7 @@ impl Conn {
         let stage = Arc::new(stage);
         let _ = std::fs::remove_file(&stage_path); // unlinked: gone even on crash
         self.go_ahead().await?;
-        if let Err(e) = self.receive(&stage, 0, length, idle).await {
+        if let Err(e) = self.receive(&stage, 0, length, idle, ncs).await {
             return self.data_failed(e, None, a);
         }
         self.depot.metrics.bytes_in.fetch_add(length, Relaxed);
@@ -441,11 +502,12 @@ impl Conn {
         start: u64,
         length: u64,
         idle: Duration,
+        ncs: Option<NetChksum>,
     ) -> Res {
         let file = data_file(a).await?;
         self.go_ahead().await?;
         if let Err(e) = self
-            .receive(&file, HEADER_BYTES + start, length, idle)
+            .receive(&file, HEADER_BYTES + start, length, idle, ncs)
             .await
         {
             return self.data_failed(e, Some(&file), a);
@@ -487,12 +549,22 @@ impl Conn {
                 tracing::error!(peer = %self.peer, error = %err, "disk write failed; rolled back");
                 Err(Fail::closing(StatusCode::FILE_WRITE))
             }
+            RecvFail::Chksum => {
+                tracing::info!(peer = %self.peer, "network checksum mismatch; rolled back");
+                Err(Fail::closing(StatusCode::CHKSUM))
+            }
         }
     }
 
     /// STORE into a FIFO or circular queue: the data is staged in memory (queues
     /// are bounded by `max_queue_size`), then written into the ring and committed.
-    async fn enqueue(&mut self, a: &Arc<Alloc>, length: u64, idle: Duration) -> Res {
+    async fn enqueue(
+        &mut self,
+        a: &Arc<Alloc>,
+        length: u64,
+        idle: Duration,
+        ncs: Option<NetChksum>,
+    ) -> Res {
         let ext = a.extent();
         let cap = a.max_size();
         let fits = match a.atype {
@@ -518,8 +590,16 @@ impl Conn {
             }
         };
         let mut buf = vec![0u8; n];
-        if let Err(e) = read_exact_idle(&mut self.rd, &mut buf, idle).await {
-            return self.data_failed(RecvFail::Xfer(XferError::Peer(e)), None, a);
+        let got = match ncs {
+            None => read_exact_idle(&mut self.rd, &mut buf, idle)
+                .await
+                .map_err(|e| RecvFail::Xfer(XferError::Peer(e))),
+            Some(c) => read_checked(&mut self.rd, &mut buf, idle, c)
+                .await
+                .map_err(RecvFail::from),
+        };
+        if let Err(e) = got {
+            return self.data_failed(e, None, a);
         }
         self.depot.metrics.bytes_in.fetch_add(length, Relaxed);
         let res = blocking({
@@ -562,10 +642,17 @@ impl Conn {
         }
     }
 
-    async fn load(&mut self, a: &Arc<Alloc>, offset: u64, length: u64, t: Timeout) -> Res {
+    async fn load(
+        &mut self,
+        a: &Arc<Alloc>,
+        offset: u64,
+        length: u64,
+        t: Timeout,
+        ncs: Option<NetChksum>,
+    ) -> Res {
         let idle = self.io_deadline(t);
         if a.is_queue() {
-            return self.dequeue(a, offset, length, idle).await;
+            return self.dequeue(a, offset, length, idle, ncs).await;
         }
         let (file, ext) = snapshot(a).await?;
         let end = offset
@@ -583,15 +670,12 @@ impl Conn {
         let Some(file) = file else {
             return Ok(Flow::Close); // unreachable: len > 0 implies a file
         };
-        match send_file(
-            self.rd.get_ref(),
-            &file,
-            HEADER_BYTES + offset,
-            length,
-            idle,
-        )
-        .await
-        {
+        let pos = HEADER_BYTES + offset;
+        let sent = match ncs {
+            None => send_file(self.rd.get_ref(), &file, pos, length, idle).await,
+            Some(c) => send_checked(self.rd.get_mut(), &file, pos, length, idle, c).await,
+        };
+        match sent {
             Ok(()) => {
                 self.depot.metrics.bytes_out.fetch_add(length, Relaxed);
                 Ok(Flow::Continue)
@@ -606,7 +690,14 @@ impl Conn {
     }
 
     /// LOAD from a queue: the oldest `length` bytes, consumed once sent.
-    async fn dequeue(&mut self, a: &Arc<Alloc>, offset: u64, length: u64, idle: Duration) -> Res {
+    async fn dequeue(
+        &mut self,
+        a: &Arc<Alloc>,
+        offset: u64,
+        length: u64,
+        idle: Duration,
+        ncs: Option<NetChksum>,
+    ) -> Res {
         if offset != 0 {
             return Err(Fail::new(StatusCode::INVALID_PARAMETER));
         }
@@ -639,7 +730,11 @@ impl Conn {
         if self.reply(&format!("1 {length} \n")).await.is_err() {
             return Ok(Flow::Close);
         }
-        if timeout(idle, self.rd.get_mut().write_all(&buf))
+        let wire = match ncs {
+            None => buf,
+            Some(c) => frame(&c, &buf),
+        };
+        if timeout(idle, self.rd.get_mut().write_all(&wire))
             .await
             .map_or(true, |r| r.is_err())
         {

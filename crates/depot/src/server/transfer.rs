@@ -1,5 +1,6 @@
 //! Data phases: socket → file (`splice`) and file → socket (`sendfile`), no
-//! copy through user space (both in `lors_ibp::zerocopy`), and file → file.
+//! copy through user space (both in `lors_ibp::zerocopy`), and file → file;
+//! checksummed data phases, which pass through user space to be hashed.
 
 use std::fs::File;
 use std::io;
@@ -7,7 +8,8 @@ use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, BufReader};
+use lors_ibp::proto::chksum::{BlockHasher, NetChksum};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use tokio::time::timeout;
 
@@ -85,4 +87,160 @@ pub(crate) fn copy_range(
         }
     }
     Ok(())
+}
+
+/// Where a checksummed data phase stands between rounds (LStore's network
+/// checksums, `docs/ibp-protocol.md` §2.5): the hash of the block under way
+/// and how many of its bytes have passed.
+pub(crate) struct Checked {
+    ncs: NetChksum,
+    hasher: BlockHasher,
+    in_block: u64,
+}
+
+/// Why a checksummed receive stopped.
+pub(crate) enum CheckedError {
+    Xfer(XferError),
+    /// A block's digest did not match its bytes.
+    Mismatch,
+}
+
+impl Checked {
+    pub(crate) fn new(ncs: NetChksum) -> Self {
+        Checked {
+            ncs,
+            hasher: BlockHasher::new(ncs.kind),
+            in_block: 0,
+        }
+    }
+
+    /// Data bytes that may be read before the next digest.
+    fn room(&self, left: u64) -> u64 {
+        left.min(CHUNK_BYTES as u64)
+            .min(self.ncs.block_size - self.in_block)
+    }
+
+    /// Counts `n` hashed bytes; whether a digest is due (the block is full,
+    /// or these were the data phase's last bytes).
+    fn advance(&mut self, n: u64, phase_ends: bool) -> bool {
+        self.in_block += n;
+        let due = self.in_block == self.ncs.block_size || phase_ends;
+        if due {
+            self.in_block = 0;
+        }
+        due
+    }
+}
+
+/// Receives `len` bytes of a checksummed data phase into `file` at `pos`,
+/// checking each block's digest as it arrives; `last` says the phase ends
+/// with these bytes, so a short final block is checked here. The bytes reach
+/// the file before their digest is checked: the caller rolls back on error.
+pub(crate) async fn recv_checked(
+    rd: &mut BufReader<TcpStream>,
+    file: &Arc<File>,
+    pos: u64,
+    len: u64,
+    last: bool,
+    idle: Duration,
+    st: &mut Checked,
+) -> Result<(), CheckedError> {
+    let peer = |e| CheckedError::Xfer(XferError::Peer(e));
+    let mut buf = vec![0u8; usize::try_from(st.room(len)).unwrap_or(CHUNK_BYTES)];
+    let mut digest = vec![0u8; st.ncs.kind.hex_len()];
+    let mut done = 0u64;
+    while done < len {
+        let n = st.room(len - done);
+        let k = usize::try_from(n).unwrap_or(CHUNK_BYTES);
+        read_exact_idle(rd, &mut buf[..k], idle)
+            .await
+            .map_err(peer)?;
+        st.hasher.update(&buf[..k]);
+        let f = file.clone();
+        let at = pos + done;
+        buf = tokio::task::spawn_blocking(move || f.write_all_at(&buf[..k], at).map(|()| buf))
+            .await
+            .map_err(io::Error::other)
+            .and_then(|r| r)
+            .map_err(|e| CheckedError::Xfer(XferError::Disk(e)))?;
+        done += n;
+        if st.advance(n, last && done == len) {
+            read_exact_idle(rd, &mut digest, idle).await.map_err(peer)?;
+            if !digest.eq_ignore_ascii_case(st.hasher.finish_hex().as_bytes()) {
+                return Err(CheckedError::Mismatch);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Reads a whole checksummed data phase of `buf.len()` bytes into memory
+/// (queue STOREs, staged whole).
+pub(crate) async fn read_checked(
+    rd: &mut BufReader<TcpStream>,
+    buf: &mut [u8],
+    idle: Duration,
+    ncs: NetChksum,
+) -> Result<(), CheckedError> {
+    let mut st = Checked::new(ncs);
+    let mut digest = vec![0u8; ncs.kind.hex_len()];
+    let mut done = 0usize;
+    while done < buf.len() {
+        let n = usize::try_from(st.room((buf.len() - done) as u64)).unwrap_or(CHUNK_BYTES);
+        let part = &mut buf[done..done + n];
+        read_exact_idle(rd, part, idle)
+            .await
+            .map_err(|e| CheckedError::Xfer(XferError::Peer(e)))?;
+        st.hasher.update(part);
+        done += n;
+        if st.advance(n as u64, done == buf.len()) {
+            read_exact_idle(rd, &mut digest, idle)
+                .await
+                .map_err(|e| CheckedError::Xfer(XferError::Peer(e)))?;
+            if !digest.eq_ignore_ascii_case(st.hasher.finish_hex().as_bytes()) {
+                return Err(CheckedError::Mismatch);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Sends `len` bytes of `file` from `pos` as a checksummed data phase: each
+/// block followed by its digest. Passes through user space to be hashed.
+pub(crate) async fn send_checked(
+    sock: &mut TcpStream,
+    file: &Arc<File>,
+    pos: u64,
+    len: u64,
+    idle: Duration,
+    ncs: NetChksum,
+) -> Result<(), XferError> {
+    let mut st = Checked::new(ncs);
+    let mut buf = vec![0u8; usize::try_from(st.room(len)).unwrap_or(CHUNK_BYTES)];
+    let mut done = 0u64;
+    while done < len {
+        let n = st.room(len - done);
+        let k = usize::try_from(n).unwrap_or(CHUNK_BYTES);
+        let f = file.clone();
+        let at = pos + done;
+        buf = tokio::task::spawn_blocking(move || f.read_exact_at(&mut buf[..k], at).map(|()| buf))
+            .await
+            .map_err(io::Error::other)
+            .and_then(|r| r)
+            .map_err(XferError::Disk)?;
+        st.hasher.update(&buf[..k]);
+        write_idle(sock, &buf[..k], idle).await?;
+        done += n;
+        if st.advance(n, done == len) {
+            write_idle(sock, st.hasher.finish_hex().as_bytes(), idle).await?;
+        }
+    }
+    Ok(())
+}
+
+async fn write_idle(sock: &mut TcpStream, b: &[u8], idle: Duration) -> Result<(), XferError> {
+    timeout(idle, sock.write_all(b))
+        .await
+        .map_err(|_| XferError::Peer(timed_out()))?
+        .map_err(XferError::Peer)
 }

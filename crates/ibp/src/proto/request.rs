@@ -7,6 +7,7 @@
 
 use std::fmt;
 
+use super::chksum::{ChksumType, NetChksum};
 use super::limits::{MAX_FIELDS, MAX_KEY_BYTES, MAX_LINE_BYTES, MAX_PASSWORD_BYTES};
 use super::status::StatusCode;
 use crate::caps::{Capability, Key, valid_rid};
@@ -309,6 +310,15 @@ pub enum Request {
         /// Server-side timeout.
         timeout: Timeout,
     },
+    /// LStore's checksummed STORE (`28`), WRITE (`27`) and LOAD (`24`): `req`
+    /// is the plain request; its data phase carries a digest after every
+    /// `chksum.block_size` bytes ([`super::chksum`]).
+    Checksummed {
+        /// Algorithm and block size.
+        chksum: NetChksum,
+        /// The `Store`, `Write` or `Load` it wraps.
+        req: Box<Request>,
+    },
     /// `4` STATUS.
     Status {
         /// Version token.
@@ -344,6 +354,12 @@ pub enum ParseError {
     /// The capability field of SEND is malformed.
     #[error("malformed destination capability")]
     Capability,
+    /// A checksum type other than SHA256 (1), SHA512 (2), SHA1 (3), MD5 (4).
+    #[error("unknown checksum type")]
+    ChksumType,
+    /// A checksum block size below 1 (or too large).
+    #[error("invalid checksum block size")]
+    ChksumBlockSize,
 }
 
 impl ParseError {
@@ -357,6 +373,8 @@ impl ParseError {
             ParseError::UnknownCommand(_) => StatusCode::UNKNOWN_FUNCTION,
             ParseError::Invalid(_) => StatusCode::INVALID_PARAMETER,
             ParseError::Capability => StatusCode::WRONG_CAP_FORMAT,
+            ParseError::ChksumType => StatusCode::CHKSUM_TYPE,
+            ParseError::ChksumBlockSize => StatusCode::CHKSUM_BLOCKSIZE,
         }
     }
 }
@@ -377,6 +395,12 @@ pub mod cmd {
     pub const MANAGE: i64 = 9;
     /// WRITE.
     pub const WRITE: i64 = 13;
+    /// LStore's checksummed LOAD.
+    pub const LOAD_CHKSUM: i64 = 24;
+    /// LStore's checksummed WRITE.
+    pub const WRITE_CHKSUM: i64 = 27;
+    /// LStore's checksummed STORE.
+    pub const STORE_CHKSUM: i64 = 28;
     /// MANAGE PROBE.
     pub const PROBE: i64 = 40;
     /// MANAGE INCR.
@@ -388,16 +412,22 @@ pub mod cmd {
     /// MANAGE TRUNCATE.
     pub const TRUNCATE: i64 = 45;
 
+    /// Whether command `n` is one we serve whose client sends data after the
+    /// request line (STORE, WRITE and their checksummed forms).
+    pub fn uploads(n: i64) -> bool {
+        matches!(n, STORE | WRITE | STORE_CHKSUM | WRITE_CHKSUM)
+    }
+
     /// Whether command `n`, one we do not serve, is known to send no data
     /// after its request line (ALIAS/RENAME/SPLIT/MERGE, PUSH/PULL and their
-    /// checksummed forms, checksummed ALLOCATE and LOAD/SEND, GET/VALIDATE
-    /// checksum, VEC_READ). For any other — the checksummed and vector
-    /// WRITE/STORE, LoCI legacy and ACCRE internal commands, numbers nobody
-    /// defined — we cannot tell where a data phase would end, so after the
-    /// error reply the connection must close rather than read that data as
-    /// commands (the reference depot closes too).
+    /// checksummed forms, checksummed ALLOCATE and SEND, GET/VALIDATE
+    /// checksum, VEC_READ). For any other — vector WRITE, LoCI legacy and
+    /// ACCRE internal commands, numbers nobody defined — we cannot tell where
+    /// a data phase would end, so after the error reply the connection must
+    /// close rather than read that data as commands (the reference depot
+    /// closes too).
     pub fn sends_no_data(n: i64) -> bool {
-        matches!(n, 14..=26 | 29..=32 | 35 | 36)
+        matches!(n, 14..=23 | 25 | 26 | 29..=32 | 35 | 36)
     }
 }
 
@@ -545,50 +575,9 @@ impl Request {
             .map_err(|_| ParseError::BadFormat("command is not a number"))?;
         match command {
             cmd::ALLOCATE => parse_allocate(&fields, version),
-            cmd::STORE => {
-                fields.expect(6, "STORE")?;
-                Ok(Request::Store {
-                    version,
-                    key: fields.key(2)?,
-                    typekey: fields.typekey(3)?,
-                    length: fields.uint(4, "length")?,
-                    timeout: fields.timeout(5)?,
-                })
-            }
-            cmd::WRITE | cmd::LOAD => {
-                let name = if command == cmd::WRITE {
-                    "WRITE"
-                } else {
-                    "LOAD"
-                };
-                fields.expect(7, name)?;
-                let key = fields.key(2)?;
-                let typekey = fields.typekey(3)?;
-                let offset = fields.uint(4, "offset")?;
-                let length = fields.uint(5, "length")?;
-                let timeout = fields.timeout(6)?;
-                offset
-                    .checked_add(length)
-                    .ok_or(ParseError::Invalid("offset + length"))?;
-                Ok(if command == cmd::WRITE {
-                    Request::Write {
-                        version,
-                        key,
-                        typekey,
-                        offset,
-                        length,
-                        timeout,
-                    }
-                } else {
-                    Request::Load {
-                        version,
-                        key,
-                        typekey,
-                        offset,
-                        length,
-                        timeout,
-                    }
-                })
+            cmd::STORE | cmd::WRITE | cmd::LOAD => parse_rw(&fields, version, command),
+            cmd::STORE_CHKSUM | cmd::WRITE_CHKSUM | cmd::LOAD_CHKSUM => {
+                parse_checksummed(&fields, version, command)
             }
             cmd::SEND => {
                 fields.expect(10, "SEND")?;
@@ -715,6 +704,22 @@ impl Request {
                 };
                 format!("{head} {body} {}", timeout.encode())
             }
+            Request::Checksummed { chksum, req } => {
+                let plain = req.encode();
+                let mut it = plain.trim_end().splitn(3, ' ');
+                let (v, c, rest) = (it.next(), it.next(), it.next().unwrap_or(""));
+                let command = match c {
+                    Some("2") => cmd::STORE_CHKSUM,
+                    Some("13") => cmd::WRITE_CHKSUM,
+                    _ => cmd::LOAD_CHKSUM,
+                };
+                format!(
+                    "{} {command} {} {} {rest}",
+                    v.unwrap_or("1"),
+                    chksum.kind.number(),
+                    chksum.block_size
+                )
+            }
             Request::Status {
                 version,
                 op,
@@ -780,8 +785,90 @@ impl Request {
             Request::Send { .. } => "SEND",
             Request::Manage { .. } => "MANAGE",
             Request::Status { .. } => "STATUS",
+            Request::Checksummed { req, .. } => req.command_name(),
         }
     }
+}
+
+fn parse_rw(fields: &Fields<'_>, version: Version, command: i64) -> Result<Request, ParseError> {
+    if command == cmd::STORE {
+        fields.expect(6, "STORE")?;
+        return Ok(Request::Store {
+            version,
+            key: fields.key(2)?,
+            typekey: fields.typekey(3)?,
+            length: fields.uint(4, "length")?,
+            timeout: fields.timeout(5)?,
+        });
+    }
+    let write = command == cmd::WRITE;
+    fields.expect(7, if write { "WRITE" } else { "LOAD" })?;
+    let key = fields.key(2)?;
+    let typekey = fields.typekey(3)?;
+    let offset = fields.uint(4, "offset")?;
+    let length = fields.uint(5, "length")?;
+    let timeout = fields.timeout(6)?;
+    offset
+        .checked_add(length)
+        .ok_or(ParseError::Invalid("offset + length"))?;
+    Ok(if write {
+        Request::Write {
+            version,
+            key,
+            typekey,
+            offset,
+            length,
+            timeout,
+        }
+    } else {
+        Request::Load {
+            version,
+            key,
+            typekey,
+            offset,
+            length,
+            timeout,
+        }
+    })
+}
+
+/// Largest checksum block size accepted: the reference depot's limit for
+/// disk checksum blocks (2 GiB).
+pub const MAX_CHKSUM_BLOCK: u64 = 1 << 31;
+
+/// `<v> 28|27|24 <type> <blocksize> <the STORE/WRITE/LOAD fields…>`.
+fn parse_checksummed(
+    fields: &Fields<'_>,
+    version: Version,
+    command: i64,
+) -> Result<Request, ParseError> {
+    if fields.f.len() < 4 {
+        return Err(ParseError::FieldCount("checksummed request"));
+    }
+    let kind = fields
+        .int(2, "checksum type")
+        .ok()
+        .and_then(ChksumType::from_number)
+        .ok_or(ParseError::ChksumType)?;
+    let block_size = fields
+        .uint(3, "checksum block size")
+        .ok()
+        .filter(|b| (1..=MAX_CHKSUM_BLOCK).contains(b))
+        .ok_or(ParseError::ChksumBlockSize)?;
+    let plain = match command {
+        cmd::STORE_CHKSUM => cmd::STORE,
+        cmd::WRITE_CHKSUM => cmd::WRITE,
+        _ => cmd::LOAD,
+    };
+    let mut f = Vec::with_capacity(fields.f.len() - 2);
+    f.push(fields.f[0]);
+    f.push(fields.f[1]);
+    f.extend_from_slice(&fields.f[4..]);
+    let req = parse_rw(&Fields { f }, version, plain)?;
+    Ok(Request::Checksummed {
+        chksum: NetChksum { kind, block_size },
+        req: Box::new(req),
+    })
 }
 
 fn parse_allocate(f: &Fields<'_>, version: Version) -> Result<Request, ParseError> {

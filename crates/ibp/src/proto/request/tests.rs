@@ -224,6 +224,28 @@ proptest! {
     }
 
     #[test]
+    fn checksummed_requests_round_trip(
+        version in version(),
+        key in key_token(),
+        typekey in typekey(),
+        (offset, length) in (0u64..u64::MAX / 2, 0u64..u64::MAX / 2),
+        timeout in timeout(),
+        kind in 1i64..=4,
+        block_size in 1u64..=super::MAX_CHKSUM_BLOCK,
+        which in 0..3,
+    ) {
+        let req = match which {
+            0 => Request::Store { version, key, typekey, length, timeout },
+            1 => Request::Write { version, key, typekey, offset, length, timeout },
+            _ => Request::Load { version, key, typekey, offset, length, timeout },
+        };
+        let chksum = NetChksum { kind: ChksumType::from_number(kind).unwrap(), block_size };
+        let req = Request::Checksummed { chksum, req: Box::new(req) };
+        let line = req.encode();
+        prop_assert_eq!(Request::parse(line.as_bytes()), Ok(req));
+    }
+
+    #[test]
     fn parser_never_panics_on_arbitrary_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..600)) {
         let _ = Request::parse(&bytes);
     }
@@ -333,6 +355,33 @@ fn fractional_and_zero_timeouts_mean_default() {
 
 /// One named case per malformed-input class, with the status the depot sends.
 #[test]
+fn parses_what_lstore_sends_with_network_checksums() {
+    // ibp_perf -network_chksum MD5 64: write_command / read_command / append_command.
+    let w = Request::parse(b"1 27 4 65536 0#abcdefgh 77 131072 65536 30\n").unwrap();
+    let Request::Checksummed { chksum, req } = w else {
+        panic!("{w:?}")
+    };
+    assert_eq!(chksum.kind, ChksumType::Md5);
+    assert_eq!(chksum.block_size, 65536);
+    assert!(matches!(
+        *req,
+        Request::Write {
+            offset: 131072,
+            length: 65536,
+            ..
+        }
+    ));
+    let l = Request::parse(b"1 24 1 1024 0#abcdefgh 77 0 10 30\n").unwrap();
+    assert!(
+        matches!(l, Request::Checksummed { req, .. } if matches!(*req, Request::Load { length: 10, .. }))
+    );
+    let s = Request::parse(b"1 28 3 1 0#abcdefgh 77 5 30\n").unwrap();
+    assert!(
+        matches!(s, Request::Checksummed { req, .. } if matches!(*req, Request::Store { length: 5, .. }))
+    );
+}
+
+#[test]
 fn rejection_table() {
     let long = format!("1 8 1#k 1 0 1 {}\n", "9".repeat(MAX_LINE_BYTES));
     let many = format!("1 2 {}\n", "1 ".repeat(40));
@@ -352,6 +401,31 @@ fn rejection_table() {
             StatusCode::PROT_VERS,
         ),
         ("line too long", long.as_bytes(), StatusCode::BAD_FORMAT),
+        (
+            "checksum type none",
+            b"1 27 0 64 0#k 1 0 1 1\n",
+            StatusCode::CHKSUM_TYPE,
+        ),
+        (
+            "unknown checksum type",
+            b"1 24 9 64 0#k 1 0 1 1\n",
+            StatusCode::CHKSUM_TYPE,
+        ),
+        (
+            "checksum block size 0",
+            b"1 28 1 0 0#k 1 1 1\n",
+            StatusCode::CHKSUM_BLOCKSIZE,
+        ),
+        (
+            "checksum block size above 2 GiB",
+            b"1 28 1 2147483649 0#k 1 1 1\n",
+            StatusCode::CHKSUM_BLOCKSIZE,
+        ),
+        (
+            "checksummed write missing fields",
+            b"1 27 1 64 0#k 1 0 1\n",
+            StatusCode::BAD_FORMAT,
+        ),
         ("too many fields", many.as_bytes(), StatusCode::BAD_FORMAT),
         (
             "non-ascii",
@@ -461,12 +535,12 @@ fn rejection_table() {
 #[test]
 fn unserved_commands_are_sorted_by_whether_data_follows() {
     use super::cmd::sends_no_data;
-    // ALIAS_ALLOCATE, RENAME, MERGE, PUSH, checksummed LOAD, GET_CHKSUM, VEC_READ.
-    for n in [14, 16, 19, 20, 24, 31, 35] {
+    // ALIAS_ALLOCATE, RENAME, MERGE, PUSH, GET_CHKSUM, VEC_READ.
+    for n in [14, 16, 19, 20, 31, 35] {
         assert!(sends_no_data(n), "{n}");
     }
-    // WRITE_CHKSUM, STORE_CHKSUM, VEC_WRITE, LoCI DELIVER, ACCRE internal, unknown.
-    for n in [27, 28, 33, 34, 3, 90, 77, -1, i64::MAX] {
+    // VEC_WRITE and its checksummed form, LoCI DELIVER, ACCRE internal, unknown.
+    for n in [33, 34, 3, 90, 77, -1, i64::MAX] {
         assert!(!sends_no_data(n), "{n}");
     }
 }
