@@ -13,8 +13,8 @@
 //! is inserted just before the equal node the search meets first, and which
 //! one that is depends on the tree's rebalancing history. The only faithful
 //! way to reproduce it is to replay the same insertions on a tree that
-//! rebalances exactly as libfdr's does, which [`Jrb`] below does (insertion
-//! only: numbering never deletes).
+//! rebalances exactly as libfdr's does, as the private `Jrb` here does
+//! (insertion only: numbering never deletes).
 //!
 //! ```
 //! use lors_exnode::{Mapping, Numbering};

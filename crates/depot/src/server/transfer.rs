@@ -120,6 +120,24 @@ impl Checked {
             .min(self.ncs.block_size - self.in_block)
     }
 
+    /// Reads the digest that follows a block and compares it with the
+    /// block's own (either case of hex digits).
+    async fn check_digest(
+        &mut self,
+        rd: &mut BufReader<TcpStream>,
+        digest: &mut [u8],
+        idle: Duration,
+    ) -> Result<(), CheckedError> {
+        read_exact_idle(rd, digest, idle)
+            .await
+            .map_err(|e| CheckedError::Xfer(XferError::Peer(e)))?;
+        if digest.eq_ignore_ascii_case(self.hasher.finish_hex().as_bytes()) {
+            Ok(())
+        } else {
+            Err(CheckedError::Mismatch)
+        }
+    }
+
     /// Counts `n` hashed bytes; whether a digest is due (the block is full,
     /// or these were the data phase's last bytes).
     fn advance(&mut self, n: u64, phase_ends: bool) -> bool {
@@ -165,10 +183,7 @@ pub(crate) async fn recv_checked(
             .map_err(|e| CheckedError::Xfer(XferError::Disk(e)))?;
         done += n;
         if st.advance(n, last && done == len) {
-            read_exact_idle(rd, &mut digest, idle).await.map_err(peer)?;
-            if !digest.eq_ignore_ascii_case(st.hasher.finish_hex().as_bytes()) {
-                return Err(CheckedError::Mismatch);
-            }
+            st.check_digest(rd, &mut digest, idle).await?;
         }
     }
     Ok(())
@@ -194,12 +209,7 @@ pub(crate) async fn read_checked(
         st.hasher.update(part);
         done += n;
         if st.advance(n as u64, done == buf.len()) {
-            read_exact_idle(rd, &mut digest, idle)
-                .await
-                .map_err(|e| CheckedError::Xfer(XferError::Peer(e)))?;
-            if !digest.eq_ignore_ascii_case(st.hasher.finish_hex().as_bytes()) {
-                return Err(CheckedError::Mismatch);
-            }
+            st.check_digest(rd, &mut digest, idle).await?;
         }
     }
     Ok(())
