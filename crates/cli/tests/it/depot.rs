@@ -1000,3 +1000,29 @@ async fn network_checksummed_store_write_and_load_frame_every_block() {
     let probe = r.line().await;
     assert_eq!(probe.split_whitespace().nth(3), Some("0"), "{probe}");
 }
+
+/// A checksummed STORE longer than one receive round (8 MiB), with blocks
+/// that do not divide it: rounds end mid-block and the next block still fits.
+#[tokio::test]
+async fn a_long_checksummed_store_with_odd_blocks_lands_whole() {
+    use lors_ibp::proto::chksum::{ChksumType, NetChksum, frame};
+    let dir = tempdir();
+    let d = DepotProc::start(dir.path(), &[]);
+    let mut c = d.connect().await;
+    let len = 9 << 20;
+    let caps = alloc(&mut c, len as u64, 3600).await;
+    let data = pattern(len, 7);
+    let ncs = NetChksum {
+        kind: ChksumType::Md5,
+        block_size: 100,
+    };
+    let mut r = Raw::connect(&d.addr).await;
+    r.send(format!("1 28 4 100 {} {len} 30\n", tok(&caps.write)).as_bytes())
+        .await;
+    assert_eq!(r.line().await, "1 \n");
+    r.send(&frame(&ncs, &data)).await;
+    assert_eq!(r.line().await, format!("1 {len} \n"));
+    let mut got = vec![0u8; len];
+    c.load(&caps.read, 0, &mut got).await.unwrap();
+    assert!(got == data);
+}

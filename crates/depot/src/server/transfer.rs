@@ -164,7 +164,10 @@ pub(crate) async fn recv_checked(
     st: &mut Checked,
 ) -> Result<(), CheckedError> {
     let peer = |e| CheckedError::Xfer(XferError::Peer(e));
-    let mut buf = vec![0u8; usize::try_from(st.room(len)).unwrap_or(CHUNK_BYTES)];
+    // A round may start mid-block, so later blocks can need more room than
+    // the first: size for the largest piece the phase can read at once.
+    let most = len.min(CHUNK_BYTES as u64).min(st.ncs.block_size);
+    let mut buf = vec![0u8; usize::try_from(most).unwrap_or(CHUNK_BYTES)];
     let mut digest = vec![0u8; st.ncs.kind.hex_len()];
     let mut done = 0u64;
     while done < len {
