@@ -578,21 +578,25 @@ impl Ctx {
         }
         let now = Instant::now();
         let mut g = self.lock();
+        // The oldest piece in flight on each depot, in one pass.
+        let mut oldest_on: std::collections::HashMap<&str, Instant> =
+            std::collections::HashMap::new();
+        for s in g.segs.iter().filter(|s| s.st == St::Running) {
+            for &m in &s.running_on {
+                let t = oldest_on.entry(self.depot_name(m)).or_insert(s.started);
+                *t = (*t).min(s.started);
+            }
+        }
+        let mut woke = false;
         for depot in &self.depots {
             if g.dead.contains(depot) || g.stalled.contains(depot) {
                 continue;
             }
+            let Some(&oldest) = oldest_on.get(depot.as_str()) else {
+                continue;
+            };
             let on_depot = |s: &Seg| {
                 s.st == St::Running && s.running_on.iter().any(|&m| self.depot_name(m) == depot)
-            };
-            let Some(oldest) = g
-                .segs
-                .iter()
-                .filter(|s| on_depot(s))
-                .map(|s| s.started)
-                .min()
-            else {
-                continue;
             };
             let since = g
                 .delivered
@@ -623,6 +627,7 @@ impl Ctx {
                     moved += 1;
                 }
             }
+            woke |= moved > 0;
             self.progress.note(&format!(
                 "depot {depot} has sent nothing for {}s while others deliver; \
                  reading its {moved} pieces in flight from other replicas",
@@ -630,7 +635,10 @@ impl Ctx {
             ));
         }
         drop(g);
-        self.wake.notify_waiters();
+        // Workers wait for queued pieces; wake them only when there are new ones.
+        if woke {
+            self.wake.notify_waiters();
+        }
     }
 
     /// Claims a fetched segment; false if another replica already won.

@@ -96,6 +96,8 @@ pub(crate) struct Checked {
     ncs: NetChksum,
     hasher: BlockHasher,
     in_block: u64,
+    /// Room for the digest that follows a block, kept for the whole phase.
+    digest: Vec<u8>,
 }
 
 /// Why a checksummed receive stopped.
@@ -111,6 +113,7 @@ impl Checked {
             ncs,
             hasher: BlockHasher::new(ncs.kind),
             in_block: 0,
+            digest: vec![0u8; ncs.kind.hex_len()],
         }
     }
 
@@ -125,13 +128,15 @@ impl Checked {
     async fn check_digest(
         &mut self,
         rd: &mut BufReader<TcpStream>,
-        digest: &mut [u8],
         idle: Duration,
     ) -> Result<(), CheckedError> {
-        read_exact_idle(rd, digest, idle)
+        read_exact_idle(rd, &mut self.digest, idle)
             .await
             .map_err(|e| CheckedError::Xfer(XferError::Peer(e)))?;
-        if digest.eq_ignore_ascii_case(self.hasher.finish_hex().as_bytes()) {
+        if self
+            .digest
+            .eq_ignore_ascii_case(self.hasher.finish_hex().as_bytes())
+        {
             Ok(())
         } else {
             Err(CheckedError::Mismatch)
@@ -168,7 +173,6 @@ pub(crate) async fn recv_checked(
     // the first: size for the largest piece the phase can read at once.
     let most = len.min(CHUNK_BYTES as u64).min(st.ncs.block_size);
     let mut buf = vec![0u8; usize::try_from(most).unwrap_or(CHUNK_BYTES)];
-    let mut digest = vec![0u8; st.ncs.kind.hex_len()];
     let mut done = 0u64;
     while done < len {
         let n = st.room(len - done);
@@ -186,7 +190,7 @@ pub(crate) async fn recv_checked(
             .map_err(|e| CheckedError::Xfer(XferError::Disk(e)))?;
         done += n;
         if st.advance(n, last && done == len) {
-            st.check_digest(rd, &mut digest, idle).await?;
+            st.check_digest(rd, idle).await?;
         }
     }
     Ok(())
@@ -201,7 +205,6 @@ pub(crate) async fn read_checked(
     ncs: NetChksum,
 ) -> Result<(), CheckedError> {
     let mut st = Checked::new(ncs);
-    let mut digest = vec![0u8; ncs.kind.hex_len()];
     let mut done = 0usize;
     while done < buf.len() {
         let n = usize::try_from(st.room((buf.len() - done) as u64)).unwrap_or(CHUNK_BYTES);
@@ -212,7 +215,7 @@ pub(crate) async fn read_checked(
         st.hasher.update(part);
         done += n;
         if st.advance(n as u64, done == buf.len()) {
-            st.check_digest(rd, &mut digest, idle).await?;
+            st.check_digest(rd, idle).await?;
         }
     }
     Ok(())
