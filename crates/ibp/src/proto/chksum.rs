@@ -60,16 +60,6 @@ impl ChksumType {
             ChksumType::Md5 => 32,
         }
     }
-
-    /// The name LStore's tools take (`ibp_perf -network_chksum MD5 64`).
-    pub fn name(self) -> &'static str {
-        match self {
-            ChksumType::Sha256 => "SHA256",
-            ChksumType::Sha512 => "SHA512",
-            ChksumType::Sha1 => "SHA1",
-            ChksumType::Md5 => "MD5",
-        }
-    }
 }
 
 /// The `<type> <blocksize>` pair of a checksummed request.

@@ -25,3 +25,7 @@ pub const MAX_PASSWORD_BYTES: usize = 256;
 
 /// Largest number of bytes one STATUS reply body may announce (client side).
 pub const MAX_STATUS_BODY_BYTES: usize = 64 * 1024;
+
+/// Largest checksum block size accepted in a checksummed request: the
+/// reference depot's limit for checksum blocks (2 GiB).
+pub const MAX_CHKSUM_BLOCK: u64 = 1 << 31;

@@ -8,7 +8,9 @@
 use std::fmt;
 
 use super::chksum::{ChksumType, NetChksum};
-use super::limits::{MAX_FIELDS, MAX_KEY_BYTES, MAX_LINE_BYTES, MAX_PASSWORD_BYTES};
+use super::limits::{
+    MAX_CHKSUM_BLOCK, MAX_FIELDS, MAX_KEY_BYTES, MAX_LINE_BYTES, MAX_PASSWORD_BYTES,
+};
 use super::status::StatusCode;
 use crate::caps::{Capability, Key, valid_rid};
 
@@ -831,10 +833,6 @@ fn parse_rw(fields: &Fields<'_>, version: Version, command: i64) -> Result<Reque
         }
     })
 }
-
-/// Largest checksum block size accepted: the reference depot's limit for
-/// disk checksum blocks (2 GiB).
-pub const MAX_CHKSUM_BLOCK: u64 = 1 << 31;
 
 /// `<v> 28|27|24 <type> <blocksize> <the STORE/WRITE/LOAD fields…>`.
 fn parse_checksummed(

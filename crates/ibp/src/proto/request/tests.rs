@@ -231,7 +231,7 @@ proptest! {
         (offset, length) in (0u64..u64::MAX / 2, 0u64..u64::MAX / 2),
         timeout in timeout(),
         kind in 1i64..=4,
-        block_size in 1u64..=super::MAX_CHKSUM_BLOCK,
+        block_size in 1u64..=MAX_CHKSUM_BLOCK,
         which in 0..3,
     ) {
         let req = match which {
