@@ -1,8 +1,10 @@
 //! The depot's command handling, not only its parser: a real depot on
 //! 127.0.0.1 with its store in a temporary directory, driven by sequences of
 //! commands built from the input — ALLOCATE, STORE, WRITE, LOAD (plain and
-//! with LStore's network checksums, right or wrong), SEND, MANAGE and STATUS
-//! with numbers at their extremes, data phases cut short, and raw lines. After every input:
+//! with LStore's network checksums, right or wrong), SEND, MANAGE, STATUS,
+//! LStore's alias ALLOCATE and MANAGE (whose keys are then used everywhere)
+//! with numbers at their extremes, data phases cut short, and raw lines.
+//! After every input:
 //!
 //! * every reply came within its deadline (no hang), and the depot answers;
 //! * the space the depot accounts equals the sum of its live allocations and
@@ -210,7 +212,7 @@ fn run(u: &mut Unstructured<'_>, h: &Harness) -> ArbResult<()> {
         };
         let ver = if u.ratio(1u8, 8)? { 0 } else { 1 };
         let t = plain(u, 30)?; // the timeout field
-        let op = u.int_in_range(0u8..=9)?;
+        let op = u.int_in_range(0u8..=11)?;
         // LStore's checksummed forms of STORE, WRITE and LOAD, sometimes
         // with types or block sizes the depot must refuse.
         let chk = if u.ratio(1u8, 4)? {
@@ -296,6 +298,43 @@ fn run(u: &mut Unstructured<'_>, h: &Harness) -> ArbResult<()> {
                     .collect();
                 (String::from_utf8_lossy(&raw).into_owned(), None)
             }
+            10 => {
+                // ALIAS_ALLOCATE; its keys join the pool the other commands
+                // pick from.
+                let k = u.choose_index(3)?;
+                let m = pick(u, &caps, k)?;
+                let (off, len) = (plain(u, 64 << 10)?, plain(u, 64 << 10)?);
+                let (off, len) = if u.ratio(1u8, 2)? {
+                    ("0".into(), "0".into())
+                } else {
+                    (off, len)
+                };
+                let d = if u.ratio(1u8, 2)? {
+                    "0".into()
+                } else {
+                    plain(u, 3600)?
+                };
+                (format!("{ver} 14 {m} {off} {len} {d} {t}"), None)
+            }
+            11 => {
+                // ALIAS_MANAGE with any key as the alias and as the master.
+                let a = pick(u, &caps, 2)?;
+                let m = pick(u, &caps, 2)?;
+                let line = match [40, 41, 42, 43, 43][u.choose_index(5)?] {
+                    40 => format!("{ver} 15 {a} 40 3 {t}"),
+                    43 => {
+                        let cap = if u.ratio(1u8, 2)? { "3 " } else { "" };
+                        let (off, len) = (plain(u, 64 << 10)?, plain(u, 64 << 10)?);
+                        let d = num(u)?;
+                        format!("{ver} 15 {a} 43 {cap}{off} {len} {d} {m} {t}")
+                    }
+                    sub => {
+                        let ct = u.int_in_range(0u8..=3)?;
+                        format!("{ver} 15 {a} {sub} {ct} {m} {t}")
+                    }
+                };
+                (line, None)
+            }
             _ => {
                 // A fresh connection, abandoning this one mid-whatever.
                 c = Client::connect(&h.addr);
@@ -315,7 +354,7 @@ fn run(u: &mut Unstructured<'_>, h: &Harness) -> ArbResult<()> {
             continue;
         };
         match op {
-            0 if reply.starts_with("1 ") => {
+            0 | 10 if reply.starts_with("1 ") => {
                 if let Some(cs) = parse_caps(&reply) {
                     full_caps.push(reply.split_whitespace().nth(2).unwrap_or("").to_owned());
                     caps.push(cs);
@@ -420,6 +459,10 @@ fn check(h: &Harness) {
         (0, 0, 0),
         "usage after deleting all"
     );
+    // No alias outlives the allocations, and no key is left over.
+    if let Err(e) = h.depot.store.check_accounting() {
+        panic!("after deleting all: {e}");
+    }
     let left: Vec<_> = std::fs::read_dir(&h.data)
         .into_iter()
         .flatten()

@@ -13,8 +13,20 @@ use tokio::sync::watch;
 use crate::server::Depot;
 
 /// Commands we count, in the order of [`Metrics::requests`].
-pub const COMMANDS: [&str; 8] = [
-    "ALLOCATE", "STORE", "WRITE", "LOAD", "SEND", "MANAGE", "STATUS", "INVALID",
+pub const COMMANDS: [&str; 13] = [
+    "ALLOCATE",
+    "STORE",
+    "WRITE",
+    "LOAD",
+    "SEND",
+    "MANAGE",
+    "STATUS",
+    "ALIAS_ALLOCATE",
+    "ALIAS_MANAGE",
+    "ALLOCATE_CHKSUM",
+    "GET_CHKSUM",
+    "VALIDATE_CHKSUM",
+    "INVALID",
 ];
 
 /// Index of a command name in [`COMMANDS`].

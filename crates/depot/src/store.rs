@@ -6,6 +6,7 @@
 //! store's `state`; none is held across an `.await`. The per-allocation `writer` (async) serializes
 //! data phases and is taken before either.
 
+pub mod alias;
 pub mod datafile;
 pub mod meta;
 
@@ -21,8 +22,9 @@ use lors_ibp::caps::{CapKind, Key};
 use lors_ibp::proto::{AllocType, KeyToken, Reliability, StatusCode};
 
 use crate::config::{Config, ResourceConfig, SyncPolicy, TypeName};
+pub use alias::{AliasProbe, Window};
 use datafile::Extent;
-use meta::{AllocRecord, MetaDb};
+use meta::{AliasRecord, AllocRecord, MetaDb};
 
 /// Store failures, each mapped to the IBP status a client sees.
 #[derive(Debug, thiserror::Error)]
@@ -67,6 +69,9 @@ pub enum StoreError {
     /// The allocation's data file is damaged.
     #[error("allocation data is damaged")]
     Corrupt,
+    /// An alias command named a master manage key that is not its master's.
+    #[error("not the manage key of the alias's allocation")]
+    WrongMaster,
 }
 
 impl From<meta::MetaError> for StoreError {
@@ -94,6 +99,7 @@ impl StoreError {
             StoreError::Read(_) | StoreError::Corrupt => StatusCode::FILE_READ,
             StoreError::Write(_) => StatusCode::FILE_WRITE,
             StoreError::Meta(_) => StatusCode::INTERNAL,
+            StoreError::WrongMaster => StatusCode::INVALID_MANAGE_CAP,
         }
     }
 }
@@ -398,13 +404,21 @@ impl Alloc {
 
     /// Probe result.
     pub fn probe(&self) -> ProbeInfo {
+        self.probe_window(Window::WHOLE)
+    }
+
+    /// Probe result as seen through `w`: sizes are cut to the window and
+    /// counted from its start, as the ACCRE depot reports them to an alias.
+    pub fn probe_window(&self, w: Window) -> ProbeInfo {
         let info = lock(&self.info);
         let ext = lock(&self.data).extent;
+        let max = info.rec.max_size;
+        let wlen = w.end().min(max).saturating_sub(w.offset);
         ProbeInfo {
             read_refs: i64::from(info.rec.read_refs),
             write_refs: i64::from(info.rec.write_refs),
-            size: ext.len,
-            max_size: info.rec.max_size,
+            size: ext.len.saturating_sub(w.offset).min(wlen),
+            max_size: wlen,
             seconds_left: i64::try_from(info.rec.expires_at.saturating_sub(now_secs()))
                 .unwrap_or(i64::MAX),
             reliability: info.rec.reliability.number(),
@@ -423,11 +437,16 @@ struct Entry {
     key_hashes: [[u8; 32]; 3],
 }
 
+#[derive(Default)]
 struct State {
     allocs: HashMap<u64, Entry>,
+    /// Every key hash, of allocations and aliases (the ids do not collide).
     keys: HashMap<[u8; 32], (u64, CapKind)>,
     expiry: BTreeSet<(u64, u64)>,
     usage: Vec<Usage>,
+    aliases: HashMap<u64, AliasRecord>,
+    alias_expiry: BTreeSet<(u64, u64)>,
+    aliases_of: HashMap<u64, BTreeSet<u64>>,
 }
 
 impl State {
@@ -570,10 +589,8 @@ impl Store {
         let mut resources = Vec::new();
         let mut damaged = 0;
         let mut state = State {
-            allocs: HashMap::new(),
-            keys: HashMap::new(),
-            expiry: BTreeSet::new(),
             usage: vec![Usage::default(); cfg.resources.len()],
+            ..State::default()
         };
         for (idx, rc) in cfg.resources.iter().enumerate() {
             let data_dir = rc.path.join("data");
@@ -637,6 +654,21 @@ impl Store {
             if !reclaim.is_empty() {
                 res.db.apply(&[], &reclaim)?;
             }
+            let (aliases, mut stale) = res.db.load_aliases()?;
+            for (id, rec) in aliases {
+                // An alias outlives its allocation only across a crash
+                // between the two deletions.
+                let master_here = state
+                    .allocs
+                    .get(&rec.master)
+                    .is_some_and(|e| e.alloc.res.idx == idx);
+                if master_here {
+                    state.insert_alias(id, rec);
+                } else {
+                    stale.push(id);
+                }
+            }
+            alias::forget_aliases(&res, &stale);
             remove_orphans(&res, &state.allocs);
             resources.push(res);
         }
@@ -694,6 +726,7 @@ impl Store {
         let mut sums = vec![Usage::default(); self.resources.len()];
         let entries: Vec<(Arc<Alloc>, u64, Reliability)> = {
             let st = lock(&self.state);
+            st.check_aliases()?;
             for e in st.allocs.values() {
                 sums[e.alloc.res.idx].add(e.reliability, e.max_size);
             }
@@ -735,23 +768,61 @@ impl Store {
         lock(&self.state).allocs.len()
     }
 
-    /// Finds the live allocation a key token names. `want` is the capability
-    /// kind the command needs; `None` accepts any (PROBE, as LoCI did).
+    /// Finds the live allocation an allocation's own key names. `want` is
+    /// the capability kind the command needs; `None` accepts any (PROBE, as
+    /// LoCI did). An alias's key is refused with [`StoreError::InvalidCmd`]:
+    /// commands that reach through aliases use [`Store::lookup_view`].
     pub fn lookup(&self, token: &KeyToken, want: Option<CapKind>) -> Result<Arc<Alloc>> {
+        match self.resolve(token, want)? {
+            (a, None) => Ok(a),
+            (_, Some(_)) => Err(StoreError::InvalidCmd),
+        }
+    }
+
+    /// Finds the live allocation a key names, and the window of it the key
+    /// reaches: all of it for the allocation's keys, the alias's window for
+    /// an alias's keys (whose lease must not have run out either).
+    pub fn lookup_view(
+        &self,
+        token: &KeyToken,
+        want: Option<CapKind>,
+    ) -> Result<(Arc<Alloc>, Window)> {
+        let (a, window) = self.resolve(token, want)?;
+        Ok((a, window.unwrap_or(Window::WHOLE)))
+    }
+
+    /// The allocation a key reaches, and the window if the key is an alias's.
+    fn resolve(
+        &self,
+        token: &KeyToken,
+        want: Option<CapKind>,
+    ) -> Result<(Arc<Alloc>, Option<Window>)> {
         if let Some(rid) = &token.rid {
             if self.resource(rid).is_none() {
                 return Err(StoreError::InvalidRid);
             }
         }
         let h = key_hash(&token.key);
+        let now = now_secs();
         let st = lock(&self.state);
         let (id, kind) = *st.keys.get(&h).ok_or(StoreError::NotFound)?;
         if want.is_some_and(|w| w != kind) {
             return Err(StoreError::NotFound);
         }
+        let (master, window) = match st.aliases.get(&id) {
+            Some(al) if al.expires_at <= now => return Err(StoreError::NotFound),
+            Some(al) => (
+                al.master,
+                Some(Window {
+                    offset: al.offset,
+                    length: al.length,
+                }),
+            ),
+            None => (id, None),
+        };
         let a = st
             .allocs
-            .get(&id)
+            .get(&master)
             .ok_or(StoreError::NotFound)?
             .alloc
             .clone();
@@ -759,10 +830,10 @@ impl Store {
         if token.rid.as_deref().is_some_and(|r| r != a.res.rid()) {
             return Err(StoreError::NotFound);
         }
-        if lock(&a.info).rec.expires_at <= now_secs() {
+        if lock(&a.info).rec.expires_at <= now {
             return Err(StoreError::NotFound);
         }
-        Ok(a)
+        Ok((a, window))
     }
 
     /// ALLOCATE. Blocking (one metadata transaction).
@@ -777,15 +848,7 @@ impl Store {
             return Err(StoreError::TypeNotSupported);
         }
         let now = now_secs();
-        let keys = [Key::generate(), Key::generate(), Key::generate()];
-        let keys = match keys {
-            [Ok(r), Ok(w), Ok(m)] => [r, w, m],
-            _ => {
-                return Err(StoreError::Write(io::Error::other(
-                    "OS random source failed",
-                )));
-            }
-        };
+        let keys = alias::new_keys()?;
         let key_hashes = [key_hash(&keys[0]), key_hash(&keys[1]), key_hash(&keys[2])];
 
         let mut st = lock(&self.state);
@@ -838,21 +901,15 @@ impl Store {
         } else {
             req.duration.unsigned_abs()
         };
+        let id = st.fresh_id()?;
         let mut revoked_ids = Vec::new();
+        let mut revoked_aliases = Vec::new();
         for a in &revoke {
             if st.remove(a.id).is_some() {
                 revoked_ids.push(a.id);
+                revoked_aliases.extend(st.drop_aliases_of(a.id));
             }
         }
-        let id = loop {
-            let mut b = [0u8; 8];
-            getrandom::fill(&mut b)
-                .map_err(|e| StoreError::Write(io::Error::other(e.to_string())))?;
-            let id = u64::from_le_bytes(b);
-            if id != 0 && !st.allocs.contains_key(&id) {
-                break id;
-            }
-        };
         let rec = AllocRecord {
             atype: req.atype,
             reliability: req.reliability,
@@ -887,6 +944,7 @@ impl Store {
             lock(&self.state).remove(id);
             return Err(e.into());
         }
+        alias::forget_aliases(&res, &revoked_aliases);
         for a in &revoke {
             tracing::info!(rid = %a.res.rid(), id = a.id, "revoked soft allocation to make room");
             a.remove_data();
@@ -928,9 +986,11 @@ impl Store {
             info.rec = rec;
         } else {
             st.remove(a.id);
+            let aliases = st.drop_aliases_of(a.id);
             drop(st);
             info.deleted = true;
             a.res.db.apply(&[], &[a.id])?;
+            alias::forget_aliases(&a.res, &aliases);
             a.remove_data();
         }
         Ok(())
@@ -1034,9 +1094,10 @@ impl Store {
         })
     }
 
-    /// Deletes every allocation whose lease has run out. Blocking; returns how
-    /// many went.
+    /// Deletes every allocation and alias whose lease has run out. Blocking;
+    /// returns how many allocations went.
     pub fn reap_expired(&self, now: u64) -> usize {
+        self.reap_aliases(now);
         let expired: Vec<Arc<Alloc>> = {
             let st = lock(&self.state);
             st.expiry
@@ -1061,9 +1122,14 @@ impl Store {
         n
     }
 
-    /// Seconds until the next allocation expires, if any.
+    /// When the next allocation or alias expires, if any.
     pub fn next_expiry(&self) -> Option<u64> {
-        lock(&self.state).expiry.first().map(|(t, _)| *t)
+        let st = lock(&self.state);
+        let first = |s: &BTreeSet<(u64, u64)>| s.first().map(|(t, _)| *t);
+        match (first(&st.expiry), first(&st.alias_expiry)) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 }
 

@@ -11,8 +11,8 @@ pub mod status;
 pub use limits::*;
 pub use request::cmd;
 pub use request::{
-    AllocType, Allocate, KeyToken, ManageOp, ParseError, Reliability, Request, StatusOp, Timeout,
-    Version,
+    AliasOp, AllocType, Allocate, KeyToken, ManageOp, ParseError, Reliability, Request, StatusOp,
+    Timeout, Version,
 };
 pub use status::StatusCode;
 

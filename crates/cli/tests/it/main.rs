@@ -5,5 +5,6 @@ mod depot;
 mod hostile;
 mod lab;
 mod lbone;
+mod lstore;
 mod tools;
 mod util;

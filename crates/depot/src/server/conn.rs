@@ -12,8 +12,8 @@ use std::time::Duration;
 use lors_ibp::caps::{CapKind, Capability};
 use lors_ibp::proto::chksum::{NetChksum, frame};
 use lors_ibp::proto::{
-    AllocType, Allocate, MAX_LINE_BYTES, ManageOp, ParseError, Request, StatusCode, StatusOp,
-    Timeout, Version, cmd, status_line,
+    AliasOp, AllocType, Allocate, MAX_LINE_BYTES, ManageOp, ParseError, Request, StatusCode,
+    StatusOp, Timeout, Version, cmd, status_line,
 };
 use lors_ibp::wire::{Line, read_line};
 use tokio::io::{AsyncWriteExt, BufReader};
@@ -321,17 +321,37 @@ impl Conn {
                 dest_timeout,
                 ..
             } => {
-                let a = self.depot.store.lookup(&key, Some(CapKind::Read))?;
+                let (a, w) = self.depot.store.lookup_view(&key, Some(CapKind::Read))?;
+                let offset = w
+                    .map(offset, length)
+                    .ok_or(Fail::new(StatusCode::WOULD_EXCEED_LIMIT))?;
                 self.send(&a, &dest, offset, length, timeout, dest_timeout)
                     .await
             }
             Request::Manage { key, op, .. } => self.manage(&key, op).await,
+            Request::AliasAllocate {
+                key,
+                offset,
+                length,
+                duration,
+                ..
+            } => self.alias_allocate(&key, offset, length, duration).await,
+            Request::AliasManage { key, op, .. } => self.alias_manage(&key, op).await,
+            Request::AllocateChksum { .. }
+            | Request::GetChksum { .. }
+            | Request::ValidateChksum { .. } => Err(Fail::new(StatusCode::UNKNOWN_FUNCTION)),
             Request::Status { version, op, .. } => self.status(version, op).await,
         }
     }
 
-    /// STORE, WRITE and LOAD, plain or with LStore's network checksums.
+    /// STORE, WRITE and LOAD, plain or with LStore's network checksums,
+    /// through an allocation's keys or an alias's (whose window the range
+    /// must fit; a STORE through an alias needs one that starts at 0).
     async fn data_command(&mut self, req: Request, ncs: Option<NetChksum>) -> Res {
+        let beyond = |close: bool| Fail {
+            code: StatusCode::WOULD_EXCEED_LIMIT,
+            close,
+        };
         match req {
             Request::Store {
                 key,
@@ -339,12 +359,15 @@ impl Conn {
                 timeout,
                 ..
             } => {
-                let a = self
+                let (a, w) = self
                     .depot
                     .store
-                    .lookup(&key, Some(CapKind::Write))
+                    .lookup_view(&key, Some(CapKind::Write))
                     .map_err(closing)?;
-                self.store(&a, length, timeout, ncs).await
+                if !w.at_start() {
+                    return Err(beyond(true));
+                }
+                self.store(&a, length, timeout, ncs, w.end()).await
             }
             Request::Write {
                 key,
@@ -353,11 +376,12 @@ impl Conn {
                 timeout,
                 ..
             } => {
-                let a = self
+                let (a, w) = self
                     .depot
                     .store
-                    .lookup(&key, Some(CapKind::Write))
+                    .lookup_view(&key, Some(CapKind::Write))
                     .map_err(closing)?;
+                let offset = w.map(offset, length).ok_or(beyond(true))?;
                 self.write(&a, offset, length, timeout, ncs).await
             }
             Request::Load {
@@ -367,7 +391,8 @@ impl Conn {
                 timeout,
                 ..
             } => {
-                let a = self.depot.store.lookup(&key, Some(CapKind::Read))?;
+                let (a, w) = self.depot.store.lookup_view(&key, Some(CapKind::Read))?;
+                let offset = w.map(offset, length).ok_or(beyond(false))?;
                 self.load(&a, offset, length, timeout, ncs).await
             }
             // The parser wraps nothing else.
@@ -385,30 +410,37 @@ impl Conn {
         };
         let store = self.depot.store.clone();
         let new = blocking(move || store.allocate(&req)).await?;
+        tracing::info!(peer = %self.peer, rid = %new.rid, id = new.id, size = a.size, "allocated");
+        let text = self.caps_reply(new);
+        self.ok(&text).await
+    }
+
+    /// `1 <rcap> <wcap> <mcap>`, the reply to ALLOCATE and ALIAS_ALLOCATE.
+    fn caps_reply(&self, new: crate::store::NewAlloc) -> String {
         let (host, port) = self.depot.advertised();
         let [r, w, m] = new.keys;
         let cap = |key, kind| Capability::new(&host, port, &new.rid, key, new.id, kind).to_url();
-        let text = format!(
+        format!(
             "1 {} {} {} \n",
             cap(r, CapKind::Read),
             cap(w, CapKind::Write),
             cap(m, CapKind::Manage)
-        );
-        tracing::info!(peer = %self.peer, rid = %new.rid, id = new.id, size = a.size, "allocated");
-        self.ok(&text).await
+        )
     }
 
+    /// STORE; `limit` is where the key's window ends.
     async fn store(
         &mut self,
         a: &Arc<Alloc>,
         length: u64,
         t: Timeout,
         ncs: Option<NetChksum>,
+        limit: u64,
     ) -> Res {
         let idle = self.io_deadline(t);
         let _w = a.writer.lock().await;
         let ext = a.extent();
-        let max = a.max_size();
+        let max = a.max_size().min(limit);
         match a.atype {
             AllocType::ByteArray => {
                 let end = ext
@@ -774,9 +806,10 @@ impl Conn {
         let store = self.depot.store.clone();
         match op {
             ManageOp::Probe { .. } => {
-                // Any of the three keys may probe: LoRS 0.82 probes with the read key.
-                let a = store.lookup(key, None)?;
-                let p = a.probe();
+                // Any of the three keys may probe: LoRS 0.82 probes with the
+                // read key. An alias's key sees its window.
+                let (a, w) = store.lookup_view(key, None)?;
+                let p = a.probe_window(w);
                 let text = format!(
                     "1 {} {} {} {} {} {} {} \n",
                     p.read_refs,
@@ -817,6 +850,60 @@ impl Conn {
                 let _w = a.writer.lock().await;
                 let a2 = a.clone();
                 blocking(move || store.truncate(&a2, size)).await?;
+                self.ok("1 \n").await
+            }
+        }
+    }
+
+    async fn alias_allocate(
+        &mut self,
+        key: &lors_ibp::proto::KeyToken,
+        offset: u64,
+        length: u64,
+        duration: u64,
+    ) -> Res {
+        let store = self.depot.store.clone();
+        let m = store.lookup(key, Some(CapKind::Manage))?;
+        let new = blocking(move || store.alias_allocate(&m, offset, length, duration)).await?;
+        tracing::info!(peer = %self.peer, rid = %new.rid, alias = new.id, offset, length, "alias allocated");
+        let text = self.caps_reply(new);
+        self.ok(&text).await
+    }
+
+    async fn alias_manage(&mut self, key: &lors_ibp::proto::KeyToken, op: AliasOp) -> Res {
+        let store = self.depot.store.clone();
+        let key = key.clone();
+        let up = matches!(op, AliasOp::Incr { .. });
+        match op {
+            AliasOp::Probe { .. } => {
+                let p = store.alias_probe(&key)?;
+                let text = format!(
+                    "1 {} {} {} {} {} \n",
+                    p.read_refs, p.write_refs, p.offset, p.length, p.seconds_left
+                );
+                self.ok(&text).await
+            }
+            AliasOp::Incr {
+                cap_type, master, ..
+            }
+            | AliasOp::Decr {
+                cap_type, master, ..
+            } => {
+                if !(cap_type == 1 || cap_type == 2) {
+                    return Err(Fail::new(StatusCode::WRONG_CAP_FORMAT));
+                }
+                blocking(move || store.alias_refcount(&key, &master, cap_type, up)).await?;
+                self.ok("1 \n").await
+            }
+            AliasOp::Change {
+                offset,
+                length,
+                duration,
+                master,
+                ..
+            } => {
+                blocking(move || store.alias_change(&key, &master, offset, length, duration))
+                    .await?;
                 self.ok("1 \n").await
             }
         }

@@ -81,9 +81,9 @@ async fn local(
     offset: u64,
     length: u64,
 ) -> Result<u64, Fail> {
-    let d = depot
+    let (d, window) = depot
         .store
-        .lookup(&KeyToken::of(dest), Some(CapKind::Write))
+        .lookup_view(&KeyToken::of(dest), Some(CapKind::Write))
         .map_err(|e| Fail::new(e.status()))?;
     if d.atype != AllocType::ByteArray {
         return Err(Fail::new(StatusCode::INVALID_CMD));
@@ -94,7 +94,8 @@ async fn local(
         .len
         .checked_add(length)
         .ok_or(Fail::new(StatusCode::WOULD_EXCEED_LIMIT))?;
-    if end > d.max_size() {
+    // An append through an alias: as STORE, only from a window at 0.
+    if end > d.max_size() || !window.at_start() || end > window.end() {
         return Err(Fail::new(StatusCode::WOULD_EXCEED_LIMIT));
     }
     let d2 = d.clone();

@@ -10,8 +10,11 @@ use lors_ibp::proto::{AllocType, Reliability};
 use redb::{Database, ReadableTable, TableDefinition};
 
 const ALLOCS: TableDefinition<u64, &[u8]> = TableDefinition::new("allocs");
+const ALIASES: TableDefinition<u64, &[u8]> = TableDefinition::new("aliases");
 const RECORD_VERSION: u8 = 1;
 const RECORD_BYTES: usize = 132;
+const ALIAS_VERSION: u8 = 1;
+const ALIAS_BYTES: usize = 148;
 
 /// What is persisted per allocation. Keys are stored as BLAKE3 hashes only, so
 /// a copied metadata file does not hand out capabilities.
@@ -47,9 +50,7 @@ impl AllocRecord {
         b[20..28].copy_from_slice(&self.created_at.to_le_bytes());
         b[28..32].copy_from_slice(&self.read_refs.to_le_bytes());
         b[32..36].copy_from_slice(&self.write_refs.to_le_bytes());
-        for (i, h) in self.key_hashes.iter().enumerate() {
-            b[36 + 32 * i..68 + 32 * i].copy_from_slice(h);
-        }
+        put_hashes(&mut b, 36, &self.key_hashes);
         b
     }
 
@@ -58,21 +59,100 @@ impl AllocRecord {
         if b.len() != RECORD_BYTES || b[0] != RECORD_VERSION {
             return None;
         }
-        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
-        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
-        let mut key_hashes = [[0u8; 32]; 3];
-        for (i, h) in key_hashes.iter_mut().enumerate() {
-            h.copy_from_slice(&b[36 + 32 * i..68 + 32 * i]);
-        }
         Some(AllocRecord {
             atype: AllocType::from_number(i64::from(b[1]))?,
             reliability: Reliability::from_number(i64::from(b[2]))?,
-            max_size: u64_at(4),
-            expires_at: u64_at(12),
-            created_at: u64_at(20),
-            read_refs: u32_at(28),
-            write_refs: u32_at(32),
-            key_hashes,
+            max_size: u64_at(b, 4),
+            expires_at: u64_at(b, 12),
+            created_at: u64_at(b, 20),
+            read_refs: u32_at(b, 28),
+            write_refs: u32_at(b, 32),
+            key_hashes: get_hashes(b, 36),
+        })
+    }
+}
+
+/// What is persisted per alias (LStore's proxy allocation): another set of
+/// keys for a window of a master allocation, with its own counts and lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AliasRecord {
+    /// The allocation it is an alias of.
+    pub master: u64,
+    /// Window start.
+    pub offset: u64,
+    /// Window length; 0 = to the end of the master.
+    pub length: u64,
+    /// Expiry, Unix seconds.
+    pub expires_at: u64,
+    /// Creation, Unix seconds.
+    pub created_at: u64,
+    /// Read reference count.
+    pub read_refs: u32,
+    /// Write reference count.
+    pub write_refs: u32,
+    /// BLAKE3 of the read, write and manage keys.
+    pub key_hashes: [[u8; 32]; 3],
+}
+
+fn u64_at(b: &[u8], i: usize) -> u64 {
+    u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"))
+}
+
+fn u32_at(b: &[u8], i: usize) -> u32 {
+    u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"))
+}
+
+fn put_hashes(b: &mut [u8], at: usize, hashes: &[[u8; 32]; 3]) {
+    for (i, h) in hashes.iter().enumerate() {
+        b[at + 32 * i..at + 32 * (i + 1)].copy_from_slice(h);
+    }
+}
+
+fn get_hashes(b: &[u8], at: usize) -> [[u8; 32]; 3] {
+    let mut hashes = [[0u8; 32]; 3];
+    for (i, h) in hashes.iter_mut().enumerate() {
+        h.copy_from_slice(&b[at + 32 * i..at + 32 * (i + 1)]);
+    }
+    hashes
+}
+
+impl AliasRecord {
+    /// Fixed little-endian layout, version byte first.
+    pub fn encode(&self) -> [u8; ALIAS_BYTES] {
+        let mut b = [0u8; ALIAS_BYTES];
+        b[0] = ALIAS_VERSION;
+        for (i, v) in [
+            self.master,
+            self.offset,
+            self.length,
+            self.expires_at,
+            self.created_at,
+        ]
+        .iter()
+        .enumerate()
+        {
+            b[4 + 8 * i..12 + 8 * i].copy_from_slice(&v.to_le_bytes());
+        }
+        b[44..48].copy_from_slice(&self.read_refs.to_le_bytes());
+        b[48..52].copy_from_slice(&self.write_refs.to_le_bytes());
+        put_hashes(&mut b, 52, &self.key_hashes);
+        b
+    }
+
+    /// Decodes a record; `None` for an unknown version or damaged bytes.
+    pub fn decode(b: &[u8]) -> Option<AliasRecord> {
+        if b.len() != ALIAS_BYTES || b[0] != ALIAS_VERSION {
+            return None;
+        }
+        Some(AliasRecord {
+            master: u64_at(b, 4),
+            offset: u64_at(b, 12),
+            length: u64_at(b, 20),
+            expires_at: u64_at(b, 28),
+            created_at: u64_at(b, 36),
+            read_refs: u32_at(b, 44),
+            write_refs: u32_at(b, 48),
+            key_hashes: get_hashes(b, 52),
         })
     }
 }
@@ -81,7 +161,7 @@ impl AllocRecord {
 pub type MetaError = Box<redb::Error>;
 
 /// Records that decoded, and ids of records that did not.
-pub type Loaded = (Vec<(u64, AllocRecord)>, Vec<u64>);
+pub type Loaded<R = AllocRecord> = (Vec<(u64, R)>, Vec<u64>);
 
 fn db<T, E: Into<redb::Error>>(r: Result<T, E>) -> Result<T, MetaError> {
     r.map_err(|e| Box::new(e.into()))
@@ -98,19 +178,34 @@ impl MetaDb {
         let db = db(Database::create(path))?;
         let txn = db_txn(db.begin_write())?;
         self::db(txn.open_table(ALLOCS))?;
+        self::db(txn.open_table(ALIASES))?;
         self::db(txn.commit())?;
         Ok(MetaDb { db })
     }
 
-    /// Every record; undecodable ones are returned apart so the caller can log them.
+    /// Every allocation record; undecodable ones are returned apart so the
+    /// caller can log them.
     pub fn load_all(&self) -> Result<Loaded, MetaError> {
+        self.load(ALLOCS, AllocRecord::decode)
+    }
+
+    /// Every alias record, as [`MetaDb::load_all`].
+    pub fn load_aliases(&self) -> Result<Loaded<AliasRecord>, MetaError> {
+        self.load(ALIASES, AliasRecord::decode)
+    }
+
+    fn load<R>(
+        &self,
+        table: TableDefinition<u64, &[u8]>,
+        decode: fn(&[u8]) -> Option<R>,
+    ) -> Result<Loaded<R>, MetaError> {
         let txn = db(self.db.begin_read())?;
-        let table = db(txn.open_table(ALLOCS))?;
+        let table = db(txn.open_table(table))?;
         let mut good = Vec::new();
         let mut bad = Vec::new();
         for item in db(table.iter())? {
             let (k, v) = db(item)?;
-            match AllocRecord::decode(v.value()) {
+            match decode(v.value()) {
                 Some(r) => good.push((k.value(), r)),
                 None => bad.push(k.value()),
             }
@@ -120,11 +215,37 @@ impl MetaDb {
 
     /// Writes `puts` and removes `deletes` in one durable transaction.
     pub fn apply(&self, puts: &[(u64, AllocRecord)], deletes: &[u64]) -> Result<(), MetaError> {
+        self.write(
+            ALLOCS,
+            puts.iter().map(|(id, r)| (*id, r.encode().to_vec())),
+            deletes,
+        )
+    }
+
+    /// [`MetaDb::apply`] for alias records.
+    pub fn apply_aliases(
+        &self,
+        puts: &[(u64, AliasRecord)],
+        deletes: &[u64],
+    ) -> Result<(), MetaError> {
+        self.write(
+            ALIASES,
+            puts.iter().map(|(id, r)| (*id, r.encode().to_vec())),
+            deletes,
+        )
+    }
+
+    fn write(
+        &self,
+        table: TableDefinition<u64, &[u8]>,
+        puts: impl Iterator<Item = (u64, Vec<u8>)>,
+        deletes: &[u64],
+    ) -> Result<(), MetaError> {
         let txn = db_txn(self.db.begin_write())?;
         {
-            let mut t = db(txn.open_table(ALLOCS))?;
-            for (id, rec) in puts {
-                db(t.insert(*id, rec.encode().as_slice()))?;
+            let mut t = db(txn.open_table(table))?;
+            for (id, bytes) in puts {
+                db(t.insert(id, bytes.as_slice()))?;
             }
             for id in deletes {
                 db(t.remove(*id))?;
@@ -168,5 +289,31 @@ mod tests {
         let (good, bad) = db.load_all().unwrap();
         assert_eq!(good, vec![(5, rec)]);
         assert!(bad.is_empty());
+    }
+
+    #[test]
+    fn alias_records_round_trip_apart_from_allocations() {
+        let dir = tempfile::tempdir().unwrap();
+        let rec = AliasRecord {
+            master: 5,
+            offset: 1 << 40,
+            length: 77,
+            expires_at: 99,
+            created_at: 7,
+            read_refs: 1,
+            write_refs: u32::MAX,
+            key_hashes: [[4; 32], [5; 32], [6; 32]],
+        };
+        assert_eq!(AliasRecord::decode(&rec.encode()), Some(rec.clone()));
+        assert_eq!(AliasRecord::decode(&rec.encode()[1..]), None);
+        {
+            let db = MetaDb::open(&dir.path().join("m.redb")).unwrap();
+            db.apply_aliases(&[(9, rec.clone()), (10, rec.clone())], &[])
+                .unwrap();
+            db.apply_aliases(&[], &[10]).unwrap();
+        }
+        let db = MetaDb::open(&dir.path().join("m.redb")).unwrap();
+        assert_eq!(db.load_aliases().unwrap().0, vec![(9, rec)]);
+        assert!(db.load_all().unwrap().0.is_empty());
     }
 }

@@ -321,6 +321,73 @@ pub enum Request {
         /// The `Store`, `Write` or `Load` it wraps.
         req: Box<Request>,
     },
+    /// `14` ALIAS_ALLOCATE: a new set of keys for a window of the
+    /// allocation whose manage key is `key` (`offset` = `length` = 0: all of
+    /// it), leased for `duration` seconds (0: as long as the allocation).
+    AliasAllocate {
+        /// Version token.
+        version: Version,
+        /// The master allocation's manage key.
+        key: KeyToken,
+        /// Typekey.
+        typekey: String,
+        /// Window start.
+        offset: u64,
+        /// Window length; 0 = to the end.
+        length: u64,
+        /// Relative seconds; 0 = the master's expiry.
+        duration: u64,
+        /// Server-side timeout.
+        timeout: Timeout,
+    },
+    /// `15` ALIAS_MANAGE on the alias whose manage key is `key`.
+    AliasManage {
+        /// Version token.
+        version: Version,
+        /// The alias's manage key.
+        key: KeyToken,
+        /// Typekey.
+        typekey: String,
+        /// Sub-command.
+        op: AliasOp,
+        /// Server-side timeout.
+        timeout: Timeout,
+    },
+    /// `29` ALLOCATE_CHKSUM: an ALLOCATE whose allocation keeps one digest per
+    /// `block_size` bytes on disk (`None`: type 0, no digests).
+    AllocateChksum {
+        /// Algorithm and block size.
+        chksum: Option<NetChksum>,
+        /// The allocation asked for (always the v1.4 form).
+        alloc: Allocate,
+    },
+    /// `31` GET_CHKSUM: the stored block digests (manage key).
+    GetChksum {
+        /// Version token.
+        version: Version,
+        /// Manage key.
+        key: KeyToken,
+        /// Typekey.
+        typekey: String,
+        /// Only the summary line, not the digests.
+        info_only: bool,
+        /// Server-side timeout.
+        timeout: Timeout,
+    },
+    /// `32` VALIDATE_CHKSUM: re-reads every block and counts those that no
+    /// longer match their digest (manage key).
+    ValidateChksum {
+        /// Version token.
+        version: Version,
+        /// Manage key.
+        key: KeyToken,
+        /// Typekey.
+        typekey: String,
+        /// Store fresh digests for the blocks that do not match.
+        correct: bool,
+        /// Server-side timeout.
+        timeout: Timeout,
+    },
     /// `4` STATUS.
     Status {
         /// Version token.
@@ -397,12 +464,22 @@ pub mod cmd {
     pub const MANAGE: i64 = 9;
     /// WRITE.
     pub const WRITE: i64 = 13;
+    /// LStore's alias (proxy) ALLOCATE.
+    pub const ALIAS_ALLOCATE: i64 = 14;
+    /// LStore's alias (proxy) MANAGE.
+    pub const ALIAS_MANAGE: i64 = 15;
     /// LStore's checksummed LOAD.
     pub const LOAD_CHKSUM: i64 = 24;
     /// LStore's checksummed WRITE.
     pub const WRITE_CHKSUM: i64 = 27;
     /// LStore's checksummed STORE.
     pub const STORE_CHKSUM: i64 = 28;
+    /// LStore's ALLOCATE with disk checksums.
+    pub const ALLOCATE_CHKSUM: i64 = 29;
+    /// LStore's GET_CHKSUM.
+    pub const GET_CHKSUM: i64 = 31;
+    /// LStore's VALIDATE_CHKSUM.
+    pub const VALIDATE_CHKSUM: i64 = 32;
     /// MANAGE PROBE.
     pub const PROBE: i64 = 40;
     /// MANAGE INCR.
@@ -421,9 +498,9 @@ pub mod cmd {
     }
 
     /// Whether command `n`, one we do not serve, is known to send no data
-    /// after its request line (ALIAS/RENAME/SPLIT/MERGE, PUSH/PULL and their
-    /// checksummed forms, checksummed ALLOCATE and SEND, GET/VALIDATE
-    /// checksum, VEC_READ). For any other — vector WRITE, LoCI legacy and
+    /// after its request line (RENAME/SPLIT/MERGE, PUSH/PULL and their
+    /// checksummed forms, checksummed SEND, VEC_READ; the served 14, 15, 29,
+    /// 31 and 32 are in the range too). For any other — vector WRITE, LoCI legacy and
     /// ACCRE internal commands, numbers nobody defined — we cannot tell where
     /// a data phase would end, so after the error reply the connection must
     /// close rather than read that data as commands (the reference depot
@@ -602,6 +679,12 @@ impl Request {
                 })
             }
             cmd::MANAGE => parse_manage(&fields, version),
+            cmd::ALIAS_ALLOCATE => lstore::parse_alias_allocate(&fields, version),
+            cmd::ALIAS_MANAGE => lstore::parse_alias_manage(&fields, version),
+            cmd::ALLOCATE_CHKSUM => lstore::parse_allocate_chksum(&fields),
+            cmd::GET_CHKSUM | cmd::VALIDATE_CHKSUM => {
+                lstore::parse_chksum_query(&fields, version, command)
+            }
             cmd::STATUS => parse_status(&fields, version),
             other => Err(ParseError::UnknownCommand(other)),
         }
@@ -722,6 +805,63 @@ impl Request {
                     chksum.block_size
                 )
             }
+            Request::AliasAllocate {
+                version,
+                key,
+                typekey,
+                offset,
+                length,
+                duration,
+                timeout,
+            } => format!(
+                "{} 14 {} {typekey} {offset} {length} {duration} {}",
+                version.number(),
+                key.encode(),
+                timeout.encode()
+            ),
+            Request::AliasManage {
+                version,
+                key,
+                typekey,
+                op,
+                timeout,
+            } => format!(
+                "{} 15 {} {typekey} {} {}",
+                version.number(),
+                key.encode(),
+                lstore::encode_alias_op(op),
+                timeout.encode()
+            ),
+            Request::AllocateChksum { chksum, alloc } => {
+                lstore::encode_allocate_chksum(chksum.as_ref(), alloc)
+            }
+            Request::GetChksum {
+                version,
+                key,
+                typekey,
+                info_only: flag,
+                timeout,
+            }
+            | Request::ValidateChksum {
+                version,
+                key,
+                typekey,
+                correct: flag,
+                timeout,
+            } => {
+                let c = if matches!(self, Request::GetChksum { .. }) {
+                    cmd::GET_CHKSUM
+                } else {
+                    cmd::VALIDATE_CHKSUM
+                };
+                format!(
+                    "{} {c} {} {typekey} {} {}",
+                    version.number(),
+                    key.encode(),
+                    u8::from(*flag),
+                    timeout.encode()
+                )
+            }
             Request::Status {
                 version,
                 op,
@@ -788,6 +928,11 @@ impl Request {
             Request::Manage { .. } => "MANAGE",
             Request::Status { .. } => "STATUS",
             Request::Checksummed { req, .. } => req.command_name(),
+            Request::AliasAllocate { .. } => "ALIAS_ALLOCATE",
+            Request::AliasManage { .. } => "ALIAS_MANAGE",
+            Request::AllocateChksum { .. } => "ALLOCATE_CHKSUM",
+            Request::GetChksum { .. } => "GET_CHKSUM",
+            Request::ValidateChksum { .. } => "VALIDATE_CHKSUM",
         }
     }
 }
@@ -1004,6 +1149,9 @@ fn parse_status(f: &Fields<'_>, version: Version) -> Result<Request, ParseError>
         timeout,
     })
 }
+
+mod lstore;
+pub use lstore::AliasOp;
 
 #[cfg(test)]
 mod tests;

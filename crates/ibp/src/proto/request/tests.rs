@@ -2,6 +2,7 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::caps::CapKind;
+use crate::proto::chksum::ChksumType;
 
 fn key_text() -> impl Strategy<Value = String> {
     "[A-Za-z0-9+-]{1,40}"
@@ -215,7 +216,141 @@ fn request() -> impl Strategy<Value = Request> {
     ]
 }
 
+fn alias_op() -> impl Strategy<Value = AliasOp> {
+    let master = || (key_token(), typekey());
+    prop_oneof![
+        (0u32..4).prop_map(|cap_type| AliasOp::Probe { cap_type }),
+        (0u32..4, master()).prop_map(|(cap_type, (master, master_typekey))| {
+            AliasOp::Incr {
+                cap_type,
+                master,
+                master_typekey,
+            }
+        }),
+        (0u32..4, master()).prop_map(|(cap_type, (master, master_typekey))| {
+            AliasOp::Decr {
+                cap_type,
+                master,
+                master_typekey,
+            }
+        }),
+        (
+            proptest::option::of(0u32..4),
+            (0u64..u64::MAX / 2, 0u64..u64::MAX / 2),
+            any::<i64>(),
+            master()
+        )
+            .prop_map(
+                |(cap_type, (offset, length), duration, (master, master_typekey))| {
+                    AliasOp::Change {
+                        cap_type,
+                        offset,
+                        length,
+                        duration,
+                        master,
+                        master_typekey,
+                    }
+                }
+            ),
+    ]
+}
+
+/// LStore's extensions (commands 14, 15, 29, 31, 32).
+fn lstore_request() -> impl Strategy<Value = Request> {
+    let off_len = (0u64..u64::MAX / 2, 0u64..u64::MAX / 2);
+    prop_oneof![
+        (
+            version(),
+            key_token(),
+            typekey(),
+            off_len,
+            any::<u64>(),
+            timeout()
+        )
+            .prop_map(
+                |(version, key, typekey, (offset, length), duration, timeout)| {
+                    Request::AliasAllocate {
+                        version,
+                        key,
+                        typekey,
+                        offset,
+                        length,
+                        duration,
+                        timeout,
+                    }
+                }
+            ),
+        (version(), key_token(), typekey(), alias_op(), timeout()).prop_map(
+            |(version, key, typekey, op, timeout)| Request::AliasManage {
+                version,
+                key,
+                typekey,
+                op,
+                timeout
+            }
+        ),
+        (
+            proptest::option::of((1i64..=4, 1u64..=MAX_CHKSUM_BLOCK)),
+            "[0-9a-z]{1,8}",
+            reliability(),
+            alloc_type(),
+            any::<i64>(),
+            any::<u64>(),
+            timeout()
+        )
+            .prop_map(|(cs, rid, r, t, d, s, to)| Request::AllocateChksum {
+                chksum: cs.map(|(k, b)| NetChksum {
+                    kind: ChksumType::from_number(k).unwrap(),
+                    block_size: b
+                }),
+                alloc: Allocate {
+                    version: Version::V14,
+                    rid: Some(rid),
+                    reliability: r,
+                    alloc_type: t,
+                    duration: d,
+                    size: s,
+                    timeout: to,
+                },
+            }),
+        (
+            version(),
+            key_token(),
+            typekey(),
+            any::<bool>(),
+            any::<bool>(),
+            timeout()
+        )
+            .prop_map(|(version, key, typekey, flag, get, timeout)| {
+                if get {
+                    Request::GetChksum {
+                        version,
+                        key,
+                        typekey,
+                        info_only: flag,
+                        timeout,
+                    }
+                } else {
+                    Request::ValidateChksum {
+                        version,
+                        key,
+                        typekey,
+                        correct: flag,
+                        timeout,
+                    }
+                }
+            }),
+    ]
+}
+
 proptest! {
+    #[test]
+    fn lstore_extensions_round_trip_through_the_codec(req in lstore_request()) {
+        let line = req.encode();
+        prop_assert!(line.len() <= MAX_LINE_BYTES);
+        prop_assert_eq!(Request::parse(line.as_bytes()), Ok(req));
+    }
+
     #[test]
     fn every_request_round_trips_through_the_codec(req in request()) {
         let line = req.encode();
@@ -382,6 +517,97 @@ fn parses_what_lstore_sends_with_network_checksums() {
 }
 
 #[test]
+fn parses_what_lstore_sends_for_aliases_and_disk_checksums() {
+    // ibp_perf -proxy: proxy_allocate_command, proxy_probe_command,
+    // proxy_modify_count_command (remove), proxy_modify_alloc_command.
+    assert_eq!(
+        Request::parse(b"1 14 0#mkey 77 0 0 0 30\n").unwrap(),
+        Request::AliasAllocate {
+            version: Version::V14,
+            key: parse_key_token("0#mkey").unwrap(),
+            typekey: "77".into(),
+            offset: 0,
+            length: 0,
+            duration: 0,
+            timeout: Timeout::Secs(30),
+        }
+    );
+    let probe = Request::parse(b"1 15 0#akey 77 40 3 30 \n").unwrap();
+    assert!(matches!(
+        probe,
+        Request::AliasManage {
+            op: AliasOp::Probe { cap_type: 3 },
+            ..
+        }
+    ));
+    let remove = Request::parse(b"1 15 0#akey 77 42 1 0#mkey 78 30\n").unwrap();
+    let Request::AliasManage {
+        op:
+            AliasOp::Decr {
+                cap_type: 1,
+                master,
+                master_typekey,
+            },
+        ..
+    } = remove
+    else {
+        panic!("{remove:?}")
+    };
+    assert_eq!(master.key.expose(), "mkey");
+    assert_eq!(master_typekey, "78");
+    // LStore's client sends no cap type in CHNG; the ACCRE depot reads one.
+    for (line, cap) in [
+        (&b"1 15 0#akey 77 43 10 20 60 0#mkey 78 30\n"[..], None),
+        (b"1 15 0#akey 77 43 3 10 20 60 0#mkey 78 30\n", Some(3)),
+    ] {
+        let r = Request::parse(line).unwrap();
+        assert!(
+            matches!(
+                &r,
+                Request::AliasManage {
+                    op: AliasOp::Change {
+                        cap_type,
+                        offset: 10,
+                        length: 20,
+                        duration: 60,
+                        ..
+                    },
+                    ..
+                } if *cap_type == cap
+            ),
+            "{r:?}"
+        );
+    }
+    // ibp_perf -disk_chksum MD5 65536: allocate_command.
+    let a = Request::parse(b"1 29 4 65536 0 2 1 900 1048576 30\n").unwrap();
+    let Request::AllocateChksum {
+        chksum: Some(cs),
+        alloc,
+    } = a
+    else {
+        panic!("{a:?}")
+    };
+    assert_eq!((cs.kind, cs.block_size), (ChksumType::Md5, 65536));
+    assert_eq!((alloc.size, alloc.duration), (1_048_576, 900));
+    // CHKSUM_NONE takes any block size, even none.
+    assert!(matches!(
+        Request::parse(b"1 29 0 0 0 2 1 900 10 30\n").unwrap(),
+        Request::AllocateChksum { chksum: None, .. }
+    ));
+    assert!(matches!(
+        Request::parse(b"1 31 0#mkey 77 1 30\n").unwrap(),
+        Request::GetChksum {
+            info_only: true,
+            ..
+        }
+    ));
+    assert!(matches!(
+        Request::parse(b"1 32 0#mkey 77 0 30\n").unwrap(),
+        Request::ValidateChksum { correct: false, .. }
+    ));
+}
+
+#[test]
 fn rejection_table() {
     let long = format!("1 8 1#k 1 0 1 {}\n", "9".repeat(MAX_LINE_BYTES));
     let many = format!("1 2 {}\n", "1 ".repeat(40));
@@ -427,6 +653,61 @@ fn rejection_table() {
             StatusCode::BAD_FORMAT,
         ),
         ("too many fields", many.as_bytes(), StatusCode::BAD_FORMAT),
+        (
+            "alias allocate missing duration",
+            b"1 14 0#k 1 0 0 10\n",
+            StatusCode::BAD_FORMAT,
+        ),
+        (
+            "alias window overflow",
+            b"1 14 0#k 1 18446744073709551615 1 0 10\n",
+            StatusCode::INVALID_PARAMETER,
+        ),
+        (
+            "alias allocate negative duration",
+            b"1 14 0#k 1 0 0 -5 10\n",
+            StatusCode::INVALID_PARAMETER,
+        ),
+        (
+            "alias manage truncate",
+            b"1 15 0#k 1 45 10 10\n",
+            StatusCode::INVALID_PARAMETER,
+        ),
+        (
+            "alias incr without master",
+            b"1 15 0#k 1 41 1 10\n",
+            StatusCode::BAD_FORMAT,
+        ),
+        (
+            "alias chng missing field",
+            b"1 15 0#k 1 43 0 10 0#m 1 10\n",
+            StatusCode::BAD_FORMAT,
+        ),
+        (
+            "disk checksum type unknown",
+            b"1 29 7 64 0 2 1 10 10 10\n",
+            StatusCode::CHKSUM_TYPE,
+        ),
+        (
+            "disk checksum block size 0",
+            b"1 29 1 0 0 2 1 10 10 10\n",
+            StatusCode::CHKSUM_BLOCKSIZE,
+        ),
+        (
+            "disk checksum block size above 2 GiB",
+            b"1 29 0 2147483649 0 2 1 10 10 10\n",
+            StatusCode::CHKSUM_BLOCKSIZE,
+        ),
+        (
+            "disk checksum allocate without rid",
+            b"1 29 1 64 2 1 10 10 10\n",
+            StatusCode::BAD_FORMAT,
+        ),
+        (
+            "negative validate flag",
+            b"1 32 0#k 1 -1 10\n",
+            StatusCode::INVALID_PARAMETER,
+        ),
         (
             "non-ascii",
             "1 8 1#kéy 1 0 1 1\n".as_bytes(),
