@@ -2,8 +2,8 @@
 //! 127.0.0.1 with its store in a temporary directory, driven by sequences of
 //! commands built from the input — ALLOCATE, STORE, WRITE, LOAD (plain and
 //! with LStore's network checksums, right or wrong), SEND, MANAGE, STATUS,
-//! LStore's alias ALLOCATE and MANAGE (whose keys are then used everywhere)
-//! with numbers at their extremes, data phases cut short, and raw lines.
+//! LStore's alias ALLOCATE and MANAGE and disk-checksummed ALLOCATE (whose
+//! keys are then used everywhere), GET and VALIDATE checksum, with numbers at their extremes, data phases cut short, and raw lines.
 //! After every input:
 //!
 //! * every reply came within its deadline (no hang), and the depot answers;
@@ -212,7 +212,7 @@ fn run(u: &mut Unstructured<'_>, h: &Harness) -> ArbResult<()> {
         };
         let ver = if u.ratio(1u8, 8)? { 0 } else { 1 };
         let t = plain(u, 30)?; // the timeout field
-        let op = u.int_in_range(0u8..=11)?;
+        let op = u.int_in_range(0u8..=13)?;
         // LStore's checksummed forms of STORE, WRITE and LOAD, sometimes
         // with types or block sizes the depot must refuse.
         let chk = if u.ratio(1u8, 4)? {
@@ -335,6 +335,21 @@ fn run(u: &mut Unstructured<'_>, h: &Harness) -> ArbResult<()> {
                 };
                 (line, None)
             }
+            12 => {
+                // ALLOCATE_CHKSUM (its keys join the pool, so STOREs, WRITEs
+                // and LOADs reach digest-keeping allocations).
+                let kind = [0, 1, 2, 3, 4, 9][u.choose_index(6)?];
+                let bs = plain(u, 64 << 10)?;
+                let ty = [1, 1, 3][u.choose_index(3)?];
+                let (d, sz) = (plain(u, 3600)?, plain(u, 1 << 20)?);
+                (format!("{ver} 29 {kind} {bs} 1 2 {ty} {d} {sz} {t}"), None)
+            }
+            13 => {
+                // GET_CHKSUM or VALIDATE_CHKSUM with any key.
+                let m = pick(u, &caps, 2)?;
+                let c = if u.ratio(1u8, 2)? { 31 } else { 32 };
+                (format!("{ver} {c} {m} {} {t}", u.int_in_range(0u8..=1)?), None)
+            }
             _ => {
                 // A fresh connection, abandoning this one mid-whatever.
                 c = Client::connect(&h.addr);
@@ -354,7 +369,7 @@ fn run(u: &mut Unstructured<'_>, h: &Harness) -> ArbResult<()> {
             continue;
         };
         match op {
-            0 | 10 if reply.starts_with("1 ") => {
+            0 | 10 | 12 if reply.starts_with("1 ") => {
                 if let Some(cs) = parse_caps(&reply) {
                     full_caps.push(reply.split_whitespace().nth(2).unwrap_or("").to_owned());
                     caps.push(cs);
@@ -411,6 +426,19 @@ fn run(u: &mut Unstructured<'_>, h: &Harness) -> ArbResult<()> {
                 );
                 if !c.skip(ncs.map_or(n, |x| x.framed_len(n))) {
                     c = Client::connect(&h.addr);
+                }
+            }
+            13 if line.contains(" 31 ") && line.ends_with(&format!(" 0 {t}")) => {
+                // GET_CHKSUM's digests follow: as many bytes as it says.
+                let f: Vec<u64> = reply
+                    .split_whitespace()
+                    .filter_map(|x| x.parse().ok())
+                    .collect();
+                if f.len() == 6 && f[0] == 1 {
+                    assert!(f[5] == f[2] * f[4], "GET_CHKSUM {reply:?}");
+                    if !c.skip(f[5]) {
+                        c = Client::connect(&h.addr);
+                    }
                 }
             }
             6 | 7 if reply.starts_with("1 ") || reply == "1\n" => {

@@ -8,6 +8,7 @@
 
 pub mod alias;
 pub mod datafile;
+pub mod digests;
 pub mod meta;
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
@@ -19,11 +20,13 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use lors_ibp::ProbeInfo;
 use lors_ibp::caps::{CapKind, Key};
+use lors_ibp::proto::chksum::NetChksum;
 use lors_ibp::proto::{AllocType, KeyToken, Reliability, StatusCode};
 
 use crate::config::{Config, ResourceConfig, SyncPolicy, TypeName};
 pub use alias::{AliasProbe, Window};
 use datafile::Extent;
+use digests::{Digests, MAX_DISK_CHKSUM_BLOCK, Verified};
 use meta::{AliasRecord, AllocRecord, MetaDb};
 
 /// Store failures, each mapped to the IBP status a client sees.
@@ -72,6 +75,15 @@ pub enum StoreError {
     /// An alias command named a master manage key that is not its master's.
     #[error("not the manage key of the alias's allocation")]
     WrongMaster,
+    /// A disk checksum block size the depot does not keep.
+    #[error("checksum block size above {MAX_DISK_CHKSUM_BLOCK} bytes")]
+    ChksumBlockSize,
+    /// Stored bytes no longer match their disk digest (block number).
+    #[error("block {0} does not match its stored digest")]
+    ChksumMismatch(u64),
+    /// The allocation keeps no disk digests.
+    #[error("the allocation keeps no checksums")]
+    NoChksum,
 }
 
 impl From<meta::MetaError> for StoreError {
@@ -100,6 +112,8 @@ impl StoreError {
             StoreError::Write(_) => StatusCode::FILE_WRITE,
             StoreError::Meta(_) => StatusCode::INTERNAL,
             StoreError::WrongMaster => StatusCode::INVALID_MANAGE_CAP,
+            StoreError::ChksumBlockSize => StatusCode::CHKSUM_BLOCKSIZE,
+            StoreError::ChksumMismatch(_) | StoreError::NoChksum => StatusCode::CHKSUM,
         }
     }
 }
@@ -264,8 +278,11 @@ pub struct Alloc {
     pub info: Mutex<AllocInfo>,
     /// Data file and committed extent.
     pub data: Mutex<DataState>,
-    /// Serializes data phases (STORE/WRITE, and queue LOADs that consume).
+    /// Serializes data phases (STORE/WRITE, and queue LOADs that consume),
+    /// and the digest checks of LOADs from checksummed allocations.
     pub writer: tokio::sync::Mutex<()>,
+    /// Per-block digests kept on disk (ALLOCATE_CHKSUM byte arrays).
+    pub disk_chksum: Option<NetChksum>,
     sync: bool,
     files: Arc<OpenFiles>,
 }
@@ -309,7 +326,65 @@ impl Alloc {
         if let Some(f) = open {
             self.files.forget(&f);
         }
-        let _ = std::fs::remove_file(self.res.data_path(self.id));
+        let path = self.res.data_path(self.id);
+        if self.disk_chksum.is_some() {
+            let _ = std::fs::remove_file(digests::path_for(&path));
+        }
+        let _ = std::fs::remove_file(path);
+    }
+
+    /// The allocation's digest file, if it keeps digests. Blocking.
+    fn digests(&self) -> Result<Option<Digests>> {
+        self.disk_chksum
+            .map(|cs| Digests::open(&self.res.data_path(self.id), cs))
+            .transpose()
+            .map_err(StoreError::Write)
+    }
+
+    /// Checks the stored digests of `[offset, offset+length)` against the
+    /// bytes (nothing to do without digests). Blocking; call with the writer
+    /// lock held, so no data phase is between its bytes and its digests.
+    pub fn verify(&self, offset: u64, length: u64) -> Result<()> {
+        let Some(d) = self.digests()? else {
+            return Ok(());
+        };
+        let (Some(file), ext) = self.snapshot()? else {
+            return Ok(());
+        };
+        match d
+            .verify(&file, offset, length, ext.len)
+            .map_err(StoreError::Read)?
+        {
+            Verified::Good => Ok(()),
+            Verified::Bad(k) => {
+                tracing::error!(rid = %self.res.rid(), id = self.id, block = k, "stored bytes fail their digest");
+                Err(StoreError::ChksumMismatch(k))
+            }
+        }
+    }
+
+    /// GET_CHKSUM: the algorithm and block size, the number of blocks, and
+    /// their digests (binary, in order). Blocking; writer lock held.
+    pub fn chksums(&self) -> Result<(NetChksum, u64, Vec<u8>)> {
+        let cs = self.disk_chksum.ok_or(StoreError::NoChksum)?;
+        let d = self.digests()?.ok_or(StoreError::NoChksum)?;
+        let len = self.extent().len;
+        let all = d.all(len).map_err(StoreError::Read)?;
+        Ok((cs, d.blocks(len), all))
+    }
+
+    /// VALIDATE_CHKSUM: how many blocks fail their digest (0 without
+    /// digests); with `correct`, their digests are replaced. Blocking;
+    /// writer lock held.
+    pub fn validate(&self, correct: bool) -> Result<u64> {
+        let Some(d) = self.digests()? else {
+            return Ok(0);
+        };
+        let (Some(file), ext) = self.snapshot()? else {
+            return Ok(0);
+        };
+        d.validate(&file, ext.len, correct, self.sync)
+            .map_err(StoreError::Read)
     }
 
     /// The open data file, reopened if nothing holds it open.
@@ -376,17 +451,17 @@ impl Alloc {
         Ok(())
     }
 
-    /// Commits a byte-array write that ended at `end`: the committed length
-    /// becomes the high-water mark. Blocking; call with the writer lock held.
-    pub fn commit_written(&self, file: &File, end: u64) -> Result<()> {
+    /// Commits a byte-array write of `[start, end)`: the committed length
+    /// becomes the high-water mark, after the digests (if kept) are brought
+    /// up to date. Blocking; call with the writer lock held.
+    pub fn commit_written(&self, file: &File, start: u64, end: u64) -> Result<()> {
         let ext = self.extent();
-        self.commit(
-            file,
-            Extent {
-                len: ext.len.max(end),
-                ..ext
-            },
-        )
+        let len = ext.len.max(end);
+        if let Some(d) = self.digests()? {
+            d.update(file, (start, end), ext.len, len, self.sync)
+                .map_err(StoreError::Write)?;
+        }
+        self.commit(file, Extent { len, ..ext })
     }
 
     /// Cuts the file back to the committed extent after a failed data phase.
@@ -492,6 +567,8 @@ pub struct AllocRequest {
     pub duration: i64,
     /// Max size in bytes.
     pub size: u64,
+    /// Per-block digests to keep on disk (ALLOCATE_CHKSUM), if any.
+    pub disk_chksum: Option<NetChksum>,
 }
 
 /// A new allocation's identity and keys.
@@ -646,6 +723,7 @@ impl Store {
                         extent,
                     }),
                     writer: tokio::sync::Mutex::new(()),
+                    disk_chksum: rec.disk_chksum,
                     sync,
                     files: files.clone(),
                 });
@@ -847,6 +925,16 @@ impl Store {
         if req.atype == AllocType::Buffer {
             return Err(StoreError::TypeNotSupported);
         }
+        if let Some(cs) = &req.disk_chksum {
+            // Digests are per block of a byte array (the ACCRE depot serves
+            // nothing else); a block is read whole to check it.
+            if req.atype != AllocType::ByteArray {
+                return Err(StoreError::TypeNotSupported);
+            }
+            if cs.block_size > MAX_DISK_CHKSUM_BLOCK {
+                return Err(StoreError::ChksumBlockSize);
+            }
+        }
         let now = now_secs();
         let keys = alias::new_keys()?;
         let key_hashes = [key_hash(&keys[0]), key_hash(&keys[1]), key_hash(&keys[2])];
@@ -919,6 +1007,7 @@ impl Store {
             read_refs: 1,
             write_refs: 0,
             key_hashes,
+            disk_chksum: req.disk_chksum,
         };
         let alloc = Arc::new(Alloc {
             id,
@@ -930,6 +1019,7 @@ impl Store {
             }),
             data: Mutex::new(DataState::default()),
             writer: tokio::sync::Mutex::new(()),
+            disk_chksum: req.disk_chksum,
             sync: self.sync,
             files: self.files.clone(),
         });
@@ -1081,9 +1171,18 @@ impl Store {
         let (file, ext) = a.snapshot()?;
         if let Some(f) = &file {
             if ext.len > size {
+                let digests = a.digests()?;
+                if let Some(d) = &digests {
+                    // The new last block's digest, before the cut commits.
+                    d.update(f, (size, size), ext.len, size, self.sync)
+                        .map_err(StoreError::Write)?;
+                }
                 a.commit(f, Extent { len: size, ..ext })?;
                 f.set_len(datafile::HEADER_BYTES + size)
                     .map_err(StoreError::Write)?;
+                if let Some(d) = &digests {
+                    d.cut(size).map_err(StoreError::Write)?;
+                }
             }
         }
         let res = a.res.clone();
@@ -1280,7 +1379,9 @@ fn remove_orphans(res: &Resource, allocs: &HashMap<u64, Entry>) {
         };
         for f in files.flatten() {
             let name = f.file_name();
-            let Some(id) = name.to_str().and_then(|n| u64::from_str_radix(n, 16).ok()) else {
+            // `<id>` is a data file, `<id>.cks` its digests.
+            let stem = name.to_str().map(|n| n.strip_suffix(".cks").unwrap_or(n));
+            let Some(id) = stem.and_then(|n| u64::from_str_radix(n, 16).ok()) else {
                 continue;
             };
             if !allocs.contains_key(&id) {
@@ -1314,6 +1415,7 @@ mod tests {
             atype: AllocType::ByteArray,
             duration: 3600,
             size,
+            disk_chksum: None,
         }
     }
 
@@ -1439,7 +1541,7 @@ mod tests {
             for a in [&good, &bad] {
                 let f = a.file_for_write().unwrap();
                 f.write_all_at(b"abc", datafile::HEADER_BYTES).unwrap();
-                a.commit_written(&f, 3).unwrap();
+                a.commit_written(&f, 0, 3).unwrap();
             }
             bad.data_file_for_test()
                 .write_all_at(b"garbage", 0)

@@ -183,3 +183,116 @@ async fn alias_keys_reach_only_their_window_and_go_with_their_allocation() {
     r.send(format!("1 15 {wmg} 40 3 10\n").as_bytes()).await;
     assert_eq!(r.line().await, err(StatusCode::CAP_NOT_FOUND));
 }
+
+/// The data file of the allocation a capability names (files are named by
+/// the allocation id, the capability's typekey, in hex).
+fn data_file(dir: &std::path::Path, c: &Capability) -> std::path::PathBuf {
+    let id: u64 = c.typekey.parse().unwrap();
+    dir.join("data")
+        .join(format!("{:02x}", id & 0xff))
+        .join(format!("{id:016x}"))
+}
+
+fn md5(b: &[u8]) -> Vec<u8> {
+    let mut h = lors_ibp::proto::chksum::BlockHasher::new(lors_ibp::proto::chksum::ChksumType::Md5);
+    h.update(b);
+    h.finish_bytes()
+}
+
+/// `ibp_perf -disk_chksum`: ALLOCATE_CHKSUM, WRITEs in reverse block order
+/// (holes first), LOADs checked against the stored digests, GET_CHKSUM's
+/// digests, and what damage on disk does: LOAD of the damaged block -63,
+/// the rest served, VALIDATE_CHKSUM counts it and, asked to, re-digests it.
+#[tokio::test]
+async fn disk_checksummed_allocations_keep_digests_and_refuse_damaged_blocks() {
+    let dir = tempdir();
+    let mut d = DepotProc::start(dir.path(), &[]);
+    let mut r = Raw::connect(&d.addr).await;
+    // MD5 digests of 4-byte blocks.
+    let [rd, wr, mg] = request_caps(&mut r, "1 29 4 4 0 2 1 3600 64 10\n".into()).await;
+    let (rdc, (rd, wr, mg)) = (rd.clone(), (tok(&rd), tok(&wr), tok(&mg)));
+    // ibp_perf writes the last block first: bytes 8..10, then 4..8, 0..4.
+    assert_eq!(write(&mut r, &wr, 8, b"ij").await, "1 2 \n");
+    assert_eq!(
+        load(&mut r, &rd, 0, 10).await.unwrap(),
+        b"\0\0\0\0\0\0\0\0ij"
+    );
+    assert_eq!(write(&mut r, &wr, 4, b"efgh").await, "1 4 \n");
+    assert_eq!(write(&mut r, &wr, 0, b"abcd").await, "1 4 \n");
+    r.send(format!("1 2 {wr} 3 10\n").as_bytes()).await;
+    assert_eq!(r.line().await, "1 \n");
+    r.send(b"klm").await;
+    assert_eq!(r.line().await, "1 3 \n");
+    assert_eq!(load(&mut r, &rd, 0, 13).await.unwrap(), b"abcdefghijklm");
+
+    // GET_CHKSUM: the summary as the ACCRE depot words it, then the binary
+    // digests of "abcd", "efgh", "ijkl", "m".
+    r.send(format!("1 31 {mg} 1 10\n").as_bytes()).await;
+    assert_eq!(r.line().await, "1 4 16 4 4 64\n");
+    r.send(format!("1 31 {mg} 0 10\n").as_bytes()).await;
+    assert_eq!(r.line().await, "1 4 16 4 4 64\n");
+    let want = [md5(b"abcd"), md5(b"efgh"), md5(b"ijkl"), md5(b"m")].concat();
+    assert_eq!(r.bytes(64).await, want);
+    r.send(format!("1 32 {mg} 0 10\n").as_bytes()).await;
+    assert_eq!(r.line().await, "1 0\n");
+
+    // Damage byte 5 on disk behind the depot's back.
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(data_file(dir.path(), &rdc))
+        .unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&f, b"X", 4096 + 5).unwrap();
+    drop(f);
+    assert_eq!(load(&mut r, &rd, 0, 13).await, Err(err(StatusCode::CHKSUM)));
+    assert_eq!(load(&mut r, &rd, 5, 1).await, Err(err(StatusCode::CHKSUM)));
+    assert_eq!(load(&mut r, &rd, 0, 4).await.unwrap(), b"abcd");
+    assert_eq!(load(&mut r, &rd, 8, 5).await.unwrap(), b"ijklm");
+    r.send(format!("1 32 {mg} 0 10\n").as_bytes()).await;
+    assert_eq!(r.line().await, "1 1\n");
+    // Digests survive a restart (and the damage is still found).
+    drop(r);
+    d.terminate();
+    let d = DepotProc::start(dir.path(), &[]);
+    let mut r = Raw::connect(&d.addr).await;
+    assert_eq!(load(&mut r, &rd, 4, 4).await, Err(err(StatusCode::CHKSUM)));
+    // VALIDATE with correct_errors takes the bytes as they are now.
+    r.send(format!("1 32 {mg} 1 10\n").as_bytes()).await;
+    assert_eq!(r.line().await, "1 1\n");
+    r.send(format!("1 32 {mg} 0 10\n").as_bytes()).await;
+    assert_eq!(r.line().await, "1 0\n");
+    assert_eq!(load(&mut r, &rd, 4, 4).await.unwrap(), b"eXgh");
+    // A rewrite of the damaged block re-digests it; TRUNCATE re-digests the
+    // new last block.
+    assert_eq!(write(&mut r, &wr, 4, b"EFGH").await, "1 4 \n");
+    r.send(format!("1 9 {mg} 45 6 10\n").as_bytes()).await;
+    assert_eq!(r.line().await, "1 \n");
+    assert_eq!(load(&mut r, &rd, 0, 6).await.unwrap(), b"abcdEF");
+    r.send(format!("1 31 {mg} 0 10\n").as_bytes()).await;
+    assert_eq!(r.line().await, "1 4 16 4 2 32\n");
+    assert_eq!(r.bytes(32).await, [md5(b"abcd"), md5(b"EF")].concat());
+
+    // Refusals, as the ACCRE depot answers them.
+    for (line, code) in [
+        ("1 29 9 4 0 2 1 3600 64 10\n", StatusCode::CHKSUM_TYPE),
+        ("1 29 4 0 0 2 1 3600 64 10\n", StatusCode::CHKSUM_BLOCKSIZE),
+        (
+            "1 29 4 16777217 0 2 1 3600 64 10\n",
+            StatusCode::CHKSUM_BLOCKSIZE,
+        ),
+        (
+            "1 29 4 64 0 2 3 3600 64 10\n",
+            StatusCode::TYPE_NOT_SUPPORTED,
+        ),
+    ] {
+        r.send(line.as_bytes()).await;
+        assert_eq!(r.line().await, err(code), "{line}");
+    }
+    // Type 0 is a plain allocation: no digests to get, none to fail.
+    let [_, _, pmg] = request_caps(&mut r, "1 29 0 0 0 2 1 3600 64 10\n".into()).await;
+    r.send(format!("1 31 {} 1 10\n", tok(&pmg)).as_bytes())
+        .await;
+    assert_eq!(r.line().await, err(StatusCode::CHKSUM));
+    r.send(format!("1 32 {} 0 10\n", tok(&pmg)).as_bytes())
+        .await;
+    assert_eq!(r.line().await, "1 0\n");
+}

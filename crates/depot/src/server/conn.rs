@@ -307,7 +307,8 @@ impl Conn {
 
     async fn dispatch(&mut self, req: Request) -> Res {
         match req {
-            Request::Allocate(a) => self.allocate(a).await,
+            Request::Allocate(a) => self.allocate(a, None).await,
+            Request::AllocateChksum { chksum, alloc } => self.allocate(alloc, chksum).await,
             Request::Checksummed { chksum, req } => self.data_command(*req, Some(chksum)).await,
             req @ (Request::Store { .. } | Request::Write { .. } | Request::Load { .. }) => {
                 self.data_command(req, None).await
@@ -337,9 +338,22 @@ impl Conn {
                 ..
             } => self.alias_allocate(&key, offset, length, duration).await,
             Request::AliasManage { key, op, .. } => self.alias_manage(&key, op).await,
-            Request::AllocateChksum { .. }
-            | Request::GetChksum { .. }
-            | Request::ValidateChksum { .. } => Err(Fail::new(StatusCode::UNKNOWN_FUNCTION)),
+            Request::GetChksum { key, info_only, .. } => self.get_chksum(&key, info_only).await,
+            Request::ValidateChksum { key, correct, .. } => {
+                let a = self.checksummed(&key)?;
+                let _w = a.writer.lock().await;
+                let a2 = a.clone();
+                let bad = blocking(move || a2.validate(correct)).await?;
+                if bad > 0 {
+                    tracing::warn!(
+                        id = a.id,
+                        bad,
+                        corrected = correct,
+                        "VALIDATE_CHKSUM found blocks failing their digests"
+                    );
+                }
+                self.ok(&format!("1 {bad}\n")).await
+            }
             Request::Status { version, op, .. } => self.status(version, op).await,
         }
     }
@@ -400,13 +414,14 @@ impl Conn {
         }
     }
 
-    async fn allocate(&mut self, a: Allocate) -> Res {
+    async fn allocate(&mut self, a: Allocate, disk_chksum: Option<NetChksum>) -> Res {
         let req = AllocRequest {
             rid: a.rid,
             reliability: a.reliability,
             atype: a.alloc_type,
             duration: a.duration,
             size: a.size,
+            disk_chksum,
         };
         let store = self.depot.store.clone();
         let new = blocking(move || store.allocate(&req)).await?;
@@ -510,7 +525,7 @@ impl Conn {
             move || {
                 copy_range(&stage, 0, &file, HEADER_BYTES + offset, length)
                     .map_err(StoreError::Write)?;
-                a.commit_written(&file, end)
+                a.commit_written(&file, offset, end)
             }
         })
         .await;
@@ -547,7 +562,7 @@ impl Conn {
         self.depot.metrics.bytes_in.fetch_add(length, Relaxed);
         let res = blocking({
             let (a, file) = (a.clone(), file.clone());
-            move || a.commit_written(&file, start + length)
+            move || a.commit_written(&file, start, start + length)
         })
         .await;
         match res {
@@ -693,6 +708,7 @@ impl Conn {
         if end > ext.len {
             return Err(Fail::new(StatusCode::WOULD_EXCEED_LIMIT));
         }
+        verified(a, offset, length).await?;
         if self.reply(&format!("1 {length} \n")).await.is_err() {
             return Ok(Flow::Close);
         }
@@ -852,6 +868,44 @@ impl Conn {
                 blocking(move || store.truncate(&a2, size)).await?;
                 self.ok("1 \n").await
             }
+        }
+    }
+
+    /// The allocation a GET/VALIDATE_CHKSUM manage key names; an alias's
+    /// key only if its window starts at 0 (as on the ACCRE depot).
+    fn checksummed(&self, key: &lors_ibp::proto::KeyToken) -> Result<Arc<Alloc>, Fail> {
+        let (a, w) = self.depot.store.lookup_view(key, Some(CapKind::Manage))?;
+        if !w.at_start() {
+            return Err(Fail::new(StatusCode::WOULD_EXCEED_LIMIT));
+        }
+        Ok(a)
+    }
+
+    /// GET_CHKSUM: `1 <type> <digest bytes> <block size> <blocks> <bytes>\n`
+    /// (no space before the newline, as the ACCRE depot sends it), then the
+    /// binary digests unless `info_only`.
+    async fn get_chksum(&mut self, key: &lors_ibp::proto::KeyToken, info_only: bool) -> Res {
+        let a = self.checksummed(key)?;
+        let (cs, blocks, digests) = {
+            let _w = a.writer.lock().await;
+            let a2 = a.clone();
+            blocking(move || a2.chksums()).await?
+        };
+        let head = format!(
+            "1 {} {} {} {blocks} {}\n",
+            cs.kind.number(),
+            cs.kind.hex_len() / 2,
+            cs.block_size,
+            digests.len()
+        );
+        if info_only {
+            return self.ok(&head).await;
+        }
+        let mut out = head.into_bytes();
+        out.extend_from_slice(&digests);
+        match self.reply_bytes(&out).await {
+            Ok(()) => Ok(Flow::Continue),
+            Err(_) => Ok(Flow::Close),
         }
     }
 
@@ -1040,6 +1094,18 @@ async fn snapshot(a: &Arc<Alloc>) -> Result<(Option<Arc<std::fs::File>>, Extent)
 async fn data_file(a: &Arc<Alloc>) -> Result<Arc<std::fs::File>, Fail> {
     let a = a.clone();
     blocking(move || a.file_for_write()).await.map_err(closing)
+}
+
+/// Checks `[offset, offset+length)` of a checksummed allocation against its
+/// stored digests: bytes that fail are refused (-63), not served. Checked
+/// between data phases, so never against a half-done write.
+pub(super) async fn verified(a: &Arc<Alloc>, offset: u64, length: u64) -> Result<(), Fail> {
+    if a.disk_chksum.is_none() {
+        return Ok(());
+    }
+    let _w = a.writer.lock().await;
+    let a = a.clone();
+    Ok(blocking(move || a.verify(offset, length)).await?)
 }
 
 /// STORE/WRITE lookups close the connection on failure: data may follow.

@@ -1,5 +1,5 @@
 //! SEND: third-party copy of a byte range to another allocation, appended
-//! there (`docs/ibp-protocol.md` §2.6). To another depot we act as an IBP
+//! there (`docs/ibp-protocol.md` §2.2). To another depot we act as an IBP
 //! client issuing STORE and stream with `sendfile`; to ourselves we copy
 //! between files inside the kernel.
 
@@ -11,7 +11,7 @@ use lors_ibp::proto::{AllocType, KeyToken, StatusCode, Timeout};
 use lors_ibp::{ClientConfig, Connection, Error as ClientError};
 
 use super::Depot;
-use super::conn::{Fail, blocking};
+use super::conn::{Fail, blocking, verified};
 use super::transfer::{XferError, copy_range, send_file};
 use crate::store::datafile::HEADER_BYTES;
 use crate::store::{Alloc, StoreError};
@@ -41,6 +41,7 @@ pub(super) async fn send(
     if end > ext.len {
         return Err(Fail::new(StatusCode::WOULD_EXCEED_LIMIT));
     }
+    verified(src, offset, length).await?;
     if depot.is_self(&dest.host, dest.port) {
         return local(depot, file, dest, offset, length).await;
     }
@@ -114,7 +115,7 @@ async fn local(
                 return Err(StoreError::Write(e));
             }
         }
-        d2.commit_written(&dst, end)
+        d2.commit_written(&dst, dext.len, end)
     })
     .await
     .map_err(|e| Fail::new(e.status()))?;

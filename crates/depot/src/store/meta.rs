@@ -6,6 +6,7 @@
 
 use std::path::Path;
 
+use lors_ibp::proto::chksum::{ChksumType, NetChksum};
 use lors_ibp::proto::{AllocType, Reliability};
 use redb::{Database, ReadableTable, TableDefinition};
 
@@ -13,6 +14,10 @@ const ALLOCS: TableDefinition<u64, &[u8]> = TableDefinition::new("allocs");
 const ALIASES: TableDefinition<u64, &[u8]> = TableDefinition::new("aliases");
 const RECORD_VERSION: u8 = 1;
 const RECORD_BYTES: usize = 132;
+/// Version 2 adds disk checksums (type in byte 3, block size after the
+/// keys); records without them stay version 1, readable by older depots.
+const RECORD_VERSION_CHKSUM: u8 = 2;
+const RECORD_BYTES_CHKSUM: usize = 140;
 const ALIAS_VERSION: u8 = 1;
 const ALIAS_BYTES: usize = 148;
 
@@ -36,13 +41,20 @@ pub struct AllocRecord {
     pub write_refs: u32,
     /// BLAKE3 of the read, write and manage keys.
     pub key_hashes: [[u8; 32]; 3],
+    /// Per-block digests kept on disk (ALLOCATE_CHKSUM), if any.
+    pub disk_chksum: Option<NetChksum>,
 }
 
 impl AllocRecord {
     /// Fixed little-endian layout, version byte first.
-    pub fn encode(&self) -> [u8; RECORD_BYTES] {
-        let mut b = [0u8; RECORD_BYTES];
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = vec![0u8; RECORD_BYTES];
         b[0] = RECORD_VERSION;
+        if let Some(cs) = &self.disk_chksum {
+            b[0] = RECORD_VERSION_CHKSUM;
+            b[3] = u8::try_from(cs.kind.number()).expect("checksum types are 1..=4");
+            b.extend_from_slice(&cs.block_size.to_le_bytes());
+        }
         b[1] = u8::try_from(self.atype.number()).expect("type numbers are 1..=4");
         b[2] = u8::try_from(self.reliability.number()).expect("reliability is 1 or 2");
         b[4..12].copy_from_slice(&self.max_size.to_le_bytes());
@@ -56,9 +68,14 @@ impl AllocRecord {
 
     /// Decodes a record; `None` for an unknown version or damaged bytes.
     pub fn decode(b: &[u8]) -> Option<AllocRecord> {
-        if b.len() != RECORD_BYTES || b[0] != RECORD_VERSION {
-            return None;
-        }
+        let disk_chksum = match (b.first(), b.len()) {
+            (Some(&RECORD_VERSION), RECORD_BYTES) => None,
+            (Some(&RECORD_VERSION_CHKSUM), RECORD_BYTES_CHKSUM) => Some(NetChksum {
+                kind: ChksumType::from_number(i64::from(b[3]))?,
+                block_size: u64_at(b, RECORD_BYTES),
+            }),
+            _ => return None,
+        };
         Some(AllocRecord {
             atype: AllocType::from_number(i64::from(b[1]))?,
             reliability: Reliability::from_number(i64::from(b[2]))?,
@@ -68,6 +85,7 @@ impl AllocRecord {
             read_refs: u32_at(b, 28),
             write_refs: u32_at(b, 32),
             key_hashes: get_hashes(b, 36),
+            disk_chksum,
         })
     }
 }
@@ -277,8 +295,18 @@ mod tests {
             read_refs: 1,
             write_refs: 3,
             key_hashes: [[1; 32], [2; 32], [3; 32]],
+            disk_chksum: None,
         };
+        assert_eq!(rec.encode().len(), RECORD_BYTES);
         assert_eq!(AllocRecord::decode(&rec.encode()), Some(rec.clone()));
+        let summed = AllocRecord {
+            disk_chksum: Some(NetChksum {
+                kind: ChksumType::Sha1,
+                block_size: 65536,
+            }),
+            ..rec.clone()
+        };
+        assert_eq!(AllocRecord::decode(&summed.encode()), Some(summed));
         {
             let db = MetaDb::open(&dir.path().join("m.redb")).unwrap();
             db.apply(&[(5, rec.clone()), (6, rec.clone())], &[])

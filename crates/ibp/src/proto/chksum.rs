@@ -111,14 +111,19 @@ impl BlockHasher {
         }
     }
 
-    /// The block's lowercase hex digest; the hasher starts the next block.
-    pub fn finish_hex(&mut self) -> String {
-        let bytes: Vec<u8> = match &mut self.0 {
+    /// The block's digest; the hasher starts the next block.
+    pub fn finish_bytes(&mut self) -> Vec<u8> {
+        match &mut self.0 {
             Inner::Sha256(h) => h.finalize_reset().to_vec(),
             Inner::Sha512(h) => h.finalize_reset().to_vec(),
             Inner::Sha1(h) => h.finalize_reset().to_vec(),
             Inner::Md5(h) => md5::Digest::finalize_reset(h).to_vec(),
-        };
+        }
+    }
+
+    /// The block's lowercase hex digest; the hasher starts the next block.
+    pub fn finish_hex(&mut self) -> String {
+        let bytes = self.finish_bytes();
         let mut s = String::with_capacity(bytes.len() * 2);
         for b in bytes {
             s.push(char::from(HEX[usize::from(b >> 4)]));

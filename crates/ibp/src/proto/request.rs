@@ -498,9 +498,9 @@ pub mod cmd {
     }
 
     /// Whether command `n`, one we do not serve, is known to send no data
-    /// after its request line (RENAME/SPLIT/MERGE, PUSH/PULL and their
-    /// checksummed forms, checksummed SEND, VEC_READ; the served 14, 15, 29,
-    /// 31 and 32 are in the range too). For any other — vector WRITE, LoCI legacy and
+    /// after its request line (RENAME, PHOEBUS_SEND, SPLIT/MERGE, PUSH/PULL
+    /// and their checksummed forms, checksummed SEND, VEC_READ; the served
+    /// 14, 15, 29, 31 and 32 are in the range too). For any other — vector WRITE, LoCI legacy and
     /// ACCRE internal commands, numbers nobody defined — we cannot tell where
     /// a data phase would end, so after the error reply the connection must
     /// close rather than read that data as commands (the reference depot
