@@ -1089,17 +1089,7 @@ impl Store {
     /// MANAGE INCR/DECR. `cap_type` 1 = read count, 2 = write count. Blocking.
     pub fn change_refcount(&self, a: &Arc<Alloc>, cap_type: u32, up: bool) -> Result<()> {
         self.update(a, |rec, _| {
-            let c = match cap_type {
-                1 => &mut rec.read_refs,
-                2 => &mut rec.write_refs,
-                _ => return Err(StoreError::Invalid("cap type")),
-            };
-            *c = if up {
-                c.saturating_add(1)
-            } else {
-                c.saturating_sub(1)
-            };
-            Ok(rec.read_refs > 0 || rec.write_refs > 0)
+            bump_count(&mut rec.read_refs, &mut rec.write_refs, cap_type, up)
         })
     }
 
@@ -1230,6 +1220,22 @@ impl Store {
             (a, b) => a.or(b),
         }
     }
+}
+
+/// INCR/DECR of the read (`cap_type` 1) or write (2) count, saturating;
+/// whether either count is still above zero (else the holder goes).
+fn bump_count(read: &mut u32, write: &mut u32, cap_type: u32, up: bool) -> Result<bool> {
+    let c = match cap_type {
+        1 => &mut *read,
+        2 => &mut *write,
+        _ => return Err(StoreError::Invalid("cap type")),
+    };
+    *c = if up {
+        c.saturating_add(1)
+    } else {
+        c.saturating_sub(1)
+    };
+    Ok(*read > 0 || *write > 0)
 }
 
 /// Where an ALLOCATE would go: the resource, the room left after it, and the

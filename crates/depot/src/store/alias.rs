@@ -282,17 +282,7 @@ impl Store {
         up: bool,
     ) -> Result<()> {
         self.alias_update(token, master, |rec, _| {
-            let c = match cap_type {
-                1 => &mut rec.read_refs,
-                2 => &mut rec.write_refs,
-                _ => return Err(StoreError::Invalid("cap type")),
-            };
-            *c = if up {
-                c.saturating_add(1)
-            } else {
-                c.saturating_sub(1)
-            };
-            Ok(rec.read_refs > 0 || rec.write_refs > 0)
+            super::bump_count(&mut rec.read_refs, &mut rec.write_refs, cap_type, up)
         })
     }
 
