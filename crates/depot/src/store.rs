@@ -543,6 +543,19 @@ impl State {
         );
     }
 
+    /// A fresh id, used by neither an allocation nor an alias.
+    fn fresh_id(&self) -> Result<u64> {
+        loop {
+            let mut b = [0u8; 8];
+            getrandom::fill(&mut b)
+                .map_err(|e| StoreError::Write(std::io::Error::other(e.to_string())))?;
+            let id = u64::from_le_bytes(b);
+            if id != 0 && !self.allocs.contains_key(&id) && !self.aliases.contains_key(&id) {
+                return Ok(id);
+            }
+        }
+    }
+
     fn remove(&mut self, id: u64) -> Option<Arc<Alloc>> {
         let e = self.allocs.remove(&id)?;
         for h in &e.key_hashes {
@@ -551,6 +564,16 @@ impl State {
         self.expiry.remove(&(e.expires_at, id));
         self.usage[e.alloc.res.idx].remove(e.reliability, e.max_size);
         Some(e.alloc)
+    }
+}
+
+/// Generates three keys at once.
+fn new_keys() -> Result<[Key; 3]> {
+    match [Key::generate(), Key::generate(), Key::generate()] {
+        [Ok(r), Ok(w), Ok(m)] => Ok([r, w, m]),
+        _ => Err(StoreError::Write(std::io::Error::other(
+            "OS random source failed",
+        ))),
     }
 }
 
@@ -936,7 +959,7 @@ impl Store {
             }
         }
         let now = now_secs();
-        let keys = alias::new_keys()?;
+        let keys = new_keys()?;
         let key_hashes = [key_hash(&keys[0]), key_hash(&keys[1]), key_hash(&keys[2])];
 
         let mut st = lock(&self.state);

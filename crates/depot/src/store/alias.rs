@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use lors_ibp::caps::{CapKind, Key};
+use lors_ibp::caps::CapKind;
 use lors_ibp::proto::{AllocType, KeyToken};
 
 use super::meta::AliasRecord;
@@ -149,19 +149,6 @@ impl State {
         Ok(())
     }
 
-    /// A fresh id, used by neither an allocation nor an alias.
-    pub(super) fn fresh_id(&self) -> Result<u64> {
-        loop {
-            let mut b = [0u8; 8];
-            getrandom::fill(&mut b)
-                .map_err(|e| StoreError::Write(std::io::Error::other(e.to_string())))?;
-            let id = u64::from_le_bytes(b);
-            if id != 0 && !self.allocs.contains_key(&id) && !self.aliases.contains_key(&id) {
-                return Ok(id);
-            }
-        }
-    }
-
     /// The live alias a manage key names.
     fn alias_by_manage_key(&self, token: &KeyToken, now: u64) -> Result<(u64, &AliasRecord)> {
         let (id, kind) = *self
@@ -182,16 +169,6 @@ impl State {
             Some((id, CapKind::Manage)) if *id == rec.master => Ok(()),
             _ => Err(StoreError::WrongMaster),
         }
-    }
-}
-
-/// Generates three keys at once.
-pub(super) fn new_keys() -> Result<[Key; 3]> {
-    match [Key::generate(), Key::generate(), Key::generate()] {
-        [Ok(r), Ok(w), Ok(m)] => Ok([r, w, m]),
-        _ => Err(StoreError::Write(std::io::Error::other(
-            "OS random source failed",
-        ))),
     }
 }
 
@@ -225,7 +202,7 @@ impl Store {
         if expires_at > expires {
             return Err(StoreError::LongDuration);
         }
-        let keys = new_keys()?;
+        let keys = super::new_keys()?;
         let rec = AliasRecord {
             master: master.id,
             offset,

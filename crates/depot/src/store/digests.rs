@@ -21,6 +21,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io;
+use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
@@ -114,17 +115,34 @@ impl Digests {
         Ok([slot(0), slot(1)])
     }
 
-    /// The stored digest of block `k` when the committed length is `len`.
-    fn stored(&self, k: u64, len: u64, slots: &[(u64, Vec<u8>); 2]) -> io::Result<Option<Vec<u8>>> {
-        if (k + 1) * self.bs() <= len {
-            let mut d = vec![0u8; self.dlen];
-            let got = read_up_to(&self.file, &mut d, FULL_AT + k * self.dlen as u64)?;
-            return Ok((got == self.dlen).then_some(d));
-        }
-        Ok(slots
-            .iter()
-            .find(|(l, _)| *l == len)
-            .map(|(_, d)| d.clone()))
+    /// The stored digests of `blocks` when the committed length is `len`:
+    /// the full blocks' in one read, the short last block's from its slot.
+    fn stored(&self, blocks: Range<u64>, len: u64) -> io::Result<Stored> {
+        let full_end = (len / self.bs()).max(blocks.start);
+        let n =
+            usize::try_from(blocks.end.min(full_end) - blocks.start).map_err(io::Error::other)?;
+        let mut full = vec![0u8; n * self.dlen];
+        let got = read_up_to(
+            &self.file,
+            &mut full,
+            FULL_AT + blocks.start * self.dlen as u64,
+        )?;
+        full.truncate(got);
+        let tail = if len % self.bs() != 0 && blocks.end > full_end {
+            self.slots()?
+                .into_iter()
+                .find(|(l, _)| *l == len)
+                .map(|(_, d)| d)
+        } else {
+            None
+        };
+        Ok(Stored {
+            first: blocks.start,
+            full,
+            full_end,
+            tail,
+            dlen: self.dlen,
+        })
     }
 
     /// Brings the digests up to date after bytes `[start, end)` of `data`
@@ -208,11 +226,11 @@ impl Digests {
         if n == 0 {
             return Ok(Verified::Good);
         }
-        let slots = self.slots()?;
+        let blocks = off / self.bs()..(off + n).div_ceil(self.bs());
+        let stored = self.stored(blocks.clone(), len)?;
         let mut buf = Vec::new();
-        for k in off / self.bs()..(off + n).div_ceil(self.bs()) {
-            let want = self.stored(k, len, &slots)?;
-            if want.as_deref() != Some(&self.compute(data, k, len, &mut buf)?[..]) {
+        for k in blocks {
+            if stored.get(k) != Some(&self.compute(data, k, len, &mut buf)?[..]) {
                 return Ok(Verified::Bad(k));
             }
         }
@@ -222,12 +240,12 @@ impl Digests {
     /// Counts the blocks of `[0, len)` that fail their digest; with
     /// `correct`, stores fresh digests for them.
     pub fn validate(&self, data: &File, len: u64, correct: bool, sync: bool) -> io::Result<u64> {
-        let slots = self.slots()?;
+        let stored = self.stored(0..self.blocks(len), len)?;
         let mut buf = Vec::new();
         let mut bad = 0;
         for k in 0..self.blocks(len) {
             let have = self.compute(data, k, len, &mut buf)?;
-            if self.stored(k, len, &slots)?.as_deref() == Some(&have[..]) {
+            if stored.get(k) == Some(&have[..]) {
                 continue;
             }
             bad += 1;
@@ -249,11 +267,11 @@ impl Digests {
     /// The stored digests of every block of `[0, len)`, in order (a block
     /// with none stored reads as zeros).
     pub fn all(&self, len: u64) -> io::Result<Vec<u8>> {
-        let slots = self.slots()?;
+        let stored = self.stored(0..self.blocks(len), len)?;
         let mut out = Vec::new();
         for k in 0..self.blocks(len) {
-            match self.stored(k, len, &slots)? {
-                Some(d) => out.extend_from_slice(&d),
+            match stored.get(k) {
+                Some(d) => out.extend_from_slice(d),
                 None => out.resize(out.len() + self.dlen, 0),
             }
         }
@@ -264,6 +282,28 @@ impl Digests {
     pub fn cut(&self, len: u64) -> io::Result<()> {
         self.file
             .set_len(FULL_AT + (len / self.bs()) * self.dlen as u64)
+    }
+}
+
+/// Stored digests of a run of blocks (`Digests::stored`).
+struct Stored {
+    first: u64,
+    /// Full blocks' digests from `first`, as far as the file had them.
+    full: Vec<u8>,
+    /// Blocks below this are full.
+    full_end: u64,
+    /// The short last block's digest, if the range reaches it.
+    tail: Option<Vec<u8>>,
+    dlen: usize,
+}
+
+impl Stored {
+    fn get(&self, k: u64) -> Option<&[u8]> {
+        if k >= self.full_end {
+            return self.tail.as_deref();
+        }
+        let at = usize::try_from(k - self.first).ok()? * self.dlen;
+        self.full.get(at..at + self.dlen)
     }
 }
 

@@ -529,6 +529,15 @@ impl<'a> Fields<'a> {
         }
         s.parse::<u64>().map_err(|_| ParseError::Invalid(what))
     }
+    /// An `<offset> <length>` pair at `i`, whose end fits in 64 bits.
+    fn off_len(&self, i: usize) -> Result<(u64, u64), ParseError> {
+        let offset = self.uint(i, "offset")?;
+        let length = self.uint(i + 1, "length")?;
+        offset
+            .checked_add(length)
+            .ok_or(ParseError::Invalid("offset + length"))?;
+        Ok((offset, length))
+    }
     fn small(&self, i: usize, what: &'static str) -> Result<u32, ParseError> {
         let v = self.int(i, what)?;
         u32::try_from(v).map_err(|_| ParseError::Invalid(what))
@@ -661,11 +670,7 @@ impl Request {
             cmd::SEND => {
                 fields.expect(10, "SEND")?;
                 let dest = Capability::parse(fields.f[3]).map_err(|_| ParseError::Capability)?;
-                let offset = fields.uint(5, "offset")?;
-                let length = fields.uint(6, "length")?;
-                offset
-                    .checked_add(length)
-                    .ok_or(ParseError::Invalid("offset + length"))?;
+                let (offset, length) = fields.off_len(5)?;
                 Ok(Request::Send {
                     version,
                     key: fields.key(2)?,
@@ -952,12 +957,8 @@ fn parse_rw(fields: &Fields<'_>, version: Version, command: i64) -> Result<Reque
     fields.expect(7, if write { "WRITE" } else { "LOAD" })?;
     let key = fields.key(2)?;
     let typekey = fields.typekey(3)?;
-    let offset = fields.uint(4, "offset")?;
-    let length = fields.uint(5, "length")?;
+    let (offset, length) = fields.off_len(4)?;
     let timeout = fields.timeout(6)?;
-    offset
-        .checked_add(length)
-        .ok_or(ParseError::Invalid("offset + length"))?;
     Ok(if write {
         Request::Write {
             version,

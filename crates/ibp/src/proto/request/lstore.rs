@@ -61,11 +61,7 @@ pub(super) fn parse_alias_allocate(
     version: Version,
 ) -> Result<Request, ParseError> {
     f.expect(8, "ALIAS_ALLOCATE")?;
-    let offset = f.uint(4, "offset")?;
-    let length = f.uint(5, "length")?;
-    offset
-        .checked_add(length)
-        .ok_or(ParseError::Invalid("offset + length"))?;
+    let (offset, length) = f.off_len(4)?;
     Ok(Request::AliasAllocate {
         version,
         key: f.key(2)?,
@@ -117,11 +113,7 @@ pub(super) fn parse_alias_manage(f: &Fields<'_>, version: Version) -> Result<Req
                 12 => (Some(f.small(5, "cap type")?), 6),
                 _ => return Err(ParseError::FieldCount("ALIAS_MANAGE CHNG")),
             };
-            let offset = f.uint(base, "offset")?;
-            let length = f.uint(base + 1, "length")?;
-            offset
-                .checked_add(length)
-                .ok_or(ParseError::Invalid("offset + length"))?;
+            let (offset, length) = f.off_len(base)?;
             AliasOp::Change {
                 cap_type,
                 offset,
