@@ -3,9 +3,10 @@
 //!
 //! * [`upload`] — cut input into blocks, place each on the least-busy depot,
 //!   make extra copies depot-to-depot (SEND), return the exNode.
-//! * [`download`] — the adaptive scheduler: per-depot workers take the next
-//!   block their depot holds; failures go to another replica; stragglers are
-//!   fetched again elsewhere, first finisher wins.
+//! * [`download`] — the adaptive engine: per-depot workers ask a sans-I/O
+//!   scheduler ([`download::sched`]) for the next block their depot holds;
+//!   failures go to another replica; stragglers are fetched again
+//!   elsewhere, first finisher wins.
 //! * [`plan`] — cutting a byte range into servable segments.
 //! * [`pool`] — reused depot connections.
 

@@ -104,14 +104,28 @@ pub fn plan(
     }
     cuts.sort_unstable();
     cuts.dedup();
+    // One sweep over the cuts with the mappings sorted by start: `active`
+    // holds those that began at or before the current cut and end after it,
+    // so each window looks at the replicas of its own stretch, not at every
+    // mapping.
+    let mut by_start = readable;
+    by_start.sort_by_key(|(i, m)| (m.exnode_offset, *i));
+    let mut next = 0;
+    let mut active: Vec<(usize, &Mapping)> = Vec::new();
     let mut out = Vec::new();
     for w in cuts.windows(2) {
         let (a, b) = (w[0], w[1]);
-        let sources: Vec<usize> = readable
+        while next < by_start.len() && by_start[next].1.exnode_offset <= a {
+            active.push(by_start[next]);
+            next += 1;
+        }
+        active.retain(|(_, m)| m.logical_end() > a);
+        let mut sources: Vec<usize> = active
             .iter()
-            .filter(|(_, m)| m.exnode_offset <= a && m.logical_end() >= b)
+            .filter(|(_, m)| m.logical_end() >= b)
             .map(|(i, _)| *i)
             .collect();
+        sources.sort_unstable();
         if sources.is_empty() {
             return Err(PlanError::Hole { start: a, end: b });
         }

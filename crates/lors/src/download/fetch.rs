@@ -1,0 +1,226 @@
+//! The fetch worker: one per depot connection, asking the scheduler for
+//! work, reading pieces over IBP and handing them to the output.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lors_exnode::functions::{Codec, MAX_ENCODED_MAPPING};
+use tokio::sync::mpsc;
+
+use super::Ctx;
+use super::output::{Held, OutFile};
+use super::sched::{DepotId, Pick};
+use crate::error::Error;
+
+/// A fetched piece: in memory, or already written into the output file.
+enum Got {
+    Mem(Vec<u8>),
+    Written,
+}
+
+/// Why a fetch failed.
+enum Fail {
+    /// This replica (or its depot, when the flag says it is unreachable).
+    Remote(String, bool),
+    /// The depot is busy: ask again later.
+    Busy(String),
+    /// Our own output: no replica can help.
+    Local(Error),
+}
+
+fn ibp_err(e: lors_ibp::Error) -> Fail {
+    match e {
+        lors_ibp::Error::Local { during, source } => Fail::Local(Error::io(during, source)),
+        e if e.is_busy() => Fail::Busy(e.to_string()),
+        e => {
+            let unreachable = e.is_unreachable();
+            Fail::Remote(e.to_string(), unreachable)
+        }
+    }
+}
+
+/// Connection `conn` of depot `d`: fetches what the scheduler hands it
+/// until told to exit.
+pub(super) async fn worker(
+    ctx: Arc<Ctx>,
+    d: DepotId,
+    conn: usize,
+    tx: Option<mpsc::Sender<Held>>,
+    out: Option<Arc<OutFile>>,
+) {
+    let depot = ctx.lock().sched.name(d).to_owned();
+    loop {
+        // Taken before picking, so a worker waiting for a slot holds no piece.
+        let slot = match &ctx.slots {
+            Some(s) => Some(s.clone().acquire_owned().await),
+            None => None,
+        };
+        // A file output frees its memory slots by itself: wait for one. A
+        // stream's are freed by the writer, which may be waiting for a
+        // piece only a worker without a slot can fetch.
+        let mut mem = match &ctx.mem {
+            Some(s) if ctx.stream => s.clone().try_acquire_owned().ok(),
+            Some(s) => s.clone().acquire_owned().await.ok(),
+            None => None,
+        };
+        let head_only = ctx.stream && ctx.mem.is_some() && mem.is_none();
+        // Armed before asking, so a change between the answer and the wait
+        // still wakes this worker.
+        let notified = ctx.wake.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let picked = {
+            let mut g = ctx.lock();
+            if g.fatal.is_some() {
+                return;
+            }
+            g.sched.pick(d, conn, head_only, Instant::now())
+        };
+        let (piece, m) = match picked {
+            Pick::Exit => return,
+            Pick::Wait => {
+                drop((slot, mem));
+                notified.await;
+                continue;
+            }
+            Pick::Fetch { piece, mapping } => (piece, mapping),
+        };
+        if ctx.mem_need[m] == 0 {
+            mem = None;
+        }
+        let (offset, len) = ctx.lock().sched.piece(piece);
+        let fetched = fetch(&ctx, &depot, m, offset, len, out.as_deref()).await;
+        let got = match fetched {
+            Ok(g) => g,
+            Err(Fail::Local(e)) => return ctx.fatal(e),
+            Err(Fail::Remote(why, unreachable)) => {
+                ctx.update(|g| g.sched.failed(piece, m, &why, unreachable));
+                continue;
+            }
+            Err(Fail::Busy(why)) => {
+                drop((slot, mem));
+                if ctx.update(|g| g.sched.busy(piece, m, &why)) {
+                    // Give the depot room: others' pieces, and a pause that
+                    // differs per connection so they do not return together.
+                    let ms = 100 + 50 * (conn as u64 % 8);
+                    tokio::time::sleep(Duration::from_millis(ms)).await;
+                }
+                continue;
+            }
+        };
+        // Claimed and counted as being written at once: the download is
+        // not settled while a claimed piece is on its way to the output.
+        let claimed = ctx.update(|g| {
+            let won = g.sched.claim(piece, m, Instant::now());
+            g.writing += usize::from(won);
+            won
+        });
+        if !claimed {
+            continue; // a hedged copy arrived first
+        }
+        ctx.progress.advance(len);
+        if let Some(f) = &out {
+            let pos = offset - ctx.base;
+            let r = match got {
+                // One short line appended to the record: a hop to a
+                // blocking thread for it would cost more than the write.
+                Got::Written => f.record(offset, len),
+                Got::Mem(buf) => {
+                    let f = f.clone();
+                    let bufs = ctx.bufs.clone();
+                    tokio::task::spawn_blocking(move || {
+                        let r = f.write_piece(pos, offset, &buf);
+                        bufs.give(buf);
+                        r
+                    })
+                    .await
+                    .map_err(|e| std::io::Error::other(e.to_string()))
+                    .and_then(|r| r)
+                }
+            };
+            if let Err(e) = r {
+                ctx.fatal(Error::io("writing the output file", e));
+            }
+        } else if let (Some(tx), Got::Mem(buf)) = (&tx, got) {
+            if tx.send((piece, buf, mem)).await.is_err() {
+                ctx.lock().writing -= 1;
+                return;
+            }
+        }
+        ctx.lock().writing -= 1;
+        ctx.wake.notify_waiters();
+    }
+}
+
+/// Reads piece `offset..offset+len` through mapping `m` on `depot`: raw
+/// bytes into the output file or memory; an encoded mapping whole, then
+/// decoded and cut.
+async fn fetch(
+    ctx: &Ctx,
+    depot: &str,
+    m: usize,
+    offset: u64,
+    len: u64,
+    out: Option<&OutFile>,
+) -> Result<Got, Fail> {
+    let map = &ctx.x.mappings[m];
+    let cap = map.read.as_ref().expect("planned mappings are readable");
+    match Codec::from_mapping(map) {
+        Err(e) => Err(Fail::Remote(e.to_string(), false)),
+        Ok(None) => {
+            let at = map.alloc_offset + (offset - map.exnode_offset);
+            let mut c = ctx.pool.get(depot).await.map_err(ibp_err)?;
+            if let Some(f) = out {
+                // Raw bytes to a file: straight from the socket into
+                // place. A hedged twin writes the same bytes to the
+                // same place, so the race is harmless.
+                c.load_to_file(cap, at, len, &f.file, offset - ctx.base)
+                    .await
+                    .map_err(ibp_err)?;
+                ctx.pool.put(c);
+                return Ok(Got::Written);
+            }
+            let mut buf = ctx.bufs.take(len);
+            c.load(cap, at, &mut buf).await.map_err(ibp_err)?;
+            ctx.pool.put(c);
+            Ok(Got::Mem(buf))
+        }
+        Ok(Some(_)) if map.alloc_length > MAX_ENCODED_MAPPING => Err(Fail::Remote(
+            format!(
+                "encoded mapping of {} bytes is larger than the {} bytes decoded in memory",
+                map.alloc_length, MAX_ENCODED_MAPPING
+            ),
+            false,
+        )),
+        Ok(Some(codec)) => {
+            // Encoded mappings are fetched and verified whole, then cut.
+            let mut stored = ctx.bufs.take(map.alloc_length);
+            let mut c = ctx.pool.get(depot).await.map_err(ibp_err)?;
+            c.load(cap, map.alloc_offset, &mut stored)
+                .await
+                .map_err(ibp_err)?;
+            ctx.pool.put(c);
+            let mapping = map.clone();
+            let bufs = ctx.bufs.clone();
+            let plain = tokio::task::spawn_blocking(move || {
+                let mut plain = bufs.take(0);
+                let r = codec.decode_mapping_into(&mapping, &stored, &mut plain);
+                bufs.give(stored);
+                r.map(|()| plain)
+            })
+            .await
+            .map_err(|e| Fail::Remote(e.to_string(), false))?
+            .map_err(|e| Fail::Remote(format!("{e} (from {depot})"), false))?;
+            let from = usize::try_from(offset - map.exnode_offset).unwrap_or(usize::MAX);
+            let to = from.saturating_add(usize::try_from(len).unwrap_or(usize::MAX));
+            if from == 0 && to == plain.len() {
+                return Ok(Got::Mem(plain)); // the usual case: no copy
+            }
+            let piece = plain.get(from..to).map(<[u8]>::to_vec);
+            ctx.bufs.give(plain);
+            piece
+                .map(Got::Mem)
+                .ok_or(Fail::Remote("mapping shorter than recorded".into(), false))
+        }
+    }
+}

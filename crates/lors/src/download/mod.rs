@@ -1,0 +1,444 @@
+//! Download: the adaptive block scheduler of DESIGN.md / seed 001 §3.
+//!
+//! The range is planned into pieces ([`crate::plan`]). Each depot gets
+//! `conns_per_depot` workers ([`fetch`]), or as many as its measured
+//! throughput earns (auto-tuning, the default, in `tune`); each asks the
+//! scheduler ([`sched`], sans I/O) for the next piece its depot holds, so
+//! faster depots take more. A failed read marks that replica bad for the
+//! piece and puts the piece back. When nothing is pending, an idle worker
+//! fetches the oldest piece in flight again from another replica
+//! (progress-driven redundancy); the first copy to arrive wins. Output
+//! ([`output`]) goes to a file with positional writes (resumable through a
+//! sidecar record), or to a writer in order through a bounded reorder window.
+//!
+//! Memory is bounded by [`DownloadOptions::memory`], not by the file: pieces
+//! that pass through memory (encoded mappings, which are verified whole, and
+//! every piece of a stream) each hold a memory slot from fetch until written.
+//! A depot that delivers nothing for [`DownloadOptions::stall`] while others
+//! deliver is *stalled*: its pieces move to other replicas and it is read only
+//! as a last resort until it delivers again.
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use lors_exnode::ExNode;
+use tokio::io::AsyncWrite;
+use tokio::sync::{Notify, Semaphore, mpsc};
+
+use crate::error::{Error, Result};
+use crate::plan::{check_geometry, plan};
+use crate::pool::Pool;
+use crate::progress::Progress;
+
+mod fetch;
+mod output;
+pub mod sched;
+mod tune;
+
+use output::{Buffers, Held, OutFile};
+pub use output::{partial_path, record_path};
+use sched::{Event, Sched};
+pub use tune::{AUTO_MAX, AUTO_START};
+
+/// Download settings.
+#[derive(Debug, Clone)]
+pub struct DownloadOptions {
+    /// First logical byte.
+    pub offset: u64,
+    /// Bytes to fetch; `None` = to the end of the file.
+    pub length: Option<u64>,
+    /// Largest segment fetched in one LOAD.
+    pub block_size: u64,
+    /// Parallel connections per depot; 0 = tuned per depot from measured
+    /// throughput (see [`AUTO_START`], [`AUTO_MAX`]).
+    pub conns_per_depot: usize,
+    /// Fetch stragglers again from another replica when idle.
+    pub hedge: bool,
+    /// Continue an interrupted download to a file from its `PATH.lors-part`
+    /// and `PATH.lors-resume` record, when they are from the same exNode and
+    /// range; otherwise start over.
+    pub resume: bool,
+    /// Segments an ordered (stream) output may run ahead of the writer
+    /// (`lors_download -q`).
+    pub window: usize,
+    /// Fetches in flight across all depots; 0 = no cap beyond
+    /// `conns_per_depot` per depot (`lors_download -t`).
+    pub threads: usize,
+    /// Depots to read only when no other replica of a piece is left (those
+    /// the L-Bone does not list as online), as `host:port`.
+    pub last_resort: HashSet<String>,
+    /// Most bytes of fetched data held in memory at once (encoded pieces
+    /// while they are decoded, stream pieces until written), whatever the
+    /// file size. The piece the writer waits for may exceed it by itself.
+    pub memory: u64,
+    /// A depot that delivers nothing for this long while others deliver is
+    /// stalled: its pieces move to other replicas. Zero never gives up on a
+    /// depot before the network timeout.
+    pub stall: Duration,
+}
+
+impl Default for DownloadOptions {
+    fn default() -> Self {
+        DownloadOptions {
+            offset: 0,
+            length: None,
+            // Small enough that the last pieces in flight end close together
+            // (2 MiB is 0.17 s at 100 Mbit/s), large enough that a request
+            // per piece costs nothing measurable on loopback.
+            block_size: 2 << 20,
+            conns_per_depot: 0,
+            hedge: true,
+            resume: false,
+            window: 16,
+            threads: 0,
+            last_resort: HashSet::new(),
+            // Four 10 MiB encoded blocks (stored and decoded copies) at once,
+            // or 48 stream pieces of the default 2 MiB: enough to keep two
+            // cores decoding, and the whole process under 128 MiB.
+            memory: 96 << 20,
+            stall: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Where the bytes go.
+pub enum Output {
+    /// A file, written with positional writes into `PATH.lors-part` and
+    /// renamed to `PATH` when complete; resumable.
+    File(PathBuf),
+    /// A stream (stdout, a pipe), written in order; `name` (`standard
+    /// output`, a path) is what its errors name.
+    Stream {
+        /// Where the bytes go.
+        writer: Box<dyn AsyncWrite + Unpin + Send>,
+        /// What to call it in errors.
+        name: String,
+    },
+}
+
+/// What happened.
+#[derive(Debug, Clone, Default)]
+pub struct Stats {
+    /// Bytes delivered to the output.
+    pub bytes: u64,
+    /// Bytes skipped because a resumed download already had them.
+    pub resumed_bytes: u64,
+    /// Reads that failed and were retried elsewhere.
+    pub retries: u64,
+    /// Segments fetched twice to beat a straggler.
+    pub hedged: u64,
+    /// Bytes read per depot (`host:port`, bytes).
+    pub per_depot: Vec<(String, u64)>,
+    /// Wall time.
+    pub elapsed: Duration,
+}
+
+/// What the workers share under one lock: the scheduler and the outcome.
+struct Shared {
+    sched: Sched,
+    /// Local failures (the output cannot be written): stop at once.
+    fatal: Option<Error>,
+    /// Pieces claimed but not yet handed to the output.
+    writing: usize,
+}
+
+struct Ctx {
+    x: ExNode,
+    state: Mutex<Shared>,
+    /// Told of every change a waiting worker or the supervisor may act on.
+    wake: Notify,
+    pool: Arc<Pool>,
+    progress: Arc<dyn Progress>,
+    base: u64,
+    stream: bool,
+    /// The `threads` cap, when set.
+    slots: Option<Arc<Semaphore>>,
+    /// Memory slots, each the largest piece that passes through memory;
+    /// `None` when no piece does (raw mappings spliced into a file).
+    mem: Option<Arc<Semaphore>>,
+    /// Bytes in memory per piece of each mapping (0: spliced into the file).
+    mem_need: Vec<u64>,
+    bufs: Arc<Buffers>,
+}
+
+impl Ctx {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Shared> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Runs `f` on the shared state, then tells the user what the
+    /// scheduler noticed and wakes everyone waiting for a change.
+    fn update<R>(&self, f: impl FnOnce(&mut Shared) -> R) -> R {
+        let mut g = self.lock();
+        let r = f(&mut g);
+        self.report(g);
+        self.wake.notify_waiters();
+        r
+    }
+
+    /// Releases the lock and tells the user what the scheduler noticed;
+    /// whether it noticed anything.
+    fn report(&self, mut g: std::sync::MutexGuard<'_, Shared>) -> bool {
+        let notes: Vec<String> = (g.sched.take_events().into_iter())
+            .map(|e| describe(&g.sched, e))
+            .collect();
+        drop(g);
+        for n in &notes {
+            self.progress.note(n);
+        }
+        !notes.is_empty()
+    }
+
+    /// The output failed: stop everything, keeping the first error.
+    fn fatal(&self, e: Error) {
+        self.update(|g| {
+            g.fatal.get_or_insert(e);
+        });
+    }
+
+    /// Everything is in the output (or cannot be): fetches still running
+    /// are hedged twins or stragglers nobody needs.
+    fn settled(&self) -> bool {
+        let g = self.lock();
+        g.fatal.is_some() || (g.sched.finished() && g.writing == 0)
+    }
+}
+
+/// A scheduler event as the user reads it.
+fn describe(s: &Sched, e: Event) -> String {
+    match e {
+        Event::Unreachable { depot, why } => format!(
+            "depot {} is unreachable ({why}); reading its blocks from other replicas",
+            s.name(depot)
+        ),
+        Event::ReadFailed { depot, why } => format!(
+            "read from {} failed ({why}); trying another replica",
+            s.name(depot)
+        ),
+        Event::Stalled {
+            depot,
+            silent,
+            moved,
+        } => format!(
+            "depot {} has sent nothing for {}s while others deliver; \
+             reading its {moved} pieces in flight from other replicas",
+            s.name(depot),
+            silent.as_secs()
+        ),
+        Event::Recovered { depot } => {
+            format!("depot {} delivers again after its stall", s.name(depot))
+        }
+    }
+}
+
+/// Downloads the range `opts` names from the exNode into `out`.
+pub async fn download(
+    x: &ExNode,
+    out: Output,
+    opts: &DownloadOptions,
+    pool: Arc<Pool>,
+    progress: Arc<dyn Progress>,
+) -> Result<Stats> {
+    let t0 = Instant::now();
+    check_geometry(&x.mappings)?;
+    let size = x.logical_size();
+    let start = opts.offset.min(size);
+    let len = opts.length.unwrap_or(size - start).min(size - start);
+    // Mappings with functions are verified whole: do not cut them smaller.
+    let whole = x.mappings.iter().any(|m| m.function.is_some());
+    let planned = plan(
+        &x.mappings,
+        start,
+        len,
+        if whole { u64::MAX } else { opts.block_size },
+    )?;
+    // Depots as indices: every mapping's read address, each named once.
+    let addrs: Vec<String> = (x.mappings.iter())
+        .map(|m| m.read.as_ref().map(|c| c.address()).unwrap_or_default())
+        .collect();
+    let mut names: Vec<String> = (planned.iter().flat_map(|s| s.sources.iter()))
+        .map(|&m| addrs[m].clone())
+        .collect();
+    names.sort();
+    names.dedup();
+    let depot_of: Vec<usize> = (addrs.iter())
+        .map(|a| names.binary_search(a).unwrap_or(usize::MAX))
+        .collect();
+    let (file_out, stream) = match out {
+        Output::File(path) => {
+            let (f, done) = OutFile::open(path, x, start, len, opts.block_size, opts.resume)?;
+            (Some((Arc::new(f), done)), None)
+        }
+        Output::Stream { writer, name } => (None, Some((writer, name))),
+    };
+    // What a piece of each mapping holds in memory: an encoded mapping its
+    // stored and decoded bytes; a raw one its piece, unless spliced.
+    let mem_need: Vec<u64> = (x.mappings.iter())
+        .map(|m| match (&m.function, stream.is_some()) {
+            (Some(_), _) => m.alloc_length.saturating_add(m.logical_length),
+            (None, true) => m.logical_length.min(opts.block_size),
+            (None, false) => 0,
+        })
+        .collect();
+    let largest = (planned.iter().flat_map(|s| s.sources.iter()))
+        .map(|&m| mem_need[m])
+        .max()
+        .unwrap_or(0);
+    let cfg = sched::Config {
+        conns_per_depot: opts.conns_per_depot,
+        threads: opts.threads,
+        hedge: opts.hedge,
+        window: stream.is_some().then_some(opts.window.max(1)),
+        split_tail: stream.is_none() && !whole,
+        stall: opts.stall,
+        last_resort: (0..names.len())
+            .filter(|&d| opts.last_resort.contains(&names[d]))
+            .collect(),
+    };
+    let mut sched = Sched::new(cfg, names, depot_of, planned, t0);
+    let mut resumed_bytes = 0;
+    if let Some((_, done)) = &file_out {
+        for p in 0..sched.len() {
+            if done.contains(&sched.piece(p)) {
+                sched.skip(p);
+                resumed_bytes += sched.piece(p).1;
+            }
+        }
+    }
+    progress.start(Some(len - resumed_bytes));
+    let slots = usize::try_from(opts.memory / largest.max(1))
+        .unwrap_or(usize::MAX)
+        .clamp(1, Semaphore::MAX_PERMITS);
+    // A stored and a decoded buffer per slot, and the writer's piece.
+    let keep = if largest > 0 {
+        2 * slots.min(64) + 2
+    } else {
+        0
+    };
+    let depots = sched.depots();
+    let ctx = Arc::new(Ctx {
+        x: x.clone(),
+        state: Mutex::new(Shared {
+            sched,
+            fatal: None,
+            writing: 0,
+        }),
+        wake: Notify::new(),
+        pool,
+        progress,
+        base: start,
+        stream: stream.is_some(),
+        slots: (opts.threads > 0).then(|| Arc::new(Semaphore::new(opts.threads))),
+        mem: (largest > 0).then(|| Arc::new(Semaphore::new(slots))),
+        mem_need,
+        bufs: Arc::new(Buffers::new(keep)),
+    });
+    let (tx, writer) = match stream {
+        Some((w, name)) => {
+            let (tx, rx) = mpsc::channel::<Held>(opts.window.max(1));
+            let c = ctx.clone();
+            let writer = tokio::spawn(async move {
+                // A failed write (reader gone, disk full) is fatal at once:
+                // the fetches waiting for the window to move must stop, not
+                // wait for a writer that will never write again.
+                let written = |next| c.update(|g| g.sched.written(next));
+                let failed = |e| c.fatal(Error::io(format!("writing {name}"), e));
+                output::write_in_order(w, rx, &c.bufs, written, failed).await;
+            });
+            (Some(tx), Some(writer))
+        }
+        None => (None, None),
+    };
+    let mut workers = tokio::task::JoinSet::new();
+    let per_depot = match opts.conns_per_depot {
+        0 => AUTO_MAX,
+        n => n,
+    };
+    for d in 0..depots {
+        for conn in 0..per_depot {
+            let out = file_out.as_ref().map(|f| f.0.clone());
+            workers.spawn(fetch::worker(ctx.clone(), d, conn, tx.clone(), out));
+        }
+    }
+    drop(tx);
+    supervise(&ctx, &mut workers).await;
+    if let Some(w) = writer {
+        // Its error, if any, is already the fatal one (with its context).
+        w.await
+            .map_err(|e| Error::io("output writer", std::io::Error::other(e.to_string())))?;
+    }
+    let mut g = ctx.lock();
+    if let Some(e) = g.fatal.take() {
+        return Err(e);
+    }
+    let s = &g.sched;
+    if let Some(first) = s.lost().iter().min_by_key(|l| l.offset) {
+        let n = s.lost().len();
+        let last = if n > 1 {
+            format!("{} (and {} more pieces unreadable)", first.why, n - 1)
+        } else {
+            first.why.clone()
+        };
+        let (offset, end) = (first.offset, first.end);
+        return Err(Error::Unreadable { offset, end, last });
+    }
+    if let Some(p) = s.unfinished() {
+        let (offset, len) = s.piece(p);
+        return Err(Error::Unreadable {
+            offset,
+            end: offset + len,
+            last: "every depot holding it failed".into(),
+        });
+    }
+    if let Some((f, _)) = &file_out {
+        f.finish()?;
+    }
+    let c = s.counters();
+    Ok(Stats {
+        bytes: c.bytes,
+        resumed_bytes,
+        retries: c.retries,
+        hedged: c.hedged,
+        per_depot: s.per_depot().map(|(d, b)| (d.to_owned(), b)).collect(),
+        elapsed: t0.elapsed(),
+    })
+}
+
+/// Waits for the workers, checking for stalls when one may have happened
+/// and stopping the stragglers once every piece is settled: a connect or
+/// read timeout on a depot whose pieces other replicas delivered is not
+/// waited out.
+async fn supervise(ctx: &Ctx, workers: &mut tokio::task::JoinSet<()>) {
+    loop {
+        let notified = ctx.wake.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let next_check = {
+            let mut g = ctx.lock();
+            let now = Instant::now();
+            g.sched.check_stalls(now);
+            let next = g.sched.next_stall_check(now);
+            // Only a stall moves pieces here: wake the workers for those alone.
+            if ctx.report(g) {
+                ctx.wake.notify_waiters();
+            }
+            next
+        };
+        if ctx.settled() {
+            workers.abort_all();
+        }
+        let timer = async {
+            match next_check {
+                Some(t) => tokio::time::sleep_until(t.into()).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            j = workers.join_next() => if j.is_none() { return },
+            () = &mut notified => {}
+            () = timer => {}
+        }
+    }
+}

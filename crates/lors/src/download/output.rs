@@ -1,0 +1,245 @@
+//! Where a download's bytes go: a file written in place with a resume
+//! record beside it, or a stream written in order; and the buffers pieces
+//! pass through on their way.
+
+use std::collections::{BTreeMap, HashSet};
+use std::fs::File;
+use std::io::Write as _;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use lors_exnode::ExNode;
+use lors_ibp::zerocopy::SharedFile;
+use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::sync::{OwnedSemaphorePermit, mpsc};
+
+use crate::error::{Error, Result};
+
+/// The output file and its resume record.
+pub(super) struct OutFile {
+    /// The output file, which every connection splices raw pieces into.
+    pub(super) file: SharedFile,
+    record: Mutex<File>,
+    path: PathBuf,
+}
+
+/// `PATH` + `ext`.
+fn beside(path: &Path, ext: &str) -> PathBuf {
+    let mut s = path.as_os_str().to_owned();
+    s.push(ext);
+    PathBuf::from(s)
+}
+
+/// Where a download to `path` writes until it is complete and verified.
+pub fn partial_path(path: &Path) -> PathBuf {
+    beside(path, ".lors-part")
+}
+
+/// The record of the pieces a download to `path` has finished.
+pub fn record_path(path: &Path) -> PathBuf {
+    beside(path, ".lors-resume")
+}
+
+/// Names the exNode's data (ranges and read capabilities) in the resume
+/// record, so a partial file is only ever resumed from the same exNode.
+fn fingerprint(x: &ExNode) -> u64 {
+    // FNV-1a: stable across runs and builds, unlike `DefaultHasher`.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for m in &x.mappings {
+        let cap = m.read.as_ref().map(|c| c.to_url()).unwrap_or_default();
+        let line = format!(
+            "{} {} {} {cap}\n",
+            m.exnode_offset, m.logical_length, m.alloc_offset
+        );
+        for b in line.bytes() {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h
+}
+
+/// Pieces an earlier run finished, from its resume record.
+fn resumed(record: &Path, header: &str) -> HashSet<(u64, u64)> {
+    let Ok(text) = std::fs::read_to_string(record) else {
+        return HashSet::new();
+    };
+    let mut lines = text.lines();
+    if lines.next() != Some(header) {
+        return HashSet::new();
+    }
+    lines
+        .filter_map(|l| {
+            let (a, b) = l.split_once(' ')?;
+            Some((a.parse().ok()?, b.parse().ok()?))
+        })
+        .collect()
+}
+
+impl OutFile {
+    /// Opens `PATH.lors-part` for the range `start..start+len` of `x`. With
+    /// `resume`, a partial file and record from the same exNode, range and
+    /// piece size are kept, and the pieces the record lists are returned.
+    pub(super) fn open(
+        path: PathBuf,
+        x: &ExNode,
+        start: u64,
+        len: u64,
+        piece_size: u64,
+        resume: bool,
+    ) -> Result<(OutFile, HashSet<(u64, u64)>)> {
+        let header = format!(
+            "lors-partial v2 {start} {len} {piece_size} {:016x}",
+            fingerprint(x)
+        );
+        let part = partial_path(&path);
+        let record_path = record_path(&path);
+        let done = if resume && part.exists() {
+            resumed(&record_path, &header)
+        } else {
+            HashSet::new()
+        };
+        // The data goes to PATH.lors-part, renamed to PATH once complete:
+        // a file under the final name is always whole.
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(done.is_empty())
+            .open(&part)
+            .map_err(|e| Error::io(format!("opening {}", part.display()), e))?;
+        file.set_len(len)
+            .map_err(|e| Error::io(format!("sizing {}", part.display()), e))?;
+        let mut record = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&record_path)
+            .map_err(|e| Error::io(format!("opening {}", record_path.display()), e))?;
+        if done.is_empty() {
+            record
+                .set_len(0)
+                .map_err(|e| Error::io("resetting the resume record", e))?;
+            writeln!(record, "{header}").map_err(|e| Error::io("writing the resume record", e))?;
+        }
+        let out = OutFile {
+            file: SharedFile::new(file),
+            record: Mutex::new(record),
+            path,
+        };
+        Ok((out, done))
+    }
+
+    /// Writes a piece fetched into memory at `pos` and records it.
+    pub(super) fn write_piece(&self, pos: u64, offset: u64, data: &[u8]) -> std::io::Result<()> {
+        self.file.file().write_all_at(data, pos)?;
+        self.record(offset, data.len() as u64)
+    }
+
+    /// Notes a piece as done. The record follows the data: a piece listed
+    /// there is in the file.
+    pub(super) fn record(&self, offset: u64, len: u64) -> std::io::Result<()> {
+        let mut r = self.record.lock().unwrap_or_else(|e| e.into_inner());
+        writeln!(r, "{offset} {len}")
+    }
+
+    /// Every piece is in: flush, move the file to its final name and drop
+    /// the record.
+    pub(super) fn finish(&self) -> Result<()> {
+        let path = &self.path;
+        let part = partial_path(path);
+        self.file
+            .file()
+            .sync_all()
+            .map_err(|e| Error::io(format!("flushing {}", part.display()), e))?;
+        std::fs::rename(&part, path).map_err(|e| {
+            let what = format!(
+                "renaming the complete {} to {}",
+                part.display(),
+                path.display()
+            );
+            Error::io(what, e)
+        })?;
+        if let Some(dir) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            let _ = std::fs::File::open(dir).and_then(|d| d.sync_all());
+        }
+        let _ = std::fs::remove_file(record_path(path));
+        Ok(())
+    }
+}
+
+/// Buffers of pieces that pass through memory, kept for the next pieces. A
+/// download reuses the same few instead of asking the allocator for a fresh
+/// 10 MiB block per piece, which glibc spreads over per-thread arenas and
+/// does not give back: that alone doubled the peak RSS.
+pub(super) struct Buffers {
+    free: Mutex<Vec<Vec<u8>>>,
+    keep: usize,
+}
+
+impl Buffers {
+    /// Keeps up to `keep` free buffers.
+    pub(super) fn new(keep: usize) -> Self {
+        Buffers {
+            free: Mutex::new(Vec::new()),
+            keep,
+        }
+    }
+
+    /// A buffer of `len` bytes, reused when one is free. Its contents are
+    /// whatever the last piece left: every caller overwrites all of it (a
+    /// LOAD fills it or fails and drops it), so it is not zeroed again.
+    pub(super) fn take(&self, len: u64) -> Vec<u8> {
+        let len = usize::try_from(len).unwrap_or(usize::MAX);
+        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        let mut b = match free.iter().position(|b| b.capacity() >= len) {
+            Some(p) => free.swap_remove(p),
+            None => free.pop().unwrap_or_default(),
+        };
+        drop(free);
+        b.truncate(len);
+        b.resize(len, 0);
+        b
+    }
+
+    /// Keeps `b` for a later [`Buffers::take`], up to `keep` buffers.
+    pub(super) fn give(&self, b: Vec<u8>) {
+        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        if free.len() < self.keep {
+            free.push(b);
+        }
+    }
+}
+
+/// A fetched stream piece on its way to the writer, with the memory slot it
+/// holds until written.
+pub(super) type Held = (usize, Vec<u8>, Option<OwnedSemaphorePermit>);
+
+/// Writes pieces arriving in any order to `w` in order, holding the early
+/// ones. `written(next)` is told each time the first unwritten piece moves;
+/// `failed` gets a write error once (the reader went away, the disk is full)
+/// and the writer stops.
+pub(super) async fn write_in_order(
+    mut w: Box<dyn AsyncWrite + Unpin + Send>,
+    mut rx: mpsc::Receiver<Held>,
+    bufs: &Buffers,
+    written: impl Fn(usize),
+    failed: impl Fn(std::io::Error),
+) {
+    let mut held: BTreeMap<usize, (Vec<u8>, Option<OwnedSemaphorePermit>)> = BTreeMap::new();
+    let mut next = 0usize;
+    while let Some((i, data, mem)) = rx.recv().await {
+        held.insert(i, (data, mem));
+        while let Some((d, mem)) = held.remove(&next) {
+            if let Err(e) = w.write_all(&d).await {
+                return failed(e);
+            }
+            bufs.give(d);
+            drop(mem);
+            next += 1;
+            written(next);
+        }
+    }
+    if let Err(e) = w.flush().await {
+        failed(e);
+    }
+}

@@ -1,0 +1,862 @@
+//! The download scheduler, sans I/O: which connection fetches which piece
+//! from which replica, and what happens when a fetch fails, stalls or loses
+//! a race. It owns no sockets, tasks or clocks — callers pass the time in
+//! and carry out its decisions — so the same scheduler drives downloads,
+//! and tests drive it with a fake clock and fake depots.
+//!
+//! Depots are indices; each keeps the pending pieces it can serve in
+//! groups keyed by the *other* depots that can serve them too. Picking looks
+//! at the first piece of each group, not at every pending piece: the work of
+//! a pick grows with the number of replica layouts and of pieces in flight,
+//! not with the size of the file.
+//!
+//! ```
+//! use std::time::Instant;
+//! use lors::download::sched::{Config, Pick, Sched};
+//! use lors::plan::Segment;
+//!
+//! // Two pieces, each held by mapping 0 (on depot 0) and mapping 1 (depot 1).
+//! let plan = (0..2)
+//!     .map(|i| Segment { offset: i * 100, len: 100, sources: vec![0, 1] })
+//!     .collect();
+//! let now = Instant::now();
+//! let depots = vec!["a:6714".to_string(), "b:6714".to_string()];
+//! let mut s = Sched::new(Config::default(), depots, vec![0, 1], plan, now);
+//! let Pick::Fetch { piece, mapping } = s.pick(0, 0, false, now) else { panic!() };
+//! assert!(s.claim(piece, mapping, now)); // the bytes arrived
+//! let Pick::Fetch { piece, mapping } = s.pick(1, 0, false, now) else { panic!() };
+//! assert!(s.claim(piece, mapping, now));
+//! assert!(s.finished());
+//! ```
+
+use std::cmp::Reverse;
+use std::collections::{BTreeSet, HashMap};
+use std::time::{Duration, Instant};
+
+use super::tune::Tune;
+use crate::plan::Segment;
+
+/// A piece of the plan, by index. Pieces cut at the end game get new
+/// indices after the planned ones.
+pub type PieceId = usize;
+/// A depot, by index into the names given to [`Sched::new`].
+pub type DepotId = usize;
+
+/// Busy replies (`-66`) one piece takes before its replica counts as failed.
+pub const BUSY_MAX: u32 = 100;
+
+/// Pieces are not cut below this at the end of a download.
+pub const TAIL_PIECE_MIN: u64 = 256 << 10;
+
+/// Bytes every depot is credited with before it delivers, in the drain
+/// estimate: a few pieces' worth, so the first deliveries do not swing it.
+const DRAIN_PRIOR: f64 = (16u64 << 20) as f64;
+
+/// How the scheduler hands out work.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Connections per depot; 0 = tuned per depot from measured throughput.
+    pub conns_per_depot: usize,
+    /// Fetches in flight across all depots; 0 = no cap.
+    pub threads: usize,
+    /// Fetch the oldest straggler again from another replica when idle.
+    pub hedge: bool,
+    /// Ordered output: pieces are handed out in file order, at most this
+    /// many ahead of the first one not yet written. `None`: any order.
+    pub window: Option<usize>,
+    /// The last pieces may be cut in two so connections finish together.
+    pub split_tail: bool,
+    /// A depot that delivers nothing for this long while others deliver is
+    /// stalled. Zero never stalls a depot.
+    pub stall: Duration,
+    /// Depots read only when a piece has no other replica left.
+    pub last_resort: Vec<DepotId>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            conns_per_depot: 0,
+            threads: 0,
+            hedge: true,
+            window: None,
+            split_tail: true,
+            stall: Duration::from_secs(30),
+            last_resort: Vec::new(),
+        }
+    }
+}
+
+/// What a connection should do next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pick {
+    /// Fetch `piece` through `mapping`, then report [`Sched::claim`],
+    /// [`Sched::failed`] or [`Sched::busy`].
+    Fetch {
+        /// The piece.
+        piece: PieceId,
+        /// The exNode mapping (replica) to read it from.
+        mapping: usize,
+    },
+    /// Nothing for this connection now; ask again after the next change.
+    Wait,
+    /// Nothing for this connection ever again.
+    Exit,
+}
+
+/// Something a user should hear about, in the order it happened.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// A depot could not be reached; its replicas are skipped from now on.
+    Unreachable {
+        /// The depot.
+        depot: DepotId,
+        /// The error.
+        why: String,
+    },
+    /// One read failed; the piece goes to another replica.
+    ReadFailed {
+        /// The depot.
+        depot: DepotId,
+        /// The error.
+        why: String,
+    },
+    /// A depot sent nothing for `silent` while others delivered; `moved`
+    /// pieces in flight there went back to the queue for other replicas.
+    Stalled {
+        /// The depot.
+        depot: DepotId,
+        /// How long it has been silent.
+        silent: Duration,
+        /// Pieces moved to other replicas.
+        moved: usize,
+    },
+    /// A stalled depot delivered again.
+    Recovered {
+        /// The depot.
+        depot: DepotId,
+    },
+}
+
+/// A range no replica could serve.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lost {
+    /// First byte.
+    pub offset: u64,
+    /// One past the last byte.
+    pub end: u64,
+    /// The last error.
+    pub why: String,
+}
+
+/// Counters for [`super::Stats`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Counters {
+    /// Bytes claimed.
+    pub bytes: u64,
+    /// Reads that failed or met a busy depot.
+    pub retries: u64,
+    /// Pieces fetched a second time to beat a straggler.
+    pub hedged: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum St {
+    Pending,
+    Running,
+    Done,
+}
+
+/// An interned set of depots: the other holders of a pending piece.
+type KeyId = usize;
+
+struct Piece {
+    offset: u64,
+    len: u64,
+    /// Mappings that hold the whole piece.
+    sources: Vec<usize>,
+    /// Mappings that failed to deliver it.
+    failed: Vec<usize>,
+    /// Mappings it is being fetched from now.
+    running_on: Vec<usize>,
+    started: Instant,
+    st: St,
+    busy: u32,
+    /// Position in the queues: lower goes first.
+    order: i64,
+    /// The queues it sits in: (depot, group).
+    queued: Vec<(DepotId, KeyId)>,
+}
+
+#[derive(Default)]
+struct Queue {
+    groups: HashMap<KeyId, BTreeSet<(i64, PieceId)>>,
+    len: usize,
+}
+
+struct Depot {
+    last_resort: bool,
+    dead: bool,
+    stalled: bool,
+    tune: Option<Tune>,
+    delivered: Option<Instant>,
+    bytes: u64,
+    /// Fetches in flight here.
+    running: usize,
+    /// Pending pieces this depot can serve.
+    queue: Queue,
+    /// Every piece with a replica here.
+    holds: Vec<PieceId>,
+}
+
+/// The scheduler state of one download.
+pub struct Sched {
+    cfg: Config,
+    names: Vec<String>,
+    depots: Vec<Depot>,
+    /// Each mapping's depot.
+    depot_of: Vec<DepotId>,
+    pieces: Vec<Piece>,
+    keys: Vec<Box<[DepotId]>>,
+    key_ids: HashMap<Box<[DepotId]>, KeyId>,
+    /// Pieces being fetched, oldest first.
+    running: BTreeSet<(Instant, PieceId)>,
+    pending: usize,
+    done: usize,
+    lost: Vec<Lost>,
+    /// Ordered output: pieces before this one are written.
+    written: usize,
+    /// Order keys of re-queued pieces count down from here, ahead of all.
+    front: i64,
+    t0: Instant,
+    events: Vec<Event>,
+    counters: Counters,
+    scratch: Vec<DepotId>,
+}
+
+impl Sched {
+    /// A scheduler for `plan`, whose sources index `depot_of` (each
+    /// mapping's depot, an index into `names`). Every piece starts pending.
+    pub fn new(
+        cfg: Config,
+        names: Vec<String>,
+        depot_of: Vec<DepotId>,
+        plan: Vec<Segment>,
+        now: Instant,
+    ) -> Self {
+        let depots = (0..names.len())
+            .map(|d| Depot {
+                last_resort: cfg.last_resort.contains(&d),
+                dead: false,
+                stalled: false,
+                tune: (cfg.conns_per_depot == 0).then(|| Tune::new(now)),
+                delivered: None,
+                bytes: 0,
+                running: 0,
+                queue: Queue::default(),
+                holds: Vec::new(),
+            })
+            .collect();
+        let mut s = Sched {
+            cfg,
+            names,
+            depots,
+            depot_of,
+            pieces: Vec::with_capacity(plan.len()),
+            keys: Vec::new(),
+            key_ids: HashMap::new(),
+            running: BTreeSet::new(),
+            pending: 0,
+            done: 0,
+            lost: Vec::new(),
+            written: 0,
+            front: 0,
+            t0: now,
+            events: Vec::new(),
+            counters: Counters::default(),
+            scratch: Vec::new(),
+        };
+        for seg in plan {
+            let p = s.pieces.len();
+            s.add(Piece {
+                offset: seg.offset,
+                len: seg.len,
+                sources: seg.sources,
+                failed: Vec::new(),
+                running_on: Vec::new(),
+                started: now,
+                st: St::Pending,
+                busy: 0,
+                order: i64::try_from(p).unwrap_or(i64::MAX),
+                queued: Vec::new(),
+            });
+        }
+        s
+    }
+
+    fn add(&mut self, piece: Piece) -> PieceId {
+        let p = self.pieces.len();
+        for &m in &piece.sources {
+            let holds = &mut self.depots[self.depot_of[m]].holds;
+            if holds.last() != Some(&p) {
+                holds.push(p);
+            }
+        }
+        self.pieces.push(piece);
+        self.pending += 1;
+        self.enqueue(p);
+        p
+    }
+
+    /// Marks a piece an earlier run already delivered (resume).
+    pub fn skip(&mut self, p: PieceId) {
+        if self.pieces[p].st == St::Pending {
+            self.unqueue(p);
+            self.pieces[p].st = St::Done;
+            self.pending -= 1;
+            self.done += 1;
+        }
+    }
+
+    /// The byte range of a piece: (offset, length).
+    pub fn piece(&self, p: PieceId) -> (u64, u64) {
+        (self.pieces[p].offset, self.pieces[p].len)
+    }
+
+    /// Pieces so far (planned and cut).
+    pub fn len(&self) -> usize {
+        self.pieces.len()
+    }
+
+    /// Whether the plan is empty.
+    pub fn is_empty(&self) -> bool {
+        self.pieces.is_empty()
+    }
+
+    /// Depots, numbered from 0.
+    pub fn depots(&self) -> usize {
+        self.depots.len()
+    }
+
+    /// A depot's name as given to [`Sched::new`].
+    pub fn name(&self, d: DepotId) -> &str {
+        &self.names[d]
+    }
+
+    /// Every piece is delivered or lost.
+    pub fn finished(&self) -> bool {
+        self.done + self.lost.len() == self.pieces.len()
+    }
+
+    /// Ranges no replica could serve, in the order they were given up.
+    pub fn lost(&self) -> &[Lost] {
+        &self.lost
+    }
+
+    /// A piece neither delivered nor lost, if any.
+    pub fn unfinished(&self) -> Option<PieceId> {
+        self.pieces.iter().position(|p| p.st != St::Done)
+    }
+
+    /// Counters so far.
+    pub fn counters(&self) -> Counters {
+        self.counters
+    }
+
+    /// Bytes delivered per depot that delivered any.
+    pub fn per_depot(&self) -> impl Iterator<Item = (&str, u64)> {
+        self.depots
+            .iter()
+            .zip(&self.names)
+            .filter(|(d, _)| d.bytes > 0)
+            .map(|(d, n)| (n.as_str(), d.bytes))
+    }
+
+    /// Connections depot `d` may use now (its tuned level, or the fixed
+    /// count).
+    pub fn level(&self, d: DepotId) -> usize {
+        self.depots[d]
+            .tune
+            .as_ref()
+            .map_or(self.cfg.conns_per_depot, |t| t.level)
+    }
+
+    /// Events since the last call.
+    pub fn take_events(&mut self) -> Vec<Event> {
+        std::mem::take(&mut self.events)
+    }
+
+    /// Ordered output: pieces before `next` are written, so the window moves.
+    pub fn written(&mut self, next: usize) {
+        self.written = next;
+    }
+
+    fn is_last_resort(&self, d: DepotId) -> bool {
+        self.depots[d].last_resort || self.depots[d].stalled
+    }
+
+    /// A replica of `p` on `d` that has not failed and is not being read.
+    fn usable(&self, p: PieceId, d: DepotId) -> Option<usize> {
+        let s = &self.pieces[p];
+        s.sources
+            .iter()
+            .copied()
+            .find(|m| self.depot_of[*m] == d && !s.failed.contains(m) && !s.running_on.contains(m))
+    }
+
+    fn key(&mut self, depots: &[DepotId]) -> KeyId {
+        if let Some(&k) = self.key_ids.get(depots) {
+            return k;
+        }
+        let k = self.keys.len();
+        self.keys.push(depots.into());
+        self.key_ids.insert(depots.into(), k);
+        k
+    }
+
+    /// Puts a pending piece in the queue of every live depot that can serve
+    /// it, grouped by the other depots that can.
+    fn enqueue(&mut self, p: PieceId) {
+        if self.pieces[p].st != St::Pending {
+            return;
+        }
+        let mut holders = std::mem::take(&mut self.scratch);
+        holders.clear();
+        let s = &self.pieces[p];
+        holders.extend(
+            s.sources
+                .iter()
+                .filter(|m| !s.failed.contains(m))
+                .map(|&m| self.depot_of[m])
+                .filter(|&d| !self.depots[d].dead),
+        );
+        holders.sort_unstable();
+        holders.dedup();
+        let order = s.order;
+        for i in 0..holders.len() {
+            let d = holders[i];
+            if self.usable(p, d).is_none() {
+                continue;
+            }
+            let others: Vec<DepotId> = holders.iter().copied().filter(|&e| e != d).collect();
+            let k = self.key(&others);
+            let q = &mut self.depots[d].queue;
+            q.groups.entry(k).or_default().insert((order, p));
+            q.len += 1;
+            self.pieces[p].queued.push((d, k));
+        }
+        self.scratch = holders;
+    }
+
+    fn unqueue(&mut self, p: PieceId) {
+        let order = self.pieces[p].order;
+        for (d, k) in std::mem::take(&mut self.pieces[p].queued) {
+            let q = &mut self.depots[d].queue;
+            if let Some(g) = q.groups.get_mut(&k) {
+                if g.remove(&(order, p)) {
+                    q.len -= 1;
+                }
+                if g.is_empty() {
+                    q.groups.remove(&k);
+                }
+            }
+        }
+    }
+
+    fn refresh(&mut self, p: PieceId) {
+        self.unqueue(p);
+        self.enqueue(p);
+    }
+
+    /// Back to the queue, ahead of the pieces never tried (in file order for
+    /// an ordered output, where the writer waits for the earliest).
+    fn requeue(&mut self, p: PieceId) {
+        let s = &mut self.pieces[p];
+        if s.st == St::Running {
+            self.running.remove(&(s.started, p));
+        }
+        s.st = St::Pending;
+        self.pending += 1;
+        self.unqueue(p);
+        self.pieces[p].order = if self.cfg.window.is_some() {
+            i64::try_from(p).unwrap_or(i64::MAX)
+        } else {
+            self.front -= 1;
+            self.front
+        };
+        self.enqueue(p);
+    }
+
+    fn stop_running(&mut self, p: PieceId, m: usize) {
+        let r = &mut self.pieces[p].running_on;
+        if let Some(i) = r.iter().position(|&x| x == m) {
+            r.swap_remove(i);
+            self.depots[self.depot_of[m]].running -= 1;
+        }
+    }
+
+    /// Connections open (or allowed) across the depots still alive.
+    fn live_connections(&self) -> usize {
+        let n: usize = (0..self.depots.len())
+            .filter(|&d| !self.depots[d].dead)
+            .map(|d| self.level(d))
+            .sum();
+        if self.cfg.threads > 0 {
+            n.min(self.cfg.threads)
+        } else {
+            n
+        }
+    }
+
+    /// What connection `conn` (0-based) of depot `d` should do next. With
+    /// `head_only` (an ordered output's connection without a memory slot)
+    /// only the piece the writer waits for may be fetched.
+    ///
+    /// A connection takes, among the pending pieces its depot holds, the
+    /// one whose other holders have the most pending work of their own:
+    /// each depot takes what the others are least likely to get to, so no
+    /// depot is left at the end with nothing it holds while others still
+    /// queue. With nothing pending, an idle depot fetches the oldest
+    /// straggler again from its own replica (first copy wins).
+    pub fn pick(&mut self, d: DepotId, conn: usize, head_only: bool, now: Instant) -> Pick {
+        if self.finished() || self.depots[d].dead {
+            return Pick::Exit;
+        }
+        if self.depots[d]
+            .tune
+            .as_ref()
+            .is_some_and(|t| conn >= t.level)
+        {
+            return Pick::Wait; // a connection the tuner has not opened (yet)
+        }
+        let limit = match self.cfg.window {
+            _ if head_only => self.written + 1,
+            Some(w) => self.written + w,
+            None => usize::MAX,
+        };
+        let last_resort = self.is_last_resort(d);
+        let ordered = self.cfg.window.is_some();
+        let mut could_later = false;
+        let mut best: Option<((f64, Reverse<i64>), PieceId)> = None;
+        for (&k, group) in &self.depots[d].queue.groups {
+            let Some(&(order, p)) = group.first() else {
+                continue;
+            };
+            let others = &self.keys[k];
+            // A last-resort depot leaves pieces to the others while they can.
+            if last_resort && others.iter().any(|&e| !self.is_last_resort(e)) {
+                could_later = true;
+                continue;
+            }
+            if p >= limit {
+                could_later = true;
+                continue;
+            }
+            let load = if ordered {
+                0.0 // in file order: the writer waits for the earliest
+            } else {
+                others
+                    .iter()
+                    .map(|&e| self.drain(e))
+                    .min_by(f64::total_cmp)
+                    .unwrap_or(f64::INFINITY)
+            };
+            let rank = (load, Reverse(order));
+            if best.is_none_or(|(b, _)| rank.0 > b.0 || (rank.0 == b.0 && rank.1 > b.1)) {
+                best = Some((rank, p));
+            }
+        }
+        if let Some((_, p)) = best {
+            let m = self.usable(p, d).expect("queued pieces are usable");
+            self.unqueue(p);
+            self.pending -= 1;
+            if self.cfg.split_tail && self.pending < self.live_connections() {
+                self.split(p, now);
+            }
+            let s = &mut self.pieces[p];
+            s.st = St::Running;
+            s.started = now;
+            s.running_on.push(m);
+            self.running.insert((now, p));
+            self.depots[d].running += 1;
+            return Pick::Fetch {
+                piece: p,
+                mapping: m,
+            };
+        }
+        // Nothing pending here: help with the oldest straggler, once — but
+        // only with this depot's link idle, or the copy would slow the piece
+        // it is already sending.
+        let idle_here = self.depots[d].running == 0;
+        let mut hedge = None;
+        for &(_, p) in &self.running {
+            if p >= limit {
+                continue;
+            }
+            if let Some(m) = self.usable(p, d) {
+                could_later = true;
+                if self.cfg.hedge && idle_here && self.pieces[p].running_on.len() == 1 {
+                    hedge = Some((p, m));
+                    break;
+                }
+            }
+        }
+        if let Some((p, m)) = hedge {
+            self.pieces[p].running_on.push(m);
+            self.depots[d].running += 1;
+            self.counters.hedged += 1;
+            return Pick::Fetch {
+                piece: p,
+                mapping: m,
+            };
+        }
+        if could_later || self.depots[d].queue.len > 0 {
+            Pick::Wait
+        } else {
+            Pick::Exit
+        }
+    }
+
+    /// How long depot `d` needs for the pieces queued for it, in units
+    /// common to all depots: its queue over what it delivered so far (with
+    /// a prior, so depots weigh by queue alone until they have delivered).
+    fn drain(&self, d: DepotId) -> f64 {
+        let depot = &self.depots[d];
+        depot.queue.len as f64 / (depot.bytes as f64 + DRAIN_PRIOR)
+    }
+
+    /// End game: with fewer pieces left than connections, the piece being
+    /// taken is cut in two and its second half goes back to the front of
+    /// the queue. Otherwise the connections that finish first sit idle
+    /// while the last ones each send a whole piece, at their share of their
+    /// depot's link; cutting shrinks that tail to a fraction of a piece.
+    fn split(&mut self, p: PieceId, now: Instant) {
+        let s = &self.pieces[p];
+        // Halves on 64 KiB boundaries keep writes page-aligned.
+        let half = (s.len / 2) & !((64 << 10) - 1);
+        if half < TAIL_PIECE_MIN || s.len - half < TAIL_PIECE_MIN {
+            return;
+        }
+        self.front -= 1;
+        let rest = Piece {
+            offset: s.offset + half,
+            len: s.len - half,
+            sources: s.sources.clone(),
+            failed: s.failed.clone(),
+            running_on: Vec::new(),
+            started: now,
+            st: St::Pending,
+            busy: 0,
+            order: self.front,
+            queued: Vec::new(),
+        };
+        self.pieces[p].len = half;
+        self.add(rest);
+    }
+
+    /// A read of `p` from mapping `m` failed (or returned corrupted bytes):
+    /// that replica is bad for the piece. A depot that cannot be reached
+    /// (`unreachable`) is dead for the whole download: every piece it holds
+    /// moves on to other replicas at once. A piece with no replica left is
+    /// lost.
+    pub fn failed(&mut self, p: PieceId, m: usize, why: &str, unreachable: bool) {
+        self.counters.retries += 1;
+        let d = self.depot_of[m];
+        self.stop_running(p, m);
+        let newly_dead = unreachable && !self.depots[d].dead;
+        if newly_dead {
+            self.depots[d].dead = true;
+            self.events.push(Event::Unreachable {
+                depot: d,
+                why: why.to_owned(),
+            });
+            for q in std::mem::take(&mut self.depots[d].holds) {
+                let on_d: Vec<usize> = (self.pieces[q].sources.iter().copied())
+                    .filter(|&x| self.depot_of[x] == d)
+                    .collect();
+                for x in on_d {
+                    self.mark_failed(q, x, why, q == p);
+                }
+            }
+        } else {
+            self.mark_failed(p, m, why, true);
+            if !unreachable {
+                self.events.push(Event::ReadFailed {
+                    depot: d,
+                    why: why.to_owned(),
+                });
+            }
+        }
+    }
+
+    fn mark_failed(&mut self, p: PieceId, m: usize, why: &str, this_read: bool) {
+        let s = &mut self.pieces[p];
+        if s.failed.contains(&m) {
+            if !this_read {
+                return;
+            }
+        } else {
+            s.failed.push(m);
+        }
+        if s.st == St::Running && s.running_on.is_empty() {
+            self.requeue(p);
+        }
+        let s = &self.pieces[p];
+        if s.st == St::Pending && s.sources.iter().all(|x| s.failed.contains(x)) {
+            self.unqueue(p);
+            self.pieces[p].st = St::Done; // settled: nobody will fetch it
+            self.pending -= 1;
+            let s = &self.pieces[p];
+            self.lost.push(Lost {
+                offset: s.offset,
+                end: s.offset + s.len,
+                why: why.to_owned(),
+            });
+        } else {
+            self.refresh(p);
+        }
+    }
+
+    /// The depot of mapping `m` said it is busy: the piece goes back to the
+    /// queue without blaming the replica, and an auto-tuned depot gets fewer
+    /// connections. Once a piece has met [`BUSY_MAX`] busy replies, the
+    /// replica that gave the last counts as failed for it. Returns whether
+    /// the caller should pause before asking again.
+    pub fn busy(&mut self, p: PieceId, m: usize, why: &str) -> bool {
+        let d = self.depot_of[m];
+        if let Some(t) = &mut self.depots[d].tune {
+            t.back_off();
+        }
+        self.pieces[p].busy += 1;
+        if self.pieces[p].busy > BUSY_MAX {
+            self.failed(p, m, why, false);
+            return false;
+        }
+        self.counters.retries += 1;
+        self.stop_running(p, m);
+        let s = &self.pieces[p];
+        if s.st == St::Running && s.running_on.is_empty() {
+            self.requeue(p);
+        } else {
+            self.refresh(p);
+        }
+        true
+    }
+
+    /// Piece `p` arrived whole from mapping `m`. False if another replica
+    /// already delivered it (the caller drops these bytes).
+    pub fn claim(&mut self, p: PieceId, m: usize, now: Instant) -> bool {
+        let d = self.depot_of[m];
+        self.depots[d].delivered = Some(now);
+        if self.depots[d].stalled {
+            self.depots[d].stalled = false;
+            self.events.push(Event::Recovered { depot: d });
+        }
+        self.stop_running(p, m);
+        let (st, started, len) = (
+            self.pieces[p].st,
+            self.pieces[p].started,
+            self.pieces[p].len,
+        );
+        match st {
+            St::Done => return false,
+            St::Running => {
+                self.running.remove(&(started, p));
+            }
+            // Moved off a stalled depot, which then delivered it after all.
+            St::Pending => {
+                self.unqueue(p);
+                self.pending -= 1;
+            }
+        }
+        self.pieces[p].st = St::Done;
+        self.done += 1;
+        self.counters.bytes += len;
+        let depot = &mut self.depots[d];
+        depot.bytes += len;
+        if let Some(t) = &mut depot.tune {
+            let before = t.level;
+            t.delivered(len, now);
+            if t.level != before {
+                tracing::debug!(depot = %self.names[d], from = before, to = t.level, "connections re-tuned");
+            }
+        }
+        true
+    }
+
+    /// Marks as stalled every depot that has delivered nothing for the
+    /// stall time while another delivered, and moves its pieces in flight
+    /// that have another live replica back to the queue.
+    pub fn check_stalls(&mut self, now: Instant) {
+        if self.cfg.stall.is_zero() {
+            return;
+        }
+        for d in 0..self.depots.len() {
+            let Some(since) = self.silent_since(d) else {
+                continue;
+            };
+            let others_flow = (self.depots.iter().enumerate())
+                .any(|(e, x)| e != d && x.delivered.is_some_and(|t| t > since));
+            if now.saturating_duration_since(since) < self.cfg.stall || !others_flow {
+                continue;
+            }
+            self.depots[d].stalled = true;
+            let victims: Vec<PieceId> = (self.running.iter().map(|&(_, p)| p))
+                .filter(|&p| {
+                    let s = &self.pieces[p];
+                    let only_here = s.running_on.iter().all(|&m| self.depot_of[m] == d);
+                    let elsewhere = s.sources.iter().any(|&m| {
+                        let e = self.depot_of[m];
+                        e != d
+                            && !s.failed.contains(&m)
+                            && !self.depots[e].dead
+                            && !self.depots[e].stalled
+                    });
+                    only_here && elsewhere
+                })
+                .collect();
+            let moved = victims.len();
+            for p in victims {
+                self.requeue(p);
+            }
+            self.events.push(Event::Stalled {
+                depot: d,
+                silent: now.saturating_duration_since(since),
+                moved,
+            });
+        }
+    }
+
+    /// Since when a live, unstalled depot with fetches in flight has been
+    /// silent: its last delivery, or the start of its oldest fetch if later.
+    fn silent_since(&self, d: DepotId) -> Option<Instant> {
+        let depot = &self.depots[d];
+        if depot.dead || depot.stalled || depot.running == 0 {
+            return None;
+        }
+        // Running is ordered by start: the first on this depot is the oldest.
+        let oldest = (self.running.iter())
+            .find(|&&(_, p)| {
+                let on = &self.pieces[p].running_on;
+                on.iter().any(|&m| self.depot_of[m] == d)
+            })
+            .map(|&(t, _)| t)?;
+        Some(depot.delivered.unwrap_or(self.t0).max(oldest))
+    }
+
+    /// When [`Sched::check_stalls`] may next find a stall without anything
+    /// else happening first; `None` when only a delivery could make one.
+    pub fn next_stall_check(&self, now: Instant) -> Option<Instant> {
+        if self.cfg.stall.is_zero() {
+            return None;
+        }
+        (0..self.depots.len())
+            .filter_map(|d| self.silent_since(d))
+            .map(|t| t + self.cfg.stall)
+            .filter(|&t| t > now)
+            .min()
+    }
+}
+
+#[cfg(test)]
+mod tests;
