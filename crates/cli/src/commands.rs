@@ -173,6 +173,22 @@ pub async fn report_rates(
 }
 
 /// A file argument: a path or a `lors://` URI.
+/// A secret token from the first line of `path`, for options that keep
+/// secrets out of the command line (where any user's `ps` shows them).
+pub fn read_token_file(path: &Path) -> anyhow::Result<String> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading the token file {}", path.display()))?;
+    let token = text.lines().next().unwrap_or("").trim();
+    if token.is_empty() {
+        return Err(crate::UsageError(format!(
+            "the token file {} is empty: put the token on its first line",
+            path.display()
+        ))
+        .into());
+    }
+    Ok(token.to_owned())
+}
+
 pub fn exnode_arg(s: &str) -> Result<lors::uri::ExnodeRef, String> {
     lors::uri::ExnodeRef::parse(s)
 }

@@ -198,18 +198,32 @@ pub async fn register(
     timeout: Duration,
 ) -> Result<(), String> {
     let body = serde_json::to_vec(reg).map_err(|e| e.to_string())?;
-    let (status, resp) = http::fetch(
-        base,
-        "POST",
-        "/api/v1/register",
-        Some(token),
-        Some(&body),
-        timeout,
-    )
-    .await?;
+    post_with_token(base, "/api/v1/register", token, &body, timeout).await
+}
+
+/// Takes a depot out of the directory at once (a clean stop), instead of
+/// leaving it listed until its heartbeats are missed.
+pub async fn deregister(
+    base: &BaseUrl,
+    token: &str,
+    depot: &crate::model::Departure,
+    timeout: Duration,
+) -> Result<(), String> {
+    let body = serde_json::to_vec(depot).map_err(|e| e.to_string())?;
+    post_with_token(base, "/api/v1/deregister", token, &body, timeout).await
+}
+
+async fn post_with_token(
+    base: &BaseUrl,
+    path: &str,
+    token: &str,
+    body: &[u8],
+    timeout: Duration,
+) -> Result<(), String> {
+    let (status, resp) = http::fetch(base, "POST", path, Some(token), Some(body), timeout).await?;
     match status {
         200 => Ok(()),
-        401 => Err("the L-Bone refused the token (check --lbone-token)".into()),
+        401 => Err("the L-Bone refused the registration token".into()),
         _ => Err(format!(
             "the L-Bone answered {status}: {}",
             String::from_utf8_lossy(&resp)

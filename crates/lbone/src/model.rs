@@ -215,3 +215,25 @@ pub struct RateReports {
     /// The reports.
     pub rates: Vec<RateReport>,
 }
+
+/// A depot leaving the directory on a clean stop (`POST /api/v1/deregister`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Departure {
+    /// Host name or address, as registered.
+    pub host: String,
+    /// IBP port, as registered.
+    pub port: u16,
+}
+
+impl Departure {
+    /// `host:port`, as [`Registration::addr`] names the same depot.
+    pub fn addr(&self) -> String {
+        Registration {
+            host: self.host.clone(),
+            port: self.port,
+            ..Registration::default()
+        }
+        .addr()
+    }
+}

@@ -12,7 +12,7 @@ use tokio::sync::{Semaphore, watch};
 use crate::forecast::client_net;
 use crate::http::{self, Request, Response};
 use crate::legacy::{self, LegacyRequest};
-use crate::model::{RateReports, Registration};
+use crate::model::{Departure, RateReports, Registration};
 use crate::rank::{self, Query};
 use crate::store::Store;
 
@@ -57,6 +57,8 @@ pub struct LBone {
     store: Arc<dyn Store>,
     cfg: Config,
     token_hash: blake3::Hash,
+    /// Depots this instance has logged as offline, to log each transition once.
+    offline: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 /// Unix seconds now.
@@ -75,6 +77,7 @@ impl LBone {
     pub fn new(store: Arc<dyn Store>, cfg: Config) -> Arc<LBone> {
         Arc::new(LBone {
             token_hash: blake3::hash(cfg.token.as_bytes()),
+            offline: std::sync::Mutex::new(std::collections::HashSet::new()),
             store,
             cfg,
         })
@@ -127,14 +130,35 @@ impl LBone {
         ))
     }
 
-    /// One sweep: drop depots silent longer than `drop_after`.
+    /// One sweep: note depots that went offline (silent longer than
+    /// `offline_after`), drop those silent longer than `drop_after`.
     pub async fn sweep(&self) -> Result<Vec<String>, String> {
-        let cutoff = now() - secs(self.cfg.drop_after);
-        let gone = self.blocking(move |s| s.drop_silent(cutoff)).await?;
+        let t = now();
+        let cutoff = t - secs(self.cfg.drop_after);
+        let offline_cutoff = t - secs(self.cfg.offline_after);
+        let (listed, gone) = self
+            .blocking(move |s| {
+                let gone = s.drop_silent(cutoff)?;
+                Ok((s.list()?, gone))
+            })
+            .await?;
+        let mut offline = self.offline_lock();
+        for d in listed.iter().filter(|d| d.last_seen < offline_cutoff) {
+            let addr = d.reg.addr();
+            if !offline.contains(&addr) {
+                tracing::info!(depot = %addr, silent_s = t - d.last_seen, "offline: no heartbeat");
+                offline.insert(addr);
+            }
+        }
         for d in &gone {
+            offline.remove(d);
             tracing::info!(depot = %d, "dropped: no heartbeat");
         }
         Ok(gone)
+    }
+
+    fn offline_lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<String>> {
+        self.offline.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     async fn handle(&self, req: Request, peer: SocketAddr) -> Response {
@@ -163,13 +187,30 @@ impl LBone {
                     Err(e) => Response::error(503, &e),
                 }
             }
-            ("POST", "/api/v1/register") => {
-                if !self.token_ok(req.bearer()) {
-                    return Response::error(
-                        401,
-                        "registration needs the L-Bone token: Authorization: Bearer TOKEN",
-                    );
+            ("POST", "/api/v1/register" | "/api/v1/deregister") if !self.token_ok(req.bearer()) => {
+                tracing::warn!(peer = %peer.ip(), path = %req.path, "refused: wrong or missing token");
+                Response::error(
+                    401,
+                    "registration needs the L-Bone token: Authorization: Bearer TOKEN",
+                )
+            }
+            ("POST", "/api/v1/deregister") => {
+                let d: Departure = match serde_json::from_slice(&req.body) {
+                    Ok(d) => d,
+                    Err(e) => return Response::error(400, &format!("deregistration body: {e}")),
+                };
+                let addr = d.addr();
+                let a = addr.clone();
+                match self.blocking(move |s| s.remove(&a)).await {
+                    Ok(known) => {
+                        self.offline_lock().remove(&addr);
+                        tracing::info!(depot = %addr, known, "deregistered");
+                        api(200, serde_json::json!({"ok": true, "removed": known}))
+                    }
+                    Err(e) => Response::error(503, &e),
                 }
+            }
+            ("POST", "/api/v1/register") => {
                 let reg: Registration = match serde_json::from_slice(&req.body) {
                     Ok(r) => r,
                     Err(e) => return Response::error(400, &format!("registration body: {e}")),
@@ -180,8 +221,15 @@ impl LBone {
                 let addr = reg.addr();
                 let t = now();
                 match self.blocking(move |s| s.upsert(&reg, t)).await {
-                    Ok(()) => {
-                        tracing::debug!(depot = %addr, "heartbeat");
+                    Ok(before) => {
+                        let was_offline = self.offline_lock().remove(&addr);
+                        match before {
+                            None => tracing::info!(depot = %addr, "registered"),
+                            Some(_) if was_offline => {
+                                tracing::info!(depot = %addr, "online again")
+                            }
+                            Some(_) => tracing::debug!(depot = %addr, "heartbeat"),
+                        }
                         api(
                             200,
                             serde_json::json!({
@@ -217,9 +265,11 @@ impl LBone {
                     Err(e) => Response::error(503, &e),
                 }
             }
-            (_, "/" | "/api/v1/depots" | "/api/v1/register" | "/api/v1/rates" | "/healthz") => {
-                Response::error(405, "method not allowed")
-            }
+            (
+                _,
+                "/" | "/api/v1/depots" | "/api/v1/register" | "/api/v1/deregister"
+                | "/api/v1/rates" | "/healthz",
+            ) => Response::error(405, "method not allowed"),
             _ => Response::error(
                 404,
                 "no such endpoint: try GET /api/v1/depots or the dashboard at /",

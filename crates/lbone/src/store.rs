@@ -45,8 +45,11 @@ impl From<postgres::Error> for StoreError {
 /// The directory's persistent state. Methods block; servers call them from
 /// a blocking thread.
 pub trait Store: Send + Sync {
-    /// Registers a depot or refreshes its heartbeat and figures.
-    fn upsert(&self, reg: &Registration, now: i64) -> Result<(), StoreError>;
+    /// Registers a depot or refreshes its heartbeat and figures. Returns
+    /// its previous heartbeat time, `None` for a depot new to the directory.
+    fn upsert(&self, reg: &Registration, now: i64) -> Result<Option<i64>, StoreError>;
+    /// Removes a depot (it left on its own); whether it was listed.
+    fn remove(&self, addr: &str) -> Result<bool, StoreError>;
     /// Every depot.
     fn list(&self) -> Result<Vec<DepotRecord>, StoreError>;
     /// Drops depots silent since before `cutoff`; returns their addresses.
@@ -122,13 +125,35 @@ impl SqliteStore {
 }
 
 impl Store for SqliteStore {
-    fn upsert(&self, reg: &Registration, now: i64) -> Result<(), StoreError> {
-        self.db().execute(
+    fn upsert(&self, reg: &Registration, now: i64) -> Result<Option<i64>, StoreError> {
+        let mut db = self.db();
+        let tx = db.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+        let addr = reg.addr();
+        let before: Option<i64> = tx
+            .query_row(
+                "SELECT last_seen FROM depots WHERE addr = ?1",
+                [&addr],
+                |r| r.get(0),
+            )
+            .map(Some)
+            .or_else(|e| match e {
+                rusqlite::Error::QueryReturnedNoRows => Ok(None),
+                e => Err(e),
+            })?;
+        tx.execute(
             "INSERT INTO depots (addr, reg, first_seen, last_seen) VALUES (?1, ?2, ?3, ?3)
              ON CONFLICT (addr) DO UPDATE SET reg = excluded.reg, last_seen = excluded.last_seen",
-            rusqlite::params![reg.addr(), encode(reg), now],
+            rusqlite::params![addr, encode(reg), now],
         )?;
-        Ok(())
+        tx.commit()?;
+        Ok(before)
+    }
+
+    fn remove(&self, addr: &str) -> Result<bool, StoreError> {
+        Ok(self
+            .db()
+            .execute("DELETE FROM depots WHERE addr = ?1", [addr])?
+            > 0)
     }
 
     fn list(&self) -> Result<Vec<DepotRecord>, StoreError> {
@@ -256,13 +281,23 @@ impl PostgresStore {
 }
 
 impl Store for PostgresStore {
-    fn upsert(&self, reg: &Registration, now: i64) -> Result<(), StoreError> {
-        self.db().execute(
-            "INSERT INTO depots (addr, reg, first_seen, last_seen) VALUES ($1, $2, $3, $3)
-             ON CONFLICT (addr) DO UPDATE SET reg = EXCLUDED.reg, last_seen = EXCLUDED.last_seen",
+    fn upsert(&self, reg: &Registration, now: i64) -> Result<Option<i64>, StoreError> {
+        // The CTE reads the row as it was before the statement.
+        let row = self.db().query_one(
+            "WITH old AS (SELECT last_seen FROM depots WHERE addr = $1)
+             INSERT INTO depots (addr, reg, first_seen, last_seen) VALUES ($1, $2, $3, $3)
+             ON CONFLICT (addr) DO UPDATE SET reg = EXCLUDED.reg, last_seen = EXCLUDED.last_seen
+             RETURNING (SELECT last_seen FROM old)",
             &[&reg.addr(), &encode(reg), &now],
         )?;
-        Ok(())
+        Ok(row.get(0))
+    }
+
+    fn remove(&self, addr: &str) -> Result<bool, StoreError> {
+        Ok(self
+            .db()
+            .execute("DELETE FROM depots WHERE addr = $1", &[&addr])?
+            > 0)
     }
 
     fn list(&self) -> Result<Vec<DepotRecord>, StoreError> {

@@ -37,9 +37,19 @@ fn suite(s: &dyn Store) {
     assert!(s.list().unwrap().is_empty(), "starts empty");
 
     // Register, then heartbeat with new figures: first_seen stays.
-    s.upsert(&reg("a.example.org", 100, "Brno"), 100).unwrap();
-    s.upsert(&reg("b.example.org", 200, "Praha"), 120).unwrap();
-    s.upsert(&reg("a.example.org", 50, "Brno"), 150).unwrap();
+    // Each answer is the depot's previous heartbeat: none when new.
+    assert_eq!(
+        s.upsert(&reg("a.example.org", 100, "Brno"), 100).unwrap(),
+        None
+    );
+    assert_eq!(
+        s.upsert(&reg("b.example.org", 200, "Praha"), 120).unwrap(),
+        None
+    );
+    assert_eq!(
+        s.upsert(&reg("a.example.org", 50, "Brno"), 150).unwrap(),
+        Some(100)
+    );
     let l = s.list().unwrap();
     assert_eq!(l.len(), 2);
     assert_eq!(
@@ -56,6 +66,15 @@ fn suite(s: &dyn Store) {
     let l = s.list().unwrap();
     assert_eq!(l.len(), 1);
     assert_eq!(l[0].reg.host, "a.example.org");
+
+    // A depot that leaves is removed at once; removing it again finds nothing.
+    assert_eq!(
+        s.upsert(&reg("c.example.org", 1, "Brno"), 160).unwrap(),
+        None
+    );
+    assert!(s.remove("c.example.org:6714").unwrap());
+    assert!(!s.remove("c.example.org:6714").unwrap());
+    assert_eq!(s.list().unwrap().len(), 1);
 
     // Rates: the stored forecaster is exactly the one the series produces,
     // per client network.

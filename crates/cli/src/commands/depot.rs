@@ -34,7 +34,7 @@ use crate::UsageError;
 
   Registered with an L-Bone, so clients find it:
     lors depot --data /srv/ibp --advertise depot1.example.org \
-               --lbone http://lbone.example.org:8767 --lbone-token \"$TOKEN\" \
+               --lbone http://lbone.example.org:8767 --lbone-token-file /etc/lors/lbone-token \
                --city Knoxville --state TN --country US --lat 35.96 --lon -83.92")]
 pub struct Args {
     /// TOML configuration file.
@@ -101,6 +101,10 @@ pub struct LboneArgs {
         hide_env_values = true
     )]
     lbone_token: Option<String>,
+    /// Read the registration token from this file (first line), so it
+    /// appears in no process listing.
+    #[arg(long, value_name = "PATH", conflicts_with = "lbone_token")]
+    lbone_token_file: Option<PathBuf>,
     /// Heartbeat interval.
     #[arg(long, value_name = "DURATION", value_parser = super::duration_arg, default_value = "30s")]
     heartbeat: std::time::Duration,
@@ -142,6 +146,23 @@ impl LboneArgs {
             longitude: self.lon,
             tags: self.tags.clone(),
         }
+    }
+}
+
+impl LboneArgs {
+    /// The registration token: flag or `LORS_LBONE_TOKEN`, or the first
+    /// line of `--lbone-token-file`.
+    fn token(&self) -> anyhow::Result<String> {
+        if let Some(path) = &self.lbone_token_file {
+            return super::read_token_file(path);
+        }
+        self.lbone_token.clone().ok_or_else(|| {
+            UsageError(
+                "--lbone needs a token: --lbone-token-file PATH, LORS_LBONE_TOKEN or --lbone-token"
+                    .into(),
+            )
+            .into()
+        })
     }
 }
 
@@ -329,21 +350,29 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let heartbeat = match &args.lbone.lbone {
             Some(url) => {
                 let base = lors_lbone::http::BaseUrl::parse(url).map_err(UsageError)?;
-                let token = args.lbone.lbone_token.clone().ok_or_else(|| {
-                    UsageError("--lbone needs --lbone-token (or LORS_LBONE_TOKEN)".into())
-                })?;
+                let token = args.lbone.token()?;
                 let loc = args.lbone.location();
                 registration(&depot, &loc)
                     .validate()
                     .map_err(|e| UsageError(format!("L-Bone registration: {e}")))?;
-                let (first, task) =
-                    join_lbone(&depot, base, token, loc, args.lbone.heartbeat, rx.clone()).await;
+                let (first, task) = join_lbone(
+                    &depot,
+                    base.clone(),
+                    token.clone(),
+                    loc,
+                    args.lbone.heartbeat,
+                    rx.clone(),
+                )
+                .await;
                 match first {
                     Ok(()) => println!("lors depot: registered with L-Bone {url}"),
                     // Serving matters more than being listed: keep trying.
-                    Err(e) => eprintln!("lors depot: L-Bone registration failed (will retry): {e}"),
+                    Err(e) => eprintln!(
+                        "lors depot: L-Bone registration failed (will retry): {e} \
+                         (check --lbone-token, --lbone-token-file or LORS_LBONE_TOKEN)"
+                    ),
                 }
-                Some(task)
+                Some((task, base, token))
             }
             None => None,
         };
@@ -353,8 +382,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         tracing::info!("shutting down");
         let _ = tx.send(true);
         server.await.context("depot task")??;
-        if let Some(h) = heartbeat {
+        if let Some((h, base, token)) = heartbeat {
             let _ = h.await;
+            // Leave the directory now rather than be listed until the
+            // missed heartbeats tell: clients would be sent here.
+            let (host, port) = depot.advertised();
+            let me = lors_lbone::model::Departure { host, port };
+            let wait = std::time::Duration::from_secs(5);
+            match lors_lbone::client::deregister(&base, &token, &me, wait).await {
+                Ok(()) => println!("lors depot: deregistered from the L-Bone"),
+                Err(e) => eprintln!("lors depot: could not deregister from the L-Bone: {e}"),
+            }
         }
         Ok(())
     })

@@ -63,6 +63,9 @@ pub struct Args {
         hide_env_values = true
     )]
     token: Option<String>,
+    /// Read the token from this file (first line) instead.
+    #[arg(long, value_name = "PATH", conflicts_with = "token")]
+    token_file: Option<PathBuf>,
     /// Heartbeat interval asked of depots.
     #[arg(long, value_name = "DURATION", value_parser = duration_arg, default_value = "30s")]
     heartbeat: Duration,
@@ -76,16 +79,19 @@ pub struct Args {
 
 /// The token from the flag, or DIR/token (created with a fresh random one).
 fn token(a: &Args) -> anyhow::Result<String> {
-    if let Some(t) = &a.token {
+    let given = match &a.token_file {
+        Some(path) => Some(super::read_token_file(path)?),
+        None => a.token.clone(),
+    };
+    if let Some(t) = given {
         if t.len() < 8 {
-            return Err(UsageError("--token: use at least 8 characters".into()).into());
+            return Err(UsageError("the token: use at least 8 characters".into()).into());
         }
-        return Ok(t.clone());
+        return Ok(t);
     }
-    let dir = a
-        .data
-        .as_deref()
-        .ok_or_else(|| UsageError("with --database, give --token (or LORS_LBONE_TOKEN)".into()))?;
+    let dir = a.data.as_deref().ok_or_else(|| {
+        UsageError("with --database, give --token-file, LORS_LBONE_TOKEN or --token".into())
+    })?;
     token_file(&dir.join("token"))
 }
 
@@ -165,7 +171,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 writeln!(out, "lors lbone: legacy protocol on {}", l.local_addr()?)?;
             }
             writeln!(out, "lors lbone: store {}", lb.describe())?;
-            if a.token.is_none() {
+            if a.token.is_none() && a.token_file.is_none() {
                 if let Some(d) = &a.data {
                     writeln!(out, "lors lbone: registration token in {}", d.join("token").display())?;
                 }

@@ -344,3 +344,115 @@ fn lbone_registration_ranking_tokens_legacy_expiry_and_tools() {
     });
     drop((knox, prague));
 }
+
+/// A depot leaves the directory on a clean stop; tokens come from files;
+/// the L-Bone logs registrations, offline transitions, departures and
+/// refused tokens.
+#[test]
+fn depots_leave_on_a_clean_stop_tokens_come_from_files_and_the_lbone_logs_it() {
+    let dir = tempdir();
+    let token_file = dir.path().join("lbone-token");
+    std::fs::write(&token_file, "from-a-file-0123456789\n").unwrap();
+    let token_arg = token_file.display().to_string();
+    let log = dir.path().join("lbone.log");
+    let lb = LboneProc::start_logging(
+        &dir.path().join("lb"),
+        &["--token-file", &token_arg, "--offline-after", "2s"],
+        &log,
+    );
+    assert_eq!(lb.token, "from-a-file-0123456789");
+    let url = lb.url();
+    let depot = |name: &str| {
+        let args = [
+            "--lbone",
+            url.as_str(),
+            "--lbone-token-file",
+            &token_arg,
+            "--heartbeat",
+            "1s",
+        ];
+        DepotProc::start(&dir.path().join(name), &args)
+    };
+    let mut leaving = depot("leaving");
+    let mut crashing = depot("crashing");
+    let listed = || {
+        let (status, v) = call(&lb, "GET", "/api/v1/depots", None, None);
+        assert_eq!(status, 200, "{v}");
+        (v["depots"].as_array().unwrap().iter())
+            .map(|d| {
+                format!(
+                    "{}:{}",
+                    d["depot"]["host"].as_str().unwrap(),
+                    d["depot"]["port"]
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    wait_for("both depots listed", Duration::from_secs(10), || {
+        listed().len() == 2
+    });
+
+    // A clean stop: gone from the directory by the time the process exits.
+    leaving.terminate();
+    assert_eq!(listed(), [crashing.addr.clone()]);
+
+    // A crash: listed until the heartbeats are missed, then logged offline.
+    crashing.kill9();
+    let logged = |what: &str| std::fs::read_to_string(&log).unwrap().contains(what);
+    wait_for(
+        "the offline transition in the log",
+        Duration::from_secs(15),
+        || logged("offline: no heartbeat"),
+    );
+
+    // A wrong token is refused, and the refusal is logged with the peer.
+    let (status, _) = call(
+        &lb,
+        "POST",
+        "/api/v1/deregister",
+        Some("not-the-token"),
+        Some("{}"),
+    );
+    assert_eq!(status, 401);
+    wait_for("the refusal in the log", Duration::from_secs(5), || {
+        logged("refused: wrong or missing token")
+    });
+    let text = std::fs::read_to_string(&log).unwrap();
+    for (what, depot) in [
+        ("registered", &leaving.addr),
+        ("registered", &crashing.addr),
+        ("deregistered", &leaving.addr),
+        ("offline: no heartbeat", &crashing.addr),
+    ] {
+        assert!(
+            text.lines()
+                .any(|l| l.contains(what) && l.contains(depot.as_str())),
+            "no {what:?} line for {depot} in the L-Bone log:\n{text}"
+        );
+    }
+    assert!(
+        !text.contains("from-a-file-0123456789"),
+        "the token reached the log"
+    );
+
+    // An empty token file is refused before anything starts, saying why.
+    let empty = dir.path().join("empty-token");
+    std::fs::write(&empty, "\n").unwrap();
+    let (ok, _, err) = lors_env(
+        &[
+            "depot",
+            "--data",
+            &dir.path().join("x").display().to_string(),
+            "--lbone",
+            &url,
+            "--lbone-token-file",
+            &empty.display().to_string(),
+        ],
+        &[],
+    );
+    assert!(!ok);
+    assert!(
+        err.contains("is empty: put the token on its first line"),
+        "{err}"
+    );
+}

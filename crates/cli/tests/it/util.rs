@@ -112,6 +112,17 @@ impl Drop for DepotProc {
 
 /// Starts `[WRAP…] lors ARGS…` and collects its stdout lines up to `ready`.
 fn spawn_ready(wrap: &[String], args: &[String], ready: &str) -> (Child, Vec<String>) {
+    spawn_logging(wrap, args, ready, "warn", Stdio::inherit())
+}
+
+/// As [`spawn_ready`], logging at `level` to `stderr`.
+fn spawn_logging(
+    wrap: &[String],
+    args: &[String],
+    ready: &str,
+    level: &str,
+    stderr: Stdio,
+) -> (Child, Vec<String>) {
     let mut cmd = match wrap.split_first() {
         Some((first, rest)) => {
             let mut c = Command::new(first);
@@ -122,9 +133,9 @@ fn spawn_ready(wrap: &[String], args: &[String], ready: &str) -> (Child, Vec<Str
     };
     let mut child = cmd
         .args(args)
-        .env("RUST_LOG", "warn")
+        .env("RUST_LOG", level)
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
+        .stderr(stderr)
         .spawn()
         .expect("spawn lors");
     let out = child.stdout.take().unwrap();
@@ -163,25 +174,44 @@ pub struct LboneProc {
 }
 
 impl LboneProc {
-    /// Starts an L-Bone on SQLite in `data`, loopback ports, with `extra` flags.
+    /// Starts an L-Bone on SQLite in `data`, loopback ports, with `extra`
+    /// flags (a fixed token unless they give `--token-file`).
     pub fn start(data: &Path, extra: &[&str]) -> LboneProc {
-        let token = "test-token-0123456789".to_string();
+        Self::start_with(data, extra, "warn", Stdio::inherit())
+    }
+
+    /// As [`LboneProc::start`], its log at info level in `log`.
+    pub fn start_logging(data: &Path, extra: &[&str], log: &Path) -> LboneProc {
+        let f = std::fs::File::create(log).unwrap();
+        Self::start_with(data, extra, "info", Stdio::from(f))
+    }
+
+    fn start_with(data: &Path, extra: &[&str], level: &str, stderr: Stdio) -> LboneProc {
+        let token = match extra.iter().position(|a| *a == "--token-file") {
+            Some(i) => std::fs::read_to_string(extra[i + 1])
+                .unwrap()
+                .trim()
+                .to_owned(),
+            None => "test-token-0123456789".to_string(),
+        };
+        let data = data.display().to_string();
         let mut args: Vec<String> = [
             "lbone",
             "--data",
-            &data.display().to_string(),
+            &data,
             "--listen",
             "127.0.0.1:0",
             "--legacy-listen",
             "127.0.0.1:0",
-            "--token",
-            &token,
         ]
         .iter()
         .map(|s| s.to_string())
         .collect();
+        if !extra.contains(&"--token-file") {
+            args.extend(["--token".to_string(), token.clone()]);
+        }
         args.extend(extra.iter().map(|s| s.to_string()));
-        let (child, lines) = spawn_ready(&[], &args, "lors lbone: ready");
+        let (child, lines) = spawn_logging(&[], &args, "lors lbone: ready", level, stderr);
         let find = |prefix: &str| {
             lines
                 .iter()
