@@ -214,7 +214,7 @@ def main() -> int:
     try:
         depot = f"127.0.0.1:{s.ports['depot']}"
         log("uploading the download source with lors")
-        subprocess.run([str(lors), "upload", "--quiet", "--depot", depot, "-c", "1", "-n",
+        subprocess.run([str(lors), "upload", "--quiet", "--force", "--depot", depot, "-c", "1", "-n",
                         "-o", str(d / "src.xnd"), str(src)], check=True)
         threads = [int(t) for t in a.threads.split(",") if t]
         down, up = cases(lors, s, d, size, threads)

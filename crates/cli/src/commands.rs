@@ -173,6 +173,36 @@ pub async fn report_rates(
 }
 
 /// A file argument: a path or a `lors://` URI.
+/// A `--depot` value: `HOST:PORT`, or a bare `HOST` (an IPv6 address with
+/// or without brackets) on the IBP port 6714.
+pub fn depot_arg(s: &str) -> Result<String, String> {
+    let s = s.trim();
+    let bad = || format!("{s:?}: give HOST or HOST:PORT (IPv6 as [ADDR]:PORT)");
+    let with_port = |host: &str, port: &str| -> Result<String, String> {
+        let port: u16 = port.parse().map_err(|_| bad())?;
+        (!host.is_empty() && port != 0)
+            .then(|| format!("{host}:{port}"))
+            .ok_or_else(bad)
+    };
+    let default = lors_ibp::DEFAULT_DEPOT_PORT.to_string();
+    if let Some(rest) = s.strip_prefix('[') {
+        let (addr, after) = rest.split_once(']').ok_or_else(bad)?;
+        let port = match after {
+            "" => default.as_str(),
+            p => p.strip_prefix(':').ok_or_else(bad)?,
+        };
+        return with_port(&format!("[{addr}]"), port);
+    }
+    match s.matches(':').count() {
+        0 => with_port(s, &default),
+        1 => {
+            let (host, port) = s.split_once(':').ok_or_else(bad)?;
+            with_port(host, port)
+        }
+        _ => with_port(&format!("[{s}]"), &default), // a bare IPv6 address
+    }
+}
+
 /// A secret token from the first line of `path`, for options that keep
 /// secrets out of the command line (where any user's `ps` shows them).
 pub fn read_token_file(path: &Path) -> anyhow::Result<String> {
@@ -344,6 +374,24 @@ pub fn json_str(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn depots_default_to_the_ibp_port() {
+        for (given, want) in [
+            ("d1.example.org", "d1.example.org:6714"),
+            ("d1.example.org:6715", "d1.example.org:6715"),
+            ("127.0.0.1", "127.0.0.1:6714"),
+            ("[::1]", "[::1]:6714"),
+            ("[::1]:7000", "[::1]:7000"),
+            ("::1", "[::1]:6714"),
+        ] {
+            assert_eq!(depot_arg(given).as_deref(), Ok(want), "{given}");
+        }
+        for bad in ["", "h:", ":6714", "h:0", "h:99999", "h:x", "[::1", "[::1]x"] {
+            let e = depot_arg(bad).unwrap_err();
+            assert!(e.contains("give HOST or HOST:PORT"), "{bad}: {e}");
+        }
+    }
 
     #[test]
     fn progress_line_shows_bar_percent_sizes_rate_and_eta() {

@@ -11,6 +11,8 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Mutex;
 
+use rusqlite::OptionalExtension as _;
+
 use crate::forecast::Forecaster;
 use crate::model::{DepotRecord, Registration};
 
@@ -135,11 +137,7 @@ impl Store for SqliteStore {
                 [&addr],
                 |r| r.get(0),
             )
-            .map(Some)
-            .or_else(|e| match e {
-                rusqlite::Error::QueryReturnedNoRows => Ok(None),
-                e => Err(e),
-            })?;
+            .optional()?;
         tx.execute(
             "INSERT INTO depots (addr, reg, first_seen, last_seen) VALUES (?1, ?2, ?3, ?3)
              ON CONFLICT (addr) DO UPDATE SET reg = excluded.reg, last_seen = excluded.last_seen",
@@ -202,11 +200,7 @@ impl Store for SqliteStore {
                 [client, depot],
                 |r| r.get(0),
             )
-            .map(Some)
-            .or_else(|e| match e {
-                rusqlite::Error::QueryReturnedNoRows => Ok(None),
-                e => Err(e),
-            })?;
+            .optional()?;
         let mut f = match old {
             Some(j) => decode_fc(depot, &j)?,
             None => Forecaster::default(),

@@ -19,8 +19,9 @@ pub struct Args {
     /// The exNode.
     #[arg(value_parser = super::exnode_arg, value_name = "FILE.xnd|lors://…")]
     exnode: ExnodeRef,
-    /// Depot HOST:PORT for the new replicas (repeat for several).
-    #[arg(long = "depot", value_name = "HOST:PORT", required = true)]
+    /// Depot HOST[:PORT] for the new replicas, port 6714 unless given
+    /// (repeat for several).
+    #[arg(long = "depot", value_name = "HOST[:PORT]", value_parser = super::depot_arg, required = true)]
     depots: Vec<String>,
     /// New replicas per block, each on a depot that does not hold it yet.
     #[arg(short, long, default_value_t = 1)]

@@ -20,8 +20,8 @@ pub struct Args {
     /// The exNode.
     #[arg(value_parser = super::exnode_arg, value_name = "FILE.xnd|lors://…")]
     exnode: ExnodeRef,
-    /// Target depot HOST:PORT (repeatable).
-    #[arg(long = "depot", value_name = "HOST:PORT", required = true)]
+    /// Target depot HOST[:PORT], port 6714 unless given (repeatable).
+    #[arg(long = "depot", value_name = "HOST[:PORT]", value_parser = super::depot_arg, required = true)]
     depots: Vec<String>,
     /// Replicas per block on the targets.
     #[arg(short, long, default_value_t = 1)]

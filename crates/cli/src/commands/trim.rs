@@ -27,7 +27,7 @@ pub struct Args {
     )]
     mappings: Vec<usize>,
     /// Remove every mapping on this depot (repeatable).
-    #[arg(long = "depot", value_name = "HOST:PORT")]
+    #[arg(long = "depot", value_name = "HOST[:PORT]", value_parser = super::depot_arg)]
     depots: Vec<String>,
     /// Also release the allocations (DECR their read count so the depot frees them now).
     #[arg(short = 'd', long = "decrement")]

@@ -432,6 +432,17 @@ fn tools_explain_bad_usage() {
     assert!(!std::path::Path::new(out).exists());
     let (ok, _, err) = lors(&["download", "-o", "/tmp/x", "/nonexistent.xnd"]);
     assert!(!ok && err.contains("reading /nonexistent.xnd"), "{err}");
+    // A depot without a port is on the IBP port; a malformed one is refused
+    // by name before anything is tried.
+    let src = src.to_str().unwrap();
+    let (ok, _, err) = lors(&["upload", "--depot", "127.0.0.1", "-c", "1", "-o", out, src]);
+    assert!(!ok && err.contains("127.0.0.1:6714"), "{err}");
+    let (ok, _, err) = lors(&["upload", "--depot", "d1:port", "-c", "1", "-o", out, src]);
+    assert!(
+        !ok && err.contains("\"d1:port\": give HOST or HOST:PORT"),
+        "{err}"
+    );
+    assert!(!std::path::Path::new(out).exists());
 }
 
 #[test]
