@@ -19,7 +19,7 @@ pub struct Args {
     /// The exNode.
     #[arg(value_parser = super::exnode_arg, value_name = "FILE.xnd|lors://…")]
     exnode: ExnodeRef,
-    /// Depot HOST[:PORT] for the new replicas, port 6714 unless given
+    /// Depot HOST or HOST:PORT (port 6714 unless given) for the new replicas
     /// (repeat for several).
     #[arg(long = "depot", value_name = "HOST[:PORT]", value_parser = super::depot_arg, required = true)]
     depots: Vec<String>,

@@ -20,7 +20,7 @@ pub struct Args {
     /// The exNode.
     #[arg(value_parser = super::exnode_arg, value_name = "FILE.xnd|lors://…")]
     exnode: ExnodeRef,
-    /// Target depot HOST[:PORT], port 6714 unless given (repeatable).
+    /// Target depot HOST or HOST:PORT, port 6714 unless given (repeatable).
     #[arg(long = "depot", value_name = "HOST[:PORT]", value_parser = super::depot_arg, required = true)]
     depots: Vec<String>,
     /// Replicas per block on the targets.

@@ -30,7 +30,7 @@ Every e2e block is checksummed with BLAKE3 unless -n or -k none (MD5 with --zlib
 pub struct Args {
     /// File to upload; `-` reads standard input.
     file: PathBuf,
-    /// Depot HOST[:PORT] to use, port 6714 unless given (repeat for
+    /// Depot HOST or HOST:PORT (port 6714 unless given) to use (repeat for
     /// several) [default: ask the L-Bone
     /// (-H, LBONE_SERVER, a lors://HOST URI), else the DEPOT lines of
     /// ~/.xndrc, else its LBONE_SERVER lines].

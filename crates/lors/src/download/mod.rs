@@ -1,14 +1,14 @@
 //! Download: the adaptive block scheduler of DESIGN.md / seed 001 §3.
 //!
 //! The range is planned into pieces ([`crate::plan`]). Each depot gets
-//! `conns_per_depot` workers ([`fetch`]), or as many as its measured
+//! `conns_per_depot` workers (`fetch`), or as many as its measured
 //! throughput earns (auto-tuning, the default, in `tune`); each asks the
 //! scheduler ([`sched`], sans I/O) for the next piece its depot holds, so
 //! faster depots take more. A failed read marks that replica bad for the
 //! piece and puts the piece back. When nothing is pending, an idle worker
 //! fetches the oldest piece in flight again from another replica
 //! (progress-driven redundancy); the first copy to arrive wins. Output
-//! ([`output`]) goes to a file with positional writes (resumable through a
+//! (`output`) goes to a file with positional writes (resumable through a
 //! sidecar record), or to a writer in order through a bounded reorder window.
 //!
 //! Memory is bounded by [`DownloadOptions::memory`], not by the file: pieces
