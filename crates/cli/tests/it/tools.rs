@@ -443,6 +443,14 @@ fn tools_explain_bad_usage() {
         "{err}"
     );
     assert!(!std::path::Path::new(out).exists());
+    // Misspelled commands and options get the nearest spelling.
+    let (ok, _, err) = lors(&["downlod", "x.xnd"]);
+    assert!(
+        !ok && err.contains("similar") && err.contains("download"),
+        "{err}"
+    );
+    let (ok, _, err) = lors(&["upload", "--deopt", "127.0.0.1", "-o", out, src]);
+    assert!(!ok && err.contains("--depot"), "{err}");
 }
 
 #[test]
