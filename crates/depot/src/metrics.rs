@@ -10,7 +10,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::server::Depot;
+use crate::store::ResourceStatus;
 
 /// Commands we count, in the order of [`Metrics::requests`].
 pub const COMMANDS: [&str; 13] = [
@@ -62,7 +62,7 @@ pub struct Metrics {
 
 impl Metrics {
     /// Renders the Prometheus text exposition.
-    pub fn render(&self, depot: &Depot) -> String {
+    pub fn render(&self, status: &[ResourceStatus]) -> String {
         let mut s = String::new();
         let mut counter = |name: &str, help: &str, v: u64| {
             let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
@@ -128,8 +128,7 @@ impl Metrics {
             s,
             "# HELP lors_depot_allocations Live allocations per resource.\n# TYPE lors_depot_allocations gauge"
         );
-        let status = depot.store.status();
-        for r in &status {
+        for r in status {
             let _ = writeln!(
                 s,
                 "lors_depot_allocations{{rid=\"{}\"}} {}",
@@ -140,7 +139,7 @@ impl Metrics {
             s,
             "# HELP lors_depot_space_bytes Space per resource by kind.\n# TYPE lors_depot_space_bytes gauge"
         );
-        for r in &status {
+        for r in status {
             for (kind, v) in [
                 ("total", r.total),
                 ("hard_used", r.usage.hard),
@@ -158,8 +157,14 @@ impl Metrics {
     }
 }
 
-/// Serves `GET /metrics` until shutdown. Each request is bounded in size and time.
-pub async fn serve(listener: TcpListener, depot: Arc<Depot>, mut shutdown: watch::Receiver<bool>) {
+/// Serves `GET /metrics` until shutdown, with the text `render` makes at
+/// each request. Each request is bounded in size and time.
+pub async fn serve(
+    listener: TcpListener,
+    render: impl Fn() -> String + Send + Sync + 'static,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let render = Arc::new(render);
     loop {
         let (mut sock, _) = tokio::select! {
             r = listener.accept() => match r {
@@ -172,7 +177,7 @@ pub async fn serve(listener: TcpListener, depot: Arc<Depot>, mut shutdown: watch
             },
             _ = shutdown.changed() => return,
         };
-        let depot = depot.clone();
+        let render = render.clone();
         tokio::spawn(async move {
             let mut buf = vec![0u8; 8192];
             let mut n = 0;
@@ -198,7 +203,7 @@ pub async fn serve(listener: TcpListener, depot: Arc<Depot>, mut shutdown: watch
             }
             let head = String::from_utf8_lossy(&buf[..n]);
             let reply = if head.starts_with("GET /metrics ") || head.starts_with("GET / ") {
-                let body = depot.metrics.render(&depot);
+                let body = render();
                 format!(
                     "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
                     body.len()

@@ -5,6 +5,7 @@
 mod clients;
 mod conn;
 mod copy;
+mod fail;
 mod transfer;
 
 use std::net::SocketAddr;
@@ -232,7 +233,9 @@ pub async fn run(
     depot.note_bound(listeners.ibp.local_addr()?);
 
     if let Some(m) = listeners.metrics {
-        tokio::spawn(metrics::serve(m, depot.clone(), shutdown.clone()));
+        let d = depot.clone();
+        let render = move || d.metrics.render(&d.store.status());
+        tokio::spawn(metrics::serve(m, render, shutdown.clone()));
     }
     tokio::spawn(expiry_worker(depot.clone(), shutdown.clone()));
 

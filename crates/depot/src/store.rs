@@ -10,6 +10,7 @@ pub mod alias;
 pub mod datafile;
 pub mod digests;
 pub mod meta;
+pub mod txn;
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::fs::File;
@@ -26,8 +27,9 @@ use lors_ibp::proto::{AllocType, KeyToken, Reliability, StatusCode};
 use crate::config::{Config, ResourceConfig, SyncPolicy, TypeName};
 pub use alias::{AliasProbe, Window};
 use datafile::Extent;
-use digests::{Digests, MAX_DISK_CHKSUM_BLOCK, Verified};
+use digests::{Digests, MAX_DISK_CHKSUM_BLOCK};
 use meta::{AliasRecord, AllocRecord, MetaDb};
+pub use txn::{Incoming, Planned, QueueIn, QueueOut, Writer};
 
 /// Store failures, each mapped to the IBP status a client sees.
 #[derive(Debug, thiserror::Error)]
@@ -207,22 +209,22 @@ pub struct Usage {
 
 /// Mutable allocation attributes.
 #[derive(Debug, Clone)]
-pub struct AllocInfo {
+struct AllocInfo {
     /// Persisted fields.
-    pub rec: AllocRecord,
+    rec: AllocRecord,
     /// Set once deleted; later commits are no-ops.
-    pub deleted: bool,
+    deleted: bool,
 }
 
 /// Data-file state.
 #[derive(Debug, Default)]
-pub struct DataState {
+struct DataState {
     /// Whether the data file exists (it is created on the first write).
     exists: bool,
     /// The file while some request (or the [`OpenFiles`] cache) has it open.
     open: Weak<File>,
     /// Committed extent.
-    pub extent: Extent,
+    extent: Extent,
 }
 
 /// The data files kept open after use, at most `cap`, oldest closed first.
@@ -275,12 +277,13 @@ pub struct Alloc {
     /// Type (fixed at creation).
     pub atype: AllocType,
     /// Attributes.
-    pub info: Mutex<AllocInfo>,
+    info: Mutex<AllocInfo>,
     /// Data file and committed extent.
-    pub data: Mutex<DataState>,
-    /// Serializes data phases (STORE/WRITE, and queue LOADs that consume),
-    /// and the digest checks of LOADs from checksummed allocations.
-    pub writer: tokio::sync::Mutex<()>,
+    data: Mutex<DataState>,
+    /// Whose turn it is to change data ([`Writer`]): data phases (STORE,
+    /// WRITE, queue LOADs that consume) and the digest checks of LOADs from
+    /// checksummed allocations.
+    writer: Arc<tokio::sync::Mutex<()>>,
     /// Per-block digests kept on disk (ALLOCATE_CHKSUM byte arrays).
     pub disk_chksum: Option<NetChksum>,
     sync: bool,
@@ -341,52 +344,6 @@ impl Alloc {
             .map_err(StoreError::Write)
     }
 
-    /// Checks the stored digests of `[offset, offset+length)` against the
-    /// bytes (nothing to do without digests). Blocking; call with the writer
-    /// lock held, so no data phase is between its bytes and its digests.
-    pub fn verify(&self, offset: u64, length: u64) -> Result<()> {
-        let Some(d) = self.digests()? else {
-            return Ok(());
-        };
-        let (Some(file), ext) = self.snapshot()? else {
-            return Ok(());
-        };
-        match d
-            .verify(&file, offset, length, ext.len)
-            .map_err(StoreError::Read)?
-        {
-            Verified::Good => Ok(()),
-            Verified::Bad(k) => {
-                tracing::error!(rid = %self.res.rid(), id = self.id, block = k, "stored bytes fail their digest");
-                Err(StoreError::ChksumMismatch(k))
-            }
-        }
-    }
-
-    /// GET_CHKSUM: the algorithm and block size, the number of blocks, and
-    /// their digests (binary, in order). Blocking; writer lock held.
-    pub fn chksums(&self) -> Result<(NetChksum, u64, Vec<u8>)> {
-        let cs = self.disk_chksum.ok_or(StoreError::NoChksum)?;
-        let d = self.digests()?.ok_or(StoreError::NoChksum)?;
-        let len = self.extent().len;
-        let all = d.all(len).map_err(StoreError::Read)?;
-        Ok((cs, d.blocks(len), all))
-    }
-
-    /// VALIDATE_CHKSUM: how many blocks fail their digest (0 without
-    /// digests); with `correct`, their digests are replaced. Blocking;
-    /// writer lock held.
-    pub fn validate(&self, correct: bool) -> Result<u64> {
-        let Some(d) = self.digests()? else {
-            return Ok(0);
-        };
-        let (Some(file), ext) = self.snapshot()? else {
-            return Ok(0);
-        };
-        d.validate(&file, ext.len, correct, self.sync)
-            .map_err(StoreError::Read)
-    }
-
     /// The open data file, reopened if nothing holds it open.
     fn open_file(&self, d: &mut DataState) -> Result<Arc<File>> {
         if let Some(f) = d.open.upgrade() {
@@ -405,7 +362,7 @@ impl Alloc {
 
     /// The data file, created on first use (lazy allocation, as the reference
     /// depot does by default). Blocking.
-    pub fn file_for_write(&self) -> Result<Arc<File>> {
+    fn file_for_write(&self) -> Result<Arc<File>> {
         // Under the info lock, as deletion is: a data phase that raced a
         // DECR or expiry must not create a file nobody will remove.
         let info = lock(&self.info);
@@ -441,8 +398,8 @@ impl Alloc {
     }
 
     /// Makes `extent` the committed state (header write, fsync per policy).
-    /// Blocking; call with the writer lock held.
-    pub fn commit(&self, file: &File, extent: Extent) -> Result<()> {
+    /// Blocking; call on the writer's turn.
+    fn commit(&self, file: &File, extent: Extent) -> Result<()> {
         if lock(&self.info).deleted {
             return Ok(());
         }
@@ -453,8 +410,8 @@ impl Alloc {
 
     /// Commits a byte-array write of `[start, end)`: the committed length
     /// becomes the high-water mark, after the digests (if kept) are brought
-    /// up to date. Blocking; call with the writer lock held.
-    pub fn commit_written(&self, file: &File, start: u64, end: u64) -> Result<()> {
+    /// up to date. Blocking; call on the writer's turn.
+    fn commit_written(&self, file: &File, start: u64, end: u64) -> Result<()> {
         let ext = self.extent();
         let len = ext.len.max(end);
         if let Some(d) = self.digests()? {
@@ -465,7 +422,7 @@ impl Alloc {
     }
 
     /// Cuts the file back to the committed extent after a failed data phase.
-    pub fn rollback(&self, file: &File) {
+    fn rollback(&self, file: &File) {
         let e = lock(&self.data).extent;
         if e.capacity == 0 {
             let _ = file.set_len(datafile::HEADER_BYTES + e.len);
@@ -577,6 +534,36 @@ fn new_keys() -> Result<[Key; 3]> {
     }
 }
 
+/// How long an allocation or alias is leased for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lease {
+    /// This many seconds from now (more than zero).
+    Secs(u64),
+    /// As long as allowed: the resource's maximum for an allocation, its
+    /// allocation's expiry for an alias.
+    Longest,
+}
+
+/// Which reference count INCR/DECR changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RefCount {
+    /// The read count.
+    Read,
+    /// The write count.
+    Write,
+}
+
+/// MANAGE CHNG: what to change; `None` keeps the attribute.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Change {
+    /// The new maximum size.
+    pub max_size: Option<u64>,
+    /// The new lease, from now.
+    pub lease: Option<Lease>,
+    /// The new reliability.
+    pub reliability: Option<Reliability>,
+}
+
 /// What ALLOCATE asks for.
 #[derive(Debug, Clone)]
 pub struct AllocRequest {
@@ -586,8 +573,8 @@ pub struct AllocRequest {
     pub reliability: Reliability,
     /// Type.
     pub atype: AllocType,
-    /// Relative seconds; -1 = the resource maximum.
-    pub duration: i64,
+    /// How long the allocation lives.
+    pub lease: Lease,
     /// Max size in bytes.
     pub size: u64,
     /// Per-block digests to keep on disk (ALLOCATE_CHKSUM), if any.
@@ -745,7 +732,7 @@ impl Store {
                         open: Weak::new(),
                         extent,
                     }),
-                    writer: tokio::sync::Mutex::new(()),
+                    writer: Arc::default(),
                     disk_chksum: rec.disk_chksum,
                     sync,
                     files: files.clone(),
@@ -942,7 +929,7 @@ impl Store {
         if req.size == 0 {
             return Err(StoreError::Invalid("size 0"));
         }
-        if req.duration == 0 || req.duration < -1 {
+        if req.lease == Lease::Secs(0) {
             return Err(StoreError::Invalid("duration"));
         }
         if req.atype == AllocType::Buffer {
@@ -976,10 +963,9 @@ impl Store {
                 continue;
             }
             let max_dur = r.cfg.max_duration.0.as_secs();
-            let dur = if req.duration == -1 {
-                max_dur
-            } else {
-                req.duration.unsigned_abs()
+            let dur = match req.lease {
+                Lease::Longest => max_dur,
+                Lease::Secs(n) => n,
             };
             if dur > max_dur {
                 err = StoreError::LongDuration;
@@ -1006,11 +992,9 @@ impl Store {
             return Err(err);
         };
         let res = res.clone();
-        let max_dur = res.cfg.max_duration.0.as_secs();
-        let dur = if req.duration == -1 {
-            max_dur
-        } else {
-            req.duration.unsigned_abs()
+        let dur = match req.lease {
+            Lease::Longest => res.cfg.max_duration.0.as_secs(),
+            Lease::Secs(n) => n,
         };
         let id = st.fresh_id()?;
         let mut revoked_ids = Vec::new();
@@ -1041,7 +1025,7 @@ impl Store {
                 deleted: false,
             }),
             data: Mutex::new(DataState::default()),
-            writer: tokio::sync::Mutex::new(()),
+            writer: Arc::default(),
             disk_chksum: req.disk_chksum,
             sync: self.sync,
             files: self.files.clone(),
@@ -1109,42 +1093,36 @@ impl Store {
         Ok(())
     }
 
-    /// MANAGE INCR/DECR. `cap_type` 1 = read count, 2 = write count. Blocking.
-    pub fn change_refcount(&self, a: &Arc<Alloc>, cap_type: u32, up: bool) -> Result<()> {
+    /// MANAGE INCR/DECR; the allocation goes when both counts reach zero.
+    /// Blocking.
+    pub fn change_refcount(&self, a: &Arc<Alloc>, which: RefCount, up: bool) -> Result<()> {
         self.update(a, |rec, _| {
-            bump_count(&mut rec.read_refs, &mut rec.write_refs, cap_type, up)
+            Ok(bump_count(
+                &mut rec.read_refs,
+                &mut rec.write_refs,
+                which,
+                up,
+            ))
         })
     }
 
-    /// MANAGE CHNG. Blocking.
-    pub fn change(
-        &self,
-        a: &Arc<Alloc>,
-        max_size: u64,
-        duration: i64,
-        reliability: i64,
-    ) -> Result<()> {
+    /// MANAGE CHNG, on the allocation's turn to change data (a data phase
+    /// in flight was checked against the old max size). Blocking.
+    pub fn change(&self, w: &Writer, c: Change) -> Result<()> {
+        let a = w.alloc();
         let len = a.extent().len;
         let res = a.res.clone();
         let queue = a.is_queue();
         let strict = self.strict;
         self.update(a, |rec, st| {
-            if duration == 0 {
+            if c.lease == Some(Lease::Secs(0)) {
                 return Err(StoreError::Invalid("duration 0"));
             }
-            if strict && max_size < rec.max_size {
-                // The reference depot takes 0 as a size, not as "keep".
+            let new_size = c.max_size.unwrap_or(rec.max_size);
+            if strict && new_size < rec.max_size {
                 return Err(StoreError::WouldDamage);
             }
-            let new_rel = match reliability {
-                -1 => rec.reliability,
-                n => Reliability::from_number(n).ok_or(StoreError::Invalid("reliability"))?,
-            };
-            let new_size = if max_size == 0 {
-                rec.max_size
-            } else {
-                max_size
-            };
+            let new_rel = c.reliability.unwrap_or(rec.reliability);
             if new_size < len {
                 return Err(StoreError::WouldDamage);
             }
@@ -1152,11 +1130,13 @@ impl Store {
                 return Err(StoreError::InvalidCmd);
             }
             let max_dur = res.cfg.max_duration.0.as_secs();
-            if duration > 0 {
-                if duration.unsigned_abs() > max_dur {
+            match c.lease {
+                None => {}
+                Some(Lease::Secs(n)) if n > max_dur => {
                     return Err(StoreError::Policy("duration beyond the resource maximum"));
                 }
-                rec.expires_at = now_secs().saturating_add(duration.unsigned_abs());
+                Some(Lease::Secs(n)) => rec.expires_at = now_secs().saturating_add(n),
+                Some(Lease::Longest) => rec.expires_at = now_secs().saturating_add(max_dur),
             }
             check_resize(st, &res, rec, new_size, new_rel)?;
             rec.max_size = new_size;
@@ -1165,9 +1145,10 @@ impl Store {
         })
     }
 
-    /// MANAGE TRUNCATE: the new max size; data beyond it is cut. Blocking;
-    /// call with the writer lock held.
-    pub fn truncate(&self, a: &Arc<Alloc>, size: u64) -> Result<()> {
+    /// MANAGE TRUNCATE: the new max size; data beyond it is cut, on the
+    /// allocation's turn to change data. Blocking.
+    pub fn truncate(&self, w: &Writer, size: u64) -> Result<()> {
+        let a = w.alloc();
         if a.is_queue() {
             return Err(StoreError::InvalidCmd);
         }
@@ -1245,20 +1226,19 @@ impl Store {
     }
 }
 
-/// INCR/DECR of the read (`cap_type` 1) or write (2) count, saturating;
-/// whether either count is still above zero (else the holder goes).
-fn bump_count(read: &mut u32, write: &mut u32, cap_type: u32, up: bool) -> Result<bool> {
-    let c = match cap_type {
-        1 => &mut *read,
-        2 => &mut *write,
-        _ => return Err(StoreError::Invalid("cap type")),
+/// INCR/DECR of the read or write count, saturating; whether either count
+/// is still above zero (else the holder goes).
+fn bump_count(read: &mut u32, write: &mut u32, which: RefCount, up: bool) -> bool {
+    let c = match which {
+        RefCount::Read => &mut *read,
+        RefCount::Write => &mut *write,
     };
     *c = if up {
         c.saturating_add(1)
     } else {
         c.saturating_sub(1)
     };
-    Ok(*read > 0 || *write > 0)
+    *read > 0 || *write > 0
 }
 
 /// Where an ALLOCATE would go: the resource, the room left after it, and the
@@ -1442,7 +1422,7 @@ mod tests {
             rid: None,
             reliability,
             atype: AllocType::ByteArray,
-            duration: 3600,
+            lease: Lease::Secs(3600),
             size,
             disk_chksum: None,
         }
@@ -1450,6 +1430,14 @@ mod tests {
 
     fn used(s: &Store) -> u64 {
         s.status()[0].usage.used()
+    }
+
+    /// Writes `data` at `offset` as a WRITE whose bytes all arrived.
+    fn put(a: &Arc<Alloc>, offset: u64, data: &[u8]) -> Result<()> {
+        let inc = a.writer_now().write(offset, data.len() as u64)?.start()?;
+        let (f, pos) = inc.target();
+        f.write_all_at(data, pos).unwrap();
+        inc.commit()
     }
 
     fn alloc(s: &Store, size: u64) -> Arc<Alloc> {
@@ -1467,17 +1455,15 @@ mod tests {
             (u64::MAX - 1, 3600, StatusCode::WOULD_EXCEED_POLICY),
             (100 * MIB + 1, 3600, StatusCode::WOULD_EXCEED_POLICY),
             (1, 0, StatusCode::INVALID_PARAMETER),
-            (1, -2, StatusCode::INVALID_PARAMETER),
-            (1, i64::MIN, StatusCode::INVALID_PARAMETER),
-            (1, i64::MAX, StatusCode::LONG_DURATION),
+            (1, u64::MAX, StatusCode::LONG_DURATION),
         ];
-        for (size, duration, want) in cases {
+        for (size, secs, want) in cases {
             let r = AllocRequest {
-                duration,
+                lease: Lease::Secs(secs),
                 ..req(size, Reliability::Hard)
             };
             let got = s.allocate(&r).map(|_| ()).unwrap_err().status();
-            assert_eq!(got, want, "size {size} duration {duration}");
+            assert_eq!(got, want, "size {size} lease {secs}");
         }
         assert_eq!(used(&s), 0);
         // 1 byte, and exactly the whole resource, are fine.
@@ -1498,13 +1484,18 @@ mod tests {
         let s = Store::open(&config(dir.path())).unwrap();
         let a = alloc(&s, 1000);
         let b = alloc(&s, 1000);
+        let (wa, wb) = (a.writer_now(), b.writer_now());
+        let size_to = |n| Change {
+            max_size: Some(n),
+            ..Change::default()
+        };
         for size in [1 << 40, 100 * MIB, u64::MAX - 1, u64::MAX] {
-            let e = s.truncate(&a, size).unwrap_err();
+            let e = s.truncate(&wa, size).unwrap_err();
             assert!(
                 matches!(e, StoreError::NoSpace | StoreError::Policy(_)),
                 "truncate {size}: {e}"
             );
-            let e = s.change(&a, size, -1, -1).unwrap_err();
+            let e = s.change(&wa, size_to(size)).unwrap_err();
             assert!(
                 matches!(e, StoreError::NoSpace | StoreError::Policy(_)),
                 "chng {size}: {e}"
@@ -1513,18 +1504,28 @@ mod tests {
             assert_eq!(a.max_size(), 1000);
         }
         // Growth that fits is allowed and accounted, to the last byte.
-        s.truncate(&a, 100 * MIB - 1000).unwrap();
+        s.truncate(&wa, 100 * MIB - 1000).unwrap();
         assert_eq!(used(&s), 100 * MIB);
-        assert!(s.change(&b, 1001, -1, -1).is_err());
-        s.change(&a, 1000, -1, -1).unwrap();
-        s.change(&b, 100 * MIB - 1000, -1, -1).unwrap();
+        assert!(s.change(&wb, size_to(1001)).is_err());
+        s.change(&wa, size_to(1000)).unwrap();
+        s.change(&wb, size_to(100 * MIB - 1000)).unwrap();
         assert_eq!(used(&s), 100 * MIB);
         // Hard to soft at the same size moves the bytes between the classes.
-        s.change(&b, 0, -1, 1).unwrap();
+        let soft = Change {
+            reliability: Some(Reliability::Soft),
+            ..Change::default()
+        };
+        s.change(&wb, soft).unwrap();
         assert_eq!(s.status()[0].usage.soft, 100 * MIB - 1000);
-        // A 0 size keeps the size; a negative duration keeps the lease.
-        s.change(&a, 0, -5, -1).unwrap();
-        assert_eq!(a.max_size(), 1000);
+        // Nothing named, nothing changed; a zero lease is refused.
+        let left = a.probe().seconds_left;
+        s.change(&wa, Change::default()).unwrap();
+        assert_eq!((a.max_size(), a.probe().seconds_left), (1000, left));
+        let zero = Change {
+            lease: Some(Lease::Secs(0)),
+            ..Change::default()
+        };
+        assert!(matches!(s.change(&wa, zero), Err(StoreError::Invalid(_))));
         s.check_accounting().unwrap();
     }
 
@@ -1538,13 +1539,13 @@ mod tests {
             Ok(true)
         })
         .unwrap();
-        s.change_refcount(&a, 1, true).unwrap();
-        s.change_refcount(&a, 1, true).unwrap();
+        s.change_refcount(&a, RefCount::Read, true).unwrap();
+        s.change_refcount(&a, RefCount::Read, true).unwrap();
         assert_eq!(a.probe().read_refs, i64::from(u32::MAX));
-        s.change_refcount(&a, 1, false).unwrap();
+        s.change_refcount(&a, RefCount::Read, false).unwrap();
         assert_eq!(a.probe().read_refs, i64::from(u32::MAX - 1));
         // Write count from 0 does not wrap below zero either.
-        s.change_refcount(&a, 2, false).unwrap();
+        s.change_refcount(&a, RefCount::Write, false).unwrap();
         assert_eq!(a.probe().write_refs, 0);
         assert_eq!(s.allocation_count(), 1);
     }
@@ -1568,9 +1569,7 @@ mod tests {
             let s = Store::open(&cfg).unwrap();
             let (good, bad) = (alloc(&s, 1000), alloc(&s, 2000));
             for a in [&good, &bad] {
-                let f = a.file_for_write().unwrap();
-                f.write_all_at(b"abc", datafile::HEADER_BYTES).unwrap();
-                a.commit_written(&f, 0, 3).unwrap();
+                put(a, 0, b"abc").unwrap();
             }
             bad.data_file_for_test()
                 .write_all_at(b"garbage", 0)

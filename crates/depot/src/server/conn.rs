@@ -12,7 +12,7 @@ use std::time::Duration;
 use lors_ibp::caps::{CapKind, Capability};
 use lors_ibp::proto::chksum::{NetChksum, frame};
 use lors_ibp::proto::{
-    AliasOp, AllocType, Allocate, MAX_LINE_BYTES, ManageOp, ParseError, Request, StatusCode,
+    AliasOp, Allocate, MAX_LINE_BYTES, ManageOp, ParseError, Reliability, Request, StatusCode,
     StatusOp, Timeout, Version, cmd, status_line,
 };
 use lors_ibp::wire::{Line, read_line};
@@ -22,75 +22,19 @@ use tokio::sync::watch;
 use tokio::time::timeout;
 
 use super::clients::ClientSlot;
+use super::fail::{Fail, Flow, blocking, log_failure, verified};
 use super::transfer::{
-    Checked, CheckedError, XferError, copy_range, read_checked, read_exact_idle, recv_checked,
-    recv_to_file, send_checked, send_file,
+    Checked, CheckedError, XferError, read_checked, read_exact_idle, recv_checked, recv_to_file,
+    send_checked, send_file,
 };
 use super::{Budget, CHUNK_BYTES, Depot, copy};
 use crate::metrics::command_index;
-use crate::store::datafile::{self, Extent, HEADER_BYTES};
-use crate::store::{Alloc, AllocRequest, StoreError};
-
-/// Distinct names for staging files (opened with `create_new`, never shared).
-static STAGE_SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
-/// What to do after a command.
-#[derive(Debug, PartialEq, Eq)]
-pub(super) enum Flow {
-    Continue,
-    Close,
-}
-
-/// A failed command: the status to send and whether to close afterwards.
-#[derive(Debug)]
-pub(super) struct Fail {
-    pub code: StatusCode,
-    pub close: bool,
-}
-
-impl Fail {
-    pub fn new(code: StatusCode) -> Self {
-        Fail { code, close: false }
-    }
-    pub fn closing(code: StatusCode) -> Self {
-        Fail { code, close: true }
-    }
-}
-
-/// Logs failures of the depot itself (not of the request) before they are
-/// answered.
-fn log_failure(e: &StoreError) {
-    match e {
-        StoreError::Write(io) | StoreError::Read(io) if crate::store::out_of_descriptors(io) => {
-            tracing::error!(
-                error = %e,
-                "out of file descriptors: answering -23; raise `ulimit -n` (the depot raises its soft limit to the hard one at start) or lower max_connections"
-            );
-        }
-        StoreError::Meta(_) | StoreError::Write(_) | StoreError::Read(_) => {
-            tracing::error!(error = %e, "storage failure");
-        }
-        _ => {}
-    }
-}
-
-impl From<StoreError> for Fail {
-    fn from(e: StoreError) -> Self {
-        log_failure(&e);
-        Fail::new(e.status())
-    }
-}
+use crate::store::datafile::{Extent, HEADER_BYTES};
+use crate::store::{
+    Alloc, AllocRequest, Change, Lease, Planned, QueueIn, RefCount, StoreError, Window,
+};
 
 type Res<T = Flow> = Result<T, Fail>;
-
-/// Runs blocking store work off the async threads.
-pub(super) async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
-) -> Result<T, StoreError> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| StoreError::Write(std::io::Error::other(e.to_string())))?
-}
 
 pub(super) struct Conn {
     pub depot: Arc<Depot>,
@@ -341,9 +285,8 @@ impl Conn {
             Request::GetChksum { key, info_only, .. } => self.get_chksum(&key, info_only).await,
             Request::ValidateChksum { key, correct, .. } => {
                 let a = self.checksummed(&key)?;
-                let _w = a.writer.lock().await;
-                let a2 = a.clone();
-                let bad = blocking(move || a2.validate(correct)).await?;
+                let w = a.writer().await;
+                let bad = blocking(move || w.validate(correct)).await?;
                 if bad > 0 {
                     tracing::warn!(
                         id = a.id,
@@ -378,10 +321,7 @@ impl Conn {
                     .store
                     .lookup_view(&key, Some(CapKind::Write))
                     .map_err(closing)?;
-                if !w.at_start() {
-                    return Err(beyond(true));
-                }
-                self.store(&a, length, timeout, ncs, w.end()).await
+                self.store(&a, length, timeout, ncs, w).await
             }
             Request::Write {
                 key,
@@ -419,7 +359,13 @@ impl Conn {
             rid: a.rid,
             reliability: a.reliability,
             atype: a.alloc_type,
-            duration: a.duration,
+            // -1 is the resource's maximum; 0 and other negatives are
+            // refused as the store refuses a zero lease.
+            lease: match a.duration {
+                -1 => Lease::Longest,
+                d if d > 0 => Lease::Secs(d.unsigned_abs()),
+                _ => Lease::Secs(0),
+            },
             size: a.size,
             disk_chksum,
         };
@@ -443,35 +389,23 @@ impl Conn {
         )
     }
 
-    /// STORE; `limit` is where the key's window ends.
+    /// STORE through a key that reaches `window` of the allocation.
     async fn store(
         &mut self,
         a: &Arc<Alloc>,
         length: u64,
         t: Timeout,
         ncs: Option<NetChksum>,
-        limit: u64,
+        window: Window,
     ) -> Res {
         let idle = self.io_deadline(t);
-        let _w = a.writer.lock().await;
-        let ext = a.extent();
-        let max = a.max_size().min(limit);
-        match a.atype {
-            AllocType::ByteArray => {
-                let end = ext
-                    .len
-                    .checked_add(length)
-                    .ok_or(Fail::closing(StatusCode::WOULD_EXCEED_LIMIT))?;
-                if end > max {
-                    return Err(Fail::closing(StatusCode::WOULD_EXCEED_LIMIT));
-                }
-                let _slot = self.transfer_slot().await?;
-                let start = ext.len;
-                self.receive_bytearray(a, start, length, idle, ncs).await
-            }
-            AllocType::Fifo | AllocType::Circular => self.enqueue(a, length, idle, ncs).await,
-            AllocType::Buffer => Err(Fail::closing(StatusCode::TYPE_NOT_SUPPORTED)),
+        let w = a.writer().await;
+        if a.is_queue() {
+            let q = w.enqueue(length).map_err(closing)?;
+            return self.enqueue(q, length, idle, ncs).await;
         }
+        let planned = w.append(length, window).map_err(closing)?;
+        self.receive_bytes(planned, idle, ncs).await
     }
 
     async fn write(
@@ -482,57 +416,10 @@ impl Conn {
         t: Timeout,
         ncs: Option<NetChksum>,
     ) -> Res {
-        if a.atype != AllocType::ByteArray {
-            return Err(Fail::closing(StatusCode::INVALID_CMD));
-        }
         let idle = self.io_deadline(t);
-        let _w = a.writer.lock().await;
-        let end = offset
-            .checked_add(length)
-            .ok_or(Fail::closing(StatusCode::WOULD_EXCEED_LIMIT))?;
-        if end > a.max_size() {
-            return Err(Fail::closing(StatusCode::WOULD_EXCEED_LIMIT));
-        }
-        let _slot = self.transfer_slot().await?;
-        let ext = a.extent();
-        if offset >= ext.len {
-            return self.receive_bytearray(a, offset, length, idle, ncs).await;
-        }
-        // Overlaps committed bytes: stage the data so a cut-short WRITE leaves
-        // the old bytes intact, then copy it into place.
-        let stage_path = a.res.temp_path(STAGE_SEQ.fetch_add(1, Relaxed));
-        let sp = stage_path.clone();
-        let stage = blocking(move || {
-            std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create_new(true)
-                .open(&sp)
-                .map_err(StoreError::Write)
-        })
-        .await
-        .map_err(|e| Fail::closing(e.status()))?;
-        let stage = Arc::new(stage);
-        let _ = std::fs::remove_file(&stage_path); // unlinked: gone even on crash
-        self.go_ahead().await?;
-        if let Err(e) = self.receive(&stage, 0, length, idle, ncs).await {
-            return self.data_failed(e, None, a);
-        }
-        self.depot.metrics.bytes_in.fetch_add(length, Relaxed);
-        let file = data_file(a).await?;
-        let res = blocking({
-            let (a, file) = (a.clone(), file.clone());
-            move || {
-                copy_range(&stage, 0, &file, HEADER_BYTES + offset, length)
-                    .map_err(StoreError::Write)?;
-                a.commit_written(&file, offset, end)
-            }
-        })
-        .await;
-        match res {
-            Ok(()) => self.ok(&format!("1 {length} \n")).await,
-            Err(e) => Err(Fail::closing(e.status())),
-        }
+        let w = a.writer().await;
+        let planned = w.write(offset, length).map_err(closing)?;
+        self.receive_bytes(planned, idle, ncs).await
     }
 
     async fn go_ahead(&mut self) -> Result<(), Fail> {
@@ -541,48 +428,35 @@ impl Conn {
             .map_err(|_| Fail::closing(StatusCode::SOCK_WRITE))
     }
 
-    /// STORE/WRITE into a byte array at `start` ≥ the committed length: bytes
-    /// land beyond what readers see and become visible at commit.
-    async fn receive_bytearray(
+    /// The data phase of a STORE or WRITE into a byte array: go-ahead,
+    /// bytes, commit, reply. Any failure rolls back (the store's transaction
+    /// does that when dropped).
+    async fn receive_bytes(
         &mut self,
-        a: &Arc<Alloc>,
-        start: u64,
-        length: u64,
+        planned: Planned,
         idle: Duration,
         ncs: Option<NetChksum>,
     ) -> Res {
-        let file = data_file(a).await?;
+        // The slot before any I/O: a client past its data-phase limit
+        // creates no file.
+        let _slot = self.transfer_slot().await?;
+        let incoming = blocking(move || planned.start()).await.map_err(closing)?;
         self.go_ahead().await?;
-        if let Err(e) = self
-            .receive(&file, HEADER_BYTES + start, length, idle, ncs)
-            .await
-        {
-            return self.data_failed(e, Some(&file), a);
+        let length = incoming.len();
+        let (file, pos) = incoming.target();
+        let file = file.clone();
+        if let Err(e) = self.receive(&file, pos, length, idle, ncs).await {
+            return self.data_failed(e);
         }
         self.depot.metrics.bytes_in.fetch_add(length, Relaxed);
-        let res = blocking({
-            let (a, file) = (a.clone(), file.clone());
-            move || a.commit_written(&file, start, start + length)
-        })
-        .await;
-        match res {
+        match blocking(move || incoming.commit()).await {
             Ok(()) => self.ok(&format!("1 {length} \n")).await,
-            Err(e) => {
-                a.rollback(&file);
-                Err(Fail::closing(e.status()))
-            }
+            Err(e) => Err(closing(e)),
         }
     }
 
-    fn data_failed(
-        &mut self,
-        e: RecvFail,
-        file: Option<&Arc<std::fs::File>>,
-        a: &Arc<Alloc>,
-    ) -> Res {
-        if let Some(f) = file {
-            a.rollback(f);
-        }
+    /// Answers a data phase that did not finish (already rolled back).
+    fn data_failed(&mut self, e: RecvFail) -> Res {
         match e {
             RecvFail::Busy => {
                 tracing::warn!(peer = %self.peer, "no transfer buffer freed up in time; rolled back");
@@ -603,40 +477,30 @@ impl Conn {
         }
     }
 
-    /// STORE into a FIFO or circular queue: the data is staged in memory (queues
-    /// are bounded by `max_queue_size`), then written into the ring and committed.
+    /// The data phase of a STORE into a FIFO or circular queue: the bytes
+    /// are gathered in memory (queues are bounded by `max_queue_size`), then
+    /// written into the ring at commit.
     async fn enqueue(
         &mut self,
-        a: &Arc<Alloc>,
+        q: QueueIn,
         length: u64,
         idle: Duration,
         ncs: Option<NetChksum>,
     ) -> Res {
-        let ext = a.extent();
-        let cap = a.max_size();
-        let fits = match a.atype {
-            AllocType::Fifo => ext.len.checked_add(length).is_some_and(|e| e <= cap),
-            _ => length <= cap,
-        };
-        if !fits {
-            return Err(Fail::closing(StatusCode::WOULD_EXCEED_LIMIT));
-        }
-        let n =
-            usize::try_from(length).map_err(|_| Fail::closing(StatusCode::WOULD_EXCEED_LIMIT))?;
         let _slot = self.transfer_slot().await?;
-        let file = data_file(a).await?;
         self.go_ahead().await?;
-        // Staged whole in memory (bounded by max_queue_size): the budget is
-        // taken once the bytes start to arrive, and held until they are in.
+        // The budget is taken once the bytes start to arrive, and held
+        // until they are in.
         let _budget = if length == 0 {
             None // nothing will arrive, so there is nothing to wait for
         } else {
             match self.budget_when_ready(length, idle).await {
                 Ok(b) => Some(b),
-                Err(e) => return self.data_failed(e, None, a),
+                Err(e) => return self.data_failed(e),
             }
         };
-        let mut buf = vec![0u8; n];
+        // `enqueue` refused lengths that do not fit in memory.
+        let mut buf = vec![0u8; usize::try_from(length).unwrap_or(0)];
         let got = match ncs {
             None => read_exact_idle(&mut self.rd, &mut buf, idle)
                 .await
@@ -646,46 +510,12 @@ impl Conn {
                 .map_err(RecvFail::from),
         };
         if let Err(e) = got {
-            return self.data_failed(e, None, a);
+            return self.data_failed(e);
         }
         self.depot.metrics.bytes_in.fetch_add(length, Relaxed);
-        let res = blocking({
-            let a = a.clone();
-            move || {
-                let ext = a.extent();
-                let capacity = ext.capacity;
-                // Circular queues drop the oldest bytes to make room.
-                let overflow = (ext.len + length).saturating_sub(capacity);
-                let head = (ext.head + overflow) % capacity;
-                let len = ext.len + length - overflow;
-                let tail = (head + len - length) % capacity;
-                if overflow > 0 {
-                    // Drop the oldest bytes in the header before overwriting
-                    // them, so a crash never exposes half-overwritten bytes.
-                    a.commit(
-                        &file,
-                        Extent {
-                            head,
-                            len: ext.len - overflow,
-                            capacity,
-                        },
-                    )?;
-                }
-                datafile::ring_write(&file, capacity, tail, &buf).map_err(StoreError::Write)?;
-                a.commit(
-                    &file,
-                    Extent {
-                        head,
-                        len,
-                        capacity,
-                    },
-                )
-            }
-        })
-        .await;
-        match res {
+        match blocking(move || q.commit(&buf)).await {
             Ok(()) => self.ok(&format!("1 {length} \n")).await,
-            Err(e) => Err(Fail::closing(e.status())),
+            Err(e) => Err(closing(e)),
         }
     }
 
@@ -746,59 +576,40 @@ impl Conn {
         idle: Duration,
         ncs: Option<NetChksum>,
     ) -> Res {
-        if offset != 0 {
-            return Err(Fail::new(StatusCode::INVALID_PARAMETER));
-        }
-        let _w = a.writer.lock().await;
-        let (file, ext) = snapshot(a).await?;
-        if length > ext.len {
-            return Err(Fail::new(StatusCode::WOULD_EXCEED_LIMIT));
-        }
-        let n = usize::try_from(length).map_err(|_| Fail::new(StatusCode::WOULD_EXCEED_LIMIT))?;
+        let w = a.writer().await;
+        let out = blocking(move || w.dequeue(offset, length)).await?;
         let _slot = self.transfer_slot().await?;
         let _budget = self
             .depot
             .budget(&self.slot, length)
             .await
             .map_err(|_| Fail::closing(StatusCode::OUT_OF_SOCKETS))?;
-        let (file, buf) = match file {
-            Some(f) if n > 0 => {
-                let f2 = f.clone();
-                let buf = blocking(move || {
-                    let mut buf = vec![0u8; n];
-                    datafile::ring_read(&f2, ext.capacity, ext.head, &mut buf)
-                        .map_err(StoreError::Read)?;
-                    Ok(buf)
-                })
-                .await?;
-                (Some(f), buf)
-            }
-            _ => (None, Vec::new()),
-        };
+        let out = blocking(move || {
+            let mut out = out;
+            out.read().map(|()| out)
+        })
+        .await?;
         if self.reply(&format!("1 {length} \n")).await.is_err() {
             return Ok(Flow::Close);
         }
+        let framed;
         let wire = match ncs {
-            None => buf,
-            Some(c) => frame(&c, &buf),
+            None => out.bytes(),
+            Some(c) => {
+                framed = frame(&c, out.bytes());
+                &framed
+            }
         };
-        if timeout(idle, self.rd.get_mut().write_all(&wire))
+        if timeout(idle, self.rd.get_mut().write_all(wire))
             .await
             .map_or(true, |r| r.is_err())
         {
             return Ok(Flow::Close); // not consumed: the reader never got it
         }
         self.depot.metrics.bytes_out.fetch_add(length, Relaxed);
-        if let Some(f) = file {
-            let a2 = a.clone();
-            let next = Extent {
-                head: (ext.head + length) % ext.capacity,
-                len: ext.len - length,
-                ..ext
-            };
-            if let Err(e) = blocking(move || a2.commit(&f, next)).await {
-                tracing::error!(id = a.id, error = %e, "could not record queue consumption");
-            }
+        let id = a.id;
+        if let Err(e) = blocking(move || out.commit()).await {
+            tracing::error!(id, error = %e, "could not record queue consumption");
         }
         Ok(Flow::Continue)
     }
@@ -840,11 +651,9 @@ impl Conn {
             }
             ManageOp::Incr { cap_type } | ManageOp::Decr { cap_type } => {
                 let up = matches!(op, ManageOp::Incr { .. });
-                if !(cap_type == 1 || cap_type == 2) {
-                    return Err(Fail::new(StatusCode::WRONG_CAP_FORMAT));
-                }
+                let which = ref_count(cap_type)?;
                 let a = store.lookup(key, Some(CapKind::Manage))?;
-                blocking(move || store.change_refcount(&a, cap_type, up)).await?;
+                blocking(move || store.change_refcount(&a, which, up)).await?;
                 self.ok("1 \n").await
             }
             ManageOp::Change {
@@ -853,19 +662,31 @@ impl Conn {
                 reliability,
                 ..
             } => {
+                let change = Change {
+                    // The reference depot takes 0 as a size, not as "keep":
+                    // the strict depot does too.
+                    max_size: (max_size != 0 || self.depot.cfg.strict).then_some(max_size),
+                    lease: match duration {
+                        d if d < 0 => None,
+                        d => Some(Lease::Secs(d.unsigned_abs())),
+                    },
+                    reliability: match reliability {
+                        -1 => None,
+                        n => Some(
+                            Reliability::from_number(n)
+                                .ok_or(Fail::new(StatusCode::INVALID_PARAMETER))?,
+                        ),
+                    },
+                };
                 let a = store.lookup(key, Some(CapKind::Manage))?;
-                // Under the writer lock, as TRUNCATE: a data phase in flight
-                // was checked against the old max size.
-                let _w = a.writer.lock().await;
-                let a2 = a.clone();
-                blocking(move || store.change(&a2, max_size, duration, reliability)).await?;
+                let w = a.writer().await;
+                blocking(move || store.change(&w, change)).await?;
                 self.ok("1 \n").await
             }
             ManageOp::Truncate { size } => {
                 let a = store.lookup(key, Some(CapKind::Manage))?;
-                let _w = a.writer.lock().await;
-                let a2 = a.clone();
-                blocking(move || store.truncate(&a2, size)).await?;
+                let w = a.writer().await;
+                blocking(move || store.truncate(&w, size)).await?;
                 self.ok("1 \n").await
             }
         }
@@ -887,9 +708,8 @@ impl Conn {
     async fn get_chksum(&mut self, key: &lors_ibp::proto::KeyToken, info_only: bool) -> Res {
         let a = self.checksummed(key)?;
         let (cs, blocks, digests) = {
-            let _w = a.writer.lock().await;
-            let a2 = a.clone();
-            blocking(move || a2.chksums()).await?
+            let w = a.writer().await;
+            blocking(move || w.chksums()).await?
         };
         let head = format!(
             "1 {} {} {} {blocks} {}\n",
@@ -918,7 +738,11 @@ impl Conn {
     ) -> Res {
         let store = self.depot.store.clone();
         let m = store.lookup(key, Some(CapKind::Manage))?;
-        let new = blocking(move || store.alias_allocate(&m, offset, length, duration)).await?;
+        let lease = match duration {
+            0 => Lease::Longest,
+            d => Lease::Secs(d),
+        };
+        let new = blocking(move || store.alias_allocate(&m, offset, length, lease)).await?;
         tracing::info!(peer = %self.peer, rid = %new.rid, alias = new.id, offset, length, "alias allocated");
         let text = self.caps_reply(new);
         self.ok(&text).await
@@ -943,10 +767,8 @@ impl Conn {
             | AliasOp::Decr {
                 cap_type, master, ..
             } => {
-                if !(cap_type == 1 || cap_type == 2) {
-                    return Err(Fail::new(StatusCode::WRONG_CAP_FORMAT));
-                }
-                blocking(move || store.alias_refcount(&key, &master, cap_type, up)).await?;
+                let which = ref_count(cap_type)?;
+                blocking(move || store.alias_refcount(&key, &master, which, up)).await?;
                 self.ok("1 \n").await
             }
             AliasOp::Change {
@@ -956,8 +778,12 @@ impl Conn {
                 master,
                 ..
             } => {
-                blocking(move || store.alias_change(&key, &master, offset, length, duration))
-                    .await?;
+                let lease = match duration {
+                    d if d < 0 => None,
+                    0 => Some(Lease::Longest),
+                    d => Some(Lease::Secs(d.unsigned_abs())),
+                };
+                blocking(move || store.alias_change(&key, &master, offset, length, lease)).await?;
                 self.ok("1 \n").await
             }
         }
@@ -1083,29 +909,19 @@ impl Conn {
     }
 }
 
-/// The allocation's data file, created on first use, off the async threads.
-/// Failure closes the connection: the client may already be sending data.
 /// The allocation's data file (opened if need be) and committed extent.
 async fn snapshot(a: &Arc<Alloc>) -> Result<(Option<Arc<std::fs::File>>, Extent), Fail> {
     let a = a.clone();
     Ok(blocking(move || a.snapshot()).await?)
 }
 
-async fn data_file(a: &Arc<Alloc>) -> Result<Arc<std::fs::File>, Fail> {
-    let a = a.clone();
-    blocking(move || a.file_for_write()).await.map_err(closing)
-}
-
-/// Checks `[offset, offset+length)` of a checksummed allocation against its
-/// stored digests: bytes that fail are refused (-63), not served. Checked
-/// between data phases, so never against a half-done write.
-pub(super) async fn verified(a: &Arc<Alloc>, offset: u64, length: u64) -> Result<(), Fail> {
-    if a.disk_chksum.is_none() {
-        return Ok(());
+/// Which count an INCR/DECR's cap type names (1 read, 2 write).
+fn ref_count(cap_type: u32) -> Result<RefCount, Fail> {
+    match cap_type {
+        1 => Ok(RefCount::Read),
+        2 => Ok(RefCount::Write),
+        _ => Err(Fail::new(StatusCode::WRONG_CAP_FORMAT)),
     }
-    let _w = a.writer.lock().await;
-    let a = a.clone();
-    Ok(blocking(move || a.verify(offset, length)).await?)
 }
 
 /// STORE/WRITE lookups close the connection on failure: data may follow.

@@ -11,10 +11,10 @@ use lors_ibp::proto::{AllocType, KeyToken, StatusCode, Timeout};
 use lors_ibp::{ClientConfig, Connection, Error as ClientError};
 
 use super::Depot;
-use super::conn::{Fail, blocking, verified};
-use super::transfer::{XferError, copy_range, send_file};
+use super::fail::{Fail, blocking, verified};
+use super::transfer::{XferError, send_file};
+use crate::store::Alloc;
 use crate::store::datafile::HEADER_BYTES;
-use crate::store::{Alloc, StoreError};
 
 pub(super) async fn send(
     depot: &Arc<Depot>,
@@ -86,38 +86,9 @@ async fn local(
         .store
         .lookup_view(&KeyToken::of(dest), Some(CapKind::Write))
         .map_err(|e| Fail::new(e.status()))?;
-    if d.atype != AllocType::ByteArray {
-        return Err(Fail::new(StatusCode::INVALID_CMD));
-    }
-    let _w = d.writer.lock().await;
-    let dext = d.extent();
-    let end = dext
-        .len
-        .checked_add(length)
-        .ok_or(Fail::new(StatusCode::WOULD_EXCEED_LIMIT))?;
-    // An append through an alias: as STORE, only from a window at 0.
-    if end > d.max_size() || !window.at_start() || end > window.end() {
-        return Err(Fail::new(StatusCode::WOULD_EXCEED_LIMIT));
-    }
-    let d2 = d.clone();
-    blocking(move || {
-        let dst = d2.file_for_write()?;
-        if length > 0 {
-            let src = src_file.ok_or(StoreError::Corrupt)?;
-            if let Err(e) = copy_range(
-                &src,
-                HEADER_BYTES + offset,
-                &dst,
-                HEADER_BYTES + dext.len,
-                length,
-            ) {
-                d2.rollback(&dst);
-                return Err(StoreError::Write(e));
-            }
-        }
-        d2.commit_written(&dst, dext.len, end)
-    })
-    .await
-    .map_err(|e| Fail::new(e.status()))?;
+    let w = d.writer().await;
+    blocking(move || w.append_copy(src_file.as_deref(), offset, length, window))
+        .await
+        .map_err(|e| Fail::new(e.status()))?;
     Ok(length)
 }

@@ -57,38 +57,6 @@ pub(crate) async fn recv_to_file(
     lors_ibp::zerocopy::recv_buffered(rd, &file, pos, len, idle).await
 }
 
-/// Copies `len` bytes between files (blocking): `copy_file_range` where the
-/// kernel can, a buffered loop otherwise.
-pub(crate) fn copy_range(
-    src: &File,
-    src_pos: u64,
-    dst: &File,
-    dst_pos: u64,
-    len: u64,
-) -> io::Result<()> {
-    let (mut sp, mut dp, mut left) = (src_pos, dst_pos, len);
-    while left > 0 {
-        let want = usize::try_from(left.min(1 << 30)).unwrap_or(1 << 30);
-        match rustix::fs::copy_file_range(src, Some(&mut sp), dst, Some(&mut dp), want) {
-            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
-            Ok(n) => left -= n as u64,
-            Err(rustix::io::Errno::XDEV | rustix::io::Errno::NOSYS | rustix::io::Errno::INVAL) => {
-                let mut buf = vec![0u8; CHUNK_BYTES];
-                while left > 0 {
-                    let n = usize::try_from(left).unwrap_or(usize::MAX).min(buf.len());
-                    src.read_exact_at(&mut buf[..n], sp)?;
-                    dst.write_all_at(&buf[..n], dp)?;
-                    sp += n as u64;
-                    dp += n as u64;
-                    left -= n as u64;
-                }
-            }
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Ok(())
-}
-
 /// Where a checksummed data phase stands between rounds (LStore's network
 /// checksums, `docs/ibp-protocol.md` §2.5): the hash of the block under way
 /// and how many of its bytes have passed.

@@ -11,7 +11,8 @@ use lors_ibp::proto::{AllocType, KeyToken};
 
 use super::meta::AliasRecord;
 use super::{
-    Alloc, NewAlloc, Resource, Result, State, Store, StoreError, key_hash, lock, now_secs,
+    Alloc, Lease, NewAlloc, RefCount, Resource, Result, State, Store, StoreError, key_hash, lock,
+    now_secs,
 };
 
 /// Most aliases one allocation may have. An alias costs no space, so
@@ -175,13 +176,13 @@ impl State {
 impl Store {
     /// ALIAS_ALLOCATE on `master` (found by its manage key): a window of
     /// `length` bytes at `offset` (both 0: all of it), leased for
-    /// `duration` seconds (0: until the master expires). Blocking.
+    /// `lease` ([`Lease::Longest`]: until the master expires). Blocking.
     pub fn alias_allocate(
         &self,
         master: &Arc<Alloc>,
         offset: u64,
         length: u64,
-        duration: u64,
+        lease: Lease,
     ) -> Result<NewAlloc> {
         let now = now_secs();
         let (max_size, expires) = {
@@ -195,9 +196,9 @@ impl Store {
         if offset.checked_add(length).is_none_or(|e| e > max_size) {
             return Err(StoreError::NoSpace);
         }
-        let expires_at = match duration {
-            0 => expires,
-            d => now.saturating_add(d),
+        let expires_at = match lease {
+            Lease::Longest => expires,
+            Lease::Secs(d) => now.saturating_add(d),
         };
         if expires_at > expires {
             return Err(StoreError::LongDuration);
@@ -249,30 +250,34 @@ impl Store {
         })
     }
 
-    /// ALIAS_MANAGE INCR/DECR (`cap_type` 1 read, 2 write); the alias goes
-    /// when both counts reach zero. Blocking.
+    /// ALIAS_MANAGE INCR/DECR; the alias goes when both counts reach zero.
+    /// Blocking.
     pub fn alias_refcount(
         &self,
         token: &KeyToken,
         master: &KeyToken,
-        cap_type: u32,
+        which: RefCount,
         up: bool,
     ) -> Result<()> {
         self.alias_update(token, master, |rec, _| {
-            super::bump_count(&mut rec.read_refs, &mut rec.write_refs, cap_type, up)
+            Ok(super::bump_count(
+                &mut rec.read_refs,
+                &mut rec.write_refs,
+                which,
+                up,
+            ))
         })
     }
 
-    /// ALIAS_MANAGE CHNG: a new window (`length` 0 keeps it) and lease
-    /// (`duration` > 0 seconds from now, 0 the master's expiry, < 0 kept).
-    /// Blocking.
+    /// ALIAS_MANAGE CHNG: a new window (`length` 0 keeps it) and, unless
+    /// `None`, a new lease. Blocking.
     pub fn alias_change(
         &self,
         token: &KeyToken,
         master: &KeyToken,
         offset: u64,
         length: u64,
-        duration: i64,
+        lease: Option<Lease>,
     ) -> Result<()> {
         let now = now_secs();
         self.alias_update(token, master, |rec, m| {
@@ -287,10 +292,10 @@ impl Store {
                 rec.offset = offset;
                 rec.length = length;
             }
-            rec.expires_at = match duration {
-                0 => m_expires,
-                d if d > 0 => now.saturating_add(d.unsigned_abs()),
-                _ => rec.expires_at,
+            rec.expires_at = match lease {
+                Some(Lease::Longest) => m_expires,
+                Some(Lease::Secs(d)) => now.saturating_add(d),
+                None => rec.expires_at,
             };
             if rec.expires_at > m_expires {
                 return Err(StoreError::Policy("alias would outlive its allocation"));

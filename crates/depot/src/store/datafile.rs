@@ -202,6 +202,35 @@ pub fn commit(f: &File, type_num: u32, e: Extent, sync: bool) -> io::Result<()> 
     Ok(())
 }
 
+/// Bytes per round of the buffered fallback of [`copy_range`].
+const COPY_CHUNK: usize = 1 << 20;
+
+/// Copies `len` bytes between files (blocking): `copy_file_range` where the
+/// kernel can, a buffered loop otherwise.
+pub fn copy_range(src: &File, src_pos: u64, dst: &File, dst_pos: u64, len: u64) -> io::Result<()> {
+    let (mut sp, mut dp, mut left) = (src_pos, dst_pos, len);
+    while left > 0 {
+        let want = usize::try_from(left.min(1 << 30)).unwrap_or(1 << 30);
+        match rustix::fs::copy_file_range(src, Some(&mut sp), dst, Some(&mut dp), want) {
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => left -= n as u64,
+            Err(rustix::io::Errno::XDEV | rustix::io::Errno::NOSYS | rustix::io::Errno::INVAL) => {
+                let mut buf = vec![0u8; COPY_CHUNK];
+                while left > 0 {
+                    let n = usize::try_from(left).unwrap_or(usize::MAX).min(buf.len());
+                    src.read_exact_at(&mut buf[..n], sp)?;
+                    dst.write_all_at(&buf[..n], dp)?;
+                    sp += n as u64;
+                    dp += n as u64;
+                    left -= n as u64;
+                }
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
 /// Writes `buf` at logical offset `pos` of a ring of `capacity` bytes.
 pub fn ring_write(f: &File, capacity: u64, pos: u64, buf: &[u8]) -> io::Result<()> {
     let mut done = 0usize;
