@@ -13,6 +13,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+use lors_ibp::proto::{Reply, StatusCode};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
@@ -224,6 +225,17 @@ pub fn raise_open_file_limit() -> Option<u64> {
     getrlimit(Resource::Nofile).current
 }
 
+/// The reference depot's busy reply (`-66 1.0`: retry in a second), sent
+/// to a connection the depot has no room for.
+async fn refuse_busy(mut sock: tokio::net::TcpStream) {
+    let busy = Reply::Fail {
+        code: StatusCode::OUT_OF_SOCKETS,
+        retry_after: Some(Duration::from_secs(1)),
+    };
+    let line = busy.encode();
+    let _ = tokio::time::timeout(Duration::from_secs(2), sock.write_all(line.as_bytes())).await;
+}
+
 /// Serves IBP on `listeners` until `shutdown` turns true.
 pub async fn run(
     listeners: Listeners,
@@ -242,7 +254,7 @@ pub async fn run(
     let max = depot.cfg.max_connections;
     let conns = Arc::new(Semaphore::new(max));
     loop {
-        let (mut sock, peer) = tokio::select! {
+        let (sock, peer) = tokio::select! {
             r = listeners.ibp.accept() => match r {
                 Ok(x) => x,
                 Err(e) => {
@@ -265,10 +277,7 @@ pub async fn run(
         let Ok(permit) = conns.clone().try_acquire_owned() else {
             // The reference depot's busy reply: wait this many seconds, retry.
             depot.metrics.connections_rejected.fetch_add(1, Relaxed);
-            tokio::spawn(async move {
-                let _ = tokio::time::timeout(Duration::from_secs(2), sock.write_all(b"-66 1.0\n"))
-                    .await;
-            });
+            tokio::spawn(refuse_busy(sock));
             continue;
         };
         let Some(slot) = depot.clients.admit(peer.ip()) else {
@@ -276,10 +285,7 @@ pub async fn run(
             depot.metrics.connections_rejected.fetch_add(1, Relaxed);
             tracing::debug!(%peer, "per-client connection limit reached");
             drop(permit);
-            tokio::spawn(async move {
-                let _ = tokio::time::timeout(Duration::from_secs(2), sock.write_all(b"-66 1.0\n"))
-                    .await;
-            });
+            tokio::spawn(refuse_busy(sock));
             continue;
         };
         let _ = sock.set_nodelay(true);

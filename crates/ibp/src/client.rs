@@ -29,8 +29,8 @@ use crate::caps::{CapKind, CapSet, Capability};
 use crate::error::{Error, Result};
 use crate::proto::limits::{MAX_LINE_BYTES, MAX_STATUS_BODY_BYTES};
 use crate::proto::{
-    AllocType, Allocate, KeyToken, ManageOp, Reliability, Request, StatusCode, StatusOp, Timeout,
-    Version, split_reply,
+    AllocType, Allocate, KeyToken, ManageOp, ProbeInfo, Reliability, Reply, Request, Shape,
+    StatusOp, Timeout, Version,
 };
 use crate::wire::{Line, read_line, read_line_exact};
 use crate::zerocopy;
@@ -74,25 +74,6 @@ impl ClientConfig {
             ..ClientConfig::default()
         }
     }
-}
-
-/// What MANAGE PROBE reports.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ProbeInfo {
-    /// Read reference count.
-    pub read_refs: i64,
-    /// Write reference count.
-    pub write_refs: i64,
-    /// Bytes stored (queued bytes for FIFO/circular).
-    pub size: u64,
-    /// Maximum size.
-    pub max_size: u64,
-    /// Seconds until expiry.
-    pub seconds_left: i64,
-    /// 1 soft, 2 hard.
-    pub reliability: i64,
-    /// Allocation type number.
-    pub alloc_type: i64,
 }
 
 /// The `KEY:VALUE` fields of a v1.4 STATUS INQ reply (sizes in bytes).
@@ -247,33 +228,50 @@ impl Connection {
         }
     }
 
-    /// Reads a reply line, turning a negative status into [`Error::Depot`], and
-    /// returns the fields after the status.
-    async fn expect_ok(&mut self, during: &'static str) -> Result<Vec<String>> {
-        self.expect_ok_with(during, false).await
-    }
-
-    async fn expect_ok_with(&mut self, during: &'static str, exact: bool) -> Result<Vec<String>> {
+    /// Reads a reply line of `shape`: an error status becomes
+    /// [`Error::Depot`], a line that is not such a reply [`Error::Protocol`].
+    /// With `exact`, nothing past the line is read (LOAD's data follows).
+    async fn expect(&mut self, during: &'static str, shape: Shape, exact: bool) -> Result<Reply> {
         let line = self.reply_line(during, exact).await?;
-        let Some((status, rest)) = split_reply(&line) else {
-            self.healthy = false;
-            return Err(self.protocol(during, &line));
-        };
-        if status != 1 {
-            // The reference depot closes the connection after most errors.
-            self.healthy = false;
-            return Err(Error::Depot {
-                addr: self.addr.clone(),
-                during,
-                code: StatusCode::from_code(status),
-            });
+        match Reply::parse(shape, &line) {
+            Ok(Reply::Fail { code, .. }) => {
+                // The reference depot closes the connection after most errors.
+                self.healthy = false;
+                Err(Error::Depot {
+                    addr: self.addr.clone(),
+                    during,
+                    code,
+                })
+            }
+            Ok(r) => Ok(r),
+            Err(_) => {
+                self.healthy = false;
+                Err(self.protocol(during, &line))
+            }
         }
-        Ok(rest.into_iter().map(str::to_owned).collect())
     }
 
-    fn number<T: std::str::FromStr>(&self, during: &'static str, s: Option<&String>) -> Result<T> {
-        s.and_then(|v| v.parse().ok())
-            .ok_or_else(|| self.protocol(during, s.map_or("", |v| v.as_str())))
+    /// A reply of another shape than asked for; `Reply::parse` gives none,
+    /// so this only keeps the matches below total.
+    fn unexpected(&mut self, during: &'static str, r: &Reply) -> Error {
+        self.healthy = false;
+        self.protocol(during, r.encode().trim_end())
+    }
+
+    /// Expects `1 \n`.
+    async fn expect_bare(&mut self, during: &'static str) -> Result<()> {
+        match self.expect(during, Shape::Bare, false).await? {
+            Reply::Ok => Ok(()),
+            r => Err(self.unexpected(during, &r)),
+        }
+    }
+
+    /// Expects `1 <len> \n`, with exactly `len`.
+    async fn expect_count(&mut self, during: &'static str, len: u64, exact: bool) -> Result<u64> {
+        match self.expect(during, Shape::Count, exact).await? {
+            Reply::Count(n) if n == len => Ok(n),
+            r => Err(self.unexpected(during, &r)),
+        }
     }
 
     /// Sends a raw request line and returns the first reply line (tests, tools).
@@ -301,27 +299,9 @@ impl Connection {
             timeout: self.cfg.server_timeout,
         });
         self.send_line("ALLOCATE", &req.encode()).await?;
-        let fields = self.expect_ok("ALLOCATE").await?;
-        let caps: Vec<Capability> = fields
-            .iter()
-            .filter_map(|f| Capability::parse(f).ok())
-            .collect();
-        match &caps[..] {
-            [r, w, m]
-                if r.kind == CapKind::Read
-                    && w.kind == CapKind::Write
-                    && m.kind == CapKind::Manage =>
-            {
-                Ok(CapSet {
-                    read: r.clone(),
-                    write: w.clone(),
-                    manage: m.clone(),
-                })
-            }
-            _ => {
-                self.healthy = false;
-                Err(self.protocol("ALLOCATE", &fields.join(" ")))
-            }
+        match self.expect("ALLOCATE", Shape::Caps, false).await? {
+            Reply::Caps(caps) => Ok(*caps),
+            r => Err(self.unexpected("ALLOCATE", &r)),
         }
     }
 
@@ -361,18 +341,12 @@ impl Connection {
     async fn begin_data(&mut self, during: &'static str, line: &str) -> Result<()> {
         self.send_line(during, line).await?;
         // The depot answers "1 \n" before it reads data, or an error.
-        self.expect_ok(during).await.map(drop)
+        self.expect_bare(during).await
     }
 
     async fn finish_data(&mut self, during: &'static str, len: u64) -> Result<u64> {
         self.healthy = true;
-        let fields = self.expect_ok(during).await?;
-        let n: u64 = self.number(during, fields.first())?;
-        if n != len {
-            self.healthy = false;
-            return Err(self.protocol(during, &fields.join(" ")));
-        }
-        Ok(n)
+        self.expect_count(during, len, false).await
     }
 
     /// Starts a STORE of `len` bytes and waits for the depot's go-ahead. The
@@ -529,13 +503,7 @@ impl Connection {
         };
         self.send_line("LOAD", &req.encode()).await?;
         // The data follows the reply: leave all of it to the caller's splice.
-        let fields = self.expect_ok_with("LOAD", true).await?;
-        let n: u64 = self.number("LOAD", fields.first())?;
-        if n != len {
-            self.healthy = false;
-            return Err(self.protocol("LOAD", &fields.join(" ")));
-        }
-        Ok(())
+        self.expect_count("LOAD", len, true).await.map(drop)
     }
 
     /// SEND: the depot holding `src` (a read capability) appends
@@ -559,11 +527,10 @@ impl Connection {
             client_timeout: self.cfg.server_timeout,
         };
         self.send_line("SEND", &req.encode()).await?;
-        let fields = self.expect_ok("SEND").await?;
-        self.number("SEND", fields.first())
+        self.expect_count("SEND", len, false).await
     }
 
-    async fn manage(&mut self, cap: &Capability, op: ManageOp) -> Result<Vec<String>> {
+    async fn manage(&mut self, cap: &Capability, op: ManageOp, shape: Shape) -> Result<Reply> {
         let req = Request::Manage {
             version: Version::V14,
             key: KeyToken::of(cap),
@@ -572,32 +539,18 @@ impl Connection {
             timeout: self.cfg.server_timeout,
         };
         self.send_line("MANAGE", &req.encode()).await?;
-        self.expect_ok("MANAGE").await
+        self.expect("MANAGE", shape, false).await
     }
 
     /// MANAGE PROBE.
     pub async fn probe(&mut self, cap: &Capability) -> Result<ProbeInfo> {
-        let f = self
-            .manage(
-                cap,
-                ManageOp::Probe {
-                    cap_type: cap.kind.number(),
-                },
-            )
-            .await?;
-        if f.len() < 7 {
-            self.healthy = false;
-            return Err(self.protocol("PROBE", &f.join(" ")));
+        let op = ManageOp::Probe {
+            cap_type: cap.kind.number(),
+        };
+        match self.manage(cap, op, Shape::Probe).await? {
+            Reply::Probe(p) => Ok(p),
+            r => Err(self.unexpected("PROBE", &r)),
         }
-        Ok(ProbeInfo {
-            read_refs: self.number("PROBE", f.first())?,
-            write_refs: self.number("PROBE", f.get(1))?,
-            size: self.number("PROBE", f.get(2))?,
-            max_size: self.number("PROBE", f.get(3))?,
-            seconds_left: self.number("PROBE", f.get(4))?,
-            reliability: self.number("PROBE", f.get(5))?,
-            alloc_type: self.number("PROBE", f.get(6))?,
-        })
     }
 
     /// MANAGE INCR of the read or write reference count.
@@ -607,6 +560,7 @@ impl Connection {
             ManageOp::Incr {
                 cap_type: which.number(),
             },
+            Shape::Bare,
         )
         .await
         .map(drop)
@@ -619,6 +573,7 @@ impl Connection {
             ManageOp::Decr {
                 cap_type: which.number(),
             },
+            Shape::Bare,
         )
         .await
         .map(drop)
@@ -639,12 +594,12 @@ impl Connection {
             duration: duration_secs,
             reliability: reliability.map_or(-1, Reliability::number),
         };
-        self.manage(cap, op).await.map(drop)
+        self.manage(cap, op, Shape::Bare).await.map(drop)
     }
 
     /// MANAGE TRUNCATE.
     pub async fn truncate(&mut self, cap: &Capability, size: u64) -> Result<()> {
-        self.manage(cap, ManageOp::Truncate { size })
+        self.manage(cap, ManageOp::Truncate { size }, Shape::Bare)
             .await
             .map(drop)
     }
@@ -660,12 +615,10 @@ impl Connection {
             timeout: self.cfg.server_timeout,
         };
         self.send_line("STATUS", &req.encode()).await?;
-        let f = self.expect_ok("STATUS").await?;
-        let n: usize = self.number("STATUS", f.first())?;
-        if n > MAX_STATUS_BODY_BYTES {
-            self.healthy = false;
-            return Err(self.protocol("STATUS", &f.join(" ")));
-        }
+        let n = match self.expect("STATUS", Shape::Count, false).await? {
+            Reply::Count(n) if n <= MAX_STATUS_BODY_BYTES as u64 => n as usize,
+            r => return Err(self.unexpected("STATUS", &r)),
+        };
         let mut body = vec![0u8; n];
         io!(self, "STATUS body", self.stream.read_exact(&mut body))?;
         let text = String::from_utf8_lossy(&body);
@@ -685,7 +638,10 @@ impl Connection {
             timeout: self.cfg.server_timeout,
         };
         self.send_line("STATUS RES", &req.encode()).await?;
-        self.expect_ok("STATUS RES").await
+        match self.expect("STATUS RES", Shape::Resources, false).await? {
+            Reply::Resources(rids) => Ok(rids),
+            r => Err(self.unexpected("STATUS RES", &r)),
+        }
     }
 
     /// STATUS VERSION: the human-readable report (lines up to `END`).
@@ -696,7 +652,10 @@ impl Connection {
             timeout: self.cfg.server_timeout,
         };
         self.send_line("STATUS VERSION", &req.encode()).await?;
-        self.expect_ok("STATUS VERSION").await?;
+        match self.expect("STATUS VERSION", Shape::Report, false).await? {
+            Reply::Report => {}
+            r => return Err(self.unexpected("STATUS VERSION", &r)),
+        }
         let mut out = String::new();
         for _ in 0..1000 {
             let line = self.read_reply_line("STATUS VERSION").await?;

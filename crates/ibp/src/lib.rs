@@ -26,9 +26,9 @@ pub mod wire;
 pub mod zerocopy;
 
 pub use caps::{CapKind, CapSet, Capability, Key};
-pub use client::{ClientConfig, Connection, ProbeInfo, StatusInfo};
+pub use client::{ClientConfig, Connection, StatusInfo};
 pub use error::{Error, Result};
-pub use proto::StatusCode;
+pub use proto::{ProbeInfo, StatusCode};
 
 /// The IANA-unregistered but traditional IBP depot port.
 pub const DEFAULT_DEPOT_PORT: u16 = 6714;

@@ -5,7 +5,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use lors_ibp::caps::Capability;
-use lors_ibp::proto::{StatusCode, status_line};
+use lors_ibp::proto::{Reply, StatusCode};
 use tokio::io::AsyncWriteExt;
 
 use crate::util::{DepotProc, Raw, pattern, tempdir};
@@ -45,7 +45,7 @@ async fn try_allocate(r: &mut Raw, size: u64) -> String {
 }
 
 fn err(code: StatusCode) -> String {
-    status_line(code)
+    Reply::fail(code).encode()
 }
 
 /// `(used, free, allocations)` of resource 1, from the version report.

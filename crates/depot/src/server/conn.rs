@@ -9,11 +9,11 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
-use lors_ibp::caps::{CapKind, Capability};
+use lors_ibp::caps::{CapKind, CapSet, Capability};
 use lors_ibp::proto::chksum::{NetChksum, frame};
 use lors_ibp::proto::{
-    AliasOp, Allocate, MAX_LINE_BYTES, ManageOp, ParseError, Reliability, Request, StatusCode,
-    StatusOp, Timeout, Version, cmd, status_line,
+    AliasOp, AliasProbeInfo, Allocate, MAX_LINE_BYTES, ManageOp, ParseError, Reliability, Reply,
+    Request, StatusCode, StatusOp, StatusV13, Timeout, Version, cmd,
 };
 use lors_ibp::wire::{Line, read_line};
 use tokio::io::{AsyncWriteExt, BufReader};
@@ -95,7 +95,7 @@ pub(super) async fn serve(
             Err(_) | Ok(Err(_)) | Ok(Ok(Line::Eof | Line::Truncated)) => return,
             Ok(Ok(Line::TooLong)) => {
                 c.metric_error("INVALID");
-                let _ = c.reply(&status_line(StatusCode::BAD_FORMAT)).await;
+                let _ = c.answer(Reply::fail(StatusCode::BAD_FORMAT)).await;
                 return;
             }
             Ok(Ok(Line::Complete)) => {}
@@ -106,7 +106,7 @@ pub(super) async fn serve(
             Err(e) => {
                 tracing::debug!(peer = %c.peer, error = %e, "rejected request");
                 c.metric_error("INVALID");
-                if c.reply(&status_line(e.status())).await.is_err() {
+                if c.answer(Reply::fail(e.status())).await.is_err() {
                     return;
                 }
                 // Data we will not read would read as commands: an unknown
@@ -131,7 +131,7 @@ pub(super) async fn serve(
             Err(f) => {
                 c.metric_error(name);
                 tracing::debug!(peer = %c.peer, command = name, code = f.code.code(), "command failed");
-                if c.reply(&status_line(f.code)).await.is_err() || f.close {
+                if c.answer(Reply::fail(f.code)).await.is_err() || f.close {
                     return;
                 }
             }
@@ -230,8 +230,8 @@ impl Conn {
         Ok(())
     }
 
-    pub async fn reply(&mut self, text: &str) -> std::io::Result<()> {
-        self.reply_bytes(text.as_bytes()).await
+    async fn answer(&mut self, r: Reply) -> std::io::Result<()> {
+        self.reply_bytes(r.encode().as_bytes()).await
     }
 
     async fn reply_bytes(&mut self, b: &[u8]) -> std::io::Result<()> {
@@ -242,8 +242,8 @@ impl Conn {
     }
 
     /// Sends a success reply; a failure to send ends the connection.
-    async fn ok(&mut self, text: &str) -> Res {
-        match self.reply(text).await {
+    async fn ok(&mut self, r: Reply) -> Res {
+        match self.answer(r).await {
             Ok(()) => Ok(Flow::Continue),
             Err(_) => Ok(Flow::Close),
         }
@@ -295,7 +295,7 @@ impl Conn {
                         "VALIDATE_CHKSUM found blocks failing their digests"
                     );
                 }
-                self.ok(&format!("1 {bad}\n")).await
+                self.ok(Reply::BadBlocks(bad)).await
             }
             Request::Status { version, op, .. } => self.status(version, op).await,
         }
@@ -372,21 +372,20 @@ impl Conn {
         let store = self.depot.store.clone();
         let new = blocking(move || store.allocate(&req)).await?;
         tracing::info!(peer = %self.peer, rid = %new.rid, id = new.id, size = a.size, "allocated");
-        let text = self.caps_reply(new);
-        self.ok(&text).await
+        let caps = self.caps_reply(new);
+        self.ok(caps).await
     }
 
-    /// `1 <rcap> <wcap> <mcap>`, the reply to ALLOCATE and ALIAS_ALLOCATE.
-    fn caps_reply(&self, new: crate::store::NewAlloc) -> String {
+    /// The three capabilities, the reply to ALLOCATE and ALIAS_ALLOCATE.
+    fn caps_reply(&self, new: crate::store::NewAlloc) -> Reply {
         let (host, port) = self.depot.advertised();
         let [r, w, m] = new.keys;
-        let cap = |key, kind| Capability::new(&host, port, &new.rid, key, new.id, kind).to_url();
-        format!(
-            "1 {} {} {} \n",
-            cap(r, CapKind::Read),
-            cap(w, CapKind::Write),
-            cap(m, CapKind::Manage)
-        )
+        let cap = |key, kind| Capability::new(&host, port, &new.rid, key, new.id, kind);
+        Reply::Caps(Box::new(CapSet {
+            read: cap(r, CapKind::Read),
+            write: cap(w, CapKind::Write),
+            manage: cap(m, CapKind::Manage),
+        }))
     }
 
     /// STORE through a key that reaches `window` of the allocation.
@@ -423,7 +422,7 @@ impl Conn {
     }
 
     async fn go_ahead(&mut self) -> Result<(), Fail> {
-        self.reply("1 \n")
+        self.answer(Reply::Ok)
             .await
             .map_err(|_| Fail::closing(StatusCode::SOCK_WRITE))
     }
@@ -450,7 +449,7 @@ impl Conn {
         }
         self.depot.metrics.bytes_in.fetch_add(length, Relaxed);
         match blocking(move || incoming.commit()).await {
-            Ok(()) => self.ok(&format!("1 {length} \n")).await,
+            Ok(()) => self.ok(Reply::Count(length)).await,
             Err(e) => Err(closing(e)),
         }
     }
@@ -514,7 +513,7 @@ impl Conn {
         }
         self.depot.metrics.bytes_in.fetch_add(length, Relaxed);
         match blocking(move || q.commit(&buf)).await {
-            Ok(()) => self.ok(&format!("1 {length} \n")).await,
+            Ok(()) => self.ok(Reply::Count(length)).await,
             Err(e) => Err(closing(e)),
         }
     }
@@ -539,7 +538,7 @@ impl Conn {
             return Err(Fail::new(StatusCode::WOULD_EXCEED_LIMIT));
         }
         verified(a, offset, length).await?;
-        if self.reply(&format!("1 {length} \n")).await.is_err() {
+        if self.answer(Reply::Count(length)).await.is_err() {
             return Ok(Flow::Close);
         }
         if length == 0 {
@@ -589,7 +588,7 @@ impl Conn {
             out.read().map(|()| out)
         })
         .await?;
-        if self.reply(&format!("1 {length} \n")).await.is_err() {
+        if self.answer(Reply::Count(length)).await.is_err() {
             return Ok(Flow::Close);
         }
         let framed;
@@ -626,7 +625,7 @@ impl Conn {
         let idle = self.io_deadline(t);
         let n = copy::send(&self.depot, a, dest, offset, length, idle, dest_t).await?;
         self.depot.metrics.bytes_copied.fetch_add(n, Relaxed);
-        self.ok(&format!("1 {n} \n")).await
+        self.ok(Reply::Count(n)).await
     }
 
     async fn manage(&mut self, key: &lors_ibp::proto::KeyToken, op: ManageOp) -> Res {
@@ -636,25 +635,14 @@ impl Conn {
                 // Any of the three keys may probe: LoRS 0.82 probes with the
                 // read key. An alias's key sees its window.
                 let (a, w) = store.lookup_view(key, None)?;
-                let p = a.probe_window(w);
-                let text = format!(
-                    "1 {} {} {} {} {} {} {} \n",
-                    p.read_refs,
-                    p.write_refs,
-                    p.size,
-                    p.max_size,
-                    p.seconds_left,
-                    p.reliability,
-                    p.alloc_type
-                );
-                self.ok(&text).await
+                self.ok(Reply::Probe(a.probe_window(w))).await
             }
             ManageOp::Incr { cap_type } | ManageOp::Decr { cap_type } => {
                 let up = matches!(op, ManageOp::Incr { .. });
                 let which = ref_count(cap_type)?;
                 let a = store.lookup(key, Some(CapKind::Manage))?;
                 blocking(move || store.change_refcount(&a, which, up)).await?;
-                self.ok("1 \n").await
+                self.ok(Reply::Ok).await
             }
             ManageOp::Change {
                 max_size,
@@ -681,13 +669,13 @@ impl Conn {
                 let a = store.lookup(key, Some(CapKind::Manage))?;
                 let w = a.writer().await;
                 blocking(move || store.change(&w, change)).await?;
-                self.ok("1 \n").await
+                self.ok(Reply::Ok).await
             }
             ManageOp::Truncate { size } => {
                 let a = store.lookup(key, Some(CapKind::Manage))?;
                 let w = a.writer().await;
                 blocking(move || store.truncate(&w, size)).await?;
-                self.ok("1 \n").await
+                self.ok(Reply::Ok).await
             }
         }
     }
@@ -711,17 +699,16 @@ impl Conn {
             let w = a.writer().await;
             blocking(move || w.chksums()).await?
         };
-        let head = format!(
-            "1 {} {} {} {blocks} {}\n",
-            cs.kind.number(),
-            cs.kind.hex_len() / 2,
-            cs.block_size,
-            digests.len()
-        );
+        let head = Reply::Chksum {
+            kind: cs.kind,
+            block_size: cs.block_size,
+            blocks,
+            bytes: digests.len() as u64,
+        };
         if info_only {
-            return self.ok(&head).await;
+            return self.ok(head).await;
         }
-        let mut out = head.into_bytes();
+        let mut out = head.encode().into_bytes();
         out.extend_from_slice(&digests);
         match self.reply_bytes(&out).await {
             Ok(()) => Ok(Flow::Continue),
@@ -744,8 +731,8 @@ impl Conn {
         };
         let new = blocking(move || store.alias_allocate(&m, offset, length, lease)).await?;
         tracing::info!(peer = %self.peer, rid = %new.rid, alias = new.id, offset, length, "alias allocated");
-        let text = self.caps_reply(new);
-        self.ok(&text).await
+        let caps = self.caps_reply(new);
+        self.ok(caps).await
     }
 
     async fn alias_manage(&mut self, key: &lors_ibp::proto::KeyToken, op: AliasOp) -> Res {
@@ -755,11 +742,14 @@ impl Conn {
         match op {
             AliasOp::Probe { .. } => {
                 let p = store.alias_probe(&key)?;
-                let text = format!(
-                    "1 {} {} {} {} {} \n",
-                    p.read_refs, p.write_refs, p.offset, p.length, p.seconds_left
-                );
-                self.ok(&text).await
+                self.ok(Reply::AliasProbe(AliasProbeInfo {
+                    read_refs: p.read_refs.into(),
+                    write_refs: p.write_refs.into(),
+                    offset: p.offset,
+                    length: p.length,
+                    seconds_left: p.seconds_left,
+                }))
+                .await
             }
             AliasOp::Incr {
                 cap_type, master, ..
@@ -769,7 +759,7 @@ impl Conn {
             } => {
                 let which = ref_count(cap_type)?;
                 blocking(move || store.alias_refcount(&key, &master, which, up)).await?;
-                self.ok("1 \n").await
+                self.ok(Reply::Ok).await
             }
             AliasOp::Change {
                 offset,
@@ -784,7 +774,7 @@ impl Conn {
                     d => Some(Lease::Secs(d.unsigned_abs())),
                 };
                 blocking(move || store.alias_change(&key, &master, offset, length, lease)).await?;
-                self.ok("1 \n").await
+                self.ok(Reply::Ok).await
             }
         }
     }
@@ -819,21 +809,26 @@ impl Conn {
                 let max_dur = chosen.iter().map(|s| s.max_duration).max().unwrap_or(0);
                 let rid_name = rid.as_deref().unwrap_or("0");
                 if version == Version::V13 {
-                    let body = format!(
-                        "{} {} {} {} {} \n",
-                        hard_total >> 20,
-                        used_hard >> 20,
-                        soft_total >> 20,
-                        used_soft >> 20,
-                        max_dur
-                    );
-                    return self.ok(&body).await;
+                    return self
+                        .ok(Reply::StatusV13(StatusV13 {
+                            hard_mb: hard_total >> 20,
+                            hard_used_mb: used_hard >> 20,
+                            soft_mb: soft_total >> 20,
+                            soft_used_mb: used_soft >> 20,
+                            max_duration: max_dur,
+                        }))
+                        .await;
                 }
                 let body = format!(
                     "VS:1.4:1.0 DT:1  RID:{rid_name} RT:1 CT:{total} ST:{total} UT:{} UH:{used_hard} SH:{hard_total} CH:{hard_total} AT:{free} AH:{hard_free} DR:{max_dur} RE \n",
                     used_hard.saturating_add(used_soft)
                 );
-                self.ok(&format!("1 {} \n{body}", body.len())).await
+                let mut out = Reply::Count(body.len() as u64).encode();
+                out.push_str(&body);
+                match self.reply_bytes(out.as_bytes()).await {
+                    Ok(()) => Ok(Flow::Continue),
+                    Err(_) => Ok(Flow::Close),
+                }
             }
             StatusOp::Change { .. } => {
                 // A second line with new limits follows; read it so the stream
@@ -847,17 +842,16 @@ impl Conn {
                 Err(Fail::new(StatusCode::INVALID_CMD))
             }
             StatusOp::Resources => {
-                let mut text = String::from("1 ");
-                for r in self.depot.store.resources() {
-                    text.push_str(r.rid());
-                    text.push(' ');
-                }
-                text.push('\n');
-                self.ok(&text).await
+                let rids = self.depot.store.resources();
+                let rids = rids.iter().map(|r| r.rid().to_owned()).collect();
+                self.ok(Reply::Resources(rids)).await
             }
             StatusOp::Version => {
                 let text = self.version_report();
-                self.ok(&text).await
+                match self.reply_bytes(text.as_bytes()).await {
+                    Ok(()) => Ok(Flow::Continue),
+                    Err(_) => Ok(Flow::Close),
+                }
             }
         }
     }
@@ -871,7 +865,7 @@ impl Conn {
     fn version_report(&self) -> String {
         let d = &self.depot;
         let (host, port) = d.advertised();
-        let mut s = String::from("1\n");
+        let mut s = Reply::Report.encode();
         let _ = writeln!(
             s,
             "LoRS depot {} (IBP 1.4 compatible; byte arrays, FIFO and circular queues)",

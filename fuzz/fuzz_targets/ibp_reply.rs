@@ -1,0 +1,36 @@
+//! The client's reply parser on arbitrary bytes, for every reply shape: it
+//! must never panic, whatever it accepts must survive encode → parse
+//! unchanged (the depot's encoding is what the client reads), and an
+//! encoded reply is one line.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use lors_ibp::proto::{Reply, Shape};
+
+const SHAPES: [Shape; 10] = [
+    Shape::Bare,
+    Shape::Count,
+    Shape::Caps,
+    Shape::Probe,
+    Shape::AliasProbe,
+    Shape::Chksum,
+    Shape::BadBlocks,
+    Shape::Resources,
+    Shape::StatusV13,
+    Shape::Report,
+];
+
+fuzz_target!(|data: &[u8]| {
+    let line = String::from_utf8_lossy(data);
+    for shape in SHAPES {
+        let Ok(reply) = Reply::parse(shape, &line) else {
+            continue;
+        };
+        let wire = reply.encode();
+        assert!(wire.ends_with('\n'), "{wire:?}");
+        assert_eq!(wire.matches('\n').count(), 1, "one line: {wire:?}");
+        let again = Reply::parse(shape, &wire).expect("our own encoding must parse");
+        assert_eq!(again, reply, "round trip changed the reply ({shape:?})");
+        assert_eq!(again.encode(), wire, "encoding is canonical");
+    }
+});
