@@ -355,20 +355,14 @@ fn human(n: u64) -> String {
     }
 }
 
-/// Minimal JSON string escaping for `--json` output.
-pub fn json_str(s: &str) -> String {
-    let mut o = String::with_capacity(s.len() + 2);
-    o.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => o.push_str("\\\""),
-            '\\' => o.push_str("\\\\"),
-            c if (c as u32) < 0x20 => o.push_str(&format!("\\u{:04x}", c as u32)),
-            c => o.push(c),
-        }
-    }
-    o.push('"');
-    o
+/// One line of `--json` output: `v` as compact JSON.
+pub fn json_line<T: serde::Serialize>(v: &T) -> anyhow::Result<String> {
+    Ok(serde_json::to_string(v)?)
+}
+
+/// Seconds to the millisecond, as `--json` reports them.
+pub fn json_secs(d: std::time::Duration) -> f64 {
+    (d.as_secs_f64() * 1000.0).round() / 1000.0
 }
 
 #[cfg(test)]

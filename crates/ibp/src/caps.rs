@@ -55,7 +55,8 @@ impl CapKind {
 /// The secret part of a capability (the text after `RID#`).
 ///
 /// `Debug` and `Display` show only a short prefix so keys never reach logs.
-#[derive(Clone, PartialEq, Eq, Hash)]
+/// Equality is constant-time ([`Key::ct_eq`]).
+#[derive(Clone)]
 pub struct Key(String);
 
 impl Key {
@@ -96,17 +97,27 @@ impl fmt::Debug for Key {
     }
 }
 
-/// Constant-time byte-slice equality (length is not secret).
+/// Compared in constant time, so `==` on keys (and on capabilities, which
+/// hold them) never tells an attacker how much of a guess was right.
+impl PartialEq for Key {
+    fn eq(&self, other: &Key) -> bool {
+        self.ct_eq(other)
+    }
+}
+
+impl Eq for Key {}
+
+/// Consistent with `==`: equal keys are equal text.
+impl std::hash::Hash for Key {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.0.hash(state);
+    }
+}
+
+/// Constant-time byte-slice equality (`subtle`; the length is not secret).
 pub fn ct_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    let mut diff = 0u8;
-    for (x, y) in a.iter().zip(b) {
-        diff |= x ^ y;
-    }
-    // black_box keeps the optimizer from short-circuiting the loop.
-    std::hint::black_box(diff) == 0
+    use subtle::ConstantTimeEq;
+    a.ct_eq(b).into()
 }
 
 fn encode_key(raw: &[u8]) -> String {
@@ -354,6 +365,10 @@ mod tests {
         );
         assert!(!a.ct_eq(&b));
         assert!(a.ct_eq(&a.clone()));
+        // `==` is the constant-time comparison.
+        assert_ne!(a, b);
+        assert_eq!(a, a.clone());
+        assert_ne!(a, Key::new(&a.expose()[..31]).unwrap());
     }
 
     #[test]

@@ -229,20 +229,21 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         stats.elapsed,
     ));
     if a.json {
-        let depots: Vec<String> = stats
-            .per_depot
-            .iter()
-            .map(|(d, b)| format!("{{\"depot\":{},\"bytes\":{b}}}", super::json_str(d)))
-            .collect();
-        let line = format!(
-            "{{\"bytes\":{},\"resumed_bytes\":{},\"retries\":{},\"hedged\":{},\"seconds\":{:.3},\"per_depot\":[{}]}}",
-            stats.bytes,
-            stats.resumed_bytes,
-            stats.retries,
-            stats.hedged,
-            stats.elapsed.as_secs_f64(),
-            depots.join(",")
-        );
+        let line = super::json_line(&Report {
+            bytes: stats.bytes,
+            resumed_bytes: stats.resumed_bytes,
+            retries: stats.retries,
+            hedged: stats.hedged,
+            seconds: super::json_secs(stats.elapsed),
+            per_depot: stats
+                .per_depot
+                .iter()
+                .map(|(depot, bytes)| DepotBytes {
+                    depot,
+                    bytes: *bytes,
+                })
+                .collect(),
+        })?;
         if stdout {
             eprintln!("{line}");
         } else {
@@ -275,4 +276,22 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// `--json`: what a download did.
+#[derive(serde::Serialize)]
+struct Report<'a> {
+    bytes: u64,
+    resumed_bytes: u64,
+    retries: u64,
+    hedged: u64,
+    seconds: f64,
+    per_depot: Vec<DepotBytes<'a>>,
+}
+
+/// Bytes one depot delivered.
+#[derive(serde::Serialize)]
+struct DepotBytes<'a> {
+    depot: &'a str,
+    bytes: u64,
 }

@@ -6,7 +6,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use lors::manage::Probe;
 use lors::uri::ExnodeRef;
 
-use super::{json_str, read_exnode};
+use super::read_exnode;
 
 /// List the mappings of an exNode: offsets, depots, capabilities, leases.
 #[derive(clap::Args)]
@@ -81,55 +81,48 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let numbering = x.numbering();
     let mut s = String::new();
     if a.json {
-        let _ = write!(
-            s,
-            "{{\"filename\":{},\"size\":{},\"mappings\":[",
-            json_str(x.filename().unwrap_or("")),
-            x.logical_size()
-        );
-        for (n, i) in numbering.in_order().enumerate() {
-            let (m, p) = (&x.mappings[i], &probes[i]);
-            if n > 0 {
-                s.push(',');
-            }
-            let _ = write!(
-                s,
-                "{{\"index\":{n},\"exnode_offset\":{},\"logical_length\":{},\"alloc_offset\":{},\"alloc_length\":{},\"depot\":{},\"read\":{},\"write\":{},\"manage\":{},\"function\":{}",
-                m.exnode_offset,
-                m.logical_length,
-                m.alloc_offset,
-                m.alloc_length,
-                json_str(&m.depot().unwrap_or_default()),
-                m.read.is_some(),
-                m.write.is_some(),
-                m.manage.is_some(),
-                m.function
-                    .as_ref()
-                    .map_or("null".to_string(), |f| json_str(&f.name)),
-            );
-            match p {
-                Probe::Live(p) => {
-                    let _ = write!(
-                        s,
-                        ",\"state\":\"live\",\"reliability\":{},\"read_refs\":{},\"stored\":{},\"max_size\":{},\"expires\":{},\"error\":null}}",
-                        json_str(if p.reliability == 2 { "hard" } else { "soft" }),
-                        p.read_refs,
-                        p.size,
-                        p.max_size,
-                        now.saturating_add(u64::try_from(p.seconds_left).unwrap_or(0))
-                    );
+        let mappings = numbering
+            .in_order()
+            .enumerate()
+            .map(|(index, i)| {
+                let m = &x.mappings[i];
+                let live = match &probes[i] {
+                    Probe::Live(p) => Some(p),
+                    _ => None,
+                };
+                Row {
+                    index,
+                    exnode_offset: m.exnode_offset,
+                    logical_length: m.logical_length,
+                    alloc_offset: m.alloc_offset,
+                    alloc_length: m.alloc_length,
+                    depot: m.depot().unwrap_or_default(),
+                    read: m.read.is_some(),
+                    write: m.write.is_some(),
+                    manage: m.manage.is_some(),
+                    function: m.function.as_ref().map(|f| f.name.as_str()),
+                    state: match (&probes[i], a.offline) {
+                        (Probe::Live(_), _) => "live",
+                        (_, true) => "not probed",
+                        (p, false) => p.state(),
+                    },
+                    reliability: live.map(|p| if p.reliability == 2 { "hard" } else { "soft" }),
+                    read_refs: live.map(|p| p.read_refs),
+                    stored: live.map(|p| p.size),
+                    max_size: live.map(|p| p.max_size),
+                    expires: live
+                        .map(|p| now.saturating_add(u64::try_from(p.seconds_left).unwrap_or(0))),
+                    error: live.is_none().then(|| probes[i].reason()),
                 }
-                p => {
-                    let _ = write!(
-                        s,
-                        ",\"state\":{},\"error\":{}}}",
-                        json_str(if a.offline { "not probed" } else { p.state() }),
-                        json_str(&p.reason())
-                    );
-                }
-            }
-        }
-        s.push_str("]}\n");
+            })
+            .collect();
+        let listing = Listing {
+            filename: x.filename().unwrap_or(""),
+            size: x.logical_size(),
+            mappings,
+        };
+        s.push_str(&super::json_line(&listing)?);
+        s.push('\n');
     } else {
         let _ = writeln!(
             s,
@@ -213,4 +206,39 @@ mod tests {
         assert_eq!(super::ctime(0), "Thu Jan  1 00:00:00 1970");
         assert_eq!(super::ctime(1_795_300_000), "Sat Nov 21 22:26:40 2026");
     }
+}
+
+/// `--json`: the exNode and every mapping, in `lors_ls` order.
+#[derive(serde::Serialize)]
+struct Listing<'a> {
+    filename: &'a str,
+    size: u64,
+    mappings: Vec<Row<'a>>,
+}
+
+/// One mapping; the allocation's fields only when its probe answered.
+#[derive(serde::Serialize)]
+struct Row<'a> {
+    index: usize,
+    exnode_offset: u64,
+    logical_length: u64,
+    alloc_offset: u64,
+    alloc_length: u64,
+    depot: String,
+    read: bool,
+    write: bool,
+    manage: bool,
+    function: Option<&'a str>,
+    state: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reliability: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    read_refs: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stored: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_size: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    expires: Option<u64>,
+    error: Option<String>,
 }

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{json_str, read_exnode};
+use super::read_exnode;
 use lors::manage::Probe;
 use lors::uri::ExnodeRef;
 
@@ -57,28 +57,25 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     down.sort();
     down.dedup();
     if a.json {
-        let depots: Vec<String> = per_depot
-            .iter()
-            .map(|(d, n)| format!("{{\"depot\":{},\"mappings\":{n}}}", json_str(d)))
-            .collect();
-        super::outln!(
-            "{{\"filename\":{},\"size\":{},\"mappings\":{},\"blocks\":{},\"min_live_replicas\":{min_live},\"blocks_lost\":{lost},\"states\":{{{}}},\"unreachable_depots\":[{}],\"soonest_expiry_s\":{},\"depots\":[{}]}}",
-            json_str(x.filename().unwrap_or("")),
-            x.logical_size(),
-            x.mappings.len(),
-            blocks.len(),
-            states
+        let summary = Summary {
+            filename: x.filename().unwrap_or(""),
+            size: x.logical_size(),
+            mappings: x.mappings.len(),
+            blocks: blocks.len(),
+            min_live_replicas: min_live,
+            blocks_lost: lost,
+            states: &states,
+            unreachable_depots: &down,
+            soonest_expiry_s: soonest,
+            depots: per_depot
                 .iter()
-                .map(|(s, n)| format!("{}:{n}", json_str(s)))
-                .collect::<Vec<_>>()
-                .join(","),
-            down.iter()
-                .map(|d| json_str(d))
-                .collect::<Vec<_>>()
-                .join(","),
-            soonest.map_or("null".into(), |s| s.to_string()),
-            depots.join(",")
-        );
+                .map(|(depot, n)| DepotMappings {
+                    depot,
+                    mappings: *n,
+                })
+                .collect(),
+        };
+        super::outln!("{}", super::json_line(&summary)?);
     } else {
         super::outln!("file:      {}", x.filename().unwrap_or("(no name)"));
         super::outln!("size:      {} bytes", x.logical_size());
@@ -120,4 +117,33 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         }
     }
     super::unreadable(&x, &probes)
+}
+
+/// `--json`: the exNode's health in one object.
+#[derive(serde::Serialize)]
+struct Summary<'a> {
+    filename: &'a str,
+    size: u64,
+    mappings: usize,
+    blocks: usize,
+    min_live_replicas: usize,
+    blocks_lost: usize,
+    /// Mappings per probe state, in a fixed order.
+    #[serde(serialize_with = "in_order")]
+    states: &'a [(&'a str, usize)],
+    unreachable_depots: &'a [String],
+    soonest_expiry_s: Option<i64>,
+    depots: Vec<DepotMappings<'a>>,
+}
+
+/// Mappings held by one depot.
+#[derive(serde::Serialize)]
+struct DepotMappings<'a> {
+    depot: &'a str,
+    mappings: usize,
+}
+
+/// Pairs as a JSON object, keeping their order.
+fn in_order<S: serde::Serializer>(pairs: &&[(&str, usize)], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_map(pairs.iter().map(|(k, v)| (k, v)))
 }

@@ -467,12 +467,16 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let size = x.logical_size();
     let secs = started.elapsed().as_secs_f64();
     if a.json {
-        super::outln!(
-            "{{\"exnode\":{},\"size\":{size},\"mappings\":{},\"copies\":{copies},\"seconds\":{secs:.3},\"mib_per_s\":{:.1}}}",
-            super::json_str(&out.display().to_string()),
-            x.mappings.len(),
-            size as f64 / 1048576.0 / secs.max(1e-9)
-        );
+        let mib_per_s = size as f64 / 1048576.0 / secs.max(1e-9);
+        let line = super::json_line(&Report {
+            exnode: &out.display().to_string(),
+            size,
+            mappings: x.mappings.len(),
+            copies,
+            seconds: super::json_secs(started.elapsed()),
+            mib_per_s: (mib_per_s * 10.0).round() / 10.0,
+        })?;
+        super::outln!("{line}");
     }
     if !a.quiet {
         eprintln!(
@@ -486,4 +490,15 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// `--json`: what an upload made.
+#[derive(serde::Serialize)]
+struct Report<'a> {
+    exnode: &'a str,
+    size: u64,
+    mappings: usize,
+    copies: usize,
+    seconds: f64,
+    mib_per_s: f64,
 }
