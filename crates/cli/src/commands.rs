@@ -9,6 +9,7 @@ pub mod ls;
 pub mod modify;
 pub mod refresh;
 pub mod route;
+pub mod shell;
 pub mod stat;
 pub mod trim;
 pub mod upload;
@@ -34,6 +35,15 @@ macro_rules! outln {
     }};
 }
 pub(crate) use outln;
+
+/// Writes `bytes` to standard output (a closed pipe is reported as such).
+pub fn write_stdout(bytes: &[u8]) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    out.write_all(bytes)
+        .and_then(|()| out.flush())
+        .map_err(|e| anyhow::Error::new(e).context("writing to standard output"))
+}
 
 /// Parses `10M`-style sizes for clap.
 pub fn size_arg(s: &str) -> Result<u64, String> {
@@ -89,8 +99,9 @@ pub fn unreadable(x: &ExNode, probes: &[lors::manage::Probe]) -> anyhow::Result<
 /// L-Bone options shared by the tools.
 #[derive(clap::Args, Clone, Default)]
 pub struct LboneOpts {
-    /// L-Bone to ask for depots: a host (legacy protocol, port -P) or an
-    /// http://HOST:PORT URL of `lors lbone`.
+    /// L-Bone to ask for depots: a host (legacy protocol, port -P), an
+    /// http://HOST:PORT URL of `lors lbone`, or HOST:PORT (HTTP if it
+    /// answers HTTP there, else legacy).
     #[arg(
         short = 'H',
         long = "lbone",

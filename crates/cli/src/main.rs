@@ -5,7 +5,7 @@
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 mod commands;
 
@@ -46,6 +46,10 @@ enum Command {
     Modify(commands::modify::Args),
     /// Move a file onto other depots.
     Route(commands::route::Args),
+    /// Print a shell completion script.
+    Completions(commands::shell::CompletionsArgs),
+    /// Write manual pages (lors.1 and one per command).
+    Man(commands::shell::ManArgs),
 }
 
 /// An error that should exit with status 2 (bad usage/configuration).
@@ -98,6 +102,8 @@ fn main() -> ExitCode {
         Command::Refresh(a) => commands::refresh::run(a),
         Command::Modify(a) => commands::modify::run(a),
         Command::Route(a) => commands::route::run(a),
+        Command::Completions(a) => commands::shell::completions(a, Cli::command()),
+        Command::Man(a) => commands::shell::man(a, Cli::command()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -121,4 +127,61 @@ fn broken_pipe(e: &anyhow::Error) -> bool {
         c.downcast_ref::<std::io::Error>()
             .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    /// Every short option means one thing, whichever command it is given
+    /// to: `-q` is quiet everywhere, `-d` a lease duration, and so on.
+    #[test]
+    fn a_short_option_has_one_meaning_across_commands() {
+        let mut seen: BTreeMap<char, (String, String)> = BTreeMap::new();
+        let mut clashes = Vec::new();
+        let root = Cli::command();
+        for cmd in root.get_subcommands() {
+            for arg in cmd.get_arguments() {
+                let (Some(short), Some(long)) = (arg.get_short(), arg.get_long()) else {
+                    continue;
+                };
+                let here = (long.to_owned(), cmd.get_name().to_owned());
+                match seen.get(&short) {
+                    Some((l, first)) if *l != here.0 => clashes.push(format!(
+                        "-{short}: --{l} in `{first}`, --{} in `{}`",
+                        here.0, here.1
+                    )),
+                    Some(_) => {}
+                    None => {
+                        seen.insert(short, here);
+                    }
+                }
+            }
+        }
+        assert!(clashes.is_empty(), "{clashes:#?}");
+        // The letters LoRS users type still mean what they did.
+        for (short, long) in [
+            ('c', "copies"),
+            ('d', "duration"),
+            ('s', "soft"),
+            ('l', "location"),
+            ('m', "mappings"),
+            ('q', "quiet"),
+            ('t', "threads"),
+            ('b', "block-size"),
+            ('o', "output"),
+            ('f', "auto-name"),
+            ('T', "timeout"),
+            ('H', "lbone"),
+            ('P', "lbone-port"),
+            ('R', "resume"),
+        ] {
+            assert_eq!(
+                seen.get(&short).map(|s| s.0.as_str()),
+                Some(long),
+                "-{short}"
+            );
+        }
+    }
 }

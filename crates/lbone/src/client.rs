@@ -16,7 +16,15 @@ pub enum Directory {
     Http(BaseUrl),
     /// `host` + port — the 512-byte protocol, as the original tools speak it.
     Legacy(String, u16),
+    /// `host:port` with no scheme, on a port other than the legacy one:
+    /// our HTTP API if it answers HTTP there, else the legacy protocol.
+    Either(String, u16),
 }
+
+/// How long [`Directory::Either`] waits for an HTTP answer before trying
+/// the legacy protocol (a legacy server waits for a whole 512-byte request
+/// and never answers a short HTTP one).
+const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// What the tools ask for.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -33,12 +41,18 @@ pub struct DepotQuery {
 
 impl Directory {
     /// From `LBONE_SERVER` (a host, `host:port`, or an `http://` URL) and
-    /// `LBONE_PORT`.
+    /// `LBONE_PORT`. A bare host speaks the legacy protocol (on `port`, else
+    /// 6767), as the original tools do; `host:port` on any other port than
+    /// 6767 is tried as HTTP first.
     ///
     /// ```
     /// use lors_lbone::client::Directory;
     /// assert_eq!(Directory::parse("lbone.example.org", None).unwrap(),
     ///            Directory::Legacy("lbone.example.org".into(), 6767));
+    /// assert_eq!(Directory::parse("lbone.example.org:6767", None).unwrap(),
+    ///            Directory::Legacy("lbone.example.org".into(), 6767));
+    /// assert_eq!(Directory::parse("127.0.0.1:8767", None).unwrap(),
+    ///            Directory::Either("127.0.0.1".into(), 8767));
     /// assert!(matches!(Directory::parse("http://127.0.0.1:8767", None).unwrap(), Directory::Http(_)));
     /// ```
     pub fn parse(server: &str, port: Option<u16>) -> Result<Directory, String> {
@@ -55,8 +69,17 @@ impl Directory {
             Some((h, p)) if !h.contains(':') => {
                 let p = p
                     .parse()
-                    .map_err(|_| format!("L-Bone {server:?}: bad port"))?;
-                Ok(Directory::Legacy(h.to_owned(), p))
+                    .ok()
+                    .filter(|&p| p != 0)
+                    .ok_or_else(|| format!("L-Bone {server:?}: bad port"))?;
+                if h.is_empty() {
+                    return Err(format!("L-Bone {server:?}: no host"));
+                }
+                Ok(if p == crate::LEGACY_PORT {
+                    Directory::Legacy(h.to_owned(), p)
+                } else {
+                    Directory::Either(h.to_owned(), p)
+                })
             }
             _ => Ok(Directory::Legacy(
                 server.to_owned(),
@@ -65,8 +88,40 @@ impl Directory {
         }
     }
 
+    /// Which protocol an [`Directory::Either`] speaks: HTTP if an HTTP
+    /// answer (any status) comes back within [`PROBE_TIMEOUT`], else legacy.
+    /// Other directories are returned as they are.
+    pub async fn resolve(&self) -> Directory {
+        let Directory::Either(host, port) = self else {
+            return self.clone();
+        };
+        let host_part = if host.contains(':') {
+            format!("[{host}]")
+        } else {
+            host.clone()
+        };
+        let Ok(base) = BaseUrl::parse(&format!("http://{host_part}:{port}")) else {
+            return Directory::Legacy(host.clone(), *port);
+        };
+        let probe = http::fetch(
+            &base,
+            "GET",
+            "/api/v1/depots?count=1",
+            None,
+            None,
+            PROBE_TIMEOUT,
+        );
+        match probe.await {
+            Ok(_) => Directory::Http(base),
+            Err(_) => Directory::Legacy(host.clone(), *port),
+        }
+    }
+
     /// Ranked depots (`host:port`) for `q`.
     pub async fn depots(&self, q: &DepotQuery, timeout: Duration) -> Result<Vec<String>, String> {
+        if let Directory::Either(..) = self {
+            return Box::pin(self.resolve().await.depots(q, timeout)).await;
+        }
         match self {
             Directory::Http(_) => Ok(self
                 .depot_views(q, false, timeout)
@@ -74,7 +129,8 @@ impl Directory {
                 .into_iter()
                 .map(|d| d.addr)
                 .collect()),
-            Directory::Legacy(host, port) => {
+            // An `Either` was resolved above.
+            Directory::Legacy(host, port) | Directory::Either(host, port) => {
                 let req = LegacyRequest::Depots {
                     count: q.count,
                     hard_mb: q.hard.div_ceil(1 << 20),
@@ -122,6 +178,9 @@ impl Directory {
         all: bool,
         timeout: Duration,
     ) -> Result<Vec<DepotView>, String> {
+        if let Directory::Either(..) = self {
+            return Box::pin(self.resolve().await.depot_views(q, all, timeout)).await;
+        }
         let Directory::Http(base) = self else {
             return Err("the legacy L-Bone protocol returns addresses only".into());
         };
@@ -157,6 +216,9 @@ impl Directory {
     /// Reports measured rates (HTTP API only; the legacy protocol has no
     /// such message, so this is a no-op there).
     pub async fn report(&self, rates: Vec<RateReport>, timeout: Duration) -> Result<(), String> {
+        if let Directory::Either(..) = self {
+            return Box::pin(self.resolve().await.report(rates, timeout)).await;
+        }
         let Directory::Http(base) = self else {
             return Ok(());
         };

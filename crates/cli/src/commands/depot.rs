@@ -38,14 +38,14 @@ use crate::UsageError;
                --city Knoxville --state TN --country US --lat 35.96 --lon -83.92")]
 pub struct Args {
     /// TOML configuration file.
-    #[arg(short, long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// IBP listen address [default: 0.0.0.0:6714].
-    #[arg(short, long, value_name = "ADDR")]
+    #[arg(long, value_name = "ADDR")]
     listen: Option<SocketAddr>,
     /// Data directory: one resource (RID 1) stored here, when the config
     /// file defines no resources.
-    #[arg(short, long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR")]
     data: Option<PathBuf>,
     /// Size of the --data resource, e.g. 100G [default: 10G].
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]

@@ -21,9 +21,10 @@ use crate::UsageError;
   lors download -o results/ run42.xnd             # writes results/<recorded name>
   lors download -o /dev/null run42.xnd            # fetch and verify, keep nothing
   lors download -O 1G -L 100M -o part.bin run42.xnd
-  lors download -t 16 -a 8 -q 32 -o - big.xnd > big.dat  # 16 fetches, 32 blocks ahead
+  lors download -t 16 -a 8 --prebuffer 32 -o - big.xnd > big.dat  # 32 blocks ahead
 
-As in lors_download, -q is the prebuffer depth; --quiet hides progress.")]
+-q is --quiet here as in every lors command (lors_download's -q, the
+prebuffer depth, is --prebuffer).")]
 pub struct Args {
     /// The exNode.
     #[arg(value_parser = super::exnode_arg, value_name = "FILE.xnd|lors://…")]
@@ -55,12 +56,7 @@ pub struct Args {
     #[arg(short = 't', long, env = "LORS_THREADS")]
     threads: Option<usize>,
     /// Blocks fetched ahead of the writer when streaming in order (-o -).
-    #[arg(
-        short = 'q',
-        long = "prebuffer",
-        value_name = "BLOCKS",
-        default_value_t = 16
-    )]
+    #[arg(long = "prebuffer", value_name = "BLOCKS", default_value_t = 16)]
     prebuffer: usize,
     /// Most fetched data held in memory at once, whatever the file size
     /// (encoded blocks while they are verified, stream pieces until
@@ -93,7 +89,7 @@ pub struct Args {
     #[arg(short = 'T', long, env = "LORS_TIMEOUT", value_parser = duration_arg)]
     timeout: Option<Duration>,
     /// No progress display.
-    #[arg(long)]
+    #[arg(short, long)]
     quiet: bool,
     /// Print a JSON summary (on stderr when the data goes to stdout).
     #[arg(long)]

@@ -32,7 +32,7 @@ use crate::UsageError;
 Depots join with: lors depot … --lbone http://HOST:8767 --lbone-token TOKEN")]
 pub struct Args {
     /// Directory for the SQLite database (and the generated token).
-    #[arg(short, long, value_name = "DIR", required_unless_present = "database")]
+    #[arg(long, value_name = "DIR", required_unless_present = "database")]
     data: Option<PathBuf>,
     /// PostgreSQL instead of SQLite: postgres://user@host:port/db.
     #[arg(
@@ -46,7 +46,7 @@ pub struct Args {
     #[arg(long, value_name = "NAME", default_value = "lbone")]
     schema: String,
     /// HTTP API and dashboard address.
-    #[arg(short, long, value_name = "ADDR", default_value = "0.0.0.0:8767")]
+    #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:8767")]
     listen: SocketAddr,
     /// Legacy L-Bone protocol address [default: the --listen IP, port 6767].
     #[arg(long, value_name = "ADDR")]

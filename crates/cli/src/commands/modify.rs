@@ -8,7 +8,7 @@ use crate::UsageError;
 /// Write a copy of an exNode without some capabilities, to share it safely.
 #[derive(clap::Args)]
 #[command(after_help = "EXAMPLES:
-  lors modify -w -m -o share.xnd run42.xnd   # read-only copy to hand out")]
+  lors modify -w --strip-manage -o share.xnd run42.xnd   # read-only copy to hand out")]
 pub struct Args {
     /// The exNode.
     #[arg(value_parser = super::exnode_arg, value_name = "FILE.xnd|lors://…")]
@@ -20,7 +20,7 @@ pub struct Args {
     #[arg(short = 'w', long = "strip-write")]
     write: bool,
     /// Remove manage capabilities.
-    #[arg(short = 'm', long = "strip-manage")]
+    #[arg(long = "strip-manage")]
     manage: bool,
     /// Where to write the modified copy.
     #[arg(short, long, value_name = "NEW.xnd", required = true, value_parser = super::exnode_arg)]

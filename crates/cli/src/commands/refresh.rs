@@ -13,21 +13,21 @@ use crate::UsageError;
 /// Extend the leases of an exNode's allocations (MANAGE CHNG).
 #[derive(clap::Args)]
 #[command(after_help = "EXAMPLES:
-  lors refresh -d 2h run42.xnd      # two more hours on every allocation
-  lors refresh -s 7d run42.xnd      # expire 7 days from now
-  lors refresh -m run42.xnd         # as long as each depot allows")]
+  lors refresh --by 2h run42.xnd    # two more hours on every allocation
+  lors refresh --to 7d run42.xnd    # expire 7 days from now
+  lors refresh --max run42.xnd      # as long as each depot allows")]
 pub struct Args {
     /// The exNode.
     #[arg(value_parser = super::exnode_arg, value_name = "FILE.xnd|lors://…")]
     exnode: ExnodeRef,
     /// Extend by this much.
-    #[arg(short = 'd', long = "by", value_parser = duration_arg, conflicts_with_all = ["to", "max"])]
+    #[arg(long = "by", value_parser = duration_arg, conflicts_with_all = ["to", "max"])]
     by: Option<Duration>,
     /// Set to expire this long from now.
-    #[arg(short = 's', long = "to", value_parser = duration_arg, conflicts_with = "max")]
+    #[arg(long = "to", value_parser = duration_arg, conflicts_with = "max")]
     to: Option<Duration>,
     /// To each depot's maximum.
-    #[arg(short = 'm', long)]
+    #[arg(long)]
     max: bool,
 }
 
@@ -38,7 +38,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         (_, _, true) => Lease::Max,
         _ => {
             return Err(UsageError(
-                "say how: -d DURATION (extend by), -s DURATION (from now) or -m (maximum)".into(),
+                "say how: --by DURATION (extend by), --to DURATION (from now) or --max (maximum)"
+                    .into(),
             )
             .into());
         }

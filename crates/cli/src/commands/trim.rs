@@ -9,10 +9,10 @@ use lors_ibp::ClientConfig;
 use super::{read_exnode, write_exnode};
 use crate::UsageError;
 
-/// Remove mappings by index or depot; with -d also release their allocations.
+/// Remove mappings by index or depot; with --decrement also release their allocations.
 #[derive(clap::Args)]
 #[command(after_help = "EXAMPLES:
-  lors trim --depot d2:6714 -d run42.xnd            # drop and free everything on d2
+  lors trim --depot d2:6714 --decrement run42.xnd   # drop and free everything on d2
   lors trim -m 0,3 -o smaller.xnd run42.xnd          # drop mappings 0 and 3 (see lors ls)")]
 pub struct Args {
     /// The exNode.
@@ -30,7 +30,7 @@ pub struct Args {
     #[arg(long = "depot", value_name = "HOST[:PORT]", value_parser = super::depot_arg)]
     depots: Vec<String>,
     /// Also release the allocations (DECR their read count so the depot frees them now).
-    #[arg(short = 'd', long = "decrement")]
+    #[arg(long = "decrement")]
     decrement: bool,
     /// Allow removing the last replica of a block (the file gets holes).
     #[arg(long)]

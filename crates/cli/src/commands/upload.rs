@@ -44,12 +44,7 @@ pub struct Args {
     location: Option<String>,
     /// Most depots to ask the L-Bone for [default: MAXDEPOTS, else 4; at
     /// least the copies].
-    #[arg(
-        short = 'm',
-        long = "max-depots",
-        value_name = "N",
-        help_heading = "L-Bone"
-    )]
+    #[arg(long = "max-depots", value_name = "N", help_heading = "L-Bone")]
     max_depots: Option<usize>,
     /// Copies of each block, on distinct depots [default: COPIES in
     /// ~/.xndrc, else 3].
@@ -269,7 +264,7 @@ fn record_unreleased(stranded: &lors_exnode::ExNode, said: &str, out: &std::path
     let n = stranded.mappings.len();
     match write_exnode(&partial, stranded) {
         Ok(()) => eprintln!(
-            "lors: {said}{n} on unreachable depots ({}) are named in {}: free them with `lors trim -d --allow-holes {} {}` once the depots are back (else they expire with their lease)",
+            "lors: {said}{n} on unreachable depots ({}) are named in {}: free them with `lors trim --decrement --allow-holes {} {}` once the depots are back (else they expire with their lease)",
             depots.join(", "),
             partial.display(),
             depots

@@ -259,7 +259,7 @@ fn lbone_registration_ranking_tokens_legacy_expiry_and_tools() {
                 "--quiet",
                 "-c",
                 copies,
-                "-m",
+                "--max-depots",
                 copies,
                 "-b",
                 "256K",
@@ -289,6 +289,17 @@ fn lbone_registration_ranking_tokens_legacy_expiry_and_tools() {
     let legacy_port = lb.legacy.rsplit(':').next().unwrap();
     let legacy_env = [("LBONE_SERVER", "127.0.0.1"), ("LBONE_PORT", legacy_port)];
     let (_, ports) = upload_via("f2.xnd", "1", "city= Prague", &legacy_env);
+    assert_eq!(ports, [prague.port]);
+    // HOST:PORT without a scheme: the HTTP API when it answers HTTP there,
+    // else the legacy protocol on that port.
+    let (_, ports) = upload_via("f2h.xnd", "1", "city= Brno", &[("LBONE_SERVER", &lb.http)]);
+    assert_eq!(ports, [brno.port]);
+    let (_, ports) = upload_via(
+        "f2l.xnd",
+        "1",
+        "city= Prague",
+        &[("LBONE_SERVER", &lb.legacy)],
+    );
     assert_eq!(ports, [prague.port]);
     // Two copies land on the two best-ranked depots.
     let (x3, ports) = upload_via("f3.xnd", "2", "country= CZ", &env);

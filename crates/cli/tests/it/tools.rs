@@ -375,6 +375,66 @@ fn interrupted_download_resumes_without_refetching_finished_blocks() {
 }
 
 #[test]
+fn completions_and_man_pages_come_from_the_commands() {
+    let (ok, out, err) = lors(&["completions", "bash"]);
+    let bash = String::from_utf8(out).unwrap();
+    assert!(ok, "{err}");
+    for word in [
+        "_lors()",
+        "upload",
+        "download",
+        "--copies",
+        "--prebuffer",
+        "complete",
+    ] {
+        assert!(bash.contains(word), "bash completion lacks {word}");
+    }
+    let (ok, out, _) = lors(&["completions", "zsh"]);
+    assert!(ok && String::from_utf8(out).unwrap().starts_with("#compdef lors"));
+    let (ok, _, err) = lors(&["completions", "tcsh"]);
+    assert!(
+        !ok && err.contains("possible values") && err.contains("bash"),
+        "{err}"
+    );
+
+    // One page per command, each with its options and examples.
+    let dir = tempdir();
+    let (ok, _, err) = lors(&["man", "--out-dir", dir.path().to_str().unwrap()]);
+    assert!(ok, "{err}");
+    let mut pages: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    pages.sort();
+    for want in [
+        "lors.1",
+        "lors-upload.1",
+        "lors-download.1",
+        "lors-trim.1",
+        "lors-man.1",
+    ] {
+        assert!(
+            pages.iter().any(|p| p == want),
+            "{want} missing from {pages:?}"
+        );
+    }
+    assert!(!pages.iter().any(|p| p == "lors-help.1"), "{pages:?}");
+    let trim = std::fs::read_to_string(dir.path().join("lors-trim.1")).unwrap();
+    assert!(trim.contains(".TH lors-trim 1"), "{trim}");
+    assert!(
+        trim.contains("decrement") && trim.contains("EXAMPLES"),
+        "{trim}"
+    );
+    // Without a directory, lors(1) goes to stdout (`lors man | man -l -`).
+    let (ok, out, _) = lors(&["man"]);
+    let page = String::from_utf8(out).unwrap();
+    assert!(
+        ok && page.contains(".TH lors 1") && page.contains("lors\\-upload(1)"),
+        "{page}"
+    );
+}
+
+#[test]
 fn tools_explain_bad_usage() {
     let dir = tempdir();
     let out = dir.path().join("x.xnd");
@@ -513,7 +573,7 @@ fn lors_uris_lors_zlib_and_download_threads() {
         "--quiet",
         "-t",
         "1",
-        "-q",
+        "--prebuffer",
         "2",
         "-o",
         "-",
@@ -605,9 +665,9 @@ async fn refresh_works_against_a_depot_as_strict_as_the_reference() {
         v
     };
     for (mode, want) in [
-        (["-s", "3h"], 3 * 3600),
-        (["-d", "1h"], 4 * 3600),
-        (["-m", ""], 30 * 86_400),
+        (["--to", "3h"], 3 * 3600),
+        (["--by", "1h"], 4 * 3600),
+        (["--max", ""], 30 * 86_400),
     ] {
         let mut args = vec!["refresh", mode[0]];
         if !mode[1].is_empty() {
@@ -692,7 +752,7 @@ async fn augment_trim_refresh_modify_route_as_the_depots_see_them() {
         &ds[0].addr,
         "--depot",
         &ds[1].addr,
-        "-d",
+        "--decrement",
         "-o",
         trimmed.to_str().unwrap(),
         aug.to_str().unwrap(),
@@ -730,17 +790,17 @@ async fn augment_trim_refresh_modify_route_as_the_depots_see_them() {
     assert!(!ok && err.contains("last replica"), "{err}");
 
     // refresh: leases as the depots report them.
-    let (ok, _, err) = lors(&["refresh", "-s", "3h", trimmed.to_str().unwrap()]);
+    let (ok, _, err) = lors(&["refresh", "--to", "3h", trimmed.to_str().unwrap()]);
     assert!(ok, "{err}");
     for m in &x2.mappings {
         let s = probe(m).await.unwrap().seconds_left;
         assert!((3 * 3600 - 10..=3 * 3600).contains(&s), "{s}");
     }
-    let (ok, _, err) = lors(&["refresh", "-d", "1h", trimmed.to_str().unwrap()]);
+    let (ok, _, err) = lors(&["refresh", "--by", "1h", trimmed.to_str().unwrap()]);
     assert!(ok, "{err}");
     let s = probe(&x2.mappings[0]).await.unwrap().seconds_left;
     assert!((4 * 3600 - 10..=4 * 3600).contains(&s), "{s}");
-    let (ok, _, err) = lors(&["refresh", "-m", trimmed.to_str().unwrap()]);
+    let (ok, _, err) = lors(&["refresh", "--max", trimmed.to_str().unwrap()]);
     assert!(ok, "{err}");
     let s = probe(&x2.mappings[0]).await.unwrap().seconds_left;
     assert!(s > 29 * 86_400, "depot maximum is 30 days: {s}");
@@ -750,7 +810,7 @@ async fn augment_trim_refresh_modify_route_as_the_depots_see_them() {
     let (ok, _, err) = lors(&[
         "modify",
         "-w",
-        "-m",
+        "--strip-manage",
         "-o",
         share.to_str().unwrap(),
         trimmed.to_str().unwrap(),
@@ -1116,7 +1176,7 @@ fn a_failed_upload_leaves_nothing_unnamed_on_the_depots() {
     for x in [&out, &old] {
         let (ok, _, err) = lors(&[
             "trim",
-            "-d",
+            "--decrement",
             "--allow-holes",
             "--depot",
             &a.addr,
@@ -1184,7 +1244,7 @@ fn a_failed_upload_leaves_nothing_unnamed_on_the_depots() {
     assert_eq!(used(&b), fresh_b + named, "{err}");
     let (ok, _, e) = lors(&[
         "trim",
-        "-d",
+        "--decrement",
         "--allow-holes",
         "--depot",
         &b.addr,
