@@ -29,6 +29,9 @@ pub struct Args {
     /// To each depot's maximum.
     #[arg(long)]
     max: bool,
+    /// With -v, one line per allocation.
+    #[arg(from_global)]
+    verbose: u8,
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
@@ -60,15 +63,36 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         .map(|(i, r)| (numbering.number(*i), *i, r))
         .collect();
     rows.sort_unstable_by_key(|&(n, ..)| n);
+    // Failures are always listed; successes only with -v, else summed up.
+    let mut depots = std::collections::BTreeSet::new();
+    let mut soonest: Option<(i64, String)> = None;
     for (n, i, r) in rows {
         let depot = x.mappings[i].depot().unwrap_or_default();
         match r {
-            Ok(secs) => super::outln!("{n:>3} {depot:<22} expires in {secs} s"),
+            Ok(secs) => {
+                if a.verbose > 0 {
+                    super::outln!("{n:>3} {depot:<22} expires in {secs} s");
+                }
+                if soonest.as_ref().is_none_or(|(s, _)| *secs < *s) {
+                    soonest = Some((*secs, depot.clone()));
+                }
+                depots.insert(depot);
+            }
             Err(e) => {
                 failed += 1;
                 super::outln!("{n:>3} {depot:<22} not refreshed: {e}");
             }
         }
+    }
+    if let Some((secs, depot)) = &soonest {
+        let ok = res.len() - failed;
+        super::outln!(
+            "refreshed {ok} allocation{} on {} depot{}; the soonest expires in {} ({depot})",
+            if ok == 1 { "" } else { "s" },
+            depots.len(),
+            if depots.len() == 1 { "" } else { "s" },
+            human_secs(u64::try_from(*secs).unwrap_or(0))
+        );
     }
     anyhow::ensure!(
         failed == 0,
@@ -76,4 +100,30 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         res.len()
     );
     Ok(())
+}
+
+/// `2d 3h`, `3h 5m`, `4m 10s`, `9s`: the two largest units.
+fn human_secs(s: u64) -> String {
+    let (d, h, m) = (s / 86_400, s / 3600 % 24, s / 60 % 60);
+    match (d, h, m) {
+        (0, 0, 0) => format!("{s}s"),
+        (0, 0, m) => format!("{m}m {}s", s % 60),
+        (0, h, m) => format!("{h}h {m}m"),
+        (d, h, _) => format!("{d}d {h}h"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn leases_read_as_people_say_them() {
+        for (s, want) in [
+            (9, "9s"),
+            (250, "4m 10s"),
+            (3 * 3600 + 300, "3h 5m"),
+            (2 * 86_400 + 3 * 3600 + 59, "2d 3h"),
+        ] {
+            assert_eq!(super::human_secs(s), want);
+        }
+    }
 }

@@ -789,9 +789,29 @@ async fn augment_trim_refresh_modify_route_as_the_depots_see_them() {
     ]);
     assert!(!ok && err.contains("last replica"), "{err}");
 
-    // refresh: leases as the depots report them.
-    let (ok, _, err) = lors(&["refresh", "--to", "3h", trimmed.to_str().unwrap()]);
+    // refresh: leases as the depots report them; a summary, not a line
+    // per allocation (those come with -v).
+    let (ok, out, err) = lors(&["refresh", "--to", "3h", trimmed.to_str().unwrap()]);
     assert!(ok, "{err}");
+    let out = String::from_utf8(out).unwrap();
+    let n = x2.mappings.len();
+    assert_eq!(out.lines().count(), 1, "{out}");
+    let head = format!("refreshed {n} allocations on 2 depots; the soonest expires in ");
+    let rest = out.strip_prefix(&head).unwrap_or_else(|| panic!("{out}"));
+    assert!(
+        ["3h 0m (127.0.0.1:", "2h 59m (127.0.0.1:"]
+            .iter()
+            .any(|w| rest.starts_with(w)),
+        "{out}"
+    );
+    let (ok, out, err) = lors(&["refresh", "-v", "--to", "3h", trimmed.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    let out = String::from_utf8(out).unwrap();
+    assert_eq!(out.lines().count(), n + 1, "{out}");
+    assert!(
+        out.lines().next().unwrap().contains("expires in 10"),
+        "{out}"
+    );
     for m in &x2.mappings {
         let s = probe(m).await.unwrap().seconds_left;
         assert!((3 * 3600 - 10..=3 * 3600).contains(&s), "{s}");
