@@ -121,6 +121,82 @@ pub struct LboneOpts {
     pub lbone_port: Option<u16>,
 }
 
+/// How many depots, and where: the L-Bone query options of upload, augment
+/// and route.
+#[derive(clap::Args, Clone, Default)]
+pub struct PlaceOpts {
+    /// Location hint for the L-Bone (`city= Knoxville`, `state= TN`,
+    /// `country= US`, `zip= 37996`, `airport= TYS`) [default: LOCATION in
+    /// ~/.xndrc]. Without --max-depots, the data goes to the depots that
+    /// best match it, one per copy.
+    #[arg(short = 'l', long, value_name = "HINT", help_heading = "L-Bone")]
+    pub location: Option<String>,
+    /// Depots to ask the L-Bone for [default: MAXDEPOTS in ~/.xndrc, else
+    /// one per copy with -l, else 4 (at least the copies)].
+    #[arg(long = "max-depots", value_name = "N", help_heading = "L-Bone")]
+    pub max_depots: Option<usize>,
+}
+
+/// Where a command's data may go: its `--depot` values and L-Bone options,
+/// a `lors://HOST` URI's L-Bone, and `~/.xndrc`.
+pub struct Placement<'a> {
+    pub depots: &'a [String],
+    pub lbone: &'a LboneOpts,
+    pub uri_lbone: Option<&'a (String, u16)>,
+    pub place: &'a PlaceOpts,
+    pub rc: &'a lors::xndrc::Xndrc,
+}
+
+impl Placement<'_> {
+    /// Depots for `copies` of allocations of `bytes` for `lease`: the
+    /// `--depot` values, else as [`lors::directory::find_depots`] finds them,
+    /// leaving out `exclude`. The error says which options would give some.
+    pub fn find(
+        &self,
+        rt: &tokio::runtime::Runtime,
+        copies: usize,
+        bytes: u64,
+        lease: Duration,
+        exclude: Vec<String>,
+    ) -> anyhow::Result<lors::directory::Found> {
+        use lors::directory::{DirectoryError, Wanted, depot_count, find_depots};
+        let named = self.lbone.directory(self.uri_lbone)?;
+        let location = self
+            .place
+            .location
+            .clone()
+            .or(self.rc.location.clone())
+            .unwrap_or_default();
+        let max_depots = self.place.max_depots.or(self.rc.max_depots);
+        let want = Wanted {
+            count: depot_count(max_depots, copies, &location),
+            bytes,
+            secs: lease.as_secs(),
+            location,
+            exclude,
+        };
+        rt.block_on(find_depots(self.depots, named, self.rc, &want))
+            .map_err(|e| match e {
+                DirectoryError::NoSource => UsageError(
+                    "no depots: give --depot HOST[:PORT] (repeatable), an L-Bone (-H HOST|URL or LBONE_SERVER), or DEPOT lines in ~/.xndrc".into(),
+                )
+                .into(),
+                e => anyhow::Error::new(e),
+            })
+    }
+}
+
+/// The depots an exNode's mappings are on.
+pub fn depots_of(x: &ExNode) -> std::collections::BTreeSet<String> {
+    x.mappings.iter().filter_map(|m| m.depot()).collect()
+}
+
+/// The largest allocation an exNode's mappings use (what a new replica of
+/// its biggest block needs).
+pub fn largest_allocation(x: &ExNode) -> u64 {
+    x.mappings.iter().map(|m| m.alloc_length).max().unwrap_or(0)
+}
+
 impl LboneOpts {
     /// The L-Bone these options (or a `lors://HOST` URI) name, if any.
     pub fn directory(
@@ -135,51 +211,6 @@ impl LboneOpts {
             (None, Some((h, p))) => Ok(Some(Directory::Legacy(h.clone(), *p))),
             (None, None) => Ok(None),
         }
-    }
-}
-
-/// Depots from the L-Bone, or a message saying what went wrong.
-pub async fn lbone_depots(
-    dir: &lors_lbone::client::Directory,
-    q: &lors_lbone::client::DepotQuery,
-) -> anyhow::Result<Vec<String>> {
-    let list = dir
-        .depots(q, Duration::from_secs(30))
-        .await
-        .map_err(|e| anyhow::anyhow!("asking the L-Bone for depots: {e}"))?;
-    if list.is_empty() {
-        anyhow::bail!(
-            "the L-Bone has no online depot with {} bytes free for {} s{}",
-            q.hard,
-            q.duration,
-            if q.location.is_empty() {
-                String::new()
-            } else {
-                format!(" near {:?}", q.location)
-            }
-        );
-    }
-    Ok(list)
-}
-
-/// Tells the L-Bone how fast each depot was (best effort: a failure is only
-/// logged, the transfer itself succeeded).
-pub async fn report_rates(
-    dir: Option<&lors_lbone::client::Directory>,
-    per_depot: &[(String, u64)],
-    elapsed: Duration,
-) {
-    let Some(dir) = dir else { return };
-    let secs = elapsed.as_secs_f64().max(1e-3);
-    let rates = per_depot
-        .iter()
-        .map(|(d, b)| lors_lbone::model::RateReport {
-            depot: d.clone(),
-            bytes_per_sec: *b as f64 / secs,
-        })
-        .collect();
-    if let Err(e) = dir.report(rates, Duration::from_secs(10)).await {
-        tracing::warn!("could not report rates to the L-Bone: {e}");
     }
 }
 

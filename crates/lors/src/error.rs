@@ -8,11 +8,11 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[non_exhaustive]
 pub enum Error {
     /// No depots to work with.
-    #[error("no depots: give --depot HOST:PORT, DEPOT lines in ~/.xndrc, or LBONE_SERVER")]
+    #[error("no depots to place data on")]
     NoDepots,
     /// Fewer depots than copies requested.
     #[error(
-        "{copies} copies need {copies} distinct depots but only {depots} given: add depots or lower -c"
+        "{copies} copies need {copies} distinct depots but only {depots} are usable: add depots or ask for fewer copies"
     )]
     NotEnoughDepots {
         /// Copies asked for.

@@ -10,6 +10,7 @@
 //! * [`plan`] — cutting a byte range into servable segments.
 //! * [`pool`] — reused depot connections.
 
+pub mod directory;
 pub mod download;
 pub mod error;
 pub mod manage;

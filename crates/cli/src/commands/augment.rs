@@ -14,15 +14,24 @@ use super::{TermProgress, duration_arg, read_exnode, write_exnode};
 #[derive(clap::Args)]
 #[command(after_help = "EXAMPLES:
   lors augment --depot d4:6714 -c 1 -o run42-3copies.xnd run42.xnd
-  lors augment --depot d4:6714 --depot d5:6714 -c 2 run42.xnd     # in place")]
+  lors augment --depot d4:6714 --depot d5:6714 -c 2 run42.xnd     # in place
+  LBONE_SERVER=lbone.example.org:8767 lors augment -c 1 -l \"city= Tokyo\" run42.xnd")]
 pub struct Args {
     /// The exNode.
     #[arg(value_parser = super::exnode_arg, value_name = "FILE.xnd|lors://…")]
     exnode: ExnodeRef,
     /// Depot HOST or HOST:PORT (port 6714 unless given) for the new replicas
-    /// (repeat for several).
-    #[arg(long = "depot", value_name = "HOST[:PORT]", value_parser = super::depot_arg, required = true)]
+    /// (repeat for several) [default: ask the L-Bone (-H, LBONE_SERVER),
+    /// else the DEPOT lines of ~/.xndrc, else its LBONE_SERVER lines].
+    #[arg(long = "depot", value_name = "HOST[:PORT]", value_parser = super::depot_arg)]
     depots: Vec<String>,
+    #[command(flatten)]
+    lbone: super::LboneOpts,
+    #[command(flatten)]
+    place: super::PlaceOpts,
+    /// Settings file [default: ~/.xndrc].
+    #[arg(long, value_name = "FILE")]
+    xndrc: Option<std::path::PathBuf>,
     /// New replicas per block, each on a depot that does not hold it yet.
     #[arg(short, long, default_value_t = 1)]
     copies: usize,
@@ -51,11 +60,27 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     } else {
         Reliability::Hard
     };
+    // From an L-Bone, the best depots that hold none of the file yet.
+    let rc = lors::xndrc::load(a.xndrc.as_deref()).map_err(crate::UsageError)?;
+    let found = super::Placement {
+        depots: &a.depots,
+        lbone: &a.lbone,
+        uri_lbone: a.exnode.lbone.as_ref(),
+        place: &a.place,
+        rc: &rc,
+    }
+    .find(
+        &rt,
+        a.copies,
+        super::largest_allocation(&x),
+        a.duration,
+        super::depots_of(&x).into_iter().collect(),
+    )?;
     let y = rt.block_on(async {
         let pool = Pool::new(ClientConfig::default());
         lors::manage::augment(
             &x,
-            &a.depots,
+            &found.depots,
             a.copies,
             a.duration,
             rel,

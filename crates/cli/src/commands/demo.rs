@@ -232,7 +232,7 @@ async fn demo(a: &Args, dir: &std::path::Path) -> anyhow::Result<()> {
         println!("   from {d}: {:.0} MiB", *b as f64 / 1048576.0);
     }
     anyhow::ensure!(back == data, "downloaded data differs from the original");
-    super::report_rates(Some(&directory), &stats.per_depot, stats.elapsed).await;
+    lors::directory::report_rates(Some(&directory), &stats.per_depot, stats.elapsed).await;
     println!("== verified: every byte identical. demo OK");
     if !a.linger.is_zero() {
         println!(

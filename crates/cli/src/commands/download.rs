@@ -219,7 +219,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         Err(e) => return Err(e.into()),
     };
     progress.finish();
-    rt.block_on(super::report_rates(
+    rt.block_on(lors::directory::report_rates(
         directory.as_ref(),
         &stats.per_depot,
         stats.elapsed,

@@ -15,14 +15,24 @@ use super::{TermProgress, duration_arg, read_exnode, write_exnode};
 /// remove and release the replicas elsewhere.
 #[derive(clap::Args)]
 #[command(after_help = "EXAMPLES:
-  lors route --depot d7:6714 --depot d8:6714 -c 2 run42.xnd")]
+  lors route --depot d7:6714 --depot d8:6714 -c 2 run42.xnd
+  lors route -H lbone.example.org:8767 -l \"city= Brno\" run42.xnd   # onto the depot nearest Brno")]
 pub struct Args {
     /// The exNode.
     #[arg(value_parser = super::exnode_arg, value_name = "FILE.xnd|lors://…")]
     exnode: ExnodeRef,
-    /// Target depot HOST or HOST:PORT, port 6714 unless given (repeatable).
-    #[arg(long = "depot", value_name = "HOST[:PORT]", value_parser = super::depot_arg, required = true)]
+    /// Target depot HOST or HOST:PORT, port 6714 unless given (repeatable)
+    /// [default: ask the L-Bone (-H, LBONE_SERVER), else the DEPOT lines of
+    /// ~/.xndrc, else its LBONE_SERVER lines].
+    #[arg(long = "depot", value_name = "HOST[:PORT]", value_parser = super::depot_arg)]
     depots: Vec<String>,
+    #[command(flatten)]
+    lbone: super::LboneOpts,
+    #[command(flatten)]
+    place: super::PlaceOpts,
+    /// Settings file [default: ~/.xndrc].
+    #[arg(long, value_name = "FILE")]
+    xndrc: Option<std::path::PathBuf>,
     /// Replicas per block on the targets.
     #[arg(short, long, default_value_t = 1)]
     copies: usize,
@@ -47,11 +57,27 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
+    let rc = lors::xndrc::load(a.xndrc.as_deref()).map_err(crate::UsageError)?;
+    let targets = super::Placement {
+        depots: &a.depots,
+        lbone: &a.lbone,
+        uri_lbone: a.exnode.lbone.as_ref(),
+        place: &a.place,
+        rc: &rc,
+    }
+    .find(
+        &rt,
+        a.copies,
+        super::largest_allocation(&x),
+        a.duration,
+        Vec::new(),
+    )?
+    .depots;
     let t = rt.block_on(async {
         let pool = Pool::new(ClientConfig::default());
         let y = lors::manage::augment(
             &x,
-            &a.depots,
+            &targets,
             a.copies,
             a.duration,
             Reliability::Hard,
@@ -61,7 +87,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         .await?;
         lors::manage::trim(
             &y,
-            &Selection::NotOn(a.depots.clone()),
+            &Selection::NotOn(targets.clone()),
             !a.keep_old,
             false,
             &pool,

@@ -38,14 +38,8 @@ pub struct Args {
     depots: Vec<String>,
     #[command(flatten)]
     lbone: super::LboneOpts,
-    /// Location hint for the L-Bone, e.g. "city= Brno country= CZ"
-    /// [default: LOCATION in ~/.xndrc].
-    #[arg(short = 'l', long, value_name = "HINT", help_heading = "L-Bone")]
-    location: Option<String>,
-    /// Most depots to ask the L-Bone for [default: MAXDEPOTS, else 4; at
-    /// least the copies].
-    #[arg(long = "max-depots", value_name = "N", help_heading = "L-Bone")]
-    max_depots: Option<usize>,
+    #[command(flatten)]
+    place: super::PlaceOpts,
     /// Copies of each block, on distinct depots [default: COPIES in
     /// ~/.xndrc, else 3].
     #[arg(short, long, env = "LORS_COPIES")]
@@ -333,57 +327,17 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         .or(uri.duration)
         .or(rc.duration)
         .unwrap_or(Duration::from_secs(86_400));
-    // Where the depots come from: --depot, else an L-Bone named by flag,
-    // env or URI, else ~/.xndrc's DEPOT lines, else its LBONE_SERVER lines.
-    let mut directory = a.lbone.directory(uri.lbone.as_ref())?;
-    let depots = if !a.depots.is_empty() {
-        a.depots.clone()
-    } else if directory.is_none() && !rc.depots.is_empty() {
-        rc.depots.clone()
-    } else {
-        let candidates = match directory.clone() {
-            Some(d) => vec![d],
-            None => rc
-                .lbone_servers
-                .iter()
-                .map(|s| lors_lbone::client::Directory::parse(s, None).map_err(UsageError))
-                .collect::<Result<_, _>>()?,
-        };
-        if candidates.is_empty() {
-            return Err(UsageError(
-                "no depots: give --depot HOST:PORT (repeatable), an L-Bone (-H HOST|URL or LBONE_SERVER), or DEPOT lines in ~/.xndrc".into(),
-            )
-            .into());
-        }
-        let q = lors_lbone::client::DepotQuery {
-            count: a.max_depots.or(rc.max_depots).unwrap_or(4).max(copies),
-            // Room for the e2e overhead on top of the block.
-            hard: block_size + block_size / 64 + (64 << 10),
-            duration: duration.as_secs(),
-            location: a
-                .location
-                .clone()
-                .or(rc.location.clone())
-                .unwrap_or_default(),
-        };
-        let mut last = None;
-        let mut found = None;
-        // LBONE_SERVER lines are a fail-over list: the first that answers.
-        for d in candidates {
-            match rt.block_on(super::lbone_depots(&d, &q)) {
-                Ok(list) => {
-                    found = Some(list);
-                    directory = Some(d);
-                    break;
-                }
-                Err(e) => last = Some(e),
-            }
-        }
-        match found {
-            Some(list) => list,
-            None => return Err(last.expect("at least one candidate")),
-        }
-    };
+    // Room for the e2e overhead on top of the block.
+    let bytes = block_size + block_size / 64 + (64 << 10);
+    let found = super::Placement {
+        depots: &a.depots,
+        lbone: &a.lbone,
+        uri_lbone: uri.lbone.as_ref(),
+        place: &a.place,
+        rc: &rc,
+    }
+    .find(&rt, copies, bytes, duration, Vec::new())?;
+    let (depots, directory) = (found.depots, found.directory);
     let opts = UploadOptions {
         depots,
         block_size,
@@ -454,7 +408,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         }
     }
     let per_depot: Vec<(String, u64)> = per_depot.into_iter().collect();
-    rt.block_on(super::report_rates(
+    rt.block_on(lors::directory::report_rates(
         directory.as_ref(),
         &per_depot,
         started.elapsed(),

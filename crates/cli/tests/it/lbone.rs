@@ -307,6 +307,77 @@ fn lbone_registration_ranking_tokens_legacy_expiry_and_tools() {
     want.sort();
     assert_eq!(ports, want);
 
+    // A location hint decides placement without --max-depots: every block
+    // on the matching depot, not striped over the four best.
+    let ports_of = |xnd: &std::path::Path| {
+        let x = lors_exnode::xml::parse(&std::fs::read(xnd).unwrap()).unwrap();
+        let mut p: Vec<u16> = x
+            .mappings
+            .iter()
+            .map(|m| m.read.as_ref().unwrap().port)
+            .collect();
+        p.sort();
+        p.dedup();
+        p
+    };
+    let with_home = |mut env: Vec<(&'static str, String)>| {
+        env.push(("HOME", home.to_str().unwrap().to_owned()));
+        env
+    };
+    let run = |args: &[&str], env: &[(&'static str, String)]| {
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let (ok, _, err) = lors_env(args, &env);
+        assert!(ok, "{args:?}: {err}");
+    };
+    let lb_env = with_home(vec![("LBONE_SERVER", url.clone())]);
+    let hinted = dir.path().join("hinted.xnd");
+    let hinted_s = hinted.to_str().unwrap();
+    run(
+        &[
+            "upload",
+            "--quiet",
+            "-c",
+            "1",
+            "-b",
+            "64K",
+            "-l",
+            "city= Prague",
+            "-o",
+            hinted_s,
+            src.to_str().unwrap(),
+        ],
+        &lb_env,
+    );
+    assert_eq!(ports_of(&hinted), [prague.port], "11 blocks, all in Prague");
+
+    // augment and route find their depots through the L-Bone as upload does.
+    run(
+        &[
+            "augment",
+            "--quiet",
+            "-c",
+            "1",
+            "-l",
+            "city= Knoxville",
+            hinted_s,
+        ],
+        &lb_env,
+    );
+    let mut want = vec![prague.port, knox.port];
+    want.sort();
+    assert_eq!(ports_of(&hinted), want, "a second copy in Knoxville");
+    run(&["route", "--quiet", "-l", "city= Brno", hinted_s], &lb_env);
+    assert_eq!(ports_of(&hinted), [brno.port], "moved to Brno");
+    // With nothing to ask, the error says what to give.
+    let (ok, _, err) = lors_env(
+        &["augment", "-c", "1", hinted_s],
+        &[("HOME", home.to_str().unwrap())],
+    );
+    assert!(
+        !ok && err.contains("--depot") && err.contains("LBONE_SERVER"),
+        "{err}"
+    );
+
     // The upload reported its rates: the L-Bone now has a forecast for
     // this client's network.
     let (_, v) = call(

@@ -1,0 +1,210 @@
+//! Where depots come from, for every command that places data: depots
+//! named outright, else the L-Bone named (`-H`, `LBONE_SERVER`, a
+//! `lors://HOST` URI), else the `DEPOT` lines of `~/.xndrc`, else its
+//! `LBONE_SERVER` lines tried in order (fail-over: the first that answers).
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), lors::directory::DirectoryError> {
+//! use lors::directory::{find_depots, Wanted};
+//! let rc = lors::xndrc::parse("LBONE_SERVER lbone.example.org 6767\n").unwrap();
+//! let want = Wanted {
+//!     count: 4,
+//!     bytes: 10 << 20,
+//!     secs: 86_400,
+//!     location: String::new(),
+//!     exclude: vec![],
+//! };
+//! let found = find_depots(&[], None, &rc, &want).await?;
+//! println!("{:?} from {:?}", found.depots, found.directory);
+//! # Ok(()) }
+//! ```
+
+use std::time::Duration;
+
+use lors_lbone::client::{DepotQuery, Directory};
+
+use crate::xndrc::Xndrc;
+
+/// How long an L-Bone has to answer a depot query.
+pub const QUERY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What the depots must offer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Wanted {
+    /// How many depots to ask an L-Bone for.
+    pub count: usize,
+    /// Bytes per allocation.
+    pub bytes: u64,
+    /// Lease, in seconds.
+    pub secs: u64,
+    /// Location hint (`city= Brno`); empty for none.
+    pub location: String,
+    /// Depots not to count (they already hold the data): an L-Bone is asked
+    /// for that many more, and they are left out of its answer.
+    pub exclude: Vec<String>,
+}
+
+/// The depots found, and the L-Bone that named them (to report rates to).
+#[derive(Debug, Clone)]
+pub struct Found {
+    /// `host:port` of each depot, best first.
+    pub depots: Vec<String>,
+    /// The L-Bone asked, if one was.
+    pub directory: Option<Directory>,
+}
+
+/// Why no depots were found.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DirectoryError {
+    /// Nothing names a depot or an L-Bone.
+    #[error("no depots given and no L-Bone to ask")]
+    NoSource,
+    /// An `LBONE_SERVER` line of `~/.xndrc` is malformed.
+    #[error("~/.xndrc: {0}")]
+    BadServer(String),
+    /// Every L-Bone asked failed or listed no depot; the last one's answer.
+    #[error("asking the L-Bone for depots: {0}")]
+    Lbone(String),
+}
+
+/// Finds depots in the order the [module docs](self) give. `named` is an
+/// L-Bone the caller was told to use; it wins over `~/.xndrc`.
+pub async fn find_depots(
+    explicit: &[String],
+    named: Option<Directory>,
+    rc: &Xndrc,
+    want: &Wanted,
+) -> Result<Found, DirectoryError> {
+    if !explicit.is_empty() {
+        return Ok(Found {
+            depots: explicit.to_vec(),
+            directory: named,
+        });
+    }
+    if named.is_none() && !rc.depots.is_empty() {
+        return Ok(Found {
+            depots: rc.depots.clone(),
+            directory: None,
+        });
+    }
+    let candidates = match named {
+        Some(d) => vec![d],
+        None => rc
+            .lbone_servers
+            .iter()
+            .map(|s| Directory::parse(s, None).map_err(DirectoryError::BadServer))
+            .collect::<Result<_, _>>()?,
+    };
+    let q = DepotQuery {
+        count: want.count + want.exclude.len(),
+        hard: want.bytes,
+        duration: want.secs,
+        location: want.location.clone(),
+    };
+    let mut last = DirectoryError::NoSource;
+    for d in candidates {
+        let answer = d.depots(&q, QUERY_TIMEOUT).await.map(|list| {
+            let mut list: Vec<String> = list
+                .into_iter()
+                .filter(|a| !want.exclude.contains(a))
+                .collect();
+            list.truncate(want.count);
+            list
+        });
+        match answer {
+            Ok(list) if !list.is_empty() => {
+                return Ok(Found {
+                    depots: list,
+                    directory: Some(d),
+                });
+            }
+            Ok(_) => {
+                last = DirectoryError::Lbone(format!(
+                    "it lists no online depot with {} bytes for {} s{}",
+                    want.bytes,
+                    want.secs,
+                    if want.location.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" near {:?}", want.location)
+                    }
+                ));
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "L-Bone failed; trying the next one, if any");
+                last = DirectoryError::Lbone(e);
+            }
+        }
+    }
+    Err(last)
+}
+
+/// How many depots to ask for: `max_depots` if given; else, with a
+/// location hint, just the copies (so the hint decides where the data goes
+/// rather than being one preference among four); else 4, for striping.
+pub fn depot_count(max_depots: Option<usize>, copies: usize, location: &str) -> usize {
+    match max_depots {
+        Some(n) => n.max(copies),
+        None if !location.trim().is_empty() => copies.max(1),
+        None => 4.max(copies),
+    }
+}
+
+/// Tells the L-Bone how fast each depot was (best effort: a failure is only
+/// logged, the transfer itself succeeded).
+pub async fn report_rates(dir: Option<&Directory>, per_depot: &[(String, u64)], elapsed: Duration) {
+    let Some(dir) = dir else { return };
+    let secs = elapsed.as_secs_f64().max(1e-3);
+    let rates = per_depot
+        .iter()
+        .map(|(d, b)| lors_lbone::model::RateReport {
+            depot: d.clone(),
+            bytes_per_sec: *b as f64 / secs,
+        })
+        .collect();
+    if let Err(e) = dir.report(rates, Duration::from_secs(10)).await {
+        tracing::warn!("could not report rates to the L-Bone: {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_location_hint_decides_placement_unless_told_how_many() {
+        assert_eq!(depot_count(None, 1, ""), 4);
+        assert_eq!(depot_count(None, 6, ""), 6);
+        assert_eq!(depot_count(None, 1, "city= Tokyo"), 1);
+        assert_eq!(depot_count(None, 2, "city= Tokyo"), 2);
+        assert_eq!(depot_count(Some(8), 2, "city= Tokyo"), 8);
+        assert_eq!(depot_count(Some(1), 3, ""), 3);
+    }
+
+    #[tokio::test]
+    async fn named_depots_win_then_xndrc_depots_then_nothing() {
+        let want = Wanted {
+            count: 4,
+            bytes: 1,
+            secs: 1,
+            location: String::new(),
+            exclude: vec![],
+        };
+        let rc = crate::xndrc::parse("DEPOT d1 6714\n").unwrap();
+        let f = find_depots(&["x:1".into()], None, &rc, &want)
+            .await
+            .unwrap();
+        assert_eq!(f.depots, ["x:1"]);
+        let f = find_depots(&[], None, &rc, &want).await.unwrap();
+        assert_eq!(f.depots, ["d1:6714"]);
+        let none = find_depots(&[], None, &Xndrc::default(), &want).await;
+        assert!(matches!(none, Err(DirectoryError::NoSource)));
+        let bad = crate::xndrc::Xndrc {
+            lbone_servers: vec!["http://".into()],
+            ..Xndrc::default()
+        };
+        let e = find_depots(&[], None, &bad, &want).await;
+        assert!(matches!(e, Err(DirectoryError::BadServer(_))), "{e:?}");
+    }
+}
