@@ -14,13 +14,13 @@ pub mod stat;
 pub mod trim;
 pub mod upload;
 
-use std::io::{IsTerminal as _, Write as _};
+use std::io::IsTerminal as _;
 use std::path::Path;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use lors_exnode::{ExNode, xml};
+use lors_exnode::ExNode;
 
 use crate::UsageError;
 
@@ -263,45 +263,6 @@ pub fn read_token_file(path: &Path) -> anyhow::Result<String> {
 
 pub fn exnode_arg(s: &str) -> Result<lors::uri::ExnodeRef, String> {
     lors::uri::ExnodeRef::parse(s)
-}
-
-/// Reads and parses an exNode file.
-pub fn read_exnode(path: &Path) -> anyhow::Result<ExNode> {
-    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-    xml::parse(&bytes).with_context(|| format!("parsing exNode {}", path.display()))
-}
-
-/// Writes an exNode atomically: temp file, fsync, rename. Mode 0600 when it
-/// holds write or manage capabilities (it is then a secret).
-pub fn write_exnode(path: &Path, x: &ExNode) -> anyhow::Result<()> {
-    use std::os::unix::fs::OpenOptionsExt as _;
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let name = path.file_name().context("exNode path has no file name")?;
-    let tmp = dir.join(format!(
-        ".{}.tmp{}",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
-    let mode = if x.holds_secrets() { 0o600 } else { 0o644 };
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(mode)
-        .open(&tmp)
-        .with_context(|| format!("creating {}", tmp.display()))?;
-    let res = (|| {
-        f.write_all(xml::write(x).as_bytes())?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)?;
-        std::fs::File::open(dir)?.sync_all()
-    })();
-    if res.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    res.with_context(|| format!("writing {}", path.display()))
 }
 
 /// A one-line progress display on stderr, drawn only on a terminal.

@@ -19,6 +19,7 @@ pub mod pool;
 pub mod progress;
 pub mod upload;
 pub mod uri;
+pub mod xnd;
 pub mod xndrc;
 
 pub use error::{Error, Result};

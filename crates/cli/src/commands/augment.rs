@@ -8,7 +8,7 @@ use lors::uri::ExnodeRef;
 use lors_ibp::ClientConfig;
 use lors_ibp::proto::Reliability;
 
-use super::{TermProgress, duration_arg, read_exnode, write_exnode};
+use super::{TermProgress, duration_arg};
 
 /// Add replicas of every block on other depots (copied depot to depot).
 #[derive(clap::Args)]
@@ -50,7 +50,7 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let x = read_exnode(&a.exnode.path)?;
+    let x = lors::xnd::load(&a.exnode.path)?;
     let progress = Arc::new(TermProgress::new("augmenting", a.quiet));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -91,7 +91,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     })?;
     progress.finish();
     let out = a.output.map_or(a.exnode.path, |o| o.path);
-    write_exnode(&out, &y)?;
+    lors::xnd::save(&out, &y)?;
     if !a.quiet {
         eprintln!(
             "lors: added {} mappings -> {}",

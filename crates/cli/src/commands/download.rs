@@ -9,7 +9,7 @@ use lors::download::{DownloadOptions, Output, download};
 use lors::uri::ExnodeRef;
 use lors_ibp::ClientConfig;
 
-use super::{TermProgress, block_size_arg, duration_arg, read_exnode, size_arg};
+use super::{TermProgress, block_size_arg, duration_arg, size_arg};
 use crate::UsageError;
 
 /// Download a file from the depots its exNode names (fastest replicas first).
@@ -98,7 +98,7 @@ pub struct Args {
 
 pub fn run(a: Args) -> anyhow::Result<()> {
     let rc = lors::xndrc::load(a.xndrc.as_deref()).map_err(UsageError)?;
-    let x = read_exnode(&a.exnode.path)?;
+    let x = lors::xnd::load(&a.exnode.path)?;
     let recorded = || -> Result<PathBuf, UsageError> {
         x.filename()
             .filter(|f| !f.is_empty() && !f.contains('/') && *f != "." && *f != "..")

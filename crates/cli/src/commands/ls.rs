@@ -6,8 +6,6 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use lors::manage::Probe;
 use lors::uri::ExnodeRef;
 
-use super::read_exnode;
-
 /// List the mappings of an exNode: offsets, depots, capabilities, leases.
 #[derive(clap::Args)]
 #[command(
@@ -64,7 +62,7 @@ fn ctime(unix: u64) -> String {
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let x = read_exnode(&a.exnode.path)?;
+    let x = lors::xnd::load(&a.exnode.path)?;
     let probes: Vec<Probe> = if a.offline {
         x.mappings
             .iter()

@@ -2,7 +2,6 @@
 
 use lors::uri::ExnodeRef;
 
-use super::{read_exnode, write_exnode};
 use crate::UsageError;
 
 /// Write a copy of an exNode without some capabilities, to share it safely.
@@ -31,7 +30,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     if !(a.read || a.write || a.manage) {
         return Err(UsageError("say which capabilities to strip: -r, -w and/or -m".into()).into());
     }
-    let x = read_exnode(&a.exnode.path)?;
+    let x = lors::xnd::load(&a.exnode.path)?;
     let y = lors::manage::modify(&x, a.read, a.write, a.manage);
-    write_exnode(&a.output.path, &y)
+    Ok(lors::xnd::save(&a.output.path, &y)?)
 }

@@ -7,7 +7,7 @@ use lors::manage::Lease;
 use lors::uri::ExnodeRef;
 use lors_ibp::ClientConfig;
 
-use super::{duration_arg, read_exnode};
+use super::duration_arg;
 use crate::UsageError;
 
 /// Extend the leases of an exNode's allocations (MANAGE CHNG).
@@ -47,7 +47,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             .into());
         }
     };
-    let x = read_exnode(&a.exnode.path)?;
+    let x = lors::xnd::load(&a.exnode.path)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;

@@ -9,7 +9,7 @@ use lors::uri::ExnodeRef;
 use lors_ibp::ClientConfig;
 use lors_ibp::proto::Reliability;
 
-use super::{TermProgress, duration_arg, read_exnode, write_exnode};
+use super::{TermProgress, duration_arg};
 
 /// Move a file: copy its blocks onto the target depots (depot to depot), then
 /// remove and release the replicas elsewhere.
@@ -51,7 +51,7 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let x = read_exnode(&a.exnode.path)?;
+    let x = lors::xnd::load(&a.exnode.path)?;
     // Replicas already on a target count toward the copies wanted.
     let progress = Arc::new(TermProgress::new("routing", a.quiet));
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -96,7 +96,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     })?;
     progress.finish();
     let out = a.output.map_or(a.exnode.path, |o| o.path);
-    write_exnode(&out, &t.exnode)?;
+    lors::xnd::save(&out, &t.exnode)?;
     // Old mappings keep their place at the front of the augmented exNode,
     // so they are named by the numbers `lors ls` showed for the input.
     let numbering = x.numbering();

@@ -2,7 +2,6 @@
 
 use std::collections::BTreeMap;
 
-use super::read_exnode;
 use lors::manage::Probe;
 use lors::uri::ExnodeRef;
 
@@ -18,7 +17,7 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let x = read_exnode(&a.exnode.path)?;
+    let x = lors::xnd::load(&a.exnode.path)?;
     let probes = super::probe_all(&x)?;
     let blocks = lors::manage::blocks(&x);
     let live = |i: usize| probes[i].is_live();

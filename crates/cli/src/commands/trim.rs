@@ -6,7 +6,6 @@ use lors::Pool;
 use lors::manage::Selection;
 use lors_ibp::ClientConfig;
 
-use super::{read_exnode, write_exnode};
 use crate::UsageError;
 
 /// Remove mappings by index or depot; with --decrement also release their allocations.
@@ -41,7 +40,7 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let x = read_exnode(&a.exnode.path)?;
+    let x = lors::xnd::load(&a.exnode.path)?;
     let numbering = x.numbering();
     let sel = match (a.mappings.is_empty(), a.depots.is_empty()) {
         (false, _) => Selection::Indices(
@@ -78,7 +77,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         &Pool::new(ClientConfig::default()),
     ))?;
     let out = a.output.map_or(a.exnode.path, |o| o.path);
-    write_exnode(&out, &t.exnode)?;
+    lors::xnd::save(&out, &t.exnode)?;
     for (i, e) in &t.release_errors {
         let n = numbering.number(*i);
         eprintln!("lors: mapping {n}: removed, but its allocation was not released: {e}");

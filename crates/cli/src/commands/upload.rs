@@ -13,7 +13,7 @@ use lors_exnode::functions::{Chain, Codec, LegacyChain, LegacyKind, Step};
 use lors_ibp::ClientConfig;
 use lors_ibp::proto::Reliability;
 
-use super::{TermProgress, block_size_arg, duration_arg, write_exnode};
+use super::{TermProgress, block_size_arg, duration_arg};
 use crate::UsageError;
 
 /// Store a file on IBP depots, striped and replicated; write its exNode.
@@ -256,7 +256,7 @@ fn record_unreleased(stranded: &lors_exnode::ExNode, said: &str, out: &std::path
     depots.sort();
     depots.dedup();
     let n = stranded.mappings.len();
-    match write_exnode(&partial, stranded) {
+    match lors::xnd::save(&partial, stranded) {
         Ok(()) => eprintln!(
             "lors: {said}{n} on unreachable depots ({}) are named in {}: free them with `lors trim --decrement --allow-holes {} {}` once the depots are back (else they expire with their lease)",
             depots.join(", "),
@@ -392,11 +392,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         }
         Err(e) => return Err(failed(e, &out)),
     };
-    if let Err(e) = write_exnode(&out, &x) {
+    if let Err(e) = lors::xnd::save(&out, &x) {
         // Without its exNode nobody can reach the data: free it now.
         let kept = rt.block_on(pool.release_all(x.mappings.clone())).len();
         let freed = x.mappings.len() - kept;
-        return Err(e.context(format!(
+        return Err(anyhow::Error::new(e).context(format!(
             "the upload finished but its exNode could not be written; {freed} of {} allocations were released",
             x.mappings.len()
         )));

@@ -1,0 +1,163 @@
+//! `.xnd` files on disk: read with a size limit, saved atomically (a
+//! reader or a crash sees the old file or the new one, never half of one),
+//! private (0600) while they hold write or manage capabilities.
+//!
+//! ```no_run
+//! let x = lors::xnd::load("run42.xnd".as_ref())?;
+//! lors::xnd::save("copy.xnd".as_ref(), &x)?;
+//! # Ok::<(), lors::xnd::XndError>(())
+//! ```
+
+use std::io::Write as _;
+use std::os::unix::fs::OpenOptionsExt as _;
+use std::path::{Path, PathBuf};
+
+use lors_exnode::{ExNode, xml};
+
+/// The largest `.xnd` file read (an exNode of a million mappings is ~500 MB;
+/// this is far beyond any real one and still bounded).
+pub const MAX_XND_BYTES: u64 = 1 << 30;
+
+/// Why an `.xnd` file could not be read or written.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum XndError {
+    /// Reading failed.
+    #[error("reading {}", .path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is larger than [`MAX_XND_BYTES`].
+    #[error("{} is {size} bytes, more than any exNode ({MAX_XND_BYTES} at most)", .path.display())]
+    TooLarge {
+        /// The file.
+        path: PathBuf,
+        /// Its size.
+        size: u64,
+    },
+    /// The file is not a valid exNode.
+    #[error("parsing exNode {}", .path.display())]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        #[source]
+        source: lors_exnode::xml::XmlError,
+    },
+    /// Writing failed; the old file, if any, is untouched.
+    #[error("writing {}", .path.display())]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Reads and parses an exNode file.
+pub fn load(path: &Path) -> Result<ExNode, XndError> {
+    let read = |source| XndError::Read {
+        path: path.to_owned(),
+        source,
+    };
+    let size = std::fs::metadata(path).map_err(read)?.len();
+    if size > MAX_XND_BYTES {
+        return Err(XndError::TooLarge {
+            path: path.to_owned(),
+            size,
+        });
+    }
+    let bytes = std::fs::read(path).map_err(read)?;
+    xml::parse(&bytes).map_err(|source| XndError::Parse {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+/// Writes an exNode atomically: a temporary file beside it, fsync, rename,
+/// fsync of the directory. Mode 0600 when it holds write or manage
+/// capabilities (it is then a secret), else 0644.
+pub fn save(path: &Path, x: &ExNode) -> Result<(), XndError> {
+    let fail = |source| XndError::Write {
+        path: path.to_owned(),
+        source,
+    };
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .ok_or_else(|| fail(std::io::Error::other("the path names no file")))?;
+    let tmp = dir.join(format!(
+        ".{}.tmp{}",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    let mode = if x.holds_secrets() { 0o600 } else { 0o644 };
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(&tmp)
+        .map_err(fail)?;
+    let res = (|| {
+        f.write_all(xml::write(x).as_bytes())?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)?;
+        std::fs::File::open(dir)?.sync_all()
+    })();
+    if res.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    res.map_err(fail)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt as _;
+
+    use super::*;
+
+    #[test]
+    fn saved_files_are_whole_private_when_secret_and_read_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.xnd");
+        let mut x = ExNode::default();
+        save(&path, &x).unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&path), 0o644, "no capabilities: readable by all");
+        assert_eq!(load(&path).unwrap().mappings.len(), 0);
+
+        let cap = "ibp://d1:6714/1#key/1/";
+        let cap = |kind| lors_ibp::Capability::parse(&format!("{cap}{kind}")).unwrap();
+        x.mappings.push(lors_exnode::Mapping {
+            logical_length: 1,
+            alloc_length: 1,
+            read: Some(cap("READ")),
+            write: Some(cap("WRITE")),
+            ..Default::default()
+        });
+        save(&path, &x).unwrap();
+        assert_eq!(mode(&path), 0o600, "a write capability is a secret");
+        assert_eq!(load(&path).unwrap().mappings.len(), 1);
+        // Nothing left behind but the file itself.
+        let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+        assert_eq!(names.len(), 1);
+
+        // Into a directory that does not exist: an error naming the file,
+        // and nothing written.
+        let e = save(&dir.path().join("no/such/b.xnd"), &x).unwrap_err();
+        assert!(e.to_string().contains("b.xnd"), "{e}");
+        let e = load(&dir.path().join("missing.xnd")).unwrap_err();
+        assert!(matches!(e, XndError::Read { .. }), "{e}");
+        std::fs::write(dir.path().join("bad.xnd"), "<exnode").unwrap();
+        let e = load(&dir.path().join("bad.xnd")).unwrap_err();
+        assert!(matches!(e, XndError::Parse { .. }), "{e}");
+    }
+}
