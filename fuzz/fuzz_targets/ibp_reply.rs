@@ -7,22 +7,9 @@
 use libfuzzer_sys::fuzz_target;
 use lors_ibp::proto::{Reply, Shape};
 
-const SHAPES: [Shape; 10] = [
-    Shape::Bare,
-    Shape::Count,
-    Shape::Caps,
-    Shape::Probe,
-    Shape::AliasProbe,
-    Shape::Chksum,
-    Shape::BadBlocks,
-    Shape::Resources,
-    Shape::StatusV13,
-    Shape::Report,
-];
-
 fuzz_target!(|data: &[u8]| {
     let line = String::from_utf8_lossy(data);
-    for shape in SHAPES {
+    for shape in Shape::ALL {
         let Ok(reply) = Reply::parse(shape, &line) else {
             continue;
         };

@@ -15,7 +15,7 @@ pub mod trim;
 pub mod upload;
 
 use std::io::IsTerminal as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -183,6 +183,53 @@ impl Placement<'_> {
                 .into(),
                 e => anyhow::Error::new(e),
             })
+    }
+}
+
+/// Where `augment` and `route` put new replicas.
+#[derive(clap::Args)]
+pub struct Targets {
+    /// Depot HOST or HOST:PORT (port 6714 unless given) for the new replicas
+    /// (repeatable) [default: ask the L-Bone (-H, LBONE_SERVER), else the
+    /// DEPOT lines of ~/.xndrc, else its LBONE_SERVER lines].
+    #[arg(long = "depot", value_name = "HOST[:PORT]", value_parser = depot_arg)]
+    pub depots: Vec<String>,
+    #[command(flatten)]
+    pub lbone: LboneOpts,
+    #[command(flatten)]
+    pub place: PlaceOpts,
+    /// Settings file [default: ~/.xndrc].
+    #[arg(long, value_name = "FILE")]
+    pub xndrc: Option<PathBuf>,
+}
+
+impl Targets {
+    /// Depots for `copies` new replicas of `x`'s blocks, leased for `lease`
+    /// (with `skip_held`, none that already holds part of `x`); see
+    /// [`Placement::find`].
+    pub fn find(
+        &self,
+        rt: &tokio::runtime::Runtime,
+        x: &ExNode,
+        uri_lbone: Option<&(String, u16)>,
+        copies: usize,
+        lease: Duration,
+        skip_held: bool,
+    ) -> anyhow::Result<lors::directory::Found> {
+        let rc = lors::xndrc::load(self.xndrc.as_deref()).map_err(UsageError)?;
+        let exclude = if skip_held {
+            depots_of(x).into_iter().collect()
+        } else {
+            Vec::new()
+        };
+        let placement = Placement {
+            depots: &self.depots,
+            lbone: &self.lbone,
+            uri_lbone,
+            place: &self.place,
+            rc: &rc,
+        };
+        placement.find(rt, copies, largest_allocation(x), lease, exclude)
     }
 }
 

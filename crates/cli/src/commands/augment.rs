@@ -20,18 +20,8 @@ pub struct Args {
     /// The exNode.
     #[arg(value_parser = super::exnode_arg, value_name = "FILE.xnd|lors://…")]
     exnode: ExnodeRef,
-    /// Depot HOST or HOST:PORT (port 6714 unless given) for the new replicas
-    /// (repeat for several) [default: ask the L-Bone (-H, LBONE_SERVER),
-    /// else the DEPOT lines of ~/.xndrc, else its LBONE_SERVER lines].
-    #[arg(long = "depot", value_name = "HOST[:PORT]", value_parser = super::depot_arg)]
-    depots: Vec<String>,
     #[command(flatten)]
-    lbone: super::LboneOpts,
-    #[command(flatten)]
-    place: super::PlaceOpts,
-    /// Settings file [default: ~/.xndrc].
-    #[arg(long, value_name = "FILE")]
-    xndrc: Option<std::path::PathBuf>,
+    targets: super::Targets,
     /// New replicas per block, each on a depot that does not hold it yet.
     #[arg(short, long, default_value_t = 1)]
     copies: usize,
@@ -61,21 +51,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         Reliability::Hard
     };
     // From an L-Bone, the best depots that hold none of the file yet.
-    let rc = lors::xndrc::load(a.xndrc.as_deref()).map_err(crate::UsageError)?;
-    let found = super::Placement {
-        depots: &a.depots,
-        lbone: &a.lbone,
-        uri_lbone: a.exnode.lbone.as_ref(),
-        place: &a.place,
-        rc: &rc,
-    }
-    .find(
-        &rt,
-        a.copies,
-        super::largest_allocation(&x),
-        a.duration,
-        super::depots_of(&x).into_iter().collect(),
-    )?;
+    let found = a
+        .targets
+        .find(&rt, &x, a.exnode.lbone.as_ref(), a.copies, a.duration, true)?;
     let y = rt.block_on(async {
         let pool = Pool::new(ClientConfig::default());
         lors::manage::augment(

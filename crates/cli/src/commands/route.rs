@@ -21,18 +21,8 @@ pub struct Args {
     /// The exNode.
     #[arg(value_parser = super::exnode_arg, value_name = "FILE.xnd|lors://…")]
     exnode: ExnodeRef,
-    /// Target depot HOST or HOST:PORT, port 6714 unless given (repeatable)
-    /// [default: ask the L-Bone (-H, LBONE_SERVER), else the DEPOT lines of
-    /// ~/.xndrc, else its LBONE_SERVER lines].
-    #[arg(long = "depot", value_name = "HOST[:PORT]", value_parser = super::depot_arg)]
-    depots: Vec<String>,
     #[command(flatten)]
-    lbone: super::LboneOpts,
-    #[command(flatten)]
-    place: super::PlaceOpts,
-    /// Settings file [default: ~/.xndrc].
-    #[arg(long, value_name = "FILE")]
-    xndrc: Option<std::path::PathBuf>,
+    targets: super::Targets,
     /// Replicas per block on the targets.
     #[arg(short, long, default_value_t = 1)]
     copies: usize,
@@ -57,22 +47,17 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    let rc = lors::xndrc::load(a.xndrc.as_deref()).map_err(crate::UsageError)?;
-    let targets = super::Placement {
-        depots: &a.depots,
-        lbone: &a.lbone,
-        uri_lbone: a.exnode.lbone.as_ref(),
-        place: &a.place,
-        rc: &rc,
-    }
-    .find(
-        &rt,
-        a.copies,
-        super::largest_allocation(&x),
-        a.duration,
-        Vec::new(),
-    )?
-    .depots;
+    let targets = a
+        .targets
+        .find(
+            &rt,
+            &x,
+            a.exnode.lbone.as_ref(),
+            a.copies,
+            a.duration,
+            false,
+        )?
+        .depots;
     let t = rt.block_on(async {
         let pool = Pool::new(ClientConfig::default());
         let y = lors::manage::augment(
@@ -107,7 +92,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     if !a.quiet {
         eprintln!(
             "lors: routed onto {} depots; {} old mappings removed -> {}",
-            a.depots.len(),
+            targets.len(),
             t.removed,
             out.display()
         );

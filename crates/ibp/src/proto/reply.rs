@@ -103,6 +103,22 @@ pub enum Shape {
     Report,
 }
 
+impl Shape {
+    /// Every shape.
+    pub const ALL: [Shape; 10] = [
+        Shape::Bare,
+        Shape::Count,
+        Shape::Caps,
+        Shape::Probe,
+        Shape::AliasProbe,
+        Shape::Chksum,
+        Shape::BadBlocks,
+        Shape::Resources,
+        Shape::StatusV13,
+        Shape::Report,
+    ];
+}
+
 /// One reply line.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Reply {
@@ -386,19 +402,6 @@ impl<'a, I: Iterator<Item = &'a str>> Fields<'a, I> {
 mod tests {
     use super::*;
 
-    const SHAPES: [Shape; 10] = [
-        Shape::Bare,
-        Shape::Count,
-        Shape::Caps,
-        Shape::Probe,
-        Shape::AliasProbe,
-        Shape::Chksum,
-        Shape::BadBlocks,
-        Shape::Resources,
-        Shape::StatusV13,
-        Shape::Report,
-    ];
-
     #[test]
     fn the_reference_depots_lines_parse() {
         // Lines observed on the wire (docs/ibp-protocol.md, [verified live]).
@@ -523,7 +526,7 @@ mod tests {
             "1\t7\r\n",
         ];
         for line in lines {
-            for shape in SHAPES {
+            for shape in Shape::ALL {
                 if let Ok(r) = Reply::parse(shape, line) {
                     assert_eq!(
                         Reply::parse(shape, &r.encode()),
