@@ -155,7 +155,7 @@ impl Shared {
         x.set_meta(Metadata::string("filename", &self.opts.filename));
         x.set_meta(Metadata::string(
             "lors_unreleased",
-            "allocations an upload could not release; free them with lors trim -d",
+            "allocations an upload could not release; free them with lors trim --decrement",
         ));
         x.mappings = mappings;
         x
@@ -307,7 +307,7 @@ pub struct Uploaded {
     /// Allocations the upload made, could not use (their depot failed
     /// during the STORE) and could not release either: not in `exnode`,
     /// they hold space until their lease ends unless recorded and freed
-    /// (`lors trim -d`). No mappings when every depot answered.
+    /// (`lors trim --decrement`). No mappings when every depot answered.
     pub unreleased: ExNode,
 }
 

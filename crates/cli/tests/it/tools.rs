@@ -743,7 +743,7 @@ async fn augment_trim_refresh_modify_route_as_the_depots_see_them() {
         );
     }
 
-    // trim -d the originals: their allocations are freed (probe: not found),
+    // trim --decrement the originals: their allocations are freed (probe: not found),
     // and the file still downloads from the new replicas only.
     let trimmed = dir.path().join("trim.xnd");
     let (ok, _, err) = lors(&[
@@ -1245,7 +1245,7 @@ fn a_failed_upload_leaves_nothing_unnamed_on_the_depots() {
     assert_eq!(used(&a), fresh_a, "a's allocations were released: {err}");
     let partial = dir.path().join("g.xnd.partial");
     assert!(
-        err.contains(partial.to_str().unwrap()) && err.contains("lors trim -d"),
+        err.contains(partial.to_str().unwrap()) && err.contains("lors trim --decrement"),
         "{err}"
     );
     let px = read_x(&partial);
@@ -1381,7 +1381,13 @@ fn ls_and_stat_tell_expired_from_unreachable_and_fail_when_bytes_are_lost() {
     let copy = dir.path().join("copy.xnd");
     std::fs::copy(&xnd, &copy).unwrap();
     let n = x.numbering().number(i);
-    let (ok, _, err) = lors(&["trim", "-d", "-m", &n.to_string(), copy.to_str().unwrap()]);
+    let (ok, _, err) = lors(&[
+        "trim",
+        "--decrement",
+        "-m",
+        &n.to_string(),
+        copy.to_str().unwrap(),
+    ]);
     assert!(ok, "{err}");
     let (ok, out, err) = lors(&["ls", "--json", p]);
     assert!(ok, "one replica of each block is still live: {err}");
