@@ -89,7 +89,7 @@ impl Directory {
     }
 
     /// Which protocol an [`Directory::Either`] speaks: HTTP if an HTTP
-    /// answer (any status) comes back within [`PROBE_TIMEOUT`], else legacy.
+    /// answer (any status) comes back within three seconds, else legacy.
     /// Other directories are returned as they are.
     pub async fn resolve(&self) -> Directory {
         let Directory::Either(host, port) = self else {
