@@ -160,7 +160,7 @@ impl Placement<'_> {
         exclude: Vec<String>,
     ) -> anyhow::Result<lors::directory::Found> {
         use lors::directory::{DirectoryError, Wanted, depot_count, find_depots};
-        let named = self.lbone.directory(self.uri_lbone)?;
+        let named = self.lbone.directory(rt, self.uri_lbone)?;
         let location = self
             .place
             .location
@@ -245,19 +245,21 @@ pub fn largest_allocation(x: &ExNode) -> u64 {
 }
 
 impl LboneOpts {
-    /// The L-Bone these options (or a `lors://HOST` URI) name, if any.
+    /// The L-Bone these options (or a `lors://HOST` URI) name, if any, with
+    /// its protocol settled once (a `HOST:PORT` is probed here, not again
+    /// by each later query and rate report).
     pub fn directory(
         &self,
+        rt: &tokio::runtime::Runtime,
         uri: Option<&(String, u16)>,
     ) -> Result<Option<lors_lbone::client::Directory>, UsageError> {
         use lors_lbone::client::Directory;
-        match (&self.lbone, uri) {
-            (Some(s), _) => Directory::parse(s, self.lbone_port)
-                .map(Some)
-                .map_err(UsageError),
-            (None, Some((h, p))) => Ok(Some(Directory::Legacy(h.clone(), *p))),
-            (None, None) => Ok(None),
-        }
+        let named = match (&self.lbone, uri) {
+            (Some(s), _) => Directory::parse(s, self.lbone_port).map_err(UsageError)?,
+            (None, Some((h, p))) => Directory::Legacy(h.clone(), *p),
+            (None, None) => return Ok(None),
+        };
+        Ok(Some(rt.block_on(named.resolve())))
     }
 }
 

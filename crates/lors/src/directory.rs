@@ -104,6 +104,8 @@ pub async fn find_depots(
     };
     let mut last = DirectoryError::NoSource;
     for d in candidates {
+        // Settled once, so the rate report after the transfer reuses it.
+        let d = d.resolve().await;
         let answer = d.depots(&q, QUERY_TIMEOUT).await.map(|list| {
             let mut list: Vec<String> = list
                 .into_iter()

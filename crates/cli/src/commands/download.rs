@@ -133,7 +133,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    let directory = a.lbone.directory(a.exnode.lbone.as_ref())?;
+    let directory = a.lbone.directory(&rt, a.exnode.lbone.as_ref())?;
     let last_resort = match &directory {
         Some(d) => {
             let q = lors_lbone::client::DepotQuery::default();

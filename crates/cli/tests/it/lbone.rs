@@ -247,6 +247,18 @@ fn lbone_registration_ranking_tokens_legacy_expiry_and_tools() {
     let src = dir.path().join("f.bin");
     let data = pattern(700_000, 3);
     std::fs::write(&src, &data).unwrap();
+    // The depot ports an exNode's mappings use, sorted.
+    let ports_of = |xnd: &std::path::Path| {
+        let x = lors_exnode::xml::parse(&std::fs::read(xnd).unwrap()).unwrap();
+        let mut p: Vec<u16> = x
+            .mappings
+            .iter()
+            .map(|m| m.read.as_ref().unwrap().port)
+            .collect();
+        p.sort();
+        p.dedup();
+        p
+    };
     // Uploads `src` with only L-Bone settings in the environment; returns
     // the exNode path and the depot ports its mappings use, sorted.
     let upload_via = |name: &str, copies: &str, hint: &str, env: &[(&str, &str)]| {
@@ -272,14 +284,7 @@ fn lbone_registration_ranking_tokens_legacy_expiry_and_tools() {
             &env,
         );
         assert!(ok, "{err}");
-        let x = lors_exnode::xml::parse(&std::fs::read(&xnd).unwrap()).unwrap();
-        let mut ports: Vec<u16> = x
-            .mappings
-            .iter()
-            .map(|m| m.read.as_ref().unwrap().port)
-            .collect();
-        ports.sort();
-        ports.dedup();
+        let ports = ports_of(&xnd);
         (xnd, ports)
     };
     let url = lb.url();
@@ -309,17 +314,6 @@ fn lbone_registration_ranking_tokens_legacy_expiry_and_tools() {
 
     // A location hint decides placement without --max-depots: every block
     // on the matching depot, not striped over the four best.
-    let ports_of = |xnd: &std::path::Path| {
-        let x = lors_exnode::xml::parse(&std::fs::read(xnd).unwrap()).unwrap();
-        let mut p: Vec<u16> = x
-            .mappings
-            .iter()
-            .map(|m| m.read.as_ref().unwrap().port)
-            .collect();
-        p.sort();
-        p.dedup();
-        p
-    };
     let with_home = |mut env: Vec<(&'static str, String)>| {
         env.push(("HOME", home.to_str().unwrap().to_owned()));
         env

@@ -335,10 +335,8 @@ impl QueueIn {
         let file = a.file_for_write()?;
         let ext = a.extent();
         let capacity = ext.capacity;
+        // `enqueue` checked a FIFO has room, on this same turn.
         let overflow = (ext.len + length).saturating_sub(capacity);
-        if overflow > 0 && a.atype == AllocType::Fifo {
-            return Err(StoreError::NoSpace);
-        }
         let head = (ext.head + overflow) % capacity;
         let len = ext.len + length - overflow;
         let tail = (head + len - length) % capacity;
