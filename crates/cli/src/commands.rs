@@ -20,6 +20,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+use lors::settings::{Layer, Settings};
 use lors_exnode::ExNode;
 
 use crate::UsageError;
@@ -61,17 +62,13 @@ pub fn duration_arg(s: &str) -> Result<Duration, String> {
     lors_ibp::units::parse_duration(s)
 }
 
-/// Probes every mapping of `x` (what its depots report), with a 20 s deadline
-/// per depot so one dead depot does not hang a listing.
-pub fn probe_all(x: &ExNode) -> anyhow::Result<Vec<lors::manage::Probe>> {
-    let cfg = lors_ibp::ClientConfig {
-        io_timeout: Duration::from_secs(20),
-        ..lors_ibp::ClientConfig::default()
-    };
+/// Probes every mapping of `x` (what its depots report), all at once, each
+/// under the timeout policy of `s`.
+pub fn probe_all(x: &ExNode, s: &Settings) -> anyhow::Result<Vec<lors::manage::Probe>> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    Ok(rt.block_on(async { lors::manage::probe_all(x, &lors::Pool::new(cfg)).await }))
+    Ok(rt.block_on(async { lors::manage::probe_all(x, &lors::Pool::new(s.client())).await }))
 }
 
 /// The error `ls` and `stat` end with when part of the file has no live
@@ -101,21 +98,20 @@ pub fn unreadable(x: &ExNode, probes: &[lors::manage::Probe]) -> anyhow::Result<
 pub struct LboneOpts {
     /// L-Bone to ask for depots: a host (legacy protocol, port -P), an
     /// http://HOST:PORT URL of `lors lbone`, or HOST:PORT (HTTP if it
-    /// answers HTTP there, else legacy).
+    /// answers HTTP there, else legacy) [default: the HOST of a lors://
+    /// URI, else LBONE_SERVER].
     #[arg(
         short = 'H',
         long = "lbone",
         value_name = "HOST|URL",
-        env = "LBONE_SERVER",
         help_heading = "L-Bone"
     )]
     pub lbone: Option<String>,
-    /// Port of a legacy L-Bone [default: 6767].
+    /// Port of a legacy L-Bone [default: LBONE_PORT, else 6767].
     #[arg(
         short = 'P',
         long = "lbone-port",
         value_name = "PORT",
-        env = "LBONE_PORT",
         help_heading = "L-Bone"
     )]
     pub lbone_port: Option<u16>,
@@ -126,56 +122,48 @@ pub struct LboneOpts {
 #[derive(clap::Args, Clone, Default)]
 pub struct PlaceOpts {
     /// Location hint for the L-Bone (`city= Knoxville`, `state= TN`,
-    /// `country= US`, `zip= 37996`, `airport= TYS`) [default: LOCATION in
-    /// ~/.xndrc]. Without --max-depots, the data goes to the depots that
-    /// best match it, one per copy.
+    /// `country= US`, `zip= 37996`, `airport= TYS`) [default:
+    /// LORS_LOCATION, else LOCATION in ~/.xndrc]. Without --max-depots, the
+    /// data goes to the depots that best match it, one per copy.
     #[arg(short = 'l', long, value_name = "HINT", help_heading = "L-Bone")]
     pub location: Option<String>,
-    /// Depots to ask the L-Bone for [default: MAXDEPOTS in ~/.xndrc, else
-    /// one per copy with -l, else 4 (at least the copies)].
+    /// Depots to ask the L-Bone for [default: LORS_MAXDEPOTS, else MAXDEPOTS
+    /// in ~/.xndrc, else one per copy with -l, else 4 (at least the
+    /// copies)].
     #[arg(long = "max-depots", value_name = "N", help_heading = "L-Bone")]
     pub max_depots: Option<usize>,
 }
 
-/// Where a command's data may go: its `--depot` values and L-Bone options,
-/// a `lors://HOST` URI's L-Bone, and `~/.xndrc`.
+/// Where a command's data may go: its `--depot` values, else the L-Bone and
+/// `~/.xndrc` lists its settings name.
 pub struct Placement<'a> {
     pub depots: &'a [String],
-    pub lbone: &'a LboneOpts,
-    pub uri_lbone: Option<&'a (String, u16)>,
-    pub place: &'a PlaceOpts,
-    pub rc: &'a lors::xndrc::Xndrc,
+    pub settings: &'a Settings,
 }
 
 impl Placement<'_> {
-    /// Depots for `copies` of allocations of `bytes` for `lease`: the
-    /// `--depot` values, else as [`lors::directory::find_depots`] finds them,
-    /// leaving out `exclude`. The error says which options would give some.
+    /// Depots for `copies` of allocations of `bytes` for the settings'
+    /// lease: the `--depot` values, else as
+    /// [`lors::directory::find_depots`] finds them, leaving out `exclude`.
+    /// The error says which options would give some.
     pub fn find(
         &self,
         rt: &tokio::runtime::Runtime,
         copies: usize,
         bytes: u64,
-        lease: Duration,
         exclude: Vec<String>,
     ) -> anyhow::Result<lors::directory::Found> {
         use lors::directory::{DirectoryError, Wanted, depot_count, find_depots};
-        let named = self.lbone.directory(rt, self.uri_lbone)?;
-        let location = self
-            .place
-            .location
-            .clone()
-            .or(self.rc.location.clone())
-            .unwrap_or_default();
-        let max_depots = self.place.max_depots.or(self.rc.max_depots);
+        let s = self.settings;
+        let named = directory(rt, s);
         let want = Wanted {
-            count: depot_count(max_depots, copies, &location),
+            count: depot_count(s.max_depots, copies, &s.location),
             bytes,
-            secs: lease.as_secs(),
-            location,
+            secs: s.duration.as_secs(),
+            location: s.location.clone(),
             exclude,
         };
-        rt.block_on(find_depots(self.depots, named, self.rc, &want))
+        rt.block_on(find_depots(self.depots, named, &s.rc, &want))
             .map_err(|e| match e {
                 DirectoryError::NoSource => UsageError(
                     "no depots: give --depot HOST[:PORT] (repeatable), an L-Bone (-H HOST|URL or LBONE_SERVER), or DEPOT lines in ~/.xndrc".into(),
@@ -183,6 +171,70 @@ impl Placement<'_> {
                 .into(),
                 e => anyhow::Error::new(e),
             })
+    }
+}
+
+/// The L-Bone the settings name, if any, with its protocol settled once (a
+/// `HOST:PORT` is probed here, not again by each later query and rate
+/// report).
+pub fn directory(
+    rt: &tokio::runtime::Runtime,
+    s: &Settings,
+) -> Option<lors_lbone::client::Directory> {
+    s.lbone.as_ref().map(|d| rt.block_on(d.resolve()))
+}
+
+/// The network and settings-file options every command that talks to
+/// depots has.
+#[derive(clap::Args, Clone, Default)]
+pub struct NetOpts {
+    /// Give a depot up after this long without progress (no byte moved, no
+    /// reply) [default: timeout= of a lors:// URI, else LORS_TIMEOUT, else
+    /// TIMEOUT in ~/.xndrc, else 60s].
+    #[arg(short = 'T', long, value_name = "DURATION", value_parser = duration_arg, help_heading = "Settings")]
+    pub timeout: Option<Duration>,
+    /// Settings file [default: ~/.xndrc].
+    #[arg(long, value_name = "FILE", help_heading = "Settings")]
+    pub xndrc: Option<PathBuf>,
+}
+
+/// A command's settings: its `flags` (with `net`'s timeout) over the
+/// `uri`'s, the environment's and the settings file's
+/// ([`lors::settings`]).
+pub fn settings(
+    net: &NetOpts,
+    flags: Layer,
+    uri: Option<&lors::uri::ExnodeRef>,
+) -> anyhow::Result<Settings> {
+    let rc = lors::xndrc::load(net.xndrc.as_deref()).map_err(UsageError)?;
+    let flags = Layer {
+        timeout: net.timeout,
+        ..flags
+    };
+    Settings::resolve(flags, uri, &lors::settings::Env::process(), rc)
+        .map_err(|e| UsageError(e.to_string()).into())
+}
+
+impl LboneOpts {
+    /// What these options set.
+    pub fn layer(&self) -> Layer {
+        Layer {
+            lbone: self.lbone.clone().map(lors::settings::LboneAt::Named),
+            lbone_port: self.lbone_port,
+            ..Layer::default()
+        }
+    }
+}
+
+impl PlaceOpts {
+    /// What these options set, over `lower`.
+    pub fn layer(&self, lower: Layer) -> Layer {
+        Layer {
+            location: self.location.clone(),
+            max_depots: self.max_depots,
+            ..Layer::default()
+        }
+        .or(lower)
     }
 }
 
@@ -198,38 +250,34 @@ pub struct Targets {
     pub lbone: LboneOpts,
     #[command(flatten)]
     pub place: PlaceOpts,
-    /// Settings file [default: ~/.xndrc].
-    #[arg(long, value_name = "FILE")]
-    pub xndrc: Option<PathBuf>,
 }
 
 impl Targets {
-    /// Depots for `copies` new replicas of `x`'s blocks, leased for `lease`
-    /// (with `skip_held`, none that already holds part of `x`); see
-    /// [`Placement::find`].
+    /// What these options set.
+    pub fn layer(&self) -> Layer {
+        self.place.layer(self.lbone.layer())
+    }
+
+    /// Depots for `copies` new replicas of `x`'s blocks (with `skip_held`,
+    /// none that already holds part of `x`); see [`Placement::find`].
     pub fn find(
         &self,
         rt: &tokio::runtime::Runtime,
         x: &ExNode,
-        uri_lbone: Option<&(String, u16)>,
+        s: &Settings,
         copies: usize,
-        lease: Duration,
         skip_held: bool,
     ) -> anyhow::Result<lors::directory::Found> {
-        let rc = lors::xndrc::load(self.xndrc.as_deref()).map_err(UsageError)?;
         let exclude = if skip_held {
             depots_of(x).into_iter().collect()
         } else {
             Vec::new()
         };
-        let placement = Placement {
+        Placement {
             depots: &self.depots,
-            lbone: &self.lbone,
-            uri_lbone,
-            place: &self.place,
-            rc: &rc,
-        };
-        placement.find(rt, copies, largest_allocation(x), lease, exclude)
+            settings: s,
+        }
+        .find(rt, copies, largest_allocation(x), exclude)
     }
 }
 
@@ -244,26 +292,6 @@ pub fn largest_allocation(x: &ExNode) -> u64 {
     x.mappings.iter().map(|m| m.alloc_length).max().unwrap_or(0)
 }
 
-impl LboneOpts {
-    /// The L-Bone these options (or a `lors://HOST` URI) name, if any, with
-    /// its protocol settled once (a `HOST:PORT` is probed here, not again
-    /// by each later query and rate report).
-    pub fn directory(
-        &self,
-        rt: &tokio::runtime::Runtime,
-        uri: Option<&(String, u16)>,
-    ) -> Result<Option<lors_lbone::client::Directory>, UsageError> {
-        use lors_lbone::client::Directory;
-        let named = match (&self.lbone, uri) {
-            (Some(s), _) => Directory::parse(s, self.lbone_port).map_err(UsageError)?,
-            (None, Some((h, p))) => Directory::Legacy(h.clone(), *p),
-            (None, None) => return Ok(None),
-        };
-        Ok(Some(rt.block_on(named.resolve())))
-    }
-}
-
-/// A file argument: a path or a `lors://` URI.
 /// A `--depot` value: `HOST:PORT`, or a bare `HOST` (an IPv6 address with
 /// or without brackets) on the IBP port 6714.
 pub fn depot_arg(s: &str) -> Result<String, String> {
@@ -310,6 +338,7 @@ pub fn read_token_file(path: &Path) -> anyhow::Result<String> {
     Ok(token.to_owned())
 }
 
+/// A file argument: a path or a `lors://` URI.
 pub fn exnode_arg(s: &str) -> Result<lors::uri::ExnodeRef, String> {
     lors::uri::ExnodeRef::parse(s)
 }

@@ -76,6 +76,23 @@ impl ClientConfig {
     }
 }
 
+/// The slowest depot-to-depot copy a client waits for: 1 Mbit/s.
+pub const COPY_FLOOR_BYTES_PER_SEC: u64 = 125_000;
+
+/// How long to wait for the reply to a SEND of `len` bytes, which comes
+/// only when the whole copy is done: the inactivity deadline `idle`, plus
+/// the time the copy takes at [`COPY_FLOOR_BYTES_PER_SEC`].
+///
+/// ```
+/// use std::time::Duration;
+/// use lors_ibp::client::copy_reply_deadline;
+/// assert_eq!(copy_reply_deadline(Duration::from_secs(60), 0), Duration::from_secs(60));
+/// assert_eq!(copy_reply_deadline(Duration::from_secs(60), 10_000_000), Duration::from_secs(140));
+/// ```
+pub fn copy_reply_deadline(idle: Duration, len: u64) -> Duration {
+    idle.saturating_add(Duration::from_secs(len / COPY_FLOOR_BYTES_PER_SEC))
+}
+
 /// The `KEY:VALUE` fields of a v1.4 STATUS INQ reply (sizes in bytes).
 #[derive(Debug, Clone, Default)]
 pub struct StatusInfo {
@@ -527,7 +544,12 @@ impl Connection {
             client_timeout: self.cfg.server_timeout,
         };
         self.send_line("SEND", &req.encode()).await?;
-        self.expect_count("SEND", len, false).await
+        // The depot answers only once the whole copy is done.
+        let idle = self.cfg.io_timeout;
+        self.cfg.io_timeout = copy_reply_deadline(idle, len);
+        let r = self.expect_count("SEND", len, false).await;
+        self.cfg.io_timeout = idle;
+        r
     }
 
     async fn manage(&mut self, cap: &Capability, op: ManageOp, shape: Shape) -> Result<Reply> {

@@ -17,6 +17,7 @@ pub mod manage;
 pub mod plan;
 pub mod pool;
 pub mod progress;
+pub mod settings;
 pub mod upload;
 pub mod uri;
 pub mod xnd;

@@ -78,8 +78,14 @@ pub async fn augment(
                     let size = src.alloc_length.max(1);
                     let attempt = async {
                         let caps = pool.allocate(&t, reliability, duration, size).await?;
-                        pool.send(cap, &caps.write, src.alloc_offset, src.alloc_length)
-                            .await?;
+                        if let Err(e) = pool
+                            .send(cap, &caps.write, src.alloc_offset, src.alloc_length)
+                            .await
+                        {
+                            // No exNode will name it: free it now.
+                            let _ = pool.release(&caps.manage).await;
+                            return Err(e);
+                        }
                         Ok::<_, lors_ibp::Error>(caps)
                     }
                     .await;
@@ -105,6 +111,13 @@ pub async fn augment(
                 }
             }
             if !done {
+                // The replicas made so far are in no exNode the caller
+                // keeps: free them rather than leave them to their lease.
+                for m in &out.mappings[x.mappings.len()..] {
+                    if let Some(cap) = &m.manage {
+                        let _ = pool.release(cap).await;
+                    }
+                }
                 return Err(Error::Store { offset, last });
             }
         }

@@ -1,7 +1,8 @@
 //! `~/.xndrc`: the LoRS tools' settings file (ibp-protocol.md §5.3).
 //!
 //! Whitespace-separated `KEYWORD value…` lines, `#` comments. Settings apply
-//! below flags and environment variables: flag > env > file > default.
+//! below flags, `lors://` URIs and environment variables (see
+//! [`crate::settings`]).
 //!
 //! ```
 //! let x = lors::xndrc::parse("DEPOT d1.example.org 6714\nCOPIES 2\nDURATION 2d\n").unwrap();

@@ -4,8 +4,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lors::Pool;
+use lors::settings::Layer;
 use lors::uri::ExnodeRef;
-use lors_ibp::ClientConfig;
 use lors_ibp::proto::Reliability;
 
 use super::{TermProgress, duration_arg};
@@ -25,12 +25,15 @@ pub struct Args {
     /// New replicas per block, each on a depot that does not hold it yet.
     #[arg(short, long, default_value_t = 1)]
     copies: usize,
-    /// Lease of the new allocations.
-    #[arg(short, long, env = "LORS_DURATION", value_parser = duration_arg, default_value = "1d")]
-    duration: Duration,
-    /// Soft (revocable) storage.
+    /// Lease of the new allocations [default: duration= of a lors:// URI,
+    /// else LORS_DURATION, else DURATION in ~/.xndrc, else 1d].
+    #[arg(short, long, value_parser = duration_arg)]
+    duration: Option<Duration>,
+    /// Soft (revocable) storage [default: STORAGE_TYPE in ~/.xndrc, else hard].
     #[arg(short = 's', long)]
     soft: bool,
+    #[command(flatten)]
+    net: super::NetOpts,
     /// Write the result here [default: replace the input].
     #[arg(short, long, value_name = "NEW.xnd", value_parser = super::exnode_arg)]
     output: Option<ExnodeRef>,
@@ -40,27 +43,31 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
+    let flags = Layer {
+        duration: a.duration,
+        hard: a.soft.then_some(false),
+        ..a.targets.layer()
+    };
+    let s = super::settings(&a.net, flags, Some(&a.exnode))?;
     let x = lors::xnd::load(&a.exnode.path)?;
     let progress = Arc::new(TermProgress::new("augmenting", a.quiet));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    let rel = if a.soft {
-        Reliability::Soft
-    } else {
+    let rel = if s.hard {
         Reliability::Hard
+    } else {
+        Reliability::Soft
     };
     // From an L-Bone, the best depots that hold none of the file yet.
-    let found = a
-        .targets
-        .find(&rt, &x, a.exnode.lbone.as_ref(), a.copies, a.duration, true)?;
+    let found = a.targets.find(&rt, &x, &s, a.copies, true)?;
     let y = rt.block_on(async {
-        let pool = Pool::new(ClientConfig::default());
+        let pool = Pool::new(s.client());
         lors::manage::augment(
             &x,
             &found.depots,
             a.copies,
-            a.duration,
+            s.duration,
             rel,
             &pool,
             progress.as_ref(),

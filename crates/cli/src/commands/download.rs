@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use lors::Pool;
 use lors::download::{DownloadOptions, Output, download};
+use lors::settings::Layer;
 use lors::uri::ExnodeRef;
-use lors_ibp::ClientConfig;
 
 use super::{TermProgress, block_size_arg, duration_arg, size_arg};
 use crate::UsageError;
@@ -43,17 +43,18 @@ pub struct Args {
     /// Bytes to fetch [default: to the end].
     #[arg(short = 'L', long, value_parser = size_arg)]
     length: Option<u64>,
-    /// Largest piece fetched in one request [default: 2M]. Small pieces
-    /// keep every depot busy to the end of the transfer.
-    #[arg(short = 'b', long = "block-size", env = "LORS_BLOCKSIZE", value_parser = block_size_arg)]
+    /// Largest piece fetched in one request [default: bs= of a lors://
+    /// URI, else LORS_BLOCKSIZE, else DATA_BLOCKSIZE in ~/.xndrc, else 2M]. Small pieces keep every depot
+    /// busy to the end of the transfer.
+    #[arg(short = 'b', long = "block-size", value_parser = block_size_arg)]
     block_size: Option<u64>,
     /// Connections per depot [default: tuned per depot from its measured
     /// throughput, 4 or 8]
     #[arg(short = 'a', long = "connections", value_parser = clap::value_parser!(u16).range(1..=256))]
     connections: Option<u16>,
-    /// Fetches in flight across all depots [default: THREADS in ~/.xndrc,
-    /// else connections × depots].
-    #[arg(short = 't', long, env = "LORS_THREADS")]
+    /// Fetches in flight across all depots [default: threads=, else
+    /// LORS_THREADS, else THREADS in ~/.xndrc, else connections × depots].
+    #[arg(short = 't', long)]
     threads: Option<usize>,
     /// Blocks fetched ahead of the writer when streaming in order (-o -).
     #[arg(long = "prebuffer", value_name = "BLOCKS", default_value_t = 16)]
@@ -67,9 +68,6 @@ pub struct Args {
     /// this long while others deliver (`0` = wait for the timeout, -T).
     #[arg(long, value_name = "DURATION", value_parser = duration_arg, default_value = "30s")]
     stall: Duration,
-    /// Settings file [default: ~/.xndrc].
-    #[arg(long, value_name = "FILE")]
-    xndrc: Option<PathBuf>,
     /// With an L-Bone (-H, LBONE_SERVER): depots it does not list as online
     /// are read only when no other replica is left, and the measured rates
     /// are reported back to it.
@@ -85,9 +83,8 @@ pub struct Args {
     /// Never fetch a slow block twice from another replica.
     #[arg(long)]
     no_redundancy: bool,
-    /// Per-operation network timeout [default: TIMEOUT in ~/.xndrc, else 600s].
-    #[arg(short = 'T', long, env = "LORS_TIMEOUT", value_parser = duration_arg)]
-    timeout: Option<Duration>,
+    #[command(flatten)]
+    net: super::NetOpts,
     /// No progress display.
     #[arg(short, long)]
     quiet: bool,
@@ -97,7 +94,12 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let rc = lors::xndrc::load(a.xndrc.as_deref()).map_err(UsageError)?;
+    let flags = Layer {
+        block_size: a.block_size,
+        threads: a.threads,
+        ..a.lbone.layer()
+    };
+    let s = super::settings(&a.net, flags, Some(&a.exnode))?;
     let x = lors::xnd::load(&a.exnode.path)?;
     let recorded = || -> Result<PathBuf, UsageError> {
         x.filename()
@@ -133,7 +135,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    let directory = a.lbone.directory(&rt, a.exnode.lbone.as_ref())?;
+    let directory = super::directory(&rt, &s);
     let last_resort = match &directory {
         Some(d) => {
             let q = lors_lbone::client::DepotQuery::default();
@@ -157,24 +159,18 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         last_resort,
         offset: a.offset,
         length: a.length,
-        block_size: a
+        block_size: s
             .block_size
-            .or(a.exnode.block_size)
             .unwrap_or(DownloadOptions::default().block_size),
         conns_per_depot: a.connections.map_or(0, usize::from),
         hedge: !a.no_redundancy,
         resume: !a.restart,
         window: a.prebuffer.max(1),
-        threads: a.threads.or(a.exnode.threads).or(rc.threads).unwrap_or(0),
+        threads: s.threads.unwrap_or(0),
         memory: a.memory,
         stall: a.stall,
     };
-    let cfg = ClientConfig::with_io_timeout(
-        a.timeout
-            .or(a.exnode.timeout)
-            .or(rc.timeout)
-            .unwrap_or(Duration::from_secs(600)),
-    );
+    let cfg = s.client();
     let progress = Arc::new(TermProgress::new("downloading", a.quiet));
     let stats = rt.block_on(async {
         let pool = Arc::new(Pool::new(cfg));

@@ -25,6 +25,8 @@ pub struct Args {
     /// Machine-readable output.
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    net: super::NetOpts,
     /// Do not contact depots (no refcounts or expiry).
     #[arg(long)]
     offline: bool,
@@ -62,6 +64,7 @@ fn ctime(unix: u64) -> String {
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
+    let s = super::settings(&a.net, Default::default(), Some(&a.exnode))?;
     let x = lors::xnd::load(&a.exnode.path)?;
     let probes: Vec<Probe> = if a.offline {
         x.mappings
@@ -69,7 +72,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             .map(|_| Probe::Failed("not probed".to_string()))
             .collect()
     } else {
-        super::probe_all(&x)?
+        super::probe_all(&x, &s)?
     };
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)

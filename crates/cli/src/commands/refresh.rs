@@ -5,7 +5,6 @@ use std::time::Duration;
 use lors::Pool;
 use lors::manage::Lease;
 use lors::uri::ExnodeRef;
-use lors_ibp::ClientConfig;
 
 use super::duration_arg;
 use crate::UsageError;
@@ -29,6 +28,8 @@ pub struct Args {
     /// To each depot's maximum.
     #[arg(long)]
     max: bool,
+    #[command(flatten)]
+    net: super::NetOpts,
     /// With -v, one line per allocation.
     #[arg(from_global)]
     verbose: u8,
@@ -47,15 +48,12 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             .into());
         }
     };
+    let s = super::settings(&a.net, Default::default(), Some(&a.exnode))?;
     let x = lors::xnd::load(&a.exnode.path)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let res = rt.block_on(lors::manage::refresh(
-        &x,
-        lease,
-        &Pool::new(ClientConfig::default()),
-    ));
+    let res = rt.block_on(lors::manage::refresh(&x, lease, &Pool::new(s.client())));
     let mut failed = 0;
     let numbering = x.numbering();
     let mut rows: Vec<_> = res

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use lors::Pool;
 use lors::manage::Selection;
+use lors::settings::Layer;
 use lors::uri::ExnodeRef;
-use lors_ibp::ClientConfig;
 use lors_ibp::proto::Reliability;
 
 use super::{TermProgress, duration_arg};
@@ -26,9 +26,15 @@ pub struct Args {
     /// Replicas per block on the targets.
     #[arg(short, long, default_value_t = 1)]
     copies: usize,
-    /// Lease of the new allocations.
-    #[arg(short, long, env = "LORS_DURATION", value_parser = duration_arg, default_value = "1d")]
-    duration: Duration,
+    /// Lease of the new allocations [default: duration= of a lors:// URI,
+    /// else LORS_DURATION, else DURATION in ~/.xndrc, else 1d].
+    #[arg(short, long, value_parser = duration_arg)]
+    duration: Option<Duration>,
+    /// Soft (revocable) storage [default: STORAGE_TYPE in ~/.xndrc, else hard].
+    #[arg(short = 's', long)]
+    soft: bool,
+    #[command(flatten)]
+    net: super::NetOpts,
     /// Keep the old allocations (only drop them from the exNode).
     #[arg(long)]
     keep_old: bool,
@@ -41,31 +47,31 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
+    let flags = Layer {
+        duration: a.duration,
+        hard: a.soft.then_some(false),
+        ..a.targets.layer()
+    };
+    let s = super::settings(&a.net, flags, Some(&a.exnode))?;
     let x = lors::xnd::load(&a.exnode.path)?;
     // Replicas already on a target count toward the copies wanted.
     let progress = Arc::new(TermProgress::new("routing", a.quiet));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    let targets = a
-        .targets
-        .find(
-            &rt,
-            &x,
-            a.exnode.lbone.as_ref(),
-            a.copies,
-            a.duration,
-            false,
-        )?
-        .depots;
+    let targets = a.targets.find(&rt, &x, &s, a.copies, false)?.depots;
     let t = rt.block_on(async {
-        let pool = Pool::new(ClientConfig::default());
+        let pool = Pool::new(s.client());
         let y = lors::manage::augment(
             &x,
             &targets,
             a.copies,
-            a.duration,
-            Reliability::Hard,
+            s.duration,
+            if s.hard {
+                Reliability::Hard
+            } else {
+                Reliability::Soft
+            },
             &pool,
             progress.as_ref(),
         )

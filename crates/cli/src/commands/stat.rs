@@ -14,11 +14,14 @@ pub struct Args {
     /// Machine-readable output.
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    net: super::NetOpts,
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
+    let s = super::settings(&a.net, Default::default(), Some(&a.exnode))?;
     let x = lors::xnd::load(&a.exnode.path)?;
-    let probes = super::probe_all(&x)?;
+    let probes = super::probe_all(&x, &s)?;
     let blocks = lors::manage::blocks(&x);
     let live = |i: usize| probes[i].is_live();
     let replicas: Vec<usize> = blocks

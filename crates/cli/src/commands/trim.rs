@@ -4,7 +4,6 @@ use lors::uri::ExnodeRef;
 
 use lors::Pool;
 use lors::manage::Selection;
-use lors_ibp::ClientConfig;
 
 use crate::UsageError;
 
@@ -34,12 +33,15 @@ pub struct Args {
     /// Allow removing the last replica of a block (the file gets holes).
     #[arg(long)]
     allow_holes: bool,
+    #[command(flatten)]
+    net: super::NetOpts,
     /// Write the result here [default: replace the input].
     #[arg(short, long, value_name = "NEW.xnd", value_parser = super::exnode_arg)]
     output: Option<ExnodeRef>,
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
+    let s = super::settings(&a.net, Default::default(), Some(&a.exnode))?;
     let x = lors::xnd::load(&a.exnode.path)?;
     let numbering = x.numbering();
     let sel = match (a.mappings.is_empty(), a.depots.is_empty()) {
@@ -74,7 +76,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         &sel,
         a.decrement,
         a.allow_holes,
-        &Pool::new(ClientConfig::default()),
+        &Pool::new(s.client()),
     ))?;
     let out = a.output.map_or(a.exnode.path, |o| o.path);
     lors::xnd::save(&out, &t.exnode)?;

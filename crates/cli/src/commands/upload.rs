@@ -10,11 +10,11 @@ use lors::upload::{UploadOptions, upload, upload_file};
 use lors::uri::ExnodeRef;
 use lors::xndrc::Xndrc;
 use lors_exnode::functions::{Chain, Codec, LegacyChain, LegacyKind, Step};
-use lors_ibp::ClientConfig;
 use lors_ibp::proto::Reliability;
 
 use super::{TermProgress, block_size_arg, duration_arg};
 use crate::UsageError;
+use lors::settings::Layer;
 
 /// Store a file on IBP depots, striped and replicated; write its exNode.
 #[derive(clap::Args)]
@@ -40,28 +40,27 @@ pub struct Args {
     lbone: super::LboneOpts,
     #[command(flatten)]
     place: super::PlaceOpts,
-    /// Copies of each block, on distinct depots [default: COPIES in
-    /// ~/.xndrc, else 3].
-    #[arg(short, long, env = "LORS_COPIES")]
+    /// Copies of each block, on distinct depots [default: copies= of the
+    /// -o URI, else LORS_COPIES, else COPIES in ~/.xndrc, else 3].
+    #[arg(short, long)]
     copies: Option<usize>,
-    /// Block (allocation) size, e.g. 10M [default: DATA_BLOCKSIZE, else 10M].
-    #[arg(short = 'b', long = "block-size", env = "LORS_BLOCKSIZE", value_parser = block_size_arg)]
+    /// Block (allocation) size, e.g. 10M [default: bs=, else
+    /// LORS_BLOCKSIZE, else DATA_BLOCKSIZE, else 10M].
+    #[arg(short = 'b', long = "block-size", value_parser = block_size_arg)]
     block_size: Option<u64>,
-    /// Blocks transferred at once [default: THREADS, else 8].
-    #[arg(short, long, env = "LORS_THREADS")]
+    /// Blocks transferred at once [default: threads=, else LORS_THREADS,
+    /// else THREADS, else 8].
+    #[arg(short, long)]
     threads: Option<usize>,
-    /// Allocation lifetime, e.g. 2h, 7d [default: DURATION, else 1d].
-    #[arg(short, long, env = "LORS_DURATION", value_parser = duration_arg)]
+    /// Allocation lifetime, e.g. 2h, 7d [default: duration=, else
+    /// LORS_DURATION, else DURATION, else 1d].
+    #[arg(short, long, value_parser = duration_arg)]
     duration: Option<Duration>,
     /// Soft (revocable) storage instead of hard [default: STORAGE_TYPE, else hard].
     #[arg(short = 's', long)]
     soft: bool,
-    /// Per-operation network timeout, e.g. 60s [default: TIMEOUT, else 600s].
-    #[arg(short = 'T', long, env = "LORS_TIMEOUT", value_parser = duration_arg)]
-    timeout: Option<Duration>,
-    /// Settings file [default: ~/.xndrc].
-    #[arg(long, value_name = "FILE")]
-    xndrc: Option<PathBuf>,
+    #[command(flatten)]
+    net: super::NetOpts,
     /// No end-to-end functions: store the bytes as they are.
     #[arg(short = 'n', long = "none", conflicts_with_all = ["checksum", "compress", "encrypt", "zlib"])]
     no_e2e: bool,
@@ -276,8 +275,6 @@ fn record_unreleased(stranded: &lors_exnode::ExNode, said: &str, out: &std::path
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let rc = lors::xndrc::load(a.xndrc.as_deref()).map_err(UsageError)?;
-    let e2e = chain(&a, &rc)?;
     let stdin = a.file.as_os_str() == "-";
     let uri = match (&a.output, a.auto_name) {
         (Some(o), _) => o.clone(),
@@ -298,13 +295,17 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     };
     let out = uri.path.clone();
     check_output(&out, a.force)?;
-    // Flag (or env) > lors:// URI > ~/.xndrc > default.
-    let copies = a.copies.or(uri.copies).or(rc.copies).unwrap_or(3);
-    let timeout = a
-        .timeout
-        .or(uri.timeout)
-        .or(rc.timeout)
-        .unwrap_or(Duration::from_secs(600));
+    let flags = Layer {
+        copies: a.copies,
+        block_size: a.block_size,
+        threads: a.threads,
+        duration: a.duration,
+        hard: a.soft.then_some(false),
+        ..a.place.layer(a.lbone.layer())
+    };
+    let s = super::settings(&a.net, flags, Some(&uri))?;
+    let e2e = chain(&a, &s.rc)?;
+    let copies = s.copies.unwrap_or(3);
     let filename = if stdin {
         out.file_stem()
             .map_or_else(|| "stdin".into(), |s| s.to_string_lossy().into_owned())
@@ -316,43 +317,31 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    let block_size = a
-        .block_size
-        .or(uri.block_size)
-        .or(rc.block_size)
-        .unwrap_or(10 << 20);
+    let block_size = s.block_size.unwrap_or(10 << 20);
     check_block_size(block_size, a.small_blocks, (!stdin).then_some(&a.file))?;
-    let duration = a
-        .duration
-        .or(uri.duration)
-        .or(rc.duration)
-        .unwrap_or(Duration::from_secs(86_400));
     // Room for the e2e overhead on top of the block.
     let bytes = block_size + block_size / 64 + (64 << 10);
     let found = super::Placement {
         depots: &a.depots,
-        lbone: &a.lbone,
-        uri_lbone: uri.lbone.as_ref(),
-        place: &a.place,
-        rc: &rc,
+        settings: &s,
     }
-    .find(&rt, copies, bytes, duration, Vec::new())?;
+    .find(&rt, copies, bytes, Vec::new())?;
     let (depots, directory) = (found.depots, found.directory);
     let opts = UploadOptions {
         depots,
         block_size,
         copies,
-        threads: a.threads.or(uri.threads).or(rc.threads).unwrap_or(8),
-        duration,
-        reliability: if a.soft || rc.hard == Some(false) {
-            Reliability::Soft
-        } else {
+        threads: s.threads.unwrap_or(8),
+        duration: s.duration,
+        reliability: if s.hard {
             Reliability::Hard
+        } else {
+            Reliability::Soft
         },
         filename,
         e2e,
     };
-    let cfg = ClientConfig::with_io_timeout(timeout);
+    let cfg = s.client();
     let progress = Arc::new(TermProgress::new("uploading", a.quiet));
     let started = std::time::Instant::now();
     let pool = Arc::new(Pool::new(cfg));

@@ -3,7 +3,7 @@
 use std::collections::HashSet;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use lors::download::{DownloadOptions, Output, download};
 use lors::upload::{UploadOptions, upload};
@@ -12,7 +12,9 @@ use lors_ibp::proto::Reliability;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 
-use crate::util::{DepotProc, client_cfg, lors, lors_cmd, lors_within, pattern, tempdir};
+use crate::util::{
+    DepotProc, client_cfg, lors, lors_cmd, lors_within, lors_within_env, pattern, tempdir,
+};
 
 fn depots(n: usize, dir: &Path) -> Vec<DepotProc> {
     (0..n)
@@ -1868,4 +1870,138 @@ fn twenty_uploads_and_downloads_survive_a_depot_killed_three_times() {
             );
         }
     }
+}
+
+/// One timeout policy, one resolution order: against a depot that accepts
+/// connections and never answers (SIGSTOP), every command gives up after
+/// the `-T` it was given — by flag, `lors://…?timeout=`, `LORS_TIMEOUT` or
+/// `TIMEOUT` in the settings file — and the higher source wins.
+#[test]
+fn every_command_gives_a_silent_depot_up_after_the_one_timeout() {
+    let dir = tempdir();
+    let ds = depots(2, dir.path());
+    let data = pattern(200_000, 9);
+    let xnd = upload_cli(
+        &ds[..1],
+        dir.path(),
+        "t.bin",
+        &data,
+        &["-c", "1", "-b", "100K"],
+    );
+    let path = xnd.to_str().unwrap().to_owned();
+    // trim --decrement gets its own file: the DECR it gave up waiting for
+    // is still queued at the frozen depot, which frees it once thawed.
+    let doomed = upload_cli(
+        &ds[..1],
+        dir.path(),
+        "u.bin",
+        &data,
+        &["-c", "1", "-b", "100K"],
+    );
+    let doomed = doomed.to_str().unwrap().to_owned();
+    let uri = |t: u32| format!("lors:///{path}?timeout={t}");
+    let rc = |t: &str| {
+        let f = dir.path().join(format!("xndrc-{t}"));
+        std::fs::write(&f, format!("TIMEOUT {t}\n")).unwrap();
+        f.display().to_string()
+    };
+    let (rc_slow, rc_fast) = (rc("600s"), rc("1s"));
+    let out = dir.path().join("t.out").display().to_string();
+    let trimmed = dir.path().join("trimmed.xnd").display().to_string();
+    let copy = dir.path().join("copy.xnd").display().to_string();
+    ds[0].signal("STOP");
+    // A 20 s limit: the old fixed deadlines (20 s for ls/stat, 60 s for
+    // augment/refresh/trim, 600 s for transfers) would all be cut off.
+    let limit = Duration::from_secs(20);
+    let slow_env = [("LORS_TIMEOUT", "600")];
+    let uri_fast = uri(1);
+    let uri_slow = uri(600);
+    let target = ds[1].addr.clone();
+    let frozen = ds[0].addr.clone();
+    let src = dir.path().join("t.bin").display().to_string();
+    let new_uri = format!("lors:///{}?timeout=1", dir.path().join("new.xnd").display());
+    type Env<'a> = &'a [(&'a str, &'a str)];
+    let cases: Vec<(&str, Vec<&str>, Env)> = vec![
+        ("ls, flag over URI", vec!["ls", "-T", "1s", &uri_slow], &[]),
+        (
+            "stat, URI over environment",
+            vec!["stat", &uri_fast],
+            &slow_env,
+        ),
+        (
+            "refresh, environment over file",
+            vec!["refresh", "--by", "1h", "--xndrc", &rc_slow, &path],
+            &[("LORS_TIMEOUT", "1")],
+        ),
+        (
+            "trim, file",
+            vec![
+                "trim",
+                "--xndrc",
+                &rc_fast,
+                "--decrement",
+                "--allow-holes",
+                "-m",
+                "0",
+                "-o",
+                &trimmed,
+                &doomed,
+            ],
+            &[],
+        ),
+        (
+            "download, flag over environment",
+            vec!["download", "-q", "-T", "1s", "-o", &out, &path],
+            &slow_env,
+        ),
+        (
+            "upload, URI over file",
+            vec![
+                "upload", "-q", "--xndrc", &rc_slow, "--depot", &frozen, "-c", "1", "-o", &new_uri,
+                &src,
+            ],
+            &[],
+        ),
+        (
+            "augment, flag",
+            vec![
+                "augment", "-q", "-T", "1s", "--depot", &target, "-o", &copy, &path,
+            ],
+            &[],
+        ),
+    ];
+    for (what, args, env) in &cases {
+        let t0 = Instant::now();
+        let r = lors_within_env(args, env, limit);
+        let took = t0.elapsed();
+        ds[0].signal("CONT");
+        ds[0].signal("STOP");
+        let Some((ok, err)) = r else {
+            panic!("{what}: still waiting on the silent depot after {limit:?}")
+        };
+        assert!(
+            took < Duration::from_secs(15),
+            "{what}: took {took:?}, so the 1 s timeout was not the one applied"
+        );
+        // ls, stat and refresh list each mapping's state on stdout and end
+        // with what failed; the others name the depot and the timeout.
+        let want = match what.split(',').next() {
+            Some("ls" | "stat") => "no live replica",
+            Some("refresh") => "were not refreshed",
+            _ => "within 1s",
+        };
+        assert!(err.contains(want), "{what}: wanted {want:?} in: {err}");
+        if what.starts_with("trim") {
+            // The mapping leaves the exNode; the user is told the
+            // allocation may not have been released.
+            assert!(err.contains("not released"), "{what}: {err}");
+        } else {
+            assert!(!ok, "{what}: succeeded against a silent depot");
+        }
+    }
+    ds[0].signal("CONT");
+    // Nothing was lost on the depot by the commands that gave up.
+    let (ok, got, err) = lors(&["download", "-q", "-o", "-", &path]);
+    assert!(ok, "{err}");
+    assert_eq!(got, data);
 }

@@ -276,7 +276,20 @@ pub fn lors_env(args: &[&str], env: &[(&str, &str)]) -> (bool, Vec<u8>, String) 
 /// Runs `lors ARGS…` (stdout discarded), killing it after `limit`:
 /// `None` when it had to be killed (a hang), else (success, stderr).
 pub fn lors_within(args: &[&str], limit: Duration) -> Option<(bool, String)> {
-    let mut child = lors_cmd(args)
+    lors_within_env(args, &[], limit)
+}
+
+/// [`lors_within`] with extra environment variables.
+pub fn lors_within_env(
+    args: &[&str],
+    env: &[(&str, &str)],
+    limit: Duration,
+) -> Option<(bool, String)> {
+    let mut cmd = lors_cmd(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
