@@ -14,10 +14,8 @@ pub mod stat;
 pub mod trim;
 pub mod upload;
 
-use std::io::IsTerminal as _;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context as _;
 use lors::settings::{Layer, Settings};
@@ -343,99 +341,6 @@ pub fn exnode_arg(s: &str) -> Result<lors::uri::ExnodeRef, String> {
     lors::uri::ExnodeRef::parse(s)
 }
 
-/// A one-line progress display on stderr, drawn only on a terminal.
-pub struct TermProgress {
-    what: &'static str,
-    state: Mutex<(Option<u64>, u64, Instant, Instant)>,
-    tty: bool,
-}
-
-impl TermProgress {
-    pub fn new(what: &'static str, quiet: bool) -> Self {
-        let now = Instant::now();
-        TermProgress {
-            what,
-            state: Mutex::new((None, 0, now, now)),
-            tty: !quiet && std::io::stderr().is_terminal(),
-        }
-    }
-
-    /// Clears the line.
-    pub fn finish(&self) {
-        if self.tty {
-            eprint!("\r\x1b[2K");
-        }
-    }
-}
-
-impl lors::Progress for TermProgress {
-    fn start(&self, total: Option<u64>) {
-        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        s.0 = total;
-        s.2 = Instant::now();
-    }
-
-    fn advance(&self, bytes: u64) {
-        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        s.1 += bytes;
-        if !self.tty || s.3.elapsed() < Duration::from_millis(200) {
-            return;
-        }
-        s.3 = Instant::now();
-        eprint!("\r\x1b[2K{}", render(self.what, s.1, s.0, s.2.elapsed()));
-    }
-
-    fn note(&self, message: &str) {
-        self.finish();
-        eprintln!("lors: {message}");
-    }
-}
-
-/// One progress line: `WHAT [####----]  45%  1.2/2.7 GiB  812 MiB/s  ETA 0:02`
-/// (without a bar and ETA when the total is unknown).
-fn render(what: &str, done: u64, total: Option<u64>, elapsed: Duration) -> String {
-    const WIDTH: usize = 24;
-    let rate = done as f64 / elapsed.as_secs_f64().max(1e-3);
-    let per_s = format!("{}/s", human(rate as u64));
-    match total {
-        Some(t) if t > 0 => {
-            let frac = (done as f64 / t as f64).clamp(0.0, 1.0);
-            let fill = (frac * WIDTH as f64).round() as usize;
-            let eta = if rate > 0.0 {
-                let left = (t.saturating_sub(done) as f64 / rate) as u64;
-                format!("{}:{:02}", left / 60, left % 60)
-            } else {
-                "?".into()
-            };
-            format!(
-                "{what} [{}{}] {:>3.0}%  {}/{}  {per_s}  ETA {eta}",
-                "#".repeat(fill),
-                "-".repeat(WIDTH - fill),
-                frac * 100.0,
-                human(done),
-                human(t),
-            )
-        }
-        _ => format!("{what} {}  {per_s}", human(done)),
-    }
-}
-
-/// Bytes in binary units, one decimal.
-fn human(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = n as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u < UNITS.len() - 1 {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{n} B")
-    } else {
-        format!("{v:.1} {}", UNITS[u])
-    }
-}
-
 /// One line of `--json` output: `v` as compact JSON.
 pub fn json_line<T: serde::Serialize>(v: &T) -> anyhow::Result<String> {
     Ok(serde_json::to_string(v)?)
@@ -466,24 +371,5 @@ mod tests {
             let e = depot_arg(bad).unwrap_err();
             assert!(e.contains("give HOST or HOST:PORT"), "{bad}: {e}");
         }
-    }
-
-    #[test]
-    fn progress_line_shows_bar_percent_sizes_rate_and_eta() {
-        let l = render(
-            "downloading",
-            512 << 20,
-            Some(1 << 30),
-            Duration::from_secs(2),
-        );
-        assert_eq!(
-            l,
-            "downloading [############------------]  50%  512.0 MiB/1.0 GiB  256.0 MiB/s  ETA 0:02"
-        );
-        assert_eq!(
-            render("uploading", 3 << 10, None, Duration::from_secs(1)),
-            "uploading 3.0 KiB  3.0 KiB/s"
-        );
-        assert_eq!(human(999), "999 B");
     }
 }

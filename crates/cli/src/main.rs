@@ -8,6 +8,7 @@ use std::process::ExitCode;
 use clap::{CommandFactory, Parser, Subcommand};
 
 mod commands;
+mod report;
 
 /// Logistical networking storage: IBP depots and the LoRS tools.
 #[derive(Parser)]
@@ -76,7 +77,7 @@ fn init_logging(verbose: u8, default: &str) {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr)
+        .with_writer(report::LogWriter)
         .init();
 }
 
@@ -111,6 +112,7 @@ fn main() -> ExitCode {
         // shell shows for a program ended by SIGPIPE, as `cat` does.
         Err(e) if broken_pipe(&e) => ExitCode::from(141),
         Err(e) => {
+            report::clear();
             eprintln!("lors: error: {e:#}");
             if e.downcast_ref::<UsageError>().is_some() {
                 ExitCode::from(2)

@@ -179,6 +179,7 @@ fn main() {
                     true,
                     true,
                     &pool,
+                    &lors::NoProgress,
                 )
                 .await
                 .unwrap();

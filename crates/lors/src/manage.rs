@@ -13,7 +13,7 @@ use lors_ibp::{Capability, Connection, ProbeInfo};
 
 use crate::error::{Error, Result};
 use crate::pool::Pool;
-use crate::progress::Progress;
+use crate::progress::{Event, NoProgress, Progress};
 
 /// Blocks of an exNode: each distinct logical range with the indices of the
 /// mappings (replicas) that hold it.
@@ -25,6 +25,16 @@ pub fn blocks(x: &ExNode) -> BTreeMap<(u64, u64), Vec<usize>> {
             .push(i);
     }
     b
+}
+
+/// How many replicas [`replicate`] makes of each block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Replicas {
+    /// This many more (augment).
+    More(usize),
+    /// Enough that this many are on the given depots, counting those
+    /// already there (route).
+    OnTargets(usize),
 }
 
 /// Adds `copies` replicas of every block on `depots`, each on a depot that
@@ -39,17 +49,51 @@ pub async fn augment(
     pool: &Pool,
     progress: &dyn Progress,
 ) -> Result<ExNode> {
+    let want = Replicas::More(copies);
+    replicate(x, depots, want, duration, reliability, pool, progress).await
+}
+
+/// Copies blocks depot-to-depot onto `depots` as `want` says, each new
+/// replica on a depot that does not hold that block yet; `progress` counts
+/// the bytes copied. New mappings are appended; the input exNode is not
+/// changed. When it fails, the replicas it made are released.
+pub async fn replicate(
+    x: &ExNode,
+    depots: &[String],
+    want: Replicas,
+    duration: Duration,
+    reliability: Reliability,
+    pool: &Pool,
+    progress: &dyn Progress,
+) -> Result<ExNode> {
     if depots.is_empty() {
         return Err(Error::NoDepots);
     }
     let mut out = x.clone();
     let mut load: BTreeMap<String, usize> = depots.iter().map(|d| (d.clone(), 0)).collect();
+    // Per block: its replicas, the depots holding it, the copies it needs.
+    type Plan = ((u64, u64), Vec<usize>, HashSet<String>, usize);
+    let plan: Vec<Plan> = blocks(x)
+        .into_iter()
+        .map(|(range, idx)| {
+            let holders: HashSet<String> =
+                idx.iter().filter_map(|&i| x.mappings[i].depot()).collect();
+            let copies = match want {
+                Replicas::More(n) => n,
+                Replicas::OnTargets(n) => {
+                    n.saturating_sub(holders.iter().filter(|d| load.contains_key(*d)).count())
+                }
+            };
+            (range, idx, holders, copies)
+        })
+        .collect();
     progress.start(Some(
-        x.mappings.iter().map(|m| m.logical_length).sum::<u64>(),
+        plan.iter().map(|((_, len), _, _, n)| len * *n as u64).sum(),
     ));
-    for ((offset, len), idx) in blocks(x) {
-        let mut holders: HashSet<String> =
-            idx.iter().filter_map(|&i| x.mappings[i].depot()).collect();
+    for ((offset, len), idx, mut holders, copies) in plan {
+        if copies == 0 {
+            continue;
+        }
         let sources: Vec<&Mapping> = idx
             .iter()
             .map(|&i| &x.mappings[i])
@@ -100,12 +144,16 @@ pub async fn augment(
                             });
                             holders.insert(t.clone());
                             *load.get_mut(&t).expect("target is in the map") += 1;
+                            progress.advance(&t, len);
                             done = true;
                             break 'targets;
                         }
                         Err(e) => {
                             last = e.to_string();
-                            progress.note(&format!("copy of block at {offset} to {t} failed: {e}"));
+                            progress.event(&Event::Retry {
+                                depot: t.clone(),
+                                why: format!("copy of the block at byte {offset} failed: {e}"),
+                            });
                         }
                     }
                 }
@@ -121,7 +169,6 @@ pub async fn augment(
                 return Err(Error::Store { offset, last });
             }
         }
-        progress.advance(len);
     }
     Ok(out)
 }
@@ -163,14 +210,16 @@ pub struct Trimmed {
 
 /// Removes the selected mappings. With `release`, each removed allocation's
 /// read reference is dropped first (MANAGE DECR), so the depot frees it now
-/// instead of at expiry. Refuses to remove the last replica of any block
-/// unless `allow_holes`.
+/// instead of at expiry; the depots are asked in parallel and `progress`
+/// counts allocations released. Refuses to remove the last replica of any
+/// block unless `allow_holes`.
 pub async fn trim(
     x: &ExNode,
     sel: &Selection,
     release: bool,
     allow_holes: bool,
     pool: &Pool,
+    progress: &dyn Progress,
 ) -> Result<Trimmed> {
     if !allow_holes {
         for ((offset, len), idx) in blocks(x) {
@@ -188,6 +237,7 @@ pub async fn trim(
         mappings: Vec::new(),
     };
     let mut removed = 0;
+    let mut jobs = Vec::new();
     let mut release_errors = Vec::new();
     for (i, m) in x.mappings.iter().enumerate() {
         if !sel.contains(i, m) {
@@ -195,23 +245,23 @@ pub async fn trim(
             continue;
         }
         removed += 1;
-        if release {
-            let r = match &m.manage {
-                None => Err("no manage capability".to_string()),
-                Some(cap) => async {
-                    let mut c = pool.get(&cap.address()).await?;
-                    c.decr(cap, CapKind::Read).await?;
-                    pool.put(c);
-                    Ok::<_, lors_ibp::Error>(())
-                }
-                .await
-                .map_err(|e| e.to_string()),
-            };
-            if let Err(e) = r {
-                release_errors.push((i, e));
-            }
+        match (&m.manage, release) {
+            (_, false) => {}
+            (None, true) => release_errors.push((i, "no manage capability".to_string())),
+            (Some(cap), true) => jobs.push((i, cap.clone())),
         }
     }
+    progress.start(Some(jobs.len() as u64));
+    let done = by_depot(jobs, pool, progress, |mut c, cap| async move {
+        let r = c.decr(&cap, CapKind::Read).await;
+        (c, r)
+    })
+    .await;
+    release_errors.extend(
+        done.into_iter()
+            .filter_map(|(i, r)| Some((i, r.err()?.to_string()))),
+    );
+    release_errors.sort_unstable_by_key(|&(i, _)| i);
     Ok(Trimmed {
         exnode: keep,
         removed,
@@ -230,49 +280,63 @@ pub enum Lease {
     Max,
 }
 
-/// Extends the lease of every mapping that has a manage capability. Returns
-/// per-mapping outcomes: new seconds left, or the error.
+/// Extends the lease of every mapping that has a manage capability, the
+/// depots in parallel; `progress` counts allocations done. Returns
+/// per-mapping outcomes in exNode order: new seconds left, or the error.
 pub async fn refresh(
     x: &ExNode,
     lease: Lease,
     pool: &Pool,
+    progress: &dyn Progress,
 ) -> Vec<(usize, std::result::Result<i64, String>)> {
     let mut out = Vec::new();
+    let mut jobs = Vec::new();
     for (i, m) in x.mappings.iter().enumerate() {
-        let Some(cap) = &m.manage else {
-            out.push((i, Err("no manage capability".into())));
-            continue;
-        };
-        let r = async {
-            let mut c = pool.get(&cap.address()).await?;
-            // CHNG carries the max size and reliability the allocation has:
-            // the reference depot takes max size 0 as "shrink to 0" (-20)
-            // rather than "keep", as LoRS's own lors_refresh knows.
-            let now = c.probe(cap).await?;
-            let secs = match lease {
-                Lease::To(d) => i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
-                Lease::By(d) => now
-                    .seconds_left
-                    .saturating_add(i64::try_from(d.as_secs()).unwrap_or(i64::MAX)),
-                Lease::Max => {
-                    let rid = cap.rid.clone().unwrap_or_else(|| "0".into());
-                    let st = c.status(&rid, "ibp").await?;
-                    i64::try_from(st.get_u64("DR").unwrap_or(0))
-                        .unwrap_or(i64::MAX)
-                        .max(1)
-                }
-            };
-            let rel = lors_ibp::proto::Reliability::from_number(now.reliability);
-            c.change(cap, now.max_size, secs.max(1), rel).await?;
-            let p = c.probe(cap).await?;
-            pool.put(c);
-            Ok::<_, lors_ibp::Error>(p.seconds_left)
+        match &m.manage {
+            None => out.push((i, Err("no manage capability".into()))),
+            Some(cap) => jobs.push((i, cap.clone())),
         }
-        .await
-        .map_err(|e| e.to_string());
-        out.push((i, r));
     }
+    progress.start(Some(jobs.len() as u64));
+    let done = by_depot(jobs, pool, progress, move |mut c, cap| async move {
+        let r = extend(&mut c, &cap, lease).await;
+        (c, r)
+    })
+    .await;
+    out.extend(
+        done.into_iter()
+            .map(|(i, r)| (i, r.map_err(|e| e.to_string()))),
+    );
+    out.sort_unstable_by_key(|&(i, _)| i);
     out
+}
+
+/// One allocation's lease extended as `lease` says; the seconds it has left.
+async fn extend(
+    c: &mut Connection,
+    cap: &Capability,
+    lease: Lease,
+) -> std::result::Result<i64, lors_ibp::Error> {
+    // CHNG carries the max size and reliability the allocation has: the
+    // reference depot takes max size 0 as "shrink to 0" (-20) rather than
+    // "keep", as LoRS's own lors_refresh knows.
+    let now = c.probe(cap).await?;
+    let secs = match lease {
+        Lease::To(d) => i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+        Lease::By(d) => now
+            .seconds_left
+            .saturating_add(i64::try_from(d.as_secs()).unwrap_or(i64::MAX)),
+        Lease::Max => {
+            let rid = cap.rid.clone().unwrap_or_else(|| "0".into());
+            let st = c.status(&rid, "ibp").await?;
+            i64::try_from(st.get_u64("DR").unwrap_or(0))
+                .unwrap_or(i64::MAX)
+                .max(1)
+        }
+    };
+    let rel = lors_ibp::proto::Reliability::from_number(now.reliability);
+    c.change(cap, now.max_size, secs.max(1), rel).await?;
+    Ok(c.probe(cap).await?.seconds_left)
 }
 
 /// A copy of the exNode without the chosen capabilities, for sharing: strip
@@ -361,54 +425,116 @@ impl Probe {
 /// cannot be reached its other mappings are reported unreachable without
 /// waiting for it again.
 pub async fn probe_all(x: &ExNode, pool: &Pool) -> Vec<Probe> {
-    let mut by_depot: BTreeMap<String, Vec<(usize, Capability)>> = BTreeMap::new();
+    let jobs = x
+        .mappings
+        .iter()
+        .enumerate()
+        .filter_map(|(i, m)| {
+            let c = m.manage.as_ref().or(m.read.as_ref()).or(m.write.as_ref())?;
+            Some((i, c.clone()))
+        })
+        .collect();
     let mut out = vec![Probe::Failed("no capability".into()); x.mappings.len()];
-    for (i, m) in x.mappings.iter().enumerate() {
-        if let Some(c) = m.manage.as_ref().or(m.read.as_ref()).or(m.write.as_ref()) {
-            by_depot
-                .entry(c.address())
-                .or_default()
-                .push((i, c.clone()));
+    for (i, r) in by_depot(jobs, pool, &NoProgress, |mut c, cap| async move {
+        let r = c.probe(&cap).await;
+        (c, r)
+    })
+    .await
+    {
+        out[i] = match r {
+            Err(Failure::Skipped(why)) => Probe::Unreachable(why),
+            Err(Failure::Op(e)) => Probe::from_result(Err(e)),
+            Ok(p) => Probe::Live(p),
+        };
+    }
+    out
+}
+
+/// Why one job of [`by_depot`] has no result.
+#[derive(Debug)]
+enum Failure {
+    /// The operation failed.
+    Op(lors_ibp::Error),
+    /// Not tried: the depot could not be reached for an earlier job.
+    Skipped(String),
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::Op(e) => e.fmt(f),
+            Failure::Skipped(why) => f.write_str(why),
         }
     }
+}
+
+/// Runs `op` on every `(index, capability)` of `jobs`: the depots in
+/// parallel, each over one connection (which `op` hands back), its jobs one
+/// after another. Once a
+/// depot cannot be reached (connect refused, timed out, connection lost),
+/// its remaining jobs fail with that error without waiting for it again.
+/// Each finished job advances `progress` by one on its depot. Results are
+/// in no particular order.
+async fn by_depot<T, F, Fut>(
+    jobs: Vec<(usize, Capability)>,
+    pool: &Pool,
+    progress: &dyn Progress,
+    op: F,
+) -> Vec<(usize, std::result::Result<T, Failure>)>
+where
+    T: Send + 'static,
+    F: Fn(Connection, Capability) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = (Connection, std::result::Result<T, lors_ibp::Error>)> + Send,
+{
+    let mut per: BTreeMap<String, Vec<(usize, Capability)>> = BTreeMap::new();
+    for (i, c) in jobs {
+        per.entry(c.address()).or_default().push((i, c));
+    }
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let mut set = tokio::task::JoinSet::new();
-    for (addr, caps) in by_depot {
-        let cfg = pool.config().clone();
+    for (addr, caps) in per {
+        let (cfg, op, tx) = (pool.config().clone(), op.clone(), tx.clone());
         set.spawn(async move {
             let mut conn: Option<Connection> = None;
             let mut down: Option<String> = None;
-            let mut got = Vec::with_capacity(caps.len());
             for (i, cap) in caps {
-                let p = match &down {
-                    Some(why) => Probe::Unreachable(why.clone()),
+                let r = match &down {
+                    Some(why) => Err(Failure::Skipped(why.clone())),
                     None => {
                         let r = async {
-                            let mut c = match conn.take() {
+                            let c = match conn.take() {
                                 Some(c) => c,
                                 None => Connection::connect(&addr, &cfg).await?,
                             };
-                            let r = c.probe(&cap).await;
+                            let (c, r) = op(c, cap).await;
                             if c.is_healthy() {
                                 conn = Some(c);
                             }
                             r
                         }
                         .await;
-                        Probe::from_result(r)
+                        if let Err(e) = &r
+                            && e.status().is_none()
+                            && e.is_retryable()
+                        {
+                            down = Some(e.to_string());
+                        }
+                        r.map_err(Failure::Op)
                     }
                 };
-                if let Probe::Unreachable(why) = &p {
-                    down = Some(why.clone());
-                }
-                got.push((i, p));
+                let _ = tx.send((i, addr.clone(), r));
             }
-            got
         });
     }
+    drop(tx);
+    let mut out = Vec::new();
+    while let Some((i, addr, r)) = rx.recv().await {
+        progress.advance(&addr, 1);
+        out.push((i, r));
+    }
     while let Some(done) = set.join_next().await {
-        match done {
-            Ok(got) => got.into_iter().for_each(|(i, p)| out[i] = p),
-            Err(e) => tracing::warn!(error = %e, "probing a depot"),
+        if let Err(e) = done {
+            tracing::warn!(error = %e, "a depot's task ended abnormally");
         }
     }
     out

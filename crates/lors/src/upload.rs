@@ -21,7 +21,7 @@ use tokio::sync::Semaphore;
 
 use crate::error::{Error, Result};
 use crate::pool::Pool;
-use crate::progress::Progress;
+use crate::progress::{Event, Progress};
 
 /// Upload settings.
 #[derive(Debug, Clone)]
@@ -170,8 +170,10 @@ impl Shared {
             d.dead[i] = true;
             let addr = d.addrs[i].clone();
             drop(d);
-            self.progress
-                .note(&format!("depot {addr} failed ({err}); using the others"));
+            self.progress.event(&Event::Failover {
+                depot: addr,
+                why: err.to_string(),
+            });
         }
     }
 
@@ -205,7 +207,10 @@ impl Shared {
                     // other, or the source died). Part or all of the copy may
                     // have landed in `caps` all the same, so we send ours
                     // into a fresh allocation and release that one.
-                    tracing::info!(error = %e, "SEND failed; storing the copy directly");
+                    self.progress.event(&Event::Retry {
+                        depot: src.read.address(),
+                        why: format!("copy to {addr} failed ({e}); sending it from here"),
+                    });
                     self.release(&caps).await;
                     let fresh = self.allocate(addr, offset, len, data).await?;
                     if let Err(e) = self.store(&fresh.write, data).await {
@@ -485,7 +490,7 @@ async fn run<R: AsyncRead + Unpin>(
                     .await?;
                 out.push(mapping(block_off, len, slen, &e2e, c.1));
             }
-            sh.progress.advance(len);
+            sh.progress.advance(&first.1.write.address(), len);
             Ok::<_, Error>((salt, out))
         });
         offset += got;

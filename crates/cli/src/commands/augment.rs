@@ -1,6 +1,5 @@
 //! `lors augment`: add replicas, copied depot to depot.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use lors::Pool;
@@ -8,7 +7,8 @@ use lors::settings::Layer;
 use lors::uri::ExnodeRef;
 use lors_ibp::proto::Reliability;
 
-use super::{TermProgress, duration_arg};
+use super::duration_arg;
+use crate::report::{ReportOpts, Reporter, Unit};
 
 /// Add replicas of every block on other depots (copied depot to depot).
 #[derive(clap::Args)]
@@ -37,9 +37,8 @@ pub struct Args {
     /// Write the result here [default: replace the input].
     #[arg(short, long, value_name = "NEW.xnd", value_parser = super::exnode_arg)]
     output: Option<ExnodeRef>,
-    /// No progress display.
-    #[arg(short, long)]
-    quiet: bool,
+    #[command(flatten)]
+    report: ReportOpts,
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
@@ -50,7 +49,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     };
     let s = super::settings(&a.net, flags, Some(&a.exnode))?;
     let x = lors::xnd::load(&a.exnode.path)?;
-    let progress = Arc::new(TermProgress::new("augmenting", a.quiet));
+    let progress = Reporter::new("augment", Unit::Bytes, &a.report, false);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -77,12 +76,21 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     progress.finish();
     let out = a.output.map_or(a.exnode.path, |o| o.path);
     lors::xnd::save(&out, &y)?;
-    if !a.quiet {
-        eprintln!(
-            "lors: added {} mappings -> {}",
-            y.mappings.len() - x.mappings.len(),
-            out.display()
-        );
+    let added = y.mappings.len() - x.mappings.len();
+    if progress.is_json() {
+        progress.done(&Summary {
+            added,
+            exnode: &out.display().to_string(),
+        });
+    } else if !a.report.quiet {
+        eprintln!("lors: added {added} mappings -> {}", out.display());
     }
     Ok(())
+}
+
+/// `--json`: what an augment added.
+#[derive(serde::Serialize)]
+struct Summary<'a> {
+    added: usize,
+    exnode: &'a str,
 }

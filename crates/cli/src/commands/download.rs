@@ -9,8 +9,9 @@ use lors::download::{DownloadOptions, Output, download};
 use lors::settings::Layer;
 use lors::uri::ExnodeRef;
 
-use super::{TermProgress, block_size_arg, duration_arg, size_arg};
+use super::{block_size_arg, duration_arg, size_arg};
 use crate::UsageError;
+use crate::report::{ReportOpts, Reporter, Unit};
 
 /// Download a file from the depots its exNode names (fastest replicas first).
 #[derive(clap::Args)]
@@ -85,12 +86,8 @@ pub struct Args {
     no_redundancy: bool,
     #[command(flatten)]
     net: super::NetOpts,
-    /// No progress display.
-    #[arg(short, long)]
-    quiet: bool,
-    /// Print a JSON summary (on stderr when the data goes to stdout).
-    #[arg(long)]
-    json: bool,
+    #[command(flatten)]
+    report: ReportOpts,
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
@@ -171,7 +168,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         stall: a.stall,
     };
     let cfg = s.client();
-    let progress = Arc::new(TermProgress::new("downloading", a.quiet));
+    let progress = Reporter::new("download", Unit::Bytes, &a.report, stdout);
     let stats = rt.block_on(async {
         let pool = Arc::new(Pool::new(cfg));
         let output = if stdout {
@@ -220,8 +217,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         &stats.per_depot,
         stats.elapsed,
     ));
-    if a.json {
-        let line = super::json_line(&Report {
+    if progress.is_json() {
+        progress.done(&Report {
             bytes: stats.bytes,
             resumed_bytes: stats.resumed_bytes,
             retries: stats.retries,
@@ -235,14 +232,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                     bytes: *bytes,
                 })
                 .collect(),
-        })?;
-        if stdout {
-            eprintln!("{line}");
-        } else {
-            super::outln!("{line}");
-        }
-    }
-    if !a.quiet {
+        });
+    } else if !a.report.quiet {
         let secs = stats.elapsed.as_secs_f64();
         let depots: Vec<String> = stats
             .per_depot

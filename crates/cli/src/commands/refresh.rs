@@ -8,6 +8,7 @@ use lors::uri::ExnodeRef;
 
 use super::duration_arg;
 use crate::UsageError;
+use crate::report::{ReportOpts, Reporter, Unit};
 
 /// Extend the leases of an exNode's allocations (MANAGE CHNG).
 #[derive(clap::Args)]
@@ -30,6 +31,8 @@ pub struct Args {
     max: bool,
     #[command(flatten)]
     net: super::NetOpts,
+    #[command(flatten)]
+    report: ReportOpts,
     /// With -v, one line per allocation.
     #[arg(from_global)]
     verbose: u8,
@@ -53,8 +56,15 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let res = rt.block_on(lors::manage::refresh(&x, lease, &Pool::new(s.client())));
-    let mut failed = 0;
+    let progress = Reporter::new("refresh", Unit::Allocations, &a.report, false);
+    let res = rt.block_on(lors::manage::refresh(
+        &x,
+        lease,
+        &Pool::new(s.client()),
+        progress.as_ref(),
+    ));
+    progress.finish();
+    let json = progress.is_json();
     let numbering = x.numbering();
     let mut rows: Vec<_> = res
         .iter()
@@ -64,11 +74,12 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     // Failures are always listed; successes only with -v, else summed up.
     let mut depots = std::collections::BTreeSet::new();
     let mut soonest: Option<(i64, String)> = None;
+    let mut failures = Vec::new();
     for (n, i, r) in rows {
         let depot = x.mappings[i].depot().unwrap_or_default();
         match r {
             Ok(secs) => {
-                if a.verbose > 0 {
+                if a.verbose > 0 && !json {
                     super::outln!("{n:>3} {depot:<22} expires in {secs} s");
                 }
                 if soonest.as_ref().is_none_or(|(s, _)| *secs < *s) {
@@ -77,13 +88,28 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 depots.insert(depot);
             }
             Err(e) => {
-                failed += 1;
-                super::outln!("{n:>3} {depot:<22} not refreshed: {e}");
+                if !json {
+                    super::outln!("{n:>3} {depot:<22} not refreshed: {e}");
+                }
+                failures.push(Failure {
+                    mapping: n,
+                    depot,
+                    error: e,
+                });
             }
         }
     }
-    if let Some((secs, depot)) = &soonest {
-        let ok = res.len() - failed;
+    let ok = res.len() - failures.len();
+    if json {
+        progress.done(&Summary {
+            refreshed: ok,
+            depots: depots.len(),
+            soonest_s: soonest.as_ref().map(|(s, _)| *s),
+            failed: &failures,
+        });
+    } else if let Some((secs, depot)) = &soonest
+        && !a.report.quiet
+    {
         super::outln!(
             "refreshed {ok} allocation{} on {} depot{}; the soonest expires in {} ({depot})",
             if ok == 1 { "" } else { "s" },
@@ -93,11 +119,30 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         );
     }
     anyhow::ensure!(
-        failed == 0,
-        "{failed} of {} allocations were not refreshed",
+        failures.is_empty(),
+        "{} of {} allocations were not refreshed",
+        failures.len(),
         res.len()
     );
     Ok(())
+}
+
+/// `--json`: what a refresh did.
+#[derive(serde::Serialize)]
+struct Summary<'a> {
+    refreshed: usize,
+    depots: usize,
+    /// Seconds left on the allocation that expires first.
+    soonest_s: Option<i64>,
+    failed: &'a [Failure<'a>],
+}
+
+/// One allocation not refreshed.
+#[derive(serde::Serialize)]
+struct Failure<'a> {
+    mapping: usize,
+    depot: String,
+    error: &'a str,
 }
 
 /// `2d 3h`, `3h 5m`, `4m 10s`, `9s`: the two largest units.

@@ -1,15 +1,15 @@
 //! `lors route`: move a file onto other depots.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use lors::Pool;
-use lors::manage::Selection;
+use lors::manage::{Replicas, Selection};
 use lors::settings::Layer;
 use lors::uri::ExnodeRef;
 use lors_ibp::proto::Reliability;
 
-use super::{TermProgress, duration_arg};
+use super::duration_arg;
+use crate::report::{ReportOpts, Reporter, Unit};
 
 /// Move a file: copy its blocks onto the target depots (depot to depot), then
 /// remove and release the replicas elsewhere.
@@ -41,9 +41,8 @@ pub struct Args {
     /// Write the result here [default: replace the input].
     #[arg(short, long, value_name = "NEW.xnd", value_parser = super::exnode_arg)]
     output: Option<ExnodeRef>,
-    /// No progress display.
-    #[arg(short, long)]
-    quiet: bool,
+    #[command(flatten)]
+    report: ReportOpts,
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
@@ -55,17 +54,17 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let s = super::settings(&a.net, flags, Some(&a.exnode))?;
     let x = lors::xnd::load(&a.exnode.path)?;
     // Replicas already on a target count toward the copies wanted.
-    let progress = Arc::new(TermProgress::new("routing", a.quiet));
+    let progress = Reporter::new("route", Unit::Bytes, &a.report, false);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
     let targets = a.targets.find(&rt, &x, &s, a.copies, false)?.depots;
     let t = rt.block_on(async {
         let pool = Pool::new(s.client());
-        let y = lors::manage::augment(
+        let y = lors::manage::replicate(
             &x,
             &targets,
-            a.copies,
+            Replicas::OnTargets(a.copies),
             s.duration,
             if s.hard {
                 Reliability::Hard
@@ -82,6 +81,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             !a.keep_old,
             false,
             &pool,
+            &lors::NoProgress,
         )
         .await
     })?;
@@ -95,7 +95,14 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         let n = numbering.number(*i);
         eprintln!("lors: old mapping {n} was not released: {e}");
     }
-    if !a.quiet {
+    if progress.is_json() {
+        progress.done(&Summary {
+            depots: &targets,
+            removed: t.removed,
+            not_released: t.release_errors.len(),
+            exnode: &out.display().to_string(),
+        });
+    } else if !a.report.quiet {
         eprintln!(
             "lors: routed onto {} depots; {} old mappings removed -> {}",
             targets.len(),
@@ -104,4 +111,13 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// `--json`: where a route put the file.
+#[derive(serde::Serialize)]
+struct Summary<'a> {
+    depots: &'a [String],
+    removed: usize,
+    not_released: usize,
+    exnode: &'a str,
 }

@@ -6,6 +6,7 @@ use lors::Pool;
 use lors::manage::Selection;
 
 use crate::UsageError;
+use crate::report::{ReportOpts, Reporter, Unit};
 
 /// Remove mappings by index or depot; with --decrement also release their allocations.
 #[derive(clap::Args)]
@@ -35,6 +36,8 @@ pub struct Args {
     allow_holes: bool,
     #[command(flatten)]
     net: super::NetOpts,
+    #[command(flatten)]
+    report: ReportOpts,
     /// Write the result here [default: replace the input].
     #[arg(short, long, value_name = "NEW.xnd", value_parser = super::exnode_arg)]
     output: Option<ExnodeRef>,
@@ -71,19 +74,38 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
+    let progress = Reporter::new("trim", Unit::Allocations, &a.report, false);
     let t = rt.block_on(lors::manage::trim(
         &x,
         &sel,
         a.decrement,
         a.allow_holes,
         &Pool::new(s.client()),
+        progress.as_ref(),
     ))?;
+    progress.finish();
     let out = a.output.map_or(a.exnode.path, |o| o.path);
     lors::xnd::save(&out, &t.exnode)?;
     for (i, e) in &t.release_errors {
         let n = numbering.number(*i);
         eprintln!("lors: mapping {n}: removed, but its allocation was not released: {e}");
     }
-    eprintln!("lors: removed {} mappings -> {}", t.removed, out.display());
+    if progress.is_json() {
+        progress.done(&Summary {
+            removed: t.removed,
+            not_released: t.release_errors.len(),
+            exnode: &out.display().to_string(),
+        });
+    } else if !a.report.quiet {
+        eprintln!("lors: removed {} mappings -> {}", t.removed, out.display());
+    }
     Ok(())
+}
+
+/// `--json`: what a trim removed.
+#[derive(serde::Serialize)]
+struct Summary<'a> {
+    removed: usize,
+    not_released: usize,
+    exnode: &'a str,
 }

@@ -12,8 +12,9 @@ use lors::xndrc::Xndrc;
 use lors_exnode::functions::{Chain, Codec, LegacyChain, LegacyKind, Step};
 use lors_ibp::proto::Reliability;
 
-use super::{TermProgress, block_size_arg, duration_arg};
+use super::{block_size_arg, duration_arg};
 use crate::UsageError;
+use crate::report::{ReportOpts, Reporter, Unit};
 use lors::settings::Layer;
 
 /// Store a file on IBP depots, striped and replicated; write its exNode.
@@ -99,12 +100,8 @@ pub struct Args {
     /// depot: tiny blocks make millions of them).
     #[arg(long)]
     small_blocks: bool,
-    /// No progress display.
-    #[arg(short, long)]
-    quiet: bool,
-    /// Print a JSON summary on stdout.
-    #[arg(long)]
-    json: bool,
+    #[command(flatten)]
+    report: ReportOpts,
 }
 
 /// The end-to-end encoding the flags ask for.
@@ -342,7 +339,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         e2e,
     };
     let cfg = s.client();
-    let progress = Arc::new(TermProgress::new("uploading", a.quiet));
+    let progress = Reporter::new("upload", Unit::Bytes, &a.report, false);
     let started = std::time::Instant::now();
     let pool = Arc::new(Pool::new(cfg));
     let input = (!stdin)
@@ -404,19 +401,17 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     ));
     let size = x.logical_size();
     let secs = started.elapsed().as_secs_f64();
-    if a.json {
+    if progress.is_json() {
         let mib_per_s = size as f64 / 1048576.0 / secs.max(1e-9);
-        let line = super::json_line(&Report {
+        progress.done(&Report {
             exnode: &out.display().to_string(),
             size,
             mappings: x.mappings.len(),
             copies,
             seconds: super::json_secs(started.elapsed()),
             mib_per_s: (mib_per_s * 10.0).round() / 10.0,
-        })?;
-        super::outln!("{line}");
-    }
-    if !a.quiet {
+        });
+    } else if !a.report.quiet {
         eprintln!(
             "lors: uploaded {} bytes as {} mappings ({} copies) in {:.2}s, {:.1} MiB/s -> {}",
             size,

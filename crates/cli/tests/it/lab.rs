@@ -207,9 +207,11 @@ fn a_depot_at_a_tenth_of_the_rate_serves_less_and_the_download_is_identical() {
     // The JSON summary lists bytes per depot: the slow one must not have
     // carried its even share.
     let slow = lab.depots[0].as_ref().unwrap().addr.clone();
-    let json_at = report.find('{').expect("a JSON summary");
-    let v: serde_json::Value =
-        serde_json::from_str(report[json_at..].lines().next().unwrap()).expect("JSON summary");
+    let done = report
+        .lines()
+        .find(|l| l.starts_with("{\"event\":\"done\""))
+        .expect("a JSON done event");
+    let v: serde_json::Value = serde_json::from_str(done).expect("JSON summary");
     let served = v["per_depot"]
         .as_array()
         .unwrap()
@@ -292,4 +294,100 @@ fn an_upload_completes_on_the_other_depots_when_one_is_killed() {
 #[test]
 fn an_upload_completes_on_the_other_depots_when_a_link_is_cut() {
     upload_survives("lt5", "10.213.35", |lab| lab.cut(2));
+}
+
+/// On a terminal 80 columns wide, a download over rate-limited links draws
+/// a total line with rate and ETA and one line per depot, none wrapping,
+/// and names a depot that stalls.
+#[test]
+fn progress_bars_show_each_depot_fit_80_columns_and_name_a_stall() {
+    let Some(lab) = Lab::up("lt6", "10.213.36", 3) else {
+        return;
+    };
+    let (data, xnd) = lab.place();
+    let out = lab.path("out.bin");
+    // `script` gives the download a terminal of its own, 80 columns wide.
+    let cmd = format!(
+        "stty cols 80 rows 24; {} download --stall 1s -T 20s -o {out} {xnd}",
+        env!("CARGO_BIN_EXE_lors")
+    );
+    let ns = lab.ns(lab.client());
+    let child = Command::new(&ns[0])
+        .args(&ns[1..])
+        .args(["script", "-qec", &cmd, "/dev/null"])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run script");
+    let frozen = lab.depots[0].as_ref().unwrap();
+    after(500);
+    frozen.signal("STOP");
+    after(3000);
+    frozen.signal("CONT");
+    let res = child.wait_with_output().unwrap();
+    assert!(
+        res.status.success(),
+        "{}",
+        String::from_utf8_lossy(&res.stderr)
+    );
+    assert!(
+        std::fs::read(&out).unwrap() == data,
+        "downloaded bytes differ"
+    );
+    // What the terminal was sent, as lines: escape sequences dropped, cursor
+    // returns and newlines as breaks.
+    let raw = String::from_utf8_lossy(&res.stdout);
+    let mut text = String::new();
+    let mut chars = raw.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            if chars.next() == Some('[') {
+                for c in chars.by_ref() {
+                    if c.is_ascii_alphabetic() {
+                        break;
+                    }
+                }
+            }
+        } else if c == '\r' {
+            text.push('\n');
+        } else {
+            text.push(c);
+        }
+    }
+    // indicatif pads every line to the terminal's width and lets the
+    // terminal wrap to the next: cut what it drew into 80-column rows. A
+    // line of ours longer than 80 would leave a row starting mid-text.
+    let mut rows: Vec<String> = Vec::new();
+    for seg in text.lines().filter(|l| l.starts_with("download [")) {
+        let chars: Vec<char> = seg.chars().collect();
+        for row in chars.chunks(80) {
+            let row: String = row.iter().collect();
+            if !row.trim().is_empty() {
+                rows.push(row.trim_end().to_owned());
+            }
+        }
+    }
+    for r in &rows {
+        assert!(
+            r.starts_with("download [") || r.starts_with("  "),
+            "a progress line wrapped at 80 columns, leaving the row {r:?}: {text}"
+        );
+    }
+    assert!(
+        rows.iter()
+            .any(|l| l.starts_with("download [") && l.contains("ETA")),
+        "no total line with an ETA: {text}"
+    );
+    for d in lab.depots.iter().flatten() {
+        assert!(
+            rows.iter().any(|l| l.starts_with(&format!("  {}", d.addr))),
+            "no line for depot {}: {text}",
+            d.addr
+        );
+    }
+    assert!(
+        text.contains(&format!("depot {} has sent nothing for", frozen.addr)),
+        "the stalled depot is not named: {text}"
+    );
 }

@@ -224,9 +224,11 @@ fn cli_upload_ls_download_and_stream() {
     ]);
     assert!(ok);
     let j = String::from_utf8(out).unwrap();
+    let done = j.lines().last().unwrap_or_default();
     assert!(
-        j.starts_with("{\"bytes\":3000001,\"resumed_bytes\":0,")
-            && j.contains("\"per_depot\":[{\"depot\":"),
+        done.starts_with("{\"event\":\"done\",\"op\":\"download\",\"done\":3000001,")
+            && done.contains("\"bytes\":3000001,\"resumed_bytes\":0,")
+            && done.contains("\"per_depot\":[{\"depot\":"),
         "{j}"
     );
     // A byte range.
@@ -1588,11 +1590,11 @@ fn a_depot_that_black_holes_connections_is_marked_unreachable_once() {
     assert!(err.contains("bytes 0..102400 could not be read"), "{err}");
     let hole = format!("127.0.0.1:{port}");
     assert!(
-        err.contains(&format!("depot {hole} is unreachable")),
+        err.contains(&format!("depot {hole} given up")),
         "a connect timeout marks the depot dead: {err}"
     );
     assert!(
-        !err.contains(&format!("read from {hole} failed")),
+        !err.contains(&format!("depot {hole}: ")),
         "it is not tried block by block: {err}"
     );
 }
@@ -2004,4 +2006,162 @@ fn every_command_gives_a_silent_depot_up_after_the_one_timeout() {
     let (ok, got, err) = lors(&["download", "-q", "-o", "-", &path]);
     assert!(ok, "{err}");
     assert_eq!(got, data);
+}
+
+/// The `--json` event stream of one command: every line one JSON object,
+/// `start` first and `done` last (none when `done_expected` is false).
+fn json_events(out: &[u8], op: &str) -> Vec<serde_json::Value> {
+    let text = String::from_utf8_lossy(out);
+    let evs: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{op}: not JSON ({e}): {l}")))
+        .collect();
+    assert_eq!(
+        evs.first().map(|e| e["event"].clone()),
+        Some("start".into()),
+        "{op}: {text}"
+    );
+    assert_eq!(
+        evs.last().map(|e| e["event"].clone()),
+        Some("done".into()),
+        "{op}: {text}"
+    );
+    for e in &evs {
+        if e["event"] != "progress" {
+            assert!(
+                e.get("depot").is_some() || e.get("op").is_some(),
+                "{op}: {e}"
+            );
+        }
+    }
+    assert_eq!(evs[0]["op"], op);
+    evs
+}
+
+/// `--json` on every transfer command: a start event with the right total,
+/// events naming the depot that failed, and a done event that accounts
+/// for everything; `--progress` gives plain lines on a non-terminal.
+#[test]
+fn transfer_commands_stream_json_events_and_plain_progress() {
+    let dir = tempdir();
+    let mut ds = depots(3, dir.path());
+    let (a, b, c) = (ds[0].addr.clone(), ds[1].addr.clone(), ds[2].addr.clone());
+    let data = pattern(1_000_000, 3);
+    let src = dir.path().join("e.bin");
+    std::fs::write(&src, &data).unwrap();
+    let p = |n: &str| dir.path().join(n).display().to_string();
+    let (xnd, aug, out, trimmed, routed) =
+        (p("e.xnd"), p("aug.xnd"), p("e.out"), p("t.xnd"), p("r.xnd"));
+    let src = src.display().to_string();
+    let size = data.len() as u64;
+
+    let (ok, got, err) = lors(&[
+        "upload", "--json", "--depot", &a, "--depot", &b, "-c", "2", "-b", "100K", "-o", &xnd, &src,
+    ]);
+    assert!(ok, "{err}");
+    let ev = json_events(&got, "upload");
+    assert_eq!(ev[0]["total"], size);
+    let done = ev.last().unwrap();
+    assert_eq!(
+        (done["done"].clone(), done["mappings"].clone()),
+        (size.into(), 20.into())
+    );
+
+    // Plain periodic lines when stderr is not a terminal.
+    let (ok, _, err) = lors(&[
+        "upload",
+        "--progress",
+        "--depot",
+        &a,
+        "-c",
+        "1",
+        "-b",
+        "100K",
+        "-o",
+        &p("plain.xnd"),
+        &src,
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        err.lines()
+            .any(|l| l.starts_with("lors: upload [##############] 100% 976.6 KiB/976.6 KiB")),
+        "no plain progress line: {err}"
+    );
+
+    // augment counts what it copies: one new replica of every byte.
+    let (ok, got, err) = lors(&[
+        "augment", "--json", "--depot", &c, "-c", "1", "-o", &aug, &xnd,
+    ]);
+    assert!(ok, "{err}");
+    let ev = json_events(&got, "augment");
+    assert_eq!(ev[0]["total"], size, "augment's total");
+    let done = ev.last().unwrap();
+    assert_eq!(
+        (done["done"].clone(), done["added"].clone()),
+        (size.into(), 10.into())
+    );
+
+    // With A dead: download fails over and says so.
+    ds[0].kill9();
+    let (ok, got, err) = lors(&["download", "--json", "-o", &out, &aug]);
+    assert!(ok, "{err}");
+    assert_eq!(std::fs::read(&out).unwrap(), data);
+    let ev = json_events(&got, "download");
+    assert!(
+        ev.iter()
+            .any(|e| e["event"] == "failover" && e["depot"] == a.as_str()),
+        "no failover event naming {a}: {ev:?}"
+    );
+    assert_eq!(ev.last().unwrap()["done"], size);
+
+    // refresh: allocations as the unit; the dead depot's are listed as failed.
+    let (ok, got, _) = lors(&["refresh", "--json", "--by", "1h", &aug]);
+    assert!(!ok, "refresh with a dead depot must fail");
+    let ev = json_events(&got, "refresh");
+    assert_eq!(ev[0]["unit"], "allocations");
+    assert_eq!(ev[0]["total"], 30);
+    let done = ev.last().unwrap();
+    assert_eq!(done["refreshed"], 20);
+    let failed = done["failed"].as_array().unwrap();
+    assert!(
+        failed.len() == 10 && failed.iter().all(|f| f["depot"] == a.as_str()),
+        "{done}"
+    );
+
+    // trim: releases counted per allocation.
+    let (ok, got, err) = lors(&[
+        "trim",
+        "--json",
+        "--depot",
+        &b,
+        "--decrement",
+        "-o",
+        &trimmed,
+        &aug,
+    ]);
+    assert!(ok, "{err}");
+    let ev = json_events(&got, "trim");
+    let done = ev.last().unwrap();
+    assert_eq!(
+        (ev[0]["total"].clone(), done["done"].clone()),
+        (10.into(), 10.into())
+    );
+    assert_eq!(
+        (done["removed"].clone(), done["not_released"].clone()),
+        (10.into(), 0.into())
+    );
+
+    // route onto C: the old replicas on the dead depot cannot be released.
+    let (ok, got, err) = lors(&["route", "--json", "--depot", &c, "-o", &routed, &trimmed]);
+    assert!(ok, "{err}");
+    let ev = json_events(&got, "route");
+    let done = ev.last().unwrap();
+    assert_eq!(done["depots"], serde_json::json!([c]));
+    assert_eq!(
+        (done["removed"].clone(), done["not_released"].clone()),
+        (10.into(), 10.into())
+    );
+    let (ok, got, err) = lors(&["download", "-q", "-o", "-", &routed]);
+    assert!(ok, "{err}");
+    assert!(got == data);
 }

@@ -118,7 +118,7 @@ pub(super) async fn worker(
         if !claimed {
             continue; // a hedged copy arrived first
         }
-        ctx.progress.advance(len);
+        ctx.progress.advance(&depot, len);
         if let Some(f) = &out {
             let pos = offset - ctx.base;
             let r = match got {

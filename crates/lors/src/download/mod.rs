@@ -30,7 +30,7 @@ use tokio::sync::{Notify, Semaphore, mpsc};
 use crate::error::{Error, Result};
 use crate::plan::{check_geometry, plan};
 use crate::pool::Pool;
-use crate::progress::Progress;
+use crate::progress::{self, Progress};
 
 mod fetch;
 mod output;
@@ -181,14 +181,14 @@ impl Ctx {
     /// Releases the lock and tells the user what the scheduler noticed;
     /// whether it noticed anything.
     fn report(&self, mut g: std::sync::MutexGuard<'_, Shared>) -> bool {
-        let notes: Vec<String> = (g.sched.take_events().into_iter())
-            .map(|e| describe(&g.sched, e))
+        let events: Vec<progress::Event> = (g.sched.take_events().into_iter())
+            .map(|e| user_event(&g.sched, e))
             .collect();
         drop(g);
-        for n in &notes {
-            self.progress.note(n);
+        for e in &events {
+            self.progress.event(e);
         }
-        !notes.is_empty()
+        !events.is_empty()
     }
 
     /// The output failed: stop everything, keeping the first error.
@@ -206,30 +206,24 @@ impl Ctx {
     }
 }
 
-/// A scheduler event as the user reads it.
-fn describe(s: &Sched, e: Event) -> String {
+/// A scheduler event as the user (or a script) is told of it.
+fn user_event(s: &Sched, e: Event) -> progress::Event {
     match e {
-        Event::Unreachable { depot, why } => format!(
-            "depot {} is unreachable ({why}); reading its blocks from other replicas",
-            s.name(depot)
-        ),
-        Event::ReadFailed { depot, why } => format!(
-            "read from {} failed ({why}); trying another replica",
-            s.name(depot)
-        ),
-        Event::Stalled {
-            depot,
+        Event::Unreachable { depot, why } => progress::Event::Failover {
+            depot: s.name(depot).to_owned(),
+            why,
+        },
+        Event::ReadFailed { depot, why } => progress::Event::Retry {
+            depot: s.name(depot).to_owned(),
+            why,
+        },
+        Event::Stalled { depot, silent, .. } => progress::Event::Stalled {
+            depot: s.name(depot).to_owned(),
             silent,
-            moved,
-        } => format!(
-            "depot {} has sent nothing for {}s while others deliver; \
-             reading its {moved} pieces in flight from other replicas",
-            s.name(depot),
-            silent.as_secs()
-        ),
-        Event::Recovered { depot } => {
-            format!("depot {} delivers again after its stall", s.name(depot))
-        }
+        },
+        Event::Recovered { depot } => progress::Event::Recovered {
+            depot: s.name(depot).to_owned(),
+        },
     }
 }
 
