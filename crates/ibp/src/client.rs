@@ -443,20 +443,22 @@ impl Connection {
         Ok(len)
     }
 
-    /// LOAD straight into `out`'s file at byte `pos`, with no copy through
-    /// user space on Linux (see [`crate::zerocopy`]); other connections may
-    /// be loading into the same file. Errors writing the file are
+    /// LOAD straight into `file` at byte `pos`, with no copy through user
+    /// space on Linux (see [`crate::zerocopy`]); other connections may be
+    /// loading into the same file, taking turns at its `gate`
+    /// ([`zerocopy::recv_shared`]). Errors writing the file are
     /// [`Error::Local`].
     pub async fn load_to_file(
         &mut self,
         cap: &Capability,
         offset: u64,
         len: u64,
-        out: &zerocopy::SharedFile,
+        (file, gate): (&std::fs::File, &std::sync::Mutex<()>),
         pos: u64,
     ) -> Result<()> {
         self.load_header(cap, offset, len).await?;
-        let r = zerocopy::recv_shared(&mut self.stream, out, pos, len, self.cfg.io_timeout).await;
+        let idle = self.cfg.io_timeout;
+        let r = zerocopy::recv_shared(&mut self.stream, file, gate, pos, len, idle).await;
         self.xfer_result(r, "LOAD data", "LOAD output")
     }
 

@@ -125,48 +125,8 @@ thread_local! {
     static SPARE: std::cell::RefCell<Vec<Pipe>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// A file several connections receive into at once.
-///
-/// Writes into one file take its inode lock, and a writer that finds it
-/// taken spins in the kernel while the holder copies: CPU that the network
-/// stack (and, on one machine, the sending depot) needs. Receives into a
-/// shared file take turns through a user-space gate instead, and a
-/// connection that finds the gate taken goes on receiving into another pipe
-/// (up to four), writing what it holds at its next turn. The
-/// client's download uses one per output file; the depot, whose connections
-/// write different files, copies inline ([`recv_file`]).
-///
-/// ```no_run
-/// # async fn f(mut rd: tokio::io::BufReader<tokio::net::TcpStream>) -> std::io::Result<()> {
-/// use lors_ibp::zerocopy::{SharedFile, recv_shared};
-/// let out = SharedFile::new(std::fs::File::create("/tmp/out")?);
-/// recv_shared(&mut rd, &out, 0, 1 << 20, std::time::Duration::from_secs(30))
-///     .await
-///     .map_err(std::io::Error::other)?;
-/// # Ok(()) }
-/// ```
-pub struct SharedFile {
-    file: File,
-    gate: std::sync::Mutex<()>,
-}
-
-impl SharedFile {
-    /// Wraps `file` for shared receiving.
-    pub fn new(file: File) -> Self {
-        SharedFile {
-            file,
-            gate: std::sync::Mutex::new(()),
-        }
-    }
-
-    /// The file written.
-    pub fn file(&self) -> &File {
-        &self.file
-    }
-}
-
 /// Where one receive puts its pipes' contents: drained at once into a
-/// file, or, with a gate (a [`SharedFile`]'s), at this receive's turn.
+/// file, or, with a gate (see [`recv_shared`]), at this receive's turn.
 struct Sink<'a> {
     file: &'a File,
     gate: Option<&'a std::sync::Mutex<()>>,
@@ -180,8 +140,8 @@ impl<'a> Sink<'a> {
         Self::with(file, None)
     }
 
-    fn shared(out: &'a SharedFile) -> Self {
-        Self::with(&out.file, Some(&out.gate))
+    fn shared(file: &'a File, gate: &'a std::sync::Mutex<()>) -> Self {
+        Self::with(file, Some(gate))
     }
 
     fn with(file: &'a File, gate: Option<&'a std::sync::Mutex<()>>) -> Self {
@@ -349,19 +309,41 @@ pub async fn recv_buffered(
     recv_buffered_into(rd, Sink::inline(file), pos, len, idle).await
 }
 
-/// [`recv_buffered`] into a file other receives write at the same time.
-/// Returns once every byte is in the file.
+/// [`recv_buffered`] into a file other receives write at the same time,
+/// taking turns at `gate` (one per file). Returns once every byte is in the
+/// file.
+///
+/// Writes into one file take its inode lock, and a writer that finds it
+/// taken spins in the kernel while the holder copies: CPU that the network
+/// stack (and, on one machine, the sending depot) needs. Receives sharing a
+/// gate take turns in user space instead, and a connection that finds the
+/// gate taken goes on receiving into another pipe (up to four), writing
+/// what it holds at its next turn. The client's download shares one gate per
+/// output file; the depot, whose connections write different files, copies
+/// inline ([`recv_file`]).
+///
+/// ```no_run
+/// # async fn f(mut rd: tokio::io::BufReader<tokio::net::TcpStream>) -> std::io::Result<()> {
+/// use lors_ibp::zerocopy::recv_shared;
+/// let out = std::fs::File::create("/tmp/out")?;
+/// let gate = std::sync::Mutex::new(());
+/// recv_shared(&mut rd, &out, &gate, 0, 1 << 20, std::time::Duration::from_secs(30))
+///     .await
+///     .map_err(std::io::Error::other)?;
+/// # Ok(()) }
+/// ```
 ///
 /// # Errors
 /// As [`recv_file`].
 pub async fn recv_shared(
     rd: &mut tokio::io::BufReader<TcpStream>,
-    out: &SharedFile,
+    file: &File,
+    gate: &std::sync::Mutex<()>,
     pos: u64,
     len: u64,
     idle: Duration,
 ) -> Result<(), XferError> {
-    recv_buffered_into(rd, Sink::shared(out), pos, len, idle).await
+    recv_buffered_into(rd, Sink::shared(file, gate), pos, len, idle).await
 }
 
 async fn recv_buffered_into(
@@ -515,7 +497,7 @@ mod tests {
             .collect();
         let data = std::sync::Arc::new(data);
         let (dp, dst) = tmp("shared");
-        let out = std::sync::Arc::new(SharedFile::new(dst));
+        let out = std::sync::Arc::new((dst, std::sync::Mutex::new(())));
         let idle = Duration::from_secs(10);
         let mut tasks = Vec::new();
         for q in 0..4 {
@@ -531,7 +513,7 @@ mod tests {
             tasks.push(tokio::spawn(async move {
                 let mut rd = tokio::io::BufReader::new(b);
                 let pos = (q * quarter) as u64;
-                recv_shared(&mut rd, &out, pos, quarter as u64, idle)
+                recv_shared(&mut rd, &out.0, &out.1, pos, quarter as u64, idle)
                     .await
                     .unwrap();
             }));
@@ -540,7 +522,7 @@ mod tests {
             t.await.unwrap();
         }
         let mut got = vec![0u8; data.len()];
-        out.file().read_exact_at(&mut got, 0).unwrap();
+        out.0.read_exact_at(&mut got, 0).unwrap();
         assert!(got == data[..], "received bytes differ");
         let _ = std::fs::remove_file(dp);
     }

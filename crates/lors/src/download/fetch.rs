@@ -174,7 +174,7 @@ async fn fetch(
                 // Raw bytes to a file: straight from the socket into
                 // place. A hedged twin writes the same bytes to the
                 // same place, so the race is harmless.
-                c.load_to_file(cap, at, len, &f.file, offset - ctx.base)
+                c.load_to_file(cap, at, len, f.file.shared(), offset - ctx.base)
                     .await
                     .map_err(ibp_err)?;
                 ctx.pool.put(c);

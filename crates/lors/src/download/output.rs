@@ -10,11 +10,36 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use lors_exnode::ExNode;
-use lors_ibp::zerocopy::SharedFile;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
 
 use crate::error::{Error, Result};
+
+/// A file several connections receive into at once, taking turns at its
+/// gate (see [`lors_ibp::zerocopy::recv_shared`] for why).
+pub(super) struct SharedFile {
+    file: File,
+    gate: Mutex<()>,
+}
+
+impl SharedFile {
+    fn new(file: File) -> Self {
+        SharedFile {
+            file,
+            gate: Mutex::new(()),
+        }
+    }
+
+    /// The file written.
+    pub(super) fn file(&self) -> &File {
+        &self.file
+    }
+
+    /// The file and its gate, as a receive into it takes them.
+    pub(super) fn shared(&self) -> (&File, &Mutex<()>) {
+        (&self.file, &self.gate)
+    }
+}
 
 /// The output file and its resume record.
 pub(super) struct OutFile {
