@@ -158,7 +158,10 @@ def cases(lors: Path, s: Servers, d: Path, size: int, threads: list[int]) -> tup
     up_xnd = d / "up.xnd"
     # Each upload frees its allocations afterwards (and, in case that failed,
     # the previous one's before), so the depot never fills.
-    free = [str(lors), "trim", "--depot", depot, "-d", "--allow-holes", str(up_xnd)]
+    # `trim -d` became `--decrement`; LORS_BIN may name a binary from before.
+    trim_help = subprocess.run([str(lors), "trim", "--help"], capture_output=True, text=True).stdout
+    decrement = "--decrement" if "--decrement" in trim_help else "-d"
+    free = [str(lors), "trim", "--depot", depot, decrement, "--allow-holes", str(up_xnd)]
     up_base = [str(lors), "upload", *quiet, "--force", "--depot", depot, "-c", "1", "-n", "-o", str(up_xnd)]
     up = [
         Case("lors upload (defaults)", "ours", [*up_base, str(src)], size, before=[free], after=[free]),

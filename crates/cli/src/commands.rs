@@ -182,6 +182,31 @@ pub fn directory(
     s.lbone.as_ref().map(|d| rt.block_on(d.resolve()))
 }
 
+/// The lease and kind of the allocations upload, augment and route make.
+#[derive(clap::Args, Clone, Default)]
+pub struct LeaseOpts {
+    /// Lease of new allocations, e.g. 2h, 7d [default: duration= of a
+    /// lors:// URI, else LORS_DURATION, else DURATION in ~/.xndrc, else 1d].
+    #[arg(short, long, value_parser = duration_arg)]
+    pub duration: Option<Duration>,
+    /// Soft (revocable) storage instead of hard [default: STORAGE_TYPE in
+    /// ~/.xndrc, else hard].
+    #[arg(short = 's', long)]
+    pub soft: bool,
+}
+
+impl LeaseOpts {
+    /// What these options set, over `lower`.
+    pub fn layer(&self, lower: Layer) -> Layer {
+        Layer {
+            duration: self.duration,
+            hard: self.soft.then_some(false),
+            ..Layer::default()
+        }
+        .or(lower)
+    }
+}
+
 /// The network and settings-file options every command that talks to
 /// depots has.
 #[derive(clap::Args, Clone, Default)]

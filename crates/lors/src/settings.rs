@@ -34,7 +34,7 @@
 use std::time::Duration;
 
 use lors_ibp::ClientConfig;
-use lors_ibp::proto::Timeout;
+use lors_ibp::proto::{Reliability, Timeout};
 use lors_ibp::units::{parse_block_size, parse_duration};
 use lors_lbone::client::Directory;
 
@@ -279,7 +279,7 @@ pub struct Settings {
     /// Lease of new allocations.
     pub duration: Duration,
     /// Hard storage (the default) or soft.
-    pub hard: bool,
+    pub reliability: Reliability,
     /// L-Bone location hint (empty = none).
     pub location: String,
     /// Depots to ask the L-Bone for, if any source set it.
@@ -333,7 +333,11 @@ impl Settings {
             threads: l.threads,
             copies: l.copies,
             duration: l.duration.unwrap_or(DEFAULT_DURATION),
-            hard: l.hard.unwrap_or(true),
+            reliability: if l.hard.unwrap_or(true) {
+                Reliability::Hard
+            } else {
+                Reliability::Soft
+            },
             location: l.location.unwrap_or_default(),
             max_depots: l.max_depots,
             lbone,
@@ -389,7 +393,7 @@ mod tests {
         assert_eq!(s.timeout, Duration::from_secs(40), "environment (seconds)");
         assert_eq!(s.duration, Duration::from_secs(7200), "file");
         assert_eq!(s.location, "city= Oslo", "file");
-        assert!(s.hard, "default");
+        assert_eq!(s.reliability, Reliability::Hard, "default");
         assert_eq!(s.max_depots, None);
     }
 

@@ -1,13 +1,8 @@
 //! `lors augment`: add replicas, copied depot to depot.
 
-use std::time::Duration;
-
 use lors::Pool;
-use lors::settings::Layer;
 use lors::uri::ExnodeRef;
-use lors_ibp::proto::Reliability;
 
-use super::duration_arg;
 use crate::report::{ReportOpts, Reporter, Unit};
 
 /// Add replicas of every block on other depots (copied depot to depot).
@@ -25,13 +20,8 @@ pub struct Args {
     /// New replicas per block, each on a depot that does not hold it yet.
     #[arg(short, long, default_value_t = 1)]
     copies: usize,
-    /// Lease of the new allocations [default: duration= of a lors:// URI,
-    /// else LORS_DURATION, else DURATION in ~/.xndrc, else 1d].
-    #[arg(short, long, value_parser = duration_arg)]
-    duration: Option<Duration>,
-    /// Soft (revocable) storage [default: STORAGE_TYPE in ~/.xndrc, else hard].
-    #[arg(short = 's', long)]
-    soft: bool,
+    #[command(flatten)]
+    lease: super::LeaseOpts,
     #[command(flatten)]
     net: super::NetOpts,
     /// Write the result here [default: replace the input].
@@ -42,22 +32,13 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let flags = Layer {
-        duration: a.duration,
-        hard: a.soft.then_some(false),
-        ..a.targets.layer()
-    };
+    let flags = a.lease.layer(a.targets.layer());
     let s = super::settings(&a.net, flags, Some(&a.exnode))?;
     let x = lors::xnd::load(&a.exnode.path)?;
     let progress = Reporter::new("augment", Unit::Bytes, &a.report, false);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    let rel = if s.hard {
-        Reliability::Hard
-    } else {
-        Reliability::Soft
-    };
     // From an L-Bone, the best depots that hold none of the file yet.
     let found = a.targets.find(&rt, &x, &s, a.copies, true)?;
     let y = rt.block_on(async {
@@ -67,7 +48,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             &found.depots,
             a.copies,
             s.duration,
-            rel,
+            s.reliability,
             &pool,
             progress.as_ref(),
         )

@@ -1,14 +1,9 @@
 //! `lors route`: move a file onto other depots.
 
-use std::time::Duration;
-
 use lors::Pool;
 use lors::manage::{Replicas, Selection};
-use lors::settings::Layer;
 use lors::uri::ExnodeRef;
-use lors_ibp::proto::Reliability;
 
-use super::duration_arg;
 use crate::report::{ReportOpts, Reporter, Unit};
 
 /// Move a file: copy its blocks onto the target depots (depot to depot), then
@@ -26,13 +21,8 @@ pub struct Args {
     /// Replicas per block on the targets.
     #[arg(short, long, default_value_t = 1)]
     copies: usize,
-    /// Lease of the new allocations [default: duration= of a lors:// URI,
-    /// else LORS_DURATION, else DURATION in ~/.xndrc, else 1d].
-    #[arg(short, long, value_parser = duration_arg)]
-    duration: Option<Duration>,
-    /// Soft (revocable) storage [default: STORAGE_TYPE in ~/.xndrc, else hard].
-    #[arg(short = 's', long)]
-    soft: bool,
+    #[command(flatten)]
+    lease: super::LeaseOpts,
     #[command(flatten)]
     net: super::NetOpts,
     /// Keep the old allocations (only drop them from the exNode).
@@ -46,11 +36,7 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let flags = Layer {
-        duration: a.duration,
-        hard: a.soft.then_some(false),
-        ..a.targets.layer()
-    };
+    let flags = a.lease.layer(a.targets.layer());
     let s = super::settings(&a.net, flags, Some(&a.exnode))?;
     let x = lors::xnd::load(&a.exnode.path)?;
     // Replicas already on a target count toward the copies wanted.
@@ -66,11 +52,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             &targets,
             Replicas::OnTargets(a.copies),
             s.duration,
-            if s.hard {
-                Reliability::Hard
-            } else {
-                Reliability::Soft
-            },
+            s.reliability,
             &pool,
             progress.as_ref(),
         )

@@ -2,7 +2,6 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::Context as _;
 use lors::Pool;
@@ -10,9 +9,8 @@ use lors::upload::{UploadOptions, upload, upload_file};
 use lors::uri::ExnodeRef;
 use lors::xndrc::Xndrc;
 use lors_exnode::functions::{Chain, Codec, LegacyChain, LegacyKind, Step};
-use lors_ibp::proto::Reliability;
 
-use super::{block_size_arg, duration_arg};
+use super::block_size_arg;
 use crate::UsageError;
 use crate::report::{ReportOpts, Reporter, Unit};
 use lors::settings::Layer;
@@ -53,13 +51,8 @@ pub struct Args {
     /// else THREADS, else 8].
     #[arg(short, long)]
     threads: Option<usize>,
-    /// Allocation lifetime, e.g. 2h, 7d [default: duration=, else
-    /// LORS_DURATION, else DURATION, else 1d].
-    #[arg(short, long, value_parser = duration_arg)]
-    duration: Option<Duration>,
-    /// Soft (revocable) storage instead of hard [default: STORAGE_TYPE, else hard].
-    #[arg(short = 's', long)]
-    soft: bool,
+    #[command(flatten)]
+    lease: super::LeaseOpts,
     #[command(flatten)]
     net: super::NetOpts,
     /// No end-to-end functions: store the bytes as they are.
@@ -296,9 +289,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         copies: a.copies,
         block_size: a.block_size,
         threads: a.threads,
-        duration: a.duration,
-        hard: a.soft.then_some(false),
-        ..a.place.layer(a.lbone.layer())
+        ..a.lease.layer(a.place.layer(a.lbone.layer()))
     };
     let s = super::settings(&a.net, flags, Some(&uri))?;
     let e2e = chain(&a, &s.rc)?;
@@ -330,11 +321,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         copies,
         threads: s.threads.unwrap_or(8),
         duration: s.duration,
-        reliability: if s.hard {
-            Reliability::Hard
-        } else {
-            Reliability::Soft
-        },
+        reliability: s.reliability,
         filename,
         e2e,
     };
