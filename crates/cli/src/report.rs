@@ -30,10 +30,10 @@ pub fn clear() {
 fn eprint_line(line: &str) {
     let bars = bars_slot().clone();
     match bars {
-        Some(mp) => {
+        Some(mp) if !mp.is_hidden() => {
             let _ = mp.println(line);
         }
-        None => eprintln!("{line}"),
+        _ => eprintln!("{line}"),
     }
 }
 
@@ -161,7 +161,10 @@ impl Reporter {
     /// A reporter for `op` (`download`, `upload`, …) as `opts` ask;
     /// `data_on_stdout` sends JSON events to stderr instead.
     pub fn new(op: &'static str, unit: Unit, opts: &ReportOpts, data_on_stdout: bool) -> Arc<Self> {
-        let tty = std::io::stderr().is_terminal();
+        // Bars move the cursor: not on a terminal that cannot (TERM unset
+        // or dumb), which gets what a log gets.
+        let tty = std::io::stderr().is_terminal()
+            && std::env::var("TERM").is_ok_and(|t| !t.is_empty() && t != "dumb");
         let mode = if opts.json {
             Mode::Json {
                 to_stderr: data_on_stdout,

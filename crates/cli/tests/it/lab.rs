@@ -316,6 +316,7 @@ fn progress_bars_show_each_depot_fit_80_columns_and_name_a_stall() {
         .args(&ns[1..])
         .args(["script", "-qec", &cmd, "/dev/null"])
         .env("RUST_LOG", "warn")
+        .env("TERM", "xterm")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
