@@ -517,8 +517,11 @@ struct Done<'a, T> {
     summary: &'a T,
 }
 
+/// One event line. Our event structs always serialize; should one not,
+/// the stream still gets a line saying so.
 fn json<T: serde::Serialize>(v: &T) -> String {
-    serde_json::to_string(v).unwrap_or_else(|e| format!("{{\"event\":\"error\",\"why\":\"{e}\"}}"))
+    crate::commands::json_line(v)
+        .unwrap_or_else(|e| format!("{{\"event\":\"error\",\"why\":{:?}}}", e.to_string()))
 }
 
 /// Time left at `rate` units/s.
@@ -580,7 +583,7 @@ fn fit(s: &str, width: usize) -> String {
 }
 
 /// Bytes in binary units, one decimal.
-pub fn human(n: u64) -> String {
+fn human(n: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
     let mut v = n as f64;
     let mut u = 0;

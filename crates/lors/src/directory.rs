@@ -19,7 +19,10 @@
 //! # Ok(()) }
 //! ```
 
+use std::collections::HashSet;
 use std::time::Duration;
+
+use lors_exnode::ExNode;
 
 use lors_lbone::client::{DepotQuery, Directory};
 
@@ -150,6 +153,30 @@ pub fn depot_count(max_depots: Option<usize>, copies: usize, location: &str) -> 
         Some(n) => n.max(copies),
         None if !location.trim().is_empty() => copies.max(1),
         None => 4.max(copies),
+    }
+}
+
+/// The depots of `x` that `dir` does not list as online: a download reads
+/// them only when no other replica is left. Without an L-Bone, or when it
+/// does not answer (the data may still be reachable), none.
+pub async fn last_resort(dir: Option<&Directory>, x: &ExNode) -> HashSet<String> {
+    let Some(dir) = dir else {
+        return HashSet::new();
+    };
+    match dir
+        .depots(&DepotQuery::default(), Duration::from_secs(10))
+        .await
+    {
+        Ok(online) => x
+            .mappings
+            .iter()
+            .filter_map(lors_exnode::Mapping::depot)
+            .filter(|addr| !online.contains(addr))
+            .collect(),
+        Err(e) => {
+            tracing::warn!("L-Bone not consulted: {e}");
+            HashSet::new()
+        }
     }
 }
 

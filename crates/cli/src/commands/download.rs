@@ -133,25 +133,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     let directory = super::directory(&rt, &s);
-    let last_resort = match &directory {
-        Some(d) => {
-            let q = lors_lbone::client::DepotQuery::default();
-            match rt.block_on(d.depots(&q, Duration::from_secs(10))) {
-                Ok(online) => x
-                    .mappings
-                    .iter()
-                    .filter_map(lors_exnode::Mapping::depot)
-                    .filter(|addr| !online.contains(addr))
-                    .collect(),
-                Err(e) => {
-                    // The data may still be reachable: go on without ranking.
-                    tracing::warn!("L-Bone not consulted: {e}");
-                    Default::default()
-                }
-            }
-        }
-        None => Default::default(),
-    };
+    let last_resort = rt.block_on(lors::directory::last_resort(directory.as_ref(), &x));
     let opts = DownloadOptions {
         last_resort,
         offset: a.offset,

@@ -453,6 +453,15 @@ mod tests {
     }
 
     /// Receives `data` into an incoming data phase, as the socket would.
+    /// An append of `len` bytes to `a`, started.
+    fn appending(a: &Arc<Alloc>, len: u64) -> Incoming {
+        a.writer_now()
+            .append(len, Window::WHOLE)
+            .unwrap()
+            .start()
+            .unwrap()
+    }
+
     fn receive(inc: &Incoming, data: &[u8]) {
         let (f, pos) = inc.target();
         f.write_all_at(data, pos).unwrap();
@@ -476,24 +485,14 @@ mod tests {
     fn appends_show_at_commit_and_vanish_when_dropped() {
         let fx = store();
         let a = fx.alloc(AllocType::ByteArray, 100, None);
-        let inc = a
-            .writer_now()
-            .append(5, Window::WHOLE)
-            .unwrap()
-            .start()
-            .unwrap();
+        let inc = appending(&a, 5);
         receive(&inc, b"hello");
         assert_eq!(seen(&a), b"", "nothing visible before commit");
         inc.commit().unwrap();
         assert_eq!(seen(&a), b"hello");
 
         // A client that disappears half-way: the tail is cut off again.
-        let inc = a
-            .writer_now()
-            .append(50, Window::WHOLE)
-            .unwrap()
-            .start()
-            .unwrap();
+        let inc = appending(&a, 50);
         receive(&inc, b"partial bytes");
         drop(inc);
         assert_eq!(seen(&a), b"hello");
@@ -570,12 +569,7 @@ mod tests {
             block_size: 4,
         };
         let a = fx.alloc(AllocType::ByteArray, 100, Some(cs));
-        let inc = a
-            .writer_now()
-            .append(10, Window::WHOLE)
-            .unwrap()
-            .start()
-            .unwrap();
+        let inc = appending(&a, 10);
         receive(&inc, b"0123456789");
         inc.commit().unwrap();
         let w = a.writer_now();
@@ -664,12 +658,7 @@ mod tests {
     fn a_copy_appends_whole_or_not_at_all() {
         let fx = store();
         let src = fx.alloc(AllocType::ByteArray, 100, None);
-        let inc = src
-            .writer_now()
-            .append(6, Window::WHOLE)
-            .unwrap()
-            .start()
-            .unwrap();
+        let inc = appending(&src, 6);
         receive(&inc, b"source");
         inc.commit().unwrap();
         let dst = fx.alloc(AllocType::ByteArray, 10, None);
