@@ -20,6 +20,7 @@ pub mod progress;
 pub mod settings;
 pub mod upload;
 pub mod uri;
+pub mod xio;
 pub mod xnd;
 pub mod xndrc;
 

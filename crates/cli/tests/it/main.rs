@@ -8,3 +8,4 @@ mod lbone;
 mod lstore;
 mod tools;
 mod util;
+mod xio;

@@ -1,0 +1,1122 @@
+//! xio: an exNode as a file ordinary programs read and write (seed 000 §6–§7).
+//!
+//! [`File`] implements [`Read`], [`Write`] and [`Seek`] over the blocks an
+//! exNode names, on the same engine as `lors upload` and `lors download`:
+//!
+//! * **Writes** land in a buffer ([`DEFAULT_BUFFER`], 10 MiB as in seed 000)
+//!   that is stored, when full, by [`crate::upload`] — placement, copies
+//!   and retries as the tool does them — while the next one fills: the
+//!   exNode grows by a block per buffer, not by a mapping per `write` call
+//!   (seed 000 §7 saw ~400 bytes of exNode per call). Overwrites add new
+//!   mappings that supersede the old ranges; an old allocation no mapping
+//!   still uses is released once the exNode that no longer names it is
+//!   saved, so a crash never leaves an exNode naming freed data.
+//! * **Reads** go through a cache of 1 MiB chunks. A read that continues
+//!   where the last one ended starts a read-ahead: one
+//!   [`crate::download`] of the rest of the file into a bounded pipe, so
+//!   the scheduler keeps blocks in flight from the best replicas while the
+//!   program reads 4 KiB at a time. A read elsewhere fetches just its chunk.
+//! * [`File::sync_all`] stores what is buffered and writes the `.xnd`
+//!   atomically; dropping a `File` does the same (use [`File::close`] to
+//!   see its error).
+//!
+//! The calls block: use them from plain threads (or `spawn_blocking`), not
+//! from inside async code. Transfers run on a runtime of their own
+//! ([`runtime`]).
+//!
+//! ```no_run
+//! use std::io::{Read, Write};
+//! let mut f = lors::xio::OpenOptions::new()
+//!     .write(true)
+//!     .create(true)
+//!     .truncate(true)
+//!     .depots(vec!["depot1.example.org:6714".into()])
+//!     .open("lors:///frames.xnd?copies=2")?;
+//! for frame in 0..100u32 {
+//!     f.write_all(&frame.to_le_bytes())?; // tiny writes, one block stored
+//! }
+//! f.close()?;
+//! let mut back = Vec::new();
+//! lors::xio::File::open("frames.xnd")?.read_to_end(&mut back)?;
+//! assert_eq!(back.len(), 400);
+//! # Ok::<(), std::io::Error>(())
+//! ```
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::io::{self, ErrorKind, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+use std::time::SystemTime;
+
+use lors_exnode::{ExNode, Mapping, Metadata as Meta};
+use tokio::io::{AsyncReadExt, DuplexStream};
+use tokio::runtime::Runtime;
+use tokio::task::JoinHandle;
+
+use crate::download::{DownloadOptions, Output, Stats, download};
+use crate::settings::{Env, Layer, Settings};
+use crate::upload::{UploadOptions, Uploaded, upload};
+use crate::uri::ExnodeRef;
+use crate::xnd::{self, XndError};
+use crate::{Error, NoProgress, Pool};
+
+/// Bytes a writer collects before storing them (seed 000 §7: 10 MB).
+pub const DEFAULT_BUFFER: usize = 10 << 20;
+/// Bytes of file data a reader keeps cached.
+pub const DEFAULT_CACHE: u64 = 64 << 20;
+/// Bytes a sequential reader's read-ahead may hold beyond what the
+/// download's own window holds.
+pub const DEFAULT_READAHEAD: usize = 32 << 20;
+/// The unit of the read cache.
+const CHUNK: u64 = 1 << 20;
+/// Buffers being stored at once by one writer: memory is at most this many
+/// buffers plus the one filling.
+const MAX_INFLIGHT: usize = 4;
+/// EBADF: the file is not open for that (Linux's number; the crate's I/O is
+/// Linux-only).
+const EBADF: i32 = 9;
+
+/// The runtime xio's transfers run on, started on first use.
+pub fn runtime() -> &'static Runtime {
+    static RT: OnceLock<Runtime> = OnceLock::new();
+    RT.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .thread_name("lors-xio")
+            .enable_all()
+            .build()
+            .unwrap_or_else(|e| panic!("cannot start the xio runtime: {e}"))
+    })
+}
+
+/// How to open a [`File`], as [`std::fs::OpenOptions`] (and `open(2)`'s
+/// `O_RDONLY`, `O_WRONLY`, `O_RDWR`, `O_CREAT`, `O_TRUNC`, `O_APPEND`,
+/// `O_EXCL`).
+#[derive(Debug, Clone)]
+pub struct OpenOptions {
+    read: bool,
+    write: bool,
+    append: bool,
+    create: bool,
+    create_new: bool,
+    truncate: bool,
+    buffer: usize,
+    cache: u64,
+    readahead: usize,
+    settings: Option<Settings>,
+    depots: Vec<String>,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        OpenOptions::new()
+    }
+}
+
+impl OpenOptions {
+    /// Nothing set: say at least `read`, `write` or `append`.
+    pub fn new() -> Self {
+        OpenOptions {
+            read: false,
+            write: false,
+            append: false,
+            create: false,
+            create_new: false,
+            truncate: false,
+            buffer: DEFAULT_BUFFER,
+            cache: DEFAULT_CACHE,
+            readahead: DEFAULT_READAHEAD,
+            settings: None,
+            depots: Vec::new(),
+        }
+    }
+    /// Open for reading.
+    pub fn read(&mut self, on: bool) -> &mut Self {
+        self.read = on;
+        self
+    }
+    /// Open for writing.
+    pub fn write(&mut self, on: bool) -> &mut Self {
+        self.write = on;
+        self
+    }
+    /// Every write goes to the end (`O_APPEND`).
+    pub fn append(&mut self, on: bool) -> &mut Self {
+        self.append = on;
+        self
+    }
+    /// Create the exNode if it does not exist (`O_CREAT`).
+    pub fn create(&mut self, on: bool) -> &mut Self {
+        self.create = on;
+        self
+    }
+    /// Create the exNode, failing if it exists (`O_CREAT|O_EXCL`).
+    pub fn create_new(&mut self, on: bool) -> &mut Self {
+        self.create_new = on;
+        self
+    }
+    /// Empty an existing file (`O_TRUNC`): its allocations are released
+    /// once the empty exNode is saved.
+    pub fn truncate(&mut self, on: bool) -> &mut Self {
+        self.truncate = on;
+        self
+    }
+    /// Write buffer size: the most a write turns into one store (and so
+    /// the data in each new set of blocks). At least 64 KiB.
+    pub fn buffer(&mut self, bytes: usize) -> &mut Self {
+        self.buffer = bytes.max(64 << 10);
+        self
+    }
+    /// Read cache size in bytes (at least a few 1 MiB chunks are kept).
+    pub fn cache(&mut self, bytes: u64) -> &mut Self {
+        self.cache = bytes;
+        self
+    }
+    /// How far a sequential reader's read-ahead may run past the program.
+    pub fn readahead(&mut self, bytes: usize) -> &mut Self {
+        self.readahead = bytes.max(CHUNK as usize);
+        self
+    }
+    /// Settings to use, instead of resolving them from the `lors://` URI,
+    /// the environment and `~/.xndrc` as the tools do.
+    pub fn settings(&mut self, s: Settings) -> &mut Self {
+        self.settings = Some(s);
+        self
+    }
+    /// Depots (`host:port`) new blocks go to, instead of asking the
+    /// L-Bone or `~/.xndrc` (as `--depot` does for the tools).
+    pub fn depots(&mut self, depots: Vec<String>) -> &mut Self {
+        self.depots = depots;
+        self
+    }
+
+    /// Opens `target`: a path of an `.xnd` file or a `lors://` URI.
+    pub fn open(&self, target: &str) -> io::Result<File> {
+        let r = ExnodeRef::parse(target).map_err(|e| io::Error::new(ErrorKind::InvalidInput, e))?;
+        self.open_ref(&r)
+    }
+
+    /// Opens the exNode `r` names.
+    pub fn open_ref(&self, r: &ExnodeRef) -> io::Result<File> {
+        let writable = self.write || self.append;
+        if !self.read && !writable {
+            return Err(invalid("open for reading, writing or both"));
+        }
+        if (self.create || self.create_new || self.truncate) && !writable {
+            return Err(invalid("creating or truncating needs write access"));
+        }
+        let settings = match &self.settings {
+            Some(s) => s.clone(),
+            None => {
+                let rc = crate::xndrc::load(None).map_err(invalid)?;
+                Settings::resolve(Layer::default(), Some(r), &Env::process(), rc)
+                    .map_err(|e| invalid(e.to_string()))?
+            }
+        };
+        let path = r.path.clone();
+        let loaded = match xnd::load(&path) {
+            Ok(x) => Some(x),
+            Err(XndError::Read { source, .. }) if source.kind() == ErrorKind::NotFound => None,
+            Err(e) => return Err(xnd_error(e)),
+        };
+        let created = loaded.is_none();
+        let mut x = match loaded {
+            Some(_) if self.create_new => {
+                return Err(io::Error::new(
+                    ErrorKind::AlreadyExists,
+                    format!("{} already exists", path.display()),
+                ));
+            }
+            Some(x) => x,
+            None if writable && (self.create || self.create_new) => new_exnode(&path),
+            None => {
+                return Err(io::Error::new(
+                    ErrorKind::NotFound,
+                    format!("{}: no such exNode", path.display()),
+                ));
+            }
+        };
+        if writable {
+            if let Some(m) = x.mappings.iter().find(|m| m.write.is_none()) {
+                return Err(io::Error::new(
+                    ErrorKind::ReadOnlyFilesystem,
+                    format!(
+                        "{}: read-only exNode (the mapping at byte {} has no write capability)",
+                        path.display(),
+                        m.exnode_offset
+                    ),
+                ));
+            }
+            if !created {
+                // Permission problems now, not at the first save.
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(&path)
+                    .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+            }
+        }
+        let truncated = writable && self.truncate && !x.mappings.is_empty();
+        let to_release = if truncated {
+            std::mem::take(&mut x.mappings)
+        } else {
+            Vec::new()
+        };
+        let pool = Arc::new(Pool::new(settings.client()));
+        let size = x.logical_size();
+        let mut f = File {
+            path,
+            x,
+            size,
+            pos: 0,
+            readable: self.read,
+            writable,
+            append: self.append,
+            settings,
+            pool,
+            depots: (!self.depots.is_empty()).then(|| self.depots.clone()),
+            dirty: created || truncated,
+            modified: (created || truncated).then(SystemTime::now),
+            buf: Vec::new(),
+            buf_off: 0,
+            buf_cap: self.buffer,
+            inflight: VecDeque::new(),
+            broken: None,
+            unsaved: Vec::new(),
+            to_release,
+            reader: Reader::new(self.cache, self.readahead),
+            last_resort: None,
+        };
+        if f.dirty {
+            // open(2) with O_CREAT or O_TRUNC changes the file at once.
+            f.sync_all()?;
+        }
+        Ok(f)
+    }
+}
+
+/// An exNode opened as a file. See the [module docs](self).
+pub struct File {
+    path: PathBuf,
+    x: ExNode,
+    /// Logical size, with what is buffered or being stored.
+    size: u64,
+    pos: u64,
+    readable: bool,
+    writable: bool,
+    append: bool,
+    settings: Settings,
+    pool: Arc<Pool>,
+    /// Where new blocks go; found on the first store when not given.
+    depots: Option<Vec<String>>,
+    /// `x` differs from the saved exNode.
+    dirty: bool,
+    modified: Option<SystemTime>,
+    buf: Vec<u8>,
+    buf_off: u64,
+    buf_cap: usize,
+    /// Buffers being stored, oldest first: merged in this order, so a
+    /// later write over the same bytes wins.
+    inflight: VecDeque<Flush>,
+    /// A store failed: the data written since the last save is not all on
+    /// depots. Reported by every later write and by sync/close.
+    broken: Option<String>,
+    /// Mappings stored since the last save: released if the file cannot be
+    /// saved whole, so nothing stays on depots that no exNode names.
+    unsaved: Vec<Mapping>,
+    /// Allocations no mapping uses any more: released after the next save.
+    to_release: Vec<Mapping>,
+    reader: Reader,
+    last_resort: Option<HashSet<String>>,
+}
+
+struct Flush {
+    off: u64,
+    len: u64,
+    task: JoinHandle<crate::Result<Uploaded>>,
+}
+
+/// What [`File::metadata`] and [`stat`] report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Metadata {
+    /// Logical size in bytes.
+    pub len: u64,
+    /// Last data change: the last write through this handle, else the
+    /// `.xnd` file's modification time.
+    pub modified: SystemTime,
+    /// The `.xnd` file's access time.
+    pub accessed: SystemTime,
+    /// Permission bits (`st_mode & 0o7777`): the `.xnd` file's, without the
+    /// write bits when the exNode holds no write capability.
+    pub permissions: u32,
+    /// No write capability: opening for writing fails with `EROFS`.
+    pub readonly: bool,
+}
+
+/// The metadata of the exNode at `target` (a path or `lors://` URI),
+/// without opening it for transfers.
+pub fn stat(target: &str) -> io::Result<Metadata> {
+    let r = ExnodeRef::parse(target).map_err(|e| io::Error::new(ErrorKind::InvalidInput, e))?;
+    let x = xnd::load(&r.path).map_err(xnd_error)?;
+    metadata_of(&r.path, &x, x.logical_size(), None)
+}
+
+fn metadata_of(
+    path: &Path,
+    x: &ExNode,
+    len: u64,
+    modified: Option<SystemTime>,
+) -> io::Result<Metadata> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let fs = std::fs::metadata(path)
+        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+    let readonly = x.mappings.iter().any(|m| m.write.is_none());
+    let mut permissions = fs.permissions().mode() & 0o7777;
+    if readonly {
+        permissions &= !0o222;
+    }
+    Ok(Metadata {
+        len,
+        modified: modified
+            .or(fs.modified().ok())
+            .unwrap_or(SystemTime::UNIX_EPOCH),
+        accessed: fs.accessed().unwrap_or(SystemTime::UNIX_EPOCH),
+        permissions,
+        readonly,
+    })
+}
+
+impl File {
+    /// Opens an exNode (path or `lors://` URI) for reading.
+    pub fn open(target: &str) -> io::Result<File> {
+        OpenOptions::new().read(true).open(target)
+    }
+
+    /// Creates (or empties) an exNode for writing.
+    pub fn create(target: &str) -> io::Result<File> {
+        OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(target)
+    }
+
+    /// The `.xnd` file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The exNode as it stands (what is still buffered is not in it).
+    pub fn exnode(&self) -> &ExNode {
+        &self.x
+    }
+
+    /// Size, times and permissions.
+    pub fn metadata(&self) -> io::Result<Metadata> {
+        metadata_of(&self.path, &self.x, self.size, self.modified)
+    }
+
+    /// Stores everything written and writes the exNode (atomically: the
+    /// old `.xnd` or the new one, never a mix), then releases allocations
+    /// nothing names any more.
+    pub fn sync_all(&mut self) -> io::Result<()> {
+        self.drain()?;
+        if self.dirty {
+            xnd::save(&self.path, &self.x).map_err(xnd_error)?;
+            self.dirty = false;
+            self.unsaved.clear();
+        }
+        let old = std::mem::take(&mut self.to_release);
+        if !old.is_empty() {
+            let pool = self.pool.clone();
+            let kept = runtime().block_on(pool.release_all(old));
+            if !kept.is_empty() {
+                tracing::warn!(
+                    count = kept.len(),
+                    "superseded allocations could not be released; they expire with their lease"
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// [`File::sync_all`], then closes, reporting what a drop would only log.
+    pub fn close(mut self) -> io::Result<()> {
+        let r = self.finish();
+        std::mem::forget(self);
+        r
+    }
+
+    /// Saves if anything changed; if a store failed, releases what was
+    /// stored since the last save (the saved exNode stays as it was).
+    fn finish(&mut self) -> io::Result<()> {
+        if !self.writable {
+            return Ok(());
+        }
+        match self.sync_all() {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                let mut orphans = std::mem::take(&mut self.unsaved);
+                // Stores still running finish before we free what they made.
+                while let Some(f) = self.inflight.pop_front() {
+                    if let Ok(Ok(up)) = runtime().block_on(f.task) {
+                        orphans.extend(up.exnode.mappings);
+                    }
+                }
+                if !orphans.is_empty() {
+                    let pool = self.pool.clone();
+                    runtime().block_on(pool.release_all(orphans));
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Changes the logical size (`ftruncate(2)`): shrinking drops mappings
+    /// past the end (an encoded block cut in two is stored again up to the
+    /// new end); growing appends zeros. The position does not move.
+    pub fn set_len(&mut self, len: u64) -> io::Result<()> {
+        self.check_writable()?;
+        self.drain()?;
+        if len > self.size {
+            return self.put_zeros(self.size, len - self.size);
+        }
+        if len == self.size {
+            return Ok(());
+        }
+        // Encoded mappings cannot be cut: keep the bytes below `len` of each
+        // one cut through, to store again.
+        let mut heads: Vec<(u64, u64)> = (self.x.mappings.iter())
+            .filter(|m| m.function.is_some() && m.exnode_offset < len && m.logical_end() > len)
+            .map(|m| (m.exnode_offset, len))
+            .collect();
+        heads.sort();
+        heads.dedup();
+        let mut saved = Vec::new();
+        for &(a, b) in &heads {
+            let mut v = vec![0u8; (b - a) as usize];
+            self.read_exact_at(a, &mut v)?;
+            saved.push((a, v));
+        }
+        let mut kept = Vec::new();
+        let mut dropped = Vec::new();
+        for m in std::mem::take(&mut self.x.mappings) {
+            if m.logical_end() <= len {
+                kept.push(m);
+            } else if m.exnode_offset < len && m.function.is_none() {
+                let mut m = m;
+                m.logical_length = len - m.exnode_offset;
+                kept.push(m);
+            } else {
+                dropped.push(m);
+            }
+        }
+        self.x.mappings = kept;
+        self.retire(dropped);
+        self.size = len;
+        self.touch();
+        for (a, v) in saved {
+            self.put(a, &v)?;
+        }
+        self.drain()
+    }
+
+    fn touch(&mut self) {
+        self.dirty = true;
+        self.modified = Some(SystemTime::now());
+        self.reader.invalidate();
+    }
+
+    fn check_writable(&self) -> io::Result<()> {
+        if self.writable {
+            Ok(())
+        } else {
+            Err(io::Error::from_raw_os_error(EBADF))
+        }
+    }
+
+    /// Old mappings out of the exNode: their allocations go once the exNode
+    /// is saved, unless a remaining mapping still reads them.
+    fn retire(&mut self, dropped: Vec<Mapping>) {
+        for d in dropped {
+            let used = (self.x.mappings.iter()).any(|k| k.read.is_some() && k.read == d.read);
+            if !used {
+                self.to_release.push(d);
+            }
+        }
+    }
+
+    /// Where new blocks go: given, else found as the tools find them.
+    fn depots(&mut self) -> io::Result<Vec<String>> {
+        if let Some(d) = &self.depots {
+            return Ok(d.clone());
+        }
+        use crate::directory::{Wanted, depot_count, find_depots};
+        let s = &self.settings;
+        let copies = s.copies.unwrap_or(1);
+        let want = Wanted {
+            count: depot_count(s.max_depots, copies, &s.location),
+            bytes: s.block_size.unwrap_or(DEFAULT_BUFFER as u64),
+            secs: s.duration.as_secs(),
+            location: s.location.clone(),
+            exclude: Vec::new(),
+        };
+        let found = runtime()
+            .block_on(async {
+                let named = match &s.lbone {
+                    Some(d) => Some(d.resolve().await),
+                    None => None,
+                };
+                find_depots(&[], named, &s.rc, &want).await
+            })
+            .map_err(|e| io::Error::new(ErrorKind::StorageFull, format!("no depots: {e}")))?;
+        self.depots = Some(found.depots.clone());
+        Ok(found.depots)
+    }
+
+    /// Starts storing the buffer.
+    fn submit(&mut self) -> io::Result<()> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let mut data = std::mem::take(&mut self.buf);
+        let mut off = self.buf_off;
+        self.widen(&mut off, &mut data)?;
+        while self.inflight.len() >= MAX_INFLIGHT {
+            self.reap()?;
+        }
+        let depots = self.depots()?;
+        let s = &self.settings;
+        let opts = UploadOptions {
+            depots,
+            block_size: self.settings.block_size.unwrap_or(DEFAULT_BUFFER as u64),
+            copies: self.settings.copies.unwrap_or(1),
+            threads: self.settings.threads.unwrap_or(8),
+            duration: s.duration,
+            reliability: s.reliability,
+            filename: String::new(),
+            e2e: None,
+        };
+        let pool = self.pool.clone();
+        let len = data.len() as u64;
+        let task = runtime().spawn(async move {
+            let r = upload(&data[..], Some(len), &opts, pool, Arc::new(NoProgress)).await;
+            drop(data);
+            r
+        });
+        self.inflight.push_back(Flush { off, len, task });
+        self.buf = Vec::with_capacity(self.buf_cap);
+        Ok(())
+    }
+
+    /// Grows `[off, off+len)` over every encoded mapping it cuts through
+    /// (those are verified whole, so they cannot be narrowed), reading the
+    /// bytes it adds.
+    fn widen(&mut self, off: &mut u64, data: &mut Vec<u8>) -> io::Result<()> {
+        loop {
+            let end = *off + data.len() as u64;
+            let cut = (self.x.mappings.iter())
+                .filter(|m| m.function.is_some())
+                .filter(|m| m.exnode_offset < end && m.logical_end() > *off)
+                .find(|m| m.exnode_offset < *off || m.logical_end() > end)
+                .map(|m| (m.exnode_offset, m.logical_end()));
+            let Some((a, b)) = cut else { return Ok(()) };
+            // Earlier stores may hold those bytes: they must be in `x` first.
+            self.reap_all()?;
+            if a < *off {
+                let mut head = vec![0u8; (*off - a) as usize];
+                self.read_exact_at(a, &mut head)?;
+                head.append(data);
+                *data = head;
+                *off = a;
+            }
+            let end = *off + data.len() as u64;
+            if b > end {
+                let mut tail = vec![0u8; (b - end) as usize];
+                self.read_exact_at(end, &mut tail)?;
+                data.extend_from_slice(&tail);
+            }
+        }
+    }
+
+    /// Waits for the oldest store and puts its mappings in the exNode.
+    fn reap(&mut self) -> io::Result<()> {
+        let Some(f) = self.inflight.pop_front() else {
+            return Ok(());
+        };
+        let done = runtime()
+            .block_on(f.task)
+            .map_err(|e| io::Error::other(format!("storing: {e}")))
+            .and_then(|r| r.map_err(lors_error));
+        match done {
+            Ok(up) => {
+                if !up.unreleased.mappings.is_empty() {
+                    tracing::warn!(
+                        count = up.unreleased.mappings.len(),
+                        "allocations of failed attempts could not be released; they expire with their lease"
+                    );
+                }
+                let mut new = up.exnode.mappings;
+                for m in &mut new {
+                    m.exnode_offset += f.off;
+                }
+                self.unsaved.extend(new.iter().cloned());
+                self.merge(f.off, f.len, new);
+                Ok(())
+            }
+            Err(e) => {
+                self.broken.get_or_insert_with(|| e.to_string());
+                Err(e)
+            }
+        }
+    }
+
+    fn reap_all(&mut self) -> io::Result<()> {
+        let mut first = None;
+        while !self.inflight.is_empty() {
+            if let Err(e) = self.reap() {
+                first.get_or_insert(e);
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+
+    /// Stores the buffer and waits for every store.
+    fn drain(&mut self) -> io::Result<()> {
+        self.check_broken()?;
+        self.submit()?;
+        self.reap_all()?;
+        self.check_broken()
+    }
+
+    fn check_broken(&self) -> io::Result<()> {
+        match &self.broken {
+            Some(why) => Err(io::Error::other(format!(
+                "{}: data written since the last sync could not be stored ({why}); the saved exNode is unchanged",
+                self.path.display()
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// New mappings for `[off, off+len)` supersede what was there.
+    fn merge(&mut self, off: u64, len: u64, new: Vec<Mapping>) {
+        let end = off + len;
+        let mut kept = Vec::with_capacity(self.x.mappings.len() + new.len());
+        let mut dropped = Vec::new();
+        for m in std::mem::take(&mut self.x.mappings) {
+            let (ms, me) = (m.exnode_offset, m.logical_end());
+            if me <= off || ms >= end {
+                kept.push(m);
+            } else if ms >= off && me <= end {
+                dropped.push(m);
+            } else {
+                // A raw mapping (`widen` left no encoded one cut): keep
+                // the parts outside, over the same allocation.
+                if ms < off {
+                    let mut l = m.clone();
+                    l.logical_length = off - ms;
+                    kept.push(l);
+                }
+                if me > end {
+                    let mut r = m;
+                    r.alloc_offset += end - ms;
+                    r.exnode_offset = end;
+                    r.logical_length = me - end;
+                    kept.push(r);
+                }
+            }
+        }
+        kept.extend(new);
+        kept.sort_by_key(|m| m.exnode_offset);
+        self.x.mappings = kept;
+        self.retire(dropped);
+        self.touch();
+    }
+
+    /// Fills `out` from `off` (which must be below the size).
+    fn read_exact_at(&mut self, off: u64, out: &mut [u8]) -> io::Result<()> {
+        let n = self.read_at(off, out)?;
+        if n < out.len() {
+            return Err(io::Error::new(
+                ErrorKind::UnexpectedEof,
+                "the exNode ends early",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Reads up to `out.len()` bytes at `off`: all of them unless the file
+    /// ends first. (Also for a writer's own use: no access check.)
+    fn read_at(&mut self, off: u64, out: &mut [u8]) -> io::Result<usize> {
+        if off >= self.size || out.is_empty() {
+            return Ok(0);
+        }
+        let n = out
+            .len()
+            .min((self.size - off).min(usize::MAX as u64) as usize);
+        if self.pending_overlaps(off, off + n as u64) {
+            self.drain()?;
+        }
+        let sequential = off == self.reader.last_end;
+        let mut done = 0;
+        while done < n {
+            let at = off + done as u64;
+            let chunk = self.chunk(at / CHUNK, sequential)?;
+            let within = (at % CHUNK) as usize;
+            if within >= chunk.len() {
+                return Err(io::Error::new(
+                    ErrorKind::UnexpectedEof,
+                    "the exNode ends early",
+                ));
+            }
+            let k = (n - done).min(chunk.len() - within);
+            out[done..done + k].copy_from_slice(&chunk[within..within + k]);
+            done += k;
+        }
+        self.reader.last_end = off + n as u64;
+        Ok(n)
+    }
+
+    /// Buffered or being-stored bytes in `[a, b)`.
+    fn pending_overlaps(&self, a: u64, b: u64) -> bool {
+        let hit = |o: u64, l: u64| o < b && o + l > a;
+        (!self.buf.is_empty() && hit(self.buf_off, self.buf.len() as u64))
+            || self.inflight.iter().any(|f| hit(f.off, f.len))
+    }
+
+    /// Chunk `idx` of the file, from the cache, the read-ahead, or the depots.
+    fn chunk(&mut self, idx: u64, sequential: bool) -> io::Result<Arc<Vec<u8>>> {
+        if let Some(c) = self.reader.get(idx) {
+            return Ok(c);
+        }
+        let ahead = (self.reader.readahead as u64 / CHUNK).max(2);
+        let usable =
+            (self.reader.stream.as_ref()).is_some_and(|s| s.next <= idx && idx < s.next + ahead);
+        if !usable {
+            self.reader.stream = None;
+            let end = self.x.logical_size();
+            let start = idx * CHUNK;
+            // Sequential: the rest of the file; random: this chunk alone.
+            let len = if sequential {
+                end.saturating_sub(start)
+            } else {
+                CHUNK.min(end.saturating_sub(start))
+            };
+            self.reader.stream = Some(self.fetch(start, len)?);
+        }
+        loop {
+            let s = self.reader.stream.as_mut().expect("started above");
+            let at = s.next;
+            let want = CHUNK.min(s.end.saturating_sub(at * CHUNK)) as usize;
+            if want == 0 {
+                return Err(io::Error::new(
+                    ErrorKind::UnexpectedEof,
+                    "the exNode ends early",
+                ));
+            }
+            let mut v = vec![0u8; want];
+            let got = runtime().block_on(s.rx.read_exact(&mut v));
+            if got.is_err() {
+                // The download stopped: its error says why.
+                let s = self.reader.stream.take().expect("present");
+                let why = runtime().block_on(s.wait());
+                return Err(why);
+            }
+            s.next += 1;
+            let v = Arc::new(v);
+            let finished = s.next * CHUNK >= s.end;
+            self.reader.put(at, v.clone());
+            if finished {
+                self.reader.stream = None;
+            }
+            if at == idx {
+                return Ok(v);
+            }
+        }
+    }
+
+    /// Starts downloading `[start, start+len)` into a bounded pipe.
+    fn fetch(&mut self, start: u64, len: u64) -> io::Result<Stream> {
+        if self.last_resort.is_none() {
+            let s = &self.settings;
+            let x = &self.x;
+            let lr = runtime().block_on(async {
+                let dir = match &s.lbone {
+                    Some(d) => Some(d.resolve().await),
+                    None => None,
+                };
+                crate::directory::last_resort(dir.as_ref(), x).await
+            });
+            self.last_resort = Some(lr);
+        }
+        let opts = DownloadOptions {
+            offset: start,
+            length: Some(len),
+            last_resort: self.last_resort.clone().unwrap_or_default(),
+            ..DownloadOptions::default()
+        };
+        let (w, r) = tokio::io::duplex(self.reader.readahead);
+        let x = self.x.clone();
+        let pool = self.pool.clone();
+        let task = runtime().spawn(async move {
+            let out = Output::Stream {
+                writer: Box::new(w),
+                name: "the xio read-ahead".into(),
+            };
+            download(&x, out, &opts, pool, Arc::new(NoProgress)).await
+        });
+        Ok(Stream {
+            next: start / CHUNK,
+            end: start + len,
+            rx: r,
+            task: Some(task),
+        })
+    }
+
+    /// Writes at the position (at the end with `append`).
+    fn write_here(&mut self, data: &[u8]) -> io::Result<usize> {
+        self.check_writable()?;
+        self.check_broken()?;
+        if self.append {
+            self.pos = self.size;
+        }
+        self.put(self.pos, data)?;
+        self.pos += data.len() as u64;
+        Ok(data.len())
+    }
+
+    /// Buffers `data` for `off`: a buffer that is full, or that `off` does
+    /// not continue, is stored first. A hole before `off` is stored as the
+    /// zeros POSIX reads there.
+    fn put(&mut self, off: u64, data: &[u8]) -> io::Result<()> {
+        if off > self.size {
+            self.put_zeros(self.size, off - self.size)?;
+        }
+        if !self.buf.is_empty() && off != self.buf_off + self.buf.len() as u64 {
+            self.submit()?;
+        }
+        if self.buf.is_empty() {
+            self.buf_off = off;
+        }
+        let mut rest = data;
+        while !rest.is_empty() {
+            let k = (self.buf_cap - self.buf.len()).min(rest.len());
+            self.buf.extend_from_slice(&rest[..k]);
+            rest = &rest[k..];
+            if self.buf.len() >= self.buf_cap {
+                let next = self.buf_off + self.buf.len() as u64;
+                self.submit()?;
+                self.buf_off = next;
+            }
+        }
+        self.size = self.size.max(off + data.len() as u64);
+        self.dirty = true;
+        self.modified = Some(SystemTime::now());
+        Ok(())
+    }
+
+    fn put_zeros(&mut self, mut off: u64, mut n: u64) -> io::Result<()> {
+        let z = vec![0u8; CHUNK as usize];
+        while n > 0 {
+            let k = n.min(CHUNK);
+            self.put(off, &z[..k as usize])?;
+            off += k;
+            n -= k;
+        }
+        Ok(())
+    }
+}
+
+impl Read for File {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if !self.readable {
+            return Err(io::Error::from_raw_os_error(EBADF));
+        }
+        let n = self.read_at(self.pos, buf)?;
+        self.pos += n as u64;
+        Ok(n)
+    }
+}
+
+impl Write for File {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.write_here(buf)
+    }
+
+    /// Stores what is buffered on the depots (the exNode is written by
+    /// [`File::sync_all`] and on close).
+    fn flush(&mut self) -> io::Result<()> {
+        if self.writable { self.drain() } else { Ok(()) }
+    }
+}
+
+impl Seek for File {
+    fn seek(&mut self, to: SeekFrom) -> io::Result<u64> {
+        let base = match to {
+            SeekFrom::Start(n) => {
+                self.pos = n;
+                return Ok(n);
+            }
+            SeekFrom::Current(d) => self.pos.checked_add_signed(d),
+            SeekFrom::End(d) => self.size.checked_add_signed(d),
+        };
+        let n = base.ok_or_else(|| invalid("seek to a negative or overflowing position"))?;
+        self.pos = n;
+        Ok(n)
+    }
+}
+
+impl Drop for File {
+    fn drop(&mut self) {
+        if let Err(e) = self.finish() {
+            tracing::warn!(file = %self.path.display(), error = %e, "closing an xio file");
+        }
+    }
+}
+
+impl std::fmt::Debug for File {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("File")
+            .field("path", &self.path)
+            .field("size", &self.size)
+            .field("pos", &self.pos)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The read cache and the read-ahead.
+struct Reader {
+    chunks: HashMap<u64, Arc<Vec<u8>>>,
+    /// Least recently used first.
+    order: VecDeque<u64>,
+    capacity: usize,
+    stream: Option<Stream>,
+    /// Where the last read ended: a read starting here is sequential.
+    last_end: u64,
+    readahead: usize,
+}
+
+impl Reader {
+    fn new(cache: u64, readahead: usize) -> Reader {
+        Reader {
+            chunks: HashMap::new(),
+            order: VecDeque::new(),
+            capacity: usize::try_from(cache / CHUNK).unwrap_or(usize::MAX).max(4),
+            stream: None,
+            last_end: 0,
+            readahead,
+        }
+    }
+
+    fn get(&mut self, idx: u64) -> Option<Arc<Vec<u8>>> {
+        let c = self.chunks.get(&idx)?.clone();
+        if self.order.back() != Some(&idx) {
+            self.order.retain(|&i| i != idx);
+            self.order.push_back(idx);
+        }
+        Some(c)
+    }
+
+    fn put(&mut self, idx: u64, c: Arc<Vec<u8>>) {
+        if self.chunks.insert(idx, c).is_none() {
+            self.order.push_back(idx);
+        }
+        while self.chunks.len() > self.capacity {
+            match self.order.pop_front() {
+                Some(old) => {
+                    self.chunks.remove(&old);
+                }
+                None => break,
+            }
+        }
+    }
+
+    /// The file changed: nothing read before is current.
+    fn invalidate(&mut self) {
+        self.chunks.clear();
+        self.order.clear();
+        self.stream = None;
+    }
+}
+
+/// A download running into a pipe, read chunk by chunk.
+struct Stream {
+    /// The next chunk to arrive.
+    next: u64,
+    /// One past its last byte.
+    end: u64,
+    rx: DuplexStream,
+    task: Option<JoinHandle<crate::Result<Stats>>>,
+}
+
+impl Stream {
+    /// Why the download ended before delivering everything.
+    async fn wait(mut self) -> io::Error {
+        match self.task.take() {
+            Some(t) => match t.await {
+                Ok(Err(e)) => lors_error(e),
+                Ok(Ok(_)) => io::Error::new(ErrorKind::UnexpectedEof, "the download ended early"),
+                Err(e) => io::Error::other(format!("the read-ahead failed: {e}")),
+            },
+            None => io::Error::other("the read-ahead is gone"),
+        }
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        if let Some(t) = &self.task {
+            t.abort();
+        }
+    }
+}
+
+fn invalid(why: impl std::fmt::Display) -> io::Error {
+    io::Error::new(ErrorKind::InvalidInput, why.to_string())
+}
+
+fn new_exnode(path: &Path) -> ExNode {
+    let mut x = ExNode::default();
+    let name = path
+        .file_stem()
+        .map_or_else(String::new, |s| s.to_string_lossy().into_owned());
+    x.set_meta(Meta::string("filename", &name));
+    x.set_meta(Meta::double("lorsversion", lors_exnode::xml::LORS_VERSION));
+    x
+}
+
+fn xnd_error(e: XndError) -> io::Error {
+    let kind = match &e {
+        XndError::Read { source, .. } | XndError::Write { source, .. } => source.kind(),
+        _ => ErrorKind::InvalidData,
+    };
+    io::Error::new(kind, e)
+}
+
+/// A LoRS error as the error a program understands: `ENOSPC` when no depot
+/// takes the data, `EIO` (`ErrorKind::Other`) when no replica can be read.
+pub fn lors_error(e: Error) -> io::Error {
+    let kind = match &e {
+        Error::NoDepots | Error::NotEnoughDepots { .. } => ErrorKind::StorageFull,
+        Error::Store { last, .. } if is_full(last) => ErrorKind::StorageFull,
+        Error::Abandoned { cause, .. } => match &**cause {
+            Error::NoDepots | Error::NotEnoughDepots { .. } => ErrorKind::StorageFull,
+            Error::Store { last, .. } if is_full(last) => ErrorKind::StorageFull,
+            _ => ErrorKind::Other,
+        },
+        Error::Io { source, .. } => source.kind(),
+        _ => ErrorKind::Other,
+    };
+    io::Error::new(kind, e)
+}
+
+/// A depot's error text saying it has no room.
+fn is_full(last: &str) -> bool {
+    [
+        "WOULD_EXCEED_LIMIT",
+        "ALLOC_FAILED",
+        "free space",
+        "RSRC_UNAVAIL",
+    ]
+    .iter()
+    .any(|k| last.contains(k))
+}
