@@ -285,3 +285,92 @@ fn errors_a_program_understands() {
     let e = f.read(&mut b).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Other, "{e}");
 }
+
+/// `libxio.so` and `include/xio.h` as `cargo build` leaves them beside the
+/// `lors` binary under test (built now if this test runs alone).
+fn libxio() -> std::path::PathBuf {
+    let dir = Path::new(env!("CARGO_BIN_EXE_lors"))
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    if !dir.join("libxio.so").exists() || !dir.join("include/xio.h").exists() {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut cmd = std::process::Command::new(cargo);
+        cmd.args(["build", "-p", "lors-xio-ffi"]);
+        if dir.ends_with("release") {
+            cmd.arg("--release");
+        }
+        assert!(cmd.status().unwrap().success(), "building libxio");
+    }
+    dir
+}
+
+#[test]
+fn c_program_reads_and_writes_through_libxio() {
+    let dir = tempdir();
+    let d = DepotProc::start(&dir.path().join("d"), &[]);
+    let lib = libxio();
+    // ldd-clean: every library it needs is found.
+    let ldd = std::process::Command::new("ldd")
+        .arg(lib.join("libxio.so"))
+        .output()
+        .unwrap();
+    let ldd = String::from_utf8_lossy(&ldd.stdout);
+    assert!(!ldd.contains("not found"), "{ldd}");
+    let exe = dir.path().join("xio_test");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../xio-ffi/tests/xio_test.c");
+    let out = std::process::Command::new("gcc")
+        .args([
+            "-std=c99",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-D_DEFAULT_SOURCE",
+            "-o",
+        ])
+        .arg(&exe)
+        .arg(&src)
+        .arg(format!("-I{}", lib.join("include").display()))
+        .arg(format!("-L{}", lib.display()))
+        .arg(format!("-Wl,-rpath,{}", lib.display()))
+        .arg("-lxio")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "gcc: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Depots as a user's ~/.xndrc names them.
+    let home = dir.path().join("home");
+    std::fs::create_dir(&home).unwrap();
+    let (host, port) = d.addr.rsplit_once(':').unwrap();
+    std::fs::write(
+        home.join(".xndrc"),
+        format!("DEPOT {host} {port}\nCOPIES 1\n"),
+    )
+    .unwrap();
+    let scratch = dir.path().join("scratch");
+    std::fs::create_dir(&scratch).unwrap();
+    let run = std::process::Command::new(&exe)
+        .arg(&scratch)
+        .env("HOME", &home)
+        .env("XIO_DEBUG", "1")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&run.stdout),
+        String::from_utf8_lossy(&run.stderr),
+    );
+    assert!(
+        run.status.success() && stdout.contains("xio_test: ok"),
+        "{stdout}\n{stderr}"
+    );
+    // The exNode it wrote is an ordinary one: the tools read it.
+    let xnd = scratch.join("c.xnd");
+    let (ok, bytes, err) = lors(&["download", xnd.to_str().unwrap(), "-o", "-"]);
+    assert!(ok, "{err}");
+    assert_eq!(bytes.len(), 2_000_003);
+    assert_eq!(&bytes[1048570..1048580], b"0123456789");
+    assert_eq!(&bytes[2_000_000..], b"end");
+}

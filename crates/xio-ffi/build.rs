@@ -1,0 +1,24 @@
+//! Writes `xio.h` (from the `extern "C"` functions of `src/lib.rs`) to
+//! `OUT_DIR` and to `include/` beside `libxio.so` in the target directory.
+
+use std::path::PathBuf;
+
+fn main() {
+    println!("cargo:rerun-if-changed=src/lib.rs");
+    println!("cargo:rerun-if-changed=cbindgen.toml");
+    let crate_dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("set by cargo"));
+    let out = PathBuf::from(std::env::var("OUT_DIR").expect("set by cargo"));
+    let config = cbindgen::Config::from_file(crate_dir.join("cbindgen.toml"))
+        .expect("crates/xio-ffi/cbindgen.toml is valid");
+    let header = cbindgen::generate_with_config(&crate_dir, config)
+        .expect("generating xio.h from src/lib.rs");
+    header.write_to_file(out.join("xio.h"));
+    // OUT_DIR is TARGET/PROFILE/build/PKG-HASH/out: the header goes to
+    // TARGET/PROFILE/include/xio.h, next to libxio.so.
+    if let Some(profile_dir) = out.ancestors().nth(3) {
+        let inc = profile_dir.join("include");
+        if std::fs::create_dir_all(&inc).is_ok() {
+            header.write_to_file(inc.join("xio.h"));
+        }
+    }
+}
