@@ -7,6 +7,7 @@ pub mod download;
 pub mod lbone;
 pub mod ls;
 pub mod modify;
+pub mod mount;
 pub mod refresh;
 pub mod route;
 pub mod shell;

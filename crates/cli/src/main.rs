@@ -47,6 +47,8 @@ enum Command {
     Modify(commands::modify::Args),
     /// Move a file onto other depots.
     Route(commands::route::Args),
+    /// Serve a directory of exNodes as ordinary files (FUSE).
+    Mount(commands::mount::Args),
     /// Print a shell completion script.
     Completions(commands::shell::CompletionsArgs),
     /// Write manual pages (lors.1 and one per command).
@@ -103,6 +105,7 @@ fn main() -> ExitCode {
         Command::Refresh(a) => commands::refresh::run(a),
         Command::Modify(a) => commands::modify::run(a),
         Command::Route(a) => commands::route::run(a),
+        Command::Mount(a) => commands::mount::run(a),
         Command::Completions(a) => commands::shell::completions(a, Cli::command()),
         Command::Man(a) => commands::shell::man(a, Cli::command()),
     };

@@ -72,9 +72,7 @@ const CHUNK: u64 = 1 << 20;
 /// Buffers being stored at once by one writer: memory is at most this many
 /// buffers plus the one filling.
 const MAX_INFLIGHT: usize = 4;
-/// EBADF: the file is not open for that (Linux's number; the crate's I/O is
-/// Linux-only).
-const EBADF: i32 = 9;
+const EBADF: i32 = libc::EBADF;
 
 /// The runtime xio's transfers run on, started on first use.
 pub fn runtime() -> &'static Runtime {
@@ -1119,4 +1117,24 @@ fn is_full(last: &str) -> bool {
     ]
     .iter()
     .any(|k| last.contains(k))
+}
+
+/// The `errno` value a program should see for `e` (C callers of libxio,
+/// FUSE replies): the OS error if there is one, else by kind — `ENOSPC`,
+/// `EROFS`, `ENOENT`, … — and `EIO` for the rest.
+pub fn errno(e: &io::Error) -> i32 {
+    if let Some(n) = e.raw_os_error() {
+        return n;
+    }
+    match e.kind() {
+        ErrorKind::NotFound => libc::ENOENT,
+        ErrorKind::PermissionDenied => libc::EACCES,
+        ErrorKind::AlreadyExists => libc::EEXIST,
+        ErrorKind::InvalidInput => libc::EINVAL,
+        ErrorKind::StorageFull => libc::ENOSPC,
+        ErrorKind::ReadOnlyFilesystem => libc::EROFS,
+        ErrorKind::Unsupported => libc::EOPNOTSUPP,
+        ErrorKind::TimedOut => libc::ETIMEDOUT,
+        _ => libc::EIO,
+    }
 }

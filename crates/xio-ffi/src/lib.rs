@@ -51,24 +51,6 @@ fn set_errno(e: c_int) {
     unsafe { *libc::__errno_location() = e };
 }
 
-/// The `errno` for an error of ours.
-fn errno_of(e: &io::Error) -> c_int {
-    if let Some(n) = e.raw_os_error() {
-        return n;
-    }
-    match e.kind() {
-        ErrorKind::NotFound => libc::ENOENT,
-        ErrorKind::PermissionDenied => libc::EACCES,
-        ErrorKind::AlreadyExists => libc::EEXIST,
-        ErrorKind::InvalidInput => libc::EINVAL,
-        ErrorKind::StorageFull => libc::ENOSPC,
-        ErrorKind::ReadOnlyFilesystem => libc::EROFS,
-        ErrorKind::Unsupported => libc::EOPNOTSUPP,
-        ErrorKind::TimedOut => libc::ETIMEDOUT,
-        _ => libc::EIO,
-    }
-}
-
 /// Runs `f`; an error (or a panic, which must not cross into C) becomes
 /// `errno` and `fail`.
 fn guard<T>(fail: T, f: impl FnOnce() -> io::Result<T>) -> T {
@@ -78,7 +60,7 @@ fn guard<T>(fail: T, f: impl FnOnce() -> io::Result<T>) -> T {
             if std::env::var_os("XIO_DEBUG").is_some() {
                 eprintln!("xio: {e}");
             }
-            set_errno(errno_of(&e));
+            set_errno(xio::errno(&e));
             fail
         }
         Err(_) => {
@@ -136,7 +118,7 @@ pub unsafe extern "C" fn xio_open_mode(
     let s = match unsafe { c_str(pathname) } {
         Ok(s) => s,
         Err(e) => {
-            set_errno(errno_of(&e));
+            set_errno(xio::errno(&e));
             return -1;
         }
     };

@@ -2,6 +2,7 @@
 
 mod dashboard;
 mod depot;
+mod fuse;
 mod hostile;
 mod lab;
 mod lbone;

@@ -1,0 +1,611 @@
+//! `lors mount`: a directory of exNodes as a directory of files (FUSE).
+//!
+//! Each `NAME.xnd` in the exNode directory appears as `NAME` in the mount,
+//! with the file's logical size; reading it reads the blocks through
+//! [`lors::xio`] (read-ahead for sequential readers, a chunk cache for the
+//! rest), so `cat`, `cp`, `dd`, `cmp`, `tar` or a media player read it
+//! unchanged. Creating a file stores what is written on depots and writes
+//! `NAME.xnd`; `rm` releases the allocations and removes the `.xnd`;
+//! `mv` renames it. The exNode directory is flat: no subdirectories.
+//!
+//! Errors reach programs as `errno`: `EIO` when no replica of a block can
+//! be read, `ENOSPC` when no depot takes new data, `EROFS` when an exNode
+//! holds no write capability.
+//!
+//! ```no_run
+//! let mut o = lors::xio::OpenOptions::new();
+//! o.depots(vec!["depot1.example.org:6714".into()]);
+//! lors_fuse::run(
+//!     std::path::Path::new("exnodes"),
+//!     std::path::Path::new("/mnt/lors"),
+//!     &lors_fuse::Options { open: o, allow_other: false },
+//!     |m| eprintln!("mounted on {}", m.display()),
+//! )?;
+//! # Ok::<(), std::io::Error>(())
+//! ```
+
+use std::collections::HashMap;
+use std::ffi::{OsStr, OsString};
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::os::unix::ffi::OsStrExt as _;
+use std::os::unix::fs::MetadataExt as _;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime};
+
+use fuser::{
+    Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
+    KernelConfig, LockOwner, MountOption, OpenFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyWrite, Request, SessionACL, WriteFlags,
+};
+use lors::xio::{self, OpenOptions};
+
+/// How long the kernel may keep an attribute or name without asking again.
+const TTL: Duration = Duration::from_secs(1);
+const ROOT: u64 = 1;
+const SUFFIX: &str = ".xnd";
+
+/// Mount settings.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// How files are opened: settings, depots, write buffer, cache.
+    pub open: OpenOptions,
+    /// Let other users reach the mount (`allow_other`; for non-root users
+    /// `/etc/fuse.conf` must allow it).
+    pub allow_other: bool,
+}
+
+/// Mounts `dir` on `mountpoint` and serves it until unmounted (`umount`,
+/// `fusermount3 -u`) or until SIGINT/SIGTERM, which unmount it. `ready` is
+/// called once the mount is in place. Files still open are stored and
+/// their exNodes written before this returns.
+pub fn run(
+    dir: &Path,
+    mountpoint: &Path,
+    opts: &Options,
+    ready: impl FnOnce(&Path),
+) -> io::Result<()> {
+    let meta = std::fs::metadata(dir)
+        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", dir.display())))?;
+    if !meta.is_dir() {
+        return Err(io::Error::new(
+            io::ErrorKind::NotADirectory,
+            format!("{} is not a directory of exNodes", dir.display()),
+        ));
+    }
+    let fs = Fs {
+        dir: dir.to_path_buf(),
+        open: opts.open.clone(),
+        names: Mutex::new(Names::default()),
+        handles: Mutex::new(HashMap::new()),
+        next_fh: AtomicU64::new(1),
+    };
+    let mut cfg = Config::default();
+    cfg.mount_options = vec![
+        MountOption::FSName(format!("lors:{}", dir.display())),
+        MountOption::Subtype("lors".into()),
+        MountOption::DefaultPermissions,
+        MountOption::NoAtime,
+    ];
+    if opts.allow_other {
+        cfg.acl = SessionACL::All;
+    }
+    // Reads of different files proceed together; each file serializes its own.
+    cfg.n_threads = Some(4);
+    let session = fuser::spawn_mount(fs, mountpoint, &cfg)?;
+    ready(mountpoint);
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let joiner = std::thread::spawn(move || {
+        let r = session.join();
+        let _ = tx.send(());
+        r
+    });
+    let signalled = xio::runtime().block_on(async {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut term = signal(SignalKind::terminate())?;
+        let mut int = signal(SignalKind::interrupt())?;
+        tokio::select! {
+            _ = rx => Ok::<bool, io::Error>(false),
+            _ = term.recv() => Ok(true),
+            _ = int.recv() => Ok(true),
+        }
+    })?;
+    if signalled {
+        // Lazily: programs with files open keep them until they close.
+        rustix::mount::unmount(mountpoint, rustix::mount::UnmountFlags::DETACH).map_err(|e| {
+            io::Error::new(
+                io::Error::from(e).kind(),
+                format!("unmounting {}: {e}", mountpoint.display()),
+            )
+        })?;
+    }
+    joiner
+        .join()
+        .map_err(|_| io::Error::other("the FUSE session panicked"))?
+}
+
+#[derive(Default)]
+struct Names {
+    by_name: HashMap<OsString, u64>,
+    by_ino: HashMap<u64, OsString>,
+    next: u64,
+}
+
+impl Names {
+    fn ino(&mut self, name: &OsStr) -> u64 {
+        if let Some(&i) = self.by_name.get(name) {
+            return i;
+        }
+        self.next = self.next.max(ROOT) + 1;
+        self.by_name.insert(name.to_owned(), self.next);
+        self.by_ino.insert(self.next, name.to_owned());
+        self.next
+    }
+}
+
+struct Handle {
+    ino: u64,
+    writable: bool,
+    file: Mutex<xio::File>,
+}
+
+struct Fs {
+    dir: PathBuf,
+    open: OpenOptions,
+    names: Mutex<Names>,
+    handles: Mutex<HashMap<u64, Arc<Handle>>>,
+    next_fh: AtomicU64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn errno(e: &io::Error) -> Errno {
+    tracing::debug!(error = %e, "lors mount");
+    Errno::from_i32(xio::errno(e))
+}
+
+impl Fs {
+    fn xnd(&self, name: &OsStr) -> PathBuf {
+        let mut n = name.to_owned();
+        n.push(SUFFIX);
+        self.dir.join(n)
+    }
+
+    fn name(&self, ino: u64) -> io::Result<OsString> {
+        lock(&self.names)
+            .by_ino
+            .get(&ino)
+            .cloned()
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))
+    }
+
+    fn handle(&self, fh: FileHandle) -> io::Result<Arc<Handle>> {
+        lock(&self.handles)
+            .get(&fh.0)
+            .cloned()
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))
+    }
+
+    fn target(&self, name: &OsStr) -> io::Result<String> {
+        self.xnd(name)
+            .to_str()
+            .map(str::to_owned)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "file names must be UTF-8"))
+    }
+
+    /// The attributes of `ino`: an open writer's view if there is one (it
+    /// knows what is still buffered), else the saved exNode's.
+    fn attr(&self, ino: u64) -> io::Result<FileAttr> {
+        if ino == ROOT {
+            let m = std::fs::metadata(&self.dir)?;
+            return Ok(FileAttr {
+                ino: INodeNo(ROOT),
+                size: 0,
+                blocks: 0,
+                atime: m.accessed().unwrap_or(SystemTime::UNIX_EPOCH),
+                mtime: m.modified().unwrap_or(SystemTime::UNIX_EPOCH),
+                ctime: m.modified().unwrap_or(SystemTime::UNIX_EPOCH),
+                crtime: SystemTime::UNIX_EPOCH,
+                kind: FileType::Directory,
+                perm: (m.mode() & 0o7777) as u16,
+                nlink: 2,
+                uid: m.uid(),
+                gid: m.gid(),
+                rdev: 0,
+                blksize: 4096,
+                flags: 0,
+            });
+        }
+        let name = self.name(ino)?;
+        let writer = (lock(&self.handles).values())
+            .find(|h| h.ino == ino && h.writable)
+            .cloned();
+        let m = match writer {
+            Some(h) => lock(&h.file).metadata()?,
+            None => xio::stat(&self.target(&name)?)?,
+        };
+        let fsm = std::fs::metadata(self.xnd(&name))?;
+        Ok(FileAttr {
+            ino: INodeNo(ino),
+            size: m.len,
+            blocks: m.len.div_ceil(512),
+            atime: m.accessed,
+            mtime: m.modified,
+            ctime: m.modified,
+            crtime: SystemTime::UNIX_EPOCH,
+            kind: FileType::RegularFile,
+            perm: m.permissions as u16,
+            nlink: 1,
+            uid: fsm.uid(),
+            gid: fsm.gid(),
+            rdev: 0,
+            blksize: 1 << 20,
+            flags: 0,
+        })
+    }
+
+    fn open_file(&self, ino: u64, flags: i32, create: bool) -> io::Result<(u64, Arc<Handle>)> {
+        let name = self.name(ino)?;
+        let acc = flags & libc::O_ACCMODE;
+        let mut o = self.open.clone();
+        o.read(acc != libc::O_WRONLY)
+            .write(acc != libc::O_RDONLY)
+            .append(flags & libc::O_APPEND != 0)
+            .truncate(flags & libc::O_TRUNC != 0 || create)
+            .create(create)
+            .create_new(create && flags & libc::O_EXCL != 0);
+        let file = o.open(&self.target(&name)?)?;
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        let h = Arc::new(Handle {
+            ino,
+            writable: acc != libc::O_RDONLY,
+            file: Mutex::new(file),
+        });
+        lock(&self.handles).insert(fh, h.clone());
+        Ok((fh, h))
+    }
+
+    /// Frees what the exNode `name` holds on depots (as far as it can) and
+    /// removes the `.xnd`.
+    fn remove(&self, name: &OsStr) -> io::Result<()> {
+        let mut o = self.open.clone();
+        o.write(true).truncate(true);
+        match o.open(&self.target(name)?) {
+            Ok(f) => f.close()?,
+            // Read-only exNodes: nothing of ours to free.
+            Err(e) if e.kind() == io::ErrorKind::ReadOnlyFilesystem => {}
+            Err(e) => return Err(e),
+        }
+        std::fs::remove_file(self.xnd(name))
+    }
+
+    fn lookup_name(&self, parent: INodeNo, name: &OsStr) -> io::Result<FileAttr> {
+        if parent.0 != ROOT {
+            return Err(io::Error::from_raw_os_error(libc::ENOENT));
+        }
+        if !self.xnd(name).is_file() {
+            return Err(io::Error::from_raw_os_error(libc::ENOENT));
+        }
+        let ino = lock(&self.names).ino(name);
+        self.attr(ino)
+    }
+}
+
+impl Filesystem for Fs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
+        // Large requests: fewer round trips through the kernel.
+        let _ = config.set_max_readahead(1 << 20);
+        let _ = config.set_max_write(1 << 20);
+        Ok(())
+    }
+
+    fn destroy(&mut self) {
+        let open: Vec<Arc<Handle>> = lock(&self.handles).drain().map(|(_, h)| h).collect();
+        for h in open {
+            if let Err(e) = lock(&h.file).sync_all() {
+                tracing::warn!(error = %e, "storing an open file at unmount");
+            }
+        }
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        match self.lookup_name(parent, name) {
+            Ok(a) => reply.entry(&TTL, &a, Generation(0)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.attr(ino.0) {
+            Ok(a) => reply.attr(&TTL, &a),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _mode: Option<u32>,
+        _uid: Option<u32>,
+        _gid: Option<u32>,
+        size: Option<u64>,
+        _atime: Option<fuser::TimeOrNow>,
+        _mtime: Option<fuser::TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        // Only the size means anything to an exNode; times and modes are
+        // the `.xnd` file's own (and it stays owner-only: it holds keys).
+        let r = (|| {
+            if let Some(n) = size {
+                match fh.map(|f| self.handle(f)) {
+                    Some(Ok(h)) if h.writable => lock(&h.file).set_len(n)?,
+                    _ => {
+                        let name = self.name(ino.0)?;
+                        let mut o = self.open.clone();
+                        o.write(true);
+                        let mut f = o.open(&self.target(&name)?)?;
+                        f.set_len(n)?;
+                        f.close()?;
+                    }
+                }
+            }
+            self.attr(ino.0)
+        })();
+        match r {
+            Ok(a) => reply.attr(&TTL, &a),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        if parent.0 != ROOT {
+            return reply.error(Errno::ENOENT);
+        }
+        match self.remove(name) {
+            Ok(()) => {
+                let mut n = lock(&self.names);
+                if let Some(i) = n.by_name.remove(name) {
+                    n.by_ino.remove(&i);
+                }
+                reply.ok()
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        _flags: fuser::RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        if parent.0 != ROOT || newparent.0 != ROOT {
+            return reply.error(Errno::ENOENT);
+        }
+        let r = (|| {
+            if self.xnd(newname).is_file() {
+                // Replaced: its data goes, as rename(2) drops the old file.
+                self.remove(newname)?;
+            }
+            std::fs::rename(self.xnd(name), self.xnd(newname))
+        })();
+        match r {
+            Ok(()) => {
+                let mut n = lock(&self.names);
+                if let Some(i) = n.by_name.remove(newname) {
+                    n.by_ino.remove(&i);
+                }
+                if let Some(i) = n.by_name.remove(name) {
+                    n.by_name.insert(newname.to_owned(), i);
+                    n.by_ino.insert(i, newname.to_owned());
+                }
+                reply.ok()
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        match self.open_file(ino.0, flags.0, false) {
+            Ok((fh, _)) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn create(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        if parent.0 != ROOT {
+            return reply.error(Errno::ENOENT);
+        }
+        if name.as_bytes().contains(&b'/') {
+            return reply.error(Errno::EINVAL);
+        }
+        let ino = lock(&self.names).ino(name);
+        let r = self
+            .open_file(ino, flags, true)
+            .and_then(|(fh, _)| Ok((fh, self.attr(ino)?)));
+        match r {
+            Ok((fh, a)) => {
+                reply.created(&TTL, &a, Generation(0), FileHandle(fh), FopenFlags::empty())
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let r = self.handle(fh).and_then(|h| {
+            let mut f = lock(&h.file);
+            f.seek(SeekFrom::Start(offset))?;
+            let mut buf = vec![0u8; size as usize];
+            let mut done = 0;
+            // A short reply is end of file to the kernel: fill it.
+            while done < buf.len() {
+                match f.read(&mut buf[done..])? {
+                    0 => break,
+                    n => done += n,
+                }
+            }
+            buf.truncate(done);
+            Ok(buf)
+        });
+        match r {
+            Ok(b) => reply.data(&b),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let r = self.handle(fh).and_then(|h| {
+            let mut f = lock(&h.file);
+            f.seek(SeekFrom::Start(offset))?;
+            f.write_all(data)
+        });
+        match r {
+            Ok(()) => reply.written(data.len() as u32),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    /// Every close(2): store and save now, so close reports a failure.
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _lo: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        let r = self.handle(fh).and_then(|h| {
+            if h.writable {
+                lock(&h.file).sync_all()
+            } else {
+                Ok(())
+            }
+        });
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        match self.handle(fh).and_then(|h| lock(&h.file).sync_all()) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        let h = lock(&self.handles).remove(&fh.0);
+        if let Some(h) = h {
+            if let Err(e) = lock(&h.file).sync_all() {
+                tracing::warn!(error = %e, "closing a file in the mount");
+            }
+        }
+        reply.ok();
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        if ino.0 != ROOT {
+            return reply.error(Errno::ENOTDIR);
+        }
+        let listing = match std::fs::read_dir(&self.dir) {
+            Ok(l) => l,
+            Err(e) => return reply.error(errno(&e)),
+        };
+        let mut names: Vec<OsString> = listing
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+            .filter_map(|e| {
+                let n = e.file_name();
+                let b = n.as_bytes();
+                (b.len() > SUFFIX.len() && b.ends_with(SUFFIX.as_bytes()))
+                    .then(|| OsStr::from_bytes(&b[..b.len() - SUFFIX.len()]).to_owned())
+            })
+            .collect();
+        names.sort();
+        let mut entries = vec![
+            (ROOT, FileType::Directory, OsString::from(".")),
+            (ROOT, FileType::Directory, OsString::from("..")),
+        ];
+        {
+            let mut n = lock(&self.names);
+            for name in names {
+                let i = n.ino(&name);
+                entries.push((i, FileType::RegularFile, name));
+            }
+        }
+        for (k, (i, kind, name)) in entries.into_iter().enumerate().skip(offset as usize) {
+            if reply.add(INodeNo(i), (k + 1) as u64, kind, &name) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+}
