@@ -49,8 +49,13 @@ use std::sync::{Arc, OnceLock};
 use std::time::SystemTime;
 
 use lors_exnode::{ExNode, Mapping, Metadata as Meta};
-use tokio::io::{AsyncReadExt, DuplexStream};
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use tokio::io::AsyncWrite;
 use tokio::runtime::Runtime;
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use crate::download::{DownloadOptions, Output, Stats, download};
@@ -282,6 +287,7 @@ impl OpenOptions {
             to_release,
             reader: Reader::new(self.cache, self.readahead),
             last_resort: None,
+            closed: false,
         };
         if f.dirty {
             // open(2) with O_CREAT or O_TRUNC changes the file at once.
@@ -324,6 +330,8 @@ pub struct File {
     to_release: Vec<Mapping>,
     reader: Reader,
     last_resort: Option<HashSet<String>>,
+    /// `close` ran: nothing left for the drop to do.
+    closed: bool,
 }
 
 struct Flush {
@@ -439,14 +447,14 @@ impl File {
     /// [`File::sync_all`], then closes, reporting what a drop would only log.
     pub fn close(mut self) -> io::Result<()> {
         let r = self.finish();
-        std::mem::forget(self);
+        self.closed = true;
         r
     }
 
     /// Saves if anything changed; if a store failed, releases what was
     /// stored since the last save (the saved exNode stays as it was).
     fn finish(&mut self) -> io::Result<()> {
-        if !self.writable {
+        if !self.writable || self.closed {
             return Ok(());
         }
         match self.sync_all() {
@@ -786,6 +794,9 @@ impl File {
         if let Some(c) = self.reader.get(idx) {
             return Ok(c);
         }
+        // Out of order by a little (the kernel's parallel readahead through
+        // FUSE) is still sequential: the chunk before was just read.
+        let sequential = sequential || (idx > 0 && self.reader.chunks.contains_key(&(idx - 1)));
         let ahead = (self.reader.readahead as u64 / CHUNK).max(2);
         let usable =
             (self.reader.stream.as_ref()).is_some_and(|s| s.next <= idx && idx < s.next + ahead);
@@ -811,14 +822,20 @@ impl File {
                     "the exNode ends early",
                 ));
             }
-            let mut v = vec![0u8; want];
-            let got = runtime().block_on(s.rx.read_exact(&mut v));
-            if got.is_err() {
-                // The download stopped: its error says why.
-                let s = self.reader.stream.take().expect("present");
-                let why = runtime().block_on(s.wait());
-                return Err(why);
-            }
+            let v = match s.rx.blocking_recv() {
+                Some(v) if v.len() == want => v,
+                Some(v) => {
+                    return Err(io::Error::other(format!(
+                        "the read-ahead delivered {} bytes for chunk {at}, not {want}",
+                        v.len()
+                    )));
+                }
+                None => {
+                    // The download stopped: its error says why.
+                    let s = self.reader.stream.take().expect("present");
+                    return Err(runtime().block_on(s.wait()));
+                }
+            };
             s.next += 1;
             let v = Arc::new(v);
             let finished = s.next * CHUNK >= s.end;
@@ -832,7 +849,7 @@ impl File {
         }
     }
 
-    /// Starts downloading `[start, start+len)` into a bounded pipe.
+    /// Starts downloading `[start, start+len)` into a bounded channel of chunks.
     fn fetch(&mut self, start: u64, len: u64) -> io::Result<Stream> {
         if self.last_resort.is_none() {
             let s = &self.settings;
@@ -852,7 +869,12 @@ impl File {
             last_resort: self.last_resort.clone().unwrap_or_default(),
             ..DownloadOptions::default()
         };
-        let (w, r) = tokio::io::duplex(self.reader.readahead);
+        let (tx, rx) = mpsc::channel((self.reader.readahead as u64 / CHUNK).max(1) as usize);
+        let w = ChunkSink {
+            cur: Vec::with_capacity(CHUNK as usize),
+            tx,
+            permit: None,
+        };
         let x = self.x.clone();
         let pool = self.pool.clone();
         let task = runtime().spawn(async move {
@@ -865,7 +887,7 @@ impl File {
         Ok(Stream {
             next: start / CHUNK,
             end: start + len,
-            rx: r,
+            rx,
             task: Some(task),
         })
     }
@@ -1042,7 +1064,7 @@ struct Stream {
     next: u64,
     /// One past its last byte.
     end: u64,
-    rx: DuplexStream,
+    rx: mpsc::Receiver<Vec<u8>>,
     task: Option<JoinHandle<crate::Result<Stats>>>,
 }
 
@@ -1065,6 +1087,64 @@ impl Drop for Stream {
         if let Some(t) = &self.task {
             t.abort();
         }
+    }
+}
+
+type Reserve = Pin<
+    Box<dyn Future<Output = Result<mpsc::OwnedPermit<Vec<u8>>, mpsc::error::SendError<()>>> + Send>,
+>;
+
+/// The read-ahead's end of the pipe: cuts what the download writes, in
+/// order, into whole chunks and hands each over as it is, so the reader
+/// takes it without another copy. Bounded by the channel's capacity.
+struct ChunkSink {
+    cur: Vec<u8>,
+    tx: mpsc::Sender<Vec<u8>>,
+    permit: Option<Reserve>,
+}
+
+impl ChunkSink {
+    fn poll_send(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let tx = &self.tx;
+        let fut = self
+            .permit
+            .get_or_insert_with(|| Box::pin(tx.clone().reserve_owned()));
+        let permit = ready!(fut.as_mut().poll(cx));
+        self.permit = None;
+        let permit =
+            permit.map_err(|_| io::Error::new(ErrorKind::BrokenPipe, "the reader is gone"))?;
+        let full = std::mem::replace(&mut self.cur, Vec::with_capacity(CHUNK as usize));
+        permit.send(full);
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl AsyncWrite for ChunkSink {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        if this.cur.len() == CHUNK as usize {
+            ready!(this.poll_send(cx))?;
+        }
+        let k = (CHUNK as usize - this.cur.len()).min(buf.len());
+        this.cur.extend_from_slice(&buf[..k]);
+        Poll::Ready(Ok(k))
+    }
+
+    /// Sends the last, short chunk (the download flushes once, at its end).
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if !this.cur.is_empty() {
+            ready!(this.poll_send(cx))?;
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.poll_flush(cx)
     }
 }
 

@@ -18,6 +18,7 @@ use crate::report::{ReportOpts, Reporter, Unit};
 #[command(after_help = "EXAMPLES:
   lors download -o run42.dat run42.xnd
   lors download -o - video.xnd | mplayer -        # stream to stdout, in order
+  lors download --start-buffer 8M -o - video.xnd | mplayer -   # 8 MB ahead before play
   lors download -o run42.dat run42.xnd            # again after a failure: resumes
   lors download -o results/ run42.xnd             # writes results/<recorded name>
   lors download -o /dev/null run42.xnd            # fetch and verify, keep nothing
@@ -60,6 +61,11 @@ pub struct Args {
     /// Blocks fetched ahead of the writer when streaming in order (-o -).
     #[arg(long = "prebuffer", value_name = "BLOCKS", default_value_t = 16)]
     prebuffer: usize,
+    /// When streaming (-o -), hold the first SIZE bytes until they are all
+    /// fetched, as a player's start-up buffer: a reader at a constant rate
+    /// then rides out the network's dips [default: write at once].
+    #[arg(long = "start-buffer", value_name = "SIZE", value_parser = size_arg, default_value = "0")]
+    start_buffer: u64,
     /// Most fetched data held in memory at once, whatever the file size
     /// (encoded blocks while they are verified, stream pieces until
     /// written). More lets more encoded blocks be fetched at once.
@@ -148,6 +154,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         threads: s.threads.unwrap_or(0),
         memory: a.memory,
         stall: a.stall,
+        start_buffer: a.start_buffer,
     };
     let cfg = s.client();
     let progress = Reporter::new("download", Unit::Bytes, &a.report, stdout);

@@ -197,6 +197,10 @@ fn mount_serves_exnodes_to_cp_cat_dd_cmp_tar_and_sqlite() {
         );
         assert_eq!(sh("sqlite3 m/db 'select sum(a) from t'", root).trim(), "6");
     } else {
+        assert!(
+            std::env::var_os("LORS_REQUIRE_SERVICES").is_none(),
+            "sqlite3 missing: scripts/services.sh installs it"
+        );
         eprintln!("sqlite3 not installed: its part of this test skipped");
     }
 

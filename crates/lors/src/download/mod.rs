@@ -77,6 +77,11 @@ pub struct DownloadOptions {
     /// stalled: its pieces move to other replicas. Zero never gives up on a
     /// depot before the network timeout.
     pub stall: Duration,
+    /// A stream's start-up buffer: nothing is written until this many
+    /// bytes from the start are fetched (or as many as the window and the
+    /// memory let it hold), so a player reading at a constant rate starts
+    /// with a margin against the network's hiccups. 0: write at once.
+    pub start_buffer: u64,
 }
 
 impl Default for DownloadOptions {
@@ -99,6 +104,7 @@ impl Default for DownloadOptions {
             // cores decoding, and the whole process under 128 MiB.
             memory: 96 << 20,
             stall: Duration::from_secs(30),
+            start_buffer: 0,
         }
     }
 }
@@ -332,6 +338,10 @@ pub async fn download(
     let (tx, writer) = match stream {
         Some((w, name)) => {
             let (tx, rx) = mpsc::channel::<Held>(opts.window.max(1));
+            let hold = output::Hold {
+                bytes: opts.start_buffer,
+                pieces: opts.window.max(1).min(slots),
+            };
             let c = ctx.clone();
             let writer = tokio::spawn(async move {
                 // A failed write (reader gone, disk full) is fatal at once:
@@ -339,7 +349,7 @@ pub async fn download(
                 // wait for a writer that will never write again.
                 let written = |next| c.update(|g| g.sched.written(next));
                 let failed = |e| c.fatal(Error::io(format!("writing {name}"), e));
-                output::write_in_order(w, rx, &c.bufs, written, failed).await;
+                output::write_in_order(w, rx, &c.bufs, hold, written, failed).await;
             });
             (Some(tx), Some(writer))
         }

@@ -247,13 +247,30 @@ pub(super) async fn write_in_order(
     mut w: Box<dyn AsyncWrite + Unpin + Send>,
     mut rx: mpsc::Receiver<Held>,
     bufs: &Buffers,
+    hold: Hold,
     written: impl Fn(usize),
     failed: impl Fn(std::io::Error),
 ) {
     let mut held: BTreeMap<usize, (Vec<u8>, Option<OwnedSemaphorePermit>)> = BTreeMap::new();
     let mut next = 0usize;
-    while let Some((i, data, mem)) = rx.recv().await {
-        held.insert(i, (data, mem));
+    let mut started = hold.bytes == 0;
+    loop {
+        let more = rx.recv().await;
+        let closed = more.is_none();
+        if let Some((i, data, mem)) = more {
+            held.insert(i, (data, mem));
+        }
+        if !started {
+            let (mut bytes, mut n) = (0u64, 0usize);
+            while let Some((d, _)) = held.get(&(next + n)) {
+                bytes += d.len() as u64;
+                n += 1;
+            }
+            if bytes < hold.bytes && n < hold.pieces && !closed {
+                continue;
+            }
+            started = true;
+        }
         while let Some((d, mem)) = held.remove(&next) {
             if let Err(e) = w.write_all(&d).await {
                 return failed(e);
@@ -263,8 +280,58 @@ pub(super) async fn write_in_order(
             next += 1;
             written(next);
         }
+        if closed {
+            break;
+        }
     }
     if let Err(e) = w.flush().await {
         failed(e);
+    }
+}
+
+/// What a stream holds back before its first write: `bytes` in order from
+/// the start, or `pieces` (what the window and memory let it fetch ahead,
+/// so holding never waits on itself), whichever comes first.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Hold {
+    pub bytes: u64,
+    pub pieces: usize,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncReadExt;
+
+    /// Nothing reaches the stream until the start-up buffer is complete in
+    /// order; then everything does, in order.
+    #[tokio::test]
+    async fn a_stream_holds_its_start_buffer_then_writes_in_order() {
+        let (w, mut r) = tokio::io::duplex(1 << 20);
+        let (tx, rx) = mpsc::channel::<Held>(8);
+        let bufs = Buffers::new(0);
+        let hold = Hold {
+            bytes: 3000,
+            pieces: 8,
+        };
+        let writer = tokio::spawn(async move {
+            write_in_order(Box::new(w), rx, &bufs, hold, |_| {}, |e| panic!("{e}")).await
+        });
+        let mut got = vec![0u8; 4000];
+        // Pieces 1 and 2 (2000 bytes) but not piece 0: nothing in order yet.
+        tx.send((1, vec![1; 1000], None)).await.unwrap();
+        tx.send((2, vec![2; 1000], None)).await.unwrap();
+        let early = tokio::time::timeout(std::time::Duration::from_millis(100), r.read(&mut got));
+        assert!(early.await.is_err(), "wrote before the start buffer");
+        // Piece 0: 3000 bytes in order, the start buffer is full.
+        tx.send((0, vec![0; 1000], None)).await.unwrap();
+        r.read_exact(&mut got[..3000]).await.unwrap();
+        // Afterwards each piece goes out as it comes.
+        tx.send((3, vec![3; 1000], None)).await.unwrap();
+        r.read_exact(&mut got[3000..]).await.unwrap();
+        drop(tx);
+        writer.await.unwrap();
+        let want: Vec<u8> = (0..4u8).flat_map(|i| vec![i; 1000]).collect();
+        assert_eq!(got, want);
     }
 }
