@@ -42,6 +42,9 @@ pub use output::{partial_path, record_path};
 use sched::{Event, Sched};
 pub use tune::{AUTO_MAX, AUTO_START};
 
+/// Largest piece of a stream (ordered output): see [`sched::STREAM_HORIZON`].
+pub const STREAM_PIECE: u64 = 256 << 10;
+
 /// Download settings.
 #[derive(Debug, Clone)]
 pub struct DownloadOptions {
@@ -248,11 +251,22 @@ pub async fn download(
     let len = opts.length.unwrap_or(size - start).min(size - start);
     // Mappings with functions are verified whole: do not cut them smaller.
     let whole = x.mappings.iter().any(|m| m.function.is_some());
+    // A stream is cut finer: it keeps only a few seconds' worth in flight
+    // (sched::STREAM_HORIZON), and that should still be many connections,
+    // or a lossy narrow link is not filled. The window keeps its size in
+    // bytes.
+    let streaming = matches!(out, Output::Stream { .. });
+    let (piece, window) = if streaming && opts.block_size > STREAM_PIECE {
+        let k = usize::try_from(opts.block_size / STREAM_PIECE).unwrap_or(usize::MAX);
+        (STREAM_PIECE, opts.window.max(1).saturating_mul(k))
+    } else {
+        (opts.block_size, opts.window.max(1))
+    };
     let planned = plan(
         &x.mappings,
         start,
         len,
-        if whole { u64::MAX } else { opts.block_size },
+        if whole { u64::MAX } else { piece },
     )?;
     // Depots as indices: every mapping's read address, each named once.
     let addrs: Vec<String> = (x.mappings.iter())
@@ -278,7 +292,7 @@ pub async fn download(
     let mem_need: Vec<u64> = (x.mappings.iter())
         .map(|m| match (&m.function, stream.is_some()) {
             (Some(_), _) => m.alloc_length.saturating_add(m.logical_length),
-            (None, true) => m.logical_length.min(opts.block_size),
+            (None, true) => m.logical_length.min(piece),
             (None, false) => 0,
         })
         .collect();
@@ -290,7 +304,7 @@ pub async fn download(
         conns_per_depot: opts.conns_per_depot,
         threads: opts.threads,
         hedge: opts.hedge,
-        window: stream.is_some().then_some(opts.window.max(1)),
+        window: stream.is_some().then_some(window),
         split_tail: stream.is_none() && !whole,
         stall: opts.stall,
         last_resort: (0..names.len())
@@ -337,10 +351,10 @@ pub async fn download(
     });
     let (tx, writer) = match stream {
         Some((w, name)) => {
-            let (tx, rx) = mpsc::channel::<Held>(opts.window.max(1));
+            let (tx, rx) = mpsc::channel::<Held>(window);
             let hold = output::Hold {
                 bytes: opts.start_buffer,
-                pieces: opts.window.max(1).min(slots),
+                pieces: window.min(slots),
             };
             let c = ctx.clone();
             let writer = tokio::spawn(async move {

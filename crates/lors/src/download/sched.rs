@@ -52,6 +52,15 @@ pub const TAIL_PIECE_MIN: u64 = 256 << 10;
 /// estimate: a few pieces' worth, so the first deliveries do not swing it.
 const DRAIN_PRIOR: f64 = (16u64 << 20) as f64;
 
+/// Ordered output: data kept in flight ahead of the writer, as time at the
+/// rate measured so far. Pieces in flight share the links, so the piece the
+/// writer waits for arrives later the more run beside it: sixteen 2 MiB
+/// pieces on a 20 Mbit/s link deliver the first byte in order after 13 s;
+/// two of them after under 2 s.
+pub const STREAM_HORIZON: Duration = Duration::from_secs(2);
+/// ... and at least this much, before any rate is known.
+pub const STREAM_MIN_AHEAD: u64 = 4 << 20;
+
 /// How the scheduler hands out work.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -386,6 +395,31 @@ impl Sched {
         std::mem::take(&mut self.events)
     }
 
+    /// Ordered output: how many pieces from the first unwritten one may be
+    /// fetched — as many as hold [`STREAM_HORIZON`] of data at the rate
+    /// delivered so far (at least [`STREAM_MIN_AHEAD`] bytes, at least one
+    /// piece), at most the window `w`. On a fast path this is the whole
+    /// window after the first pieces; on a slow link the piece the writer
+    /// needs is not slowed by many others sharing the link with it.
+    fn ahead(&self, w: usize, now: Instant) -> usize {
+        let secs = now
+            .saturating_duration_since(self.t0)
+            .as_secs_f64()
+            .max(1e-3);
+        let rate = self.counters.bytes as f64 / secs;
+        let budget = (rate * STREAM_HORIZON.as_secs_f64()).max(STREAM_MIN_AHEAD as f64);
+        let mut sum = 0.0;
+        let mut n = 0;
+        for p in &self.pieces[self.written.min(self.pieces.len())..] {
+            if n >= w || (n > 0 && sum + p.len as f64 > budget) {
+                break;
+            }
+            sum += p.len as f64;
+            n += 1;
+        }
+        n.max(1)
+    }
+
     /// Ordered output: pieces before `next` are written, so the window moves.
     pub fn written(&mut self, next: usize) {
         self.written = next;
@@ -531,7 +565,7 @@ impl Sched {
         }
         let limit = match self.cfg.window {
             _ if head_only => self.written + 1,
-            Some(w) => self.written + w,
+            Some(w) => self.written + self.ahead(w, now),
             None => usize::MAX,
         };
         let last_resort = self.is_last_resort(d);

@@ -530,3 +530,51 @@ fn resumed_pieces_are_not_fetched_again() {
     assert_eq!(sim.fetches.len(), 7);
     assert!(sim.fetches.iter().all(|f| ![0, 3, 9].contains(&f.0)));
 }
+
+#[test]
+fn an_ordered_output_keeps_little_in_flight_until_the_rate_says_more_arrives_in_time() {
+    let cfg = Config {
+        window: Some(16),
+        split_tail: false,
+        ..fixed(16)
+    };
+    let t0 = Instant::now();
+    let new = || {
+        Sched::new(
+            cfg.clone(),
+            vec!["d".into()],
+            vec![0],
+            plan(64, 2 * MIB, |_| vec![0]),
+            t0,
+        )
+    };
+    let fetch_all = |s: &mut Sched, now| {
+        (0..16)
+            .filter_map(|c| match s.pick(0, c, false, now) {
+                Pick::Fetch { piece, .. } => Some(piece),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+    };
+    // Nothing measured: 4 MiB ahead, two pieces, so they are not slowed by
+    // fourteen others on a narrow link.
+    let mut slow = new();
+    assert_eq!(fetch_all(&mut slow, t0), vec![0, 1]);
+    // They took 2 s (2 MiB/s): still 4 MiB ahead of the writer.
+    let t = t0 + Duration::from_secs(2);
+    assert!(slow.claim(0, 0, t) && slow.claim(1, 0, t));
+    slow.written(2);
+    assert_eq!(fetch_all(&mut slow, t), vec![2, 3]);
+    // A fast path: the same two pieces within 10 ms is ~800 MiB in 2 s:
+    // the whole window.
+    let mut fast = new();
+    assert_eq!(fetch_all(&mut fast, t0), vec![0, 1]);
+    let t = t0 + Duration::from_millis(10);
+    assert!(fast.claim(0, 0, t) && fast.claim(1, 0, t));
+    fast.written(2);
+    assert_eq!(
+        fetch_all(&mut fast, t),
+        (2..18).collect::<Vec<_>>(),
+        "16 ahead of the writer"
+    );
+}
