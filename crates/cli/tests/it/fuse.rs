@@ -241,10 +241,24 @@ fn mount_reports_an_unreadable_block_as_eio() {
         root.join("src").to_str().unwrap(),
     ]);
     assert!(ok, "{err}");
-    let _m = Mount::start(&xnds, &mnt, &["-T", "5"]);
+    let _m = Mount::start(&xnds, &mnt, &["-T", "5", "--depot", &d.addr, "-B", "1M"]);
     d.kill9();
     let out = Command::new("cat").arg(mnt.join("f")).output().unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("Input/output error"), "{err}");
+    // Writing with no depot to take the data: cp fails, and what it leaves
+    // names no data (never a file that looks complete).
+    std::fs::write(root.join("big"), pattern(3 << 20, 2)).unwrap();
+    let out = Command::new("cp")
+        .arg(root.join("big"))
+        .arg(mnt.join("new"))
+        .output()
+        .unwrap();
+    assert!(
+        !out.status.success(),
+        "cp to a mount with no depot left succeeded"
+    );
+    let x = lors::xnd::load(&xnds.join("new.xnd")).unwrap();
+    assert!(x.mappings.is_empty(), "{:?}", x.mappings);
 }

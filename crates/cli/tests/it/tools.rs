@@ -1138,7 +1138,8 @@ fn a_closed_stdout_ends_every_command_quietly() {
 }
 
 /// Bytes allocated on a depot's resource 1 (STATUS `UT`).
-fn used(d: &DepotProc) -> u64 {
+/// Bytes the depot has allocated (STATUS UT).
+pub fn used(d: &DepotProc) -> u64 {
     tokio::runtime::Runtime::new().unwrap().block_on(async {
         let st = d.connect().await.status("1", "ibp").await.unwrap();
         st.get_u64("UT").expect("STATUS has UT")

@@ -8,6 +8,7 @@ use std::path::Path;
 use lors::settings::{Env, Layer, Settings};
 use lors::xio::{self, OpenOptions};
 
+use crate::tools::used;
 use crate::util::{DepotProc, lors, pattern, tempdir};
 
 const MIB: usize = 1 << 20;
@@ -226,11 +227,16 @@ fn overwriting_and_truncating_encoded_blocks_of_an_uploaded_file() {
     let st = xio::stat(p).unwrap();
     assert_eq!(st.len, model.len() as u64);
     assert!(!st.readonly);
-    // O_TRUNC empties it and frees the blocks.
+    // O_TRUNC empties it and frees the blocks: the depot holds nothing.
     let f = writer(&[&d], 1).open(p).unwrap();
     assert_eq!(f.metadata().unwrap().len, 0);
     drop(f);
     assert!(lors::xnd::load(&path).unwrap().mappings.is_empty());
+    assert_eq!(
+        used(&d),
+        0,
+        "every allocation, old and superseded, was released"
+    );
 }
 
 #[test]
@@ -267,7 +273,10 @@ fn errors_a_program_understands() {
     assert_eq!(e.kind(), ErrorKind::ReadOnlyFilesystem, "{e}");
     assert!(xio::stat(ro.to_str().unwrap()).unwrap().readonly);
 
-    // No room on the only depot: ENOSPC, and the saved exNode is untouched.
+    // No room on the only depot: ENOSPC, and the saved exNode is untouched,
+    // and what was stored before the failure is released (nothing on the
+    // depot that no exNode names).
+    let before = used(&d);
     let full = dir.path().join("full.xnd");
     let mut f = writer(&[&d], 1).open(full.to_str().unwrap()).unwrap();
     let wrote = f
@@ -277,6 +286,11 @@ fn errors_a_program_understands() {
     assert_eq!(e.kind(), ErrorKind::StorageFull, "{e}");
     drop(f);
     assert!(lors::xnd::load(&full).unwrap().mappings.is_empty());
+    assert_eq!(
+        used(&d),
+        before,
+        "the blocks stored before ENOSPC were released"
+    );
 
     // The only depot gone: EIO (ErrorKind::Other) on read, not a hang.
     d.kill9();
