@@ -160,17 +160,30 @@ class Lab:
         netlab("down")
 
 
-def lab_reads(lors: Path, exe: Path, d: Path, k: int, rate: int, size: int, rounds: int) -> str:
-    work = d / "lab"
+def lab_with_file(lors: Path, d: Path, name: str, k: int, rate: int, size: int,
+                  copies: int) -> tuple[Lab, Path, Path]:
+    """A lab of k depot hosts at `rate` and a file of `size` random bytes
+    placed on them; returns the lab, its work directory (exNodes in x/, a
+    mount point m/) and the exNode."""
+    work = d / name
     subprocess.run(["rm", "-rf", str(work)], check=True)
     (work / "x").mkdir(parents=True)
     (work / "m").mkdir()
-    src = d / "lab-src.bin"
+    src = d / f"{name}-src.bin"
     make_file(src, size)
     lab = Lab(lors, work, k, rate)
+    xnd = work / "x" / "f.xnd"
     try:
-        xnd = work / "x" / "f.xnd"
-        lab.place(lors, src, xnd, min(2, k))
+        lab.place(lors, src, xnd, copies)
+    except BaseException:
+        lab.stop()
+        raise
+    return lab, work, xnd
+
+
+def lab_reads(lors: Path, exe: Path, d: Path, k: int, rate: int, size: int, rounds: int) -> str:
+    lab, work, xnd = lab_with_file(lors, d, "lab", k, rate, size, min(2, k))
+    try:
         wrap = ns(lab.client)
         cases = read_cases(wrap, lors, exe, xnd,
                            mount_script(wrap, lors, exe, work / "x", work / "m", lab.depots()[0], "f"),
@@ -185,17 +198,9 @@ def lab_reads(lors: Path, exe: Path, d: Path, k: int, rate: int, size: int, roun
 def streaming(lors: Path, exe: Path, d: Path, size: int, rounds: int) -> str:
     k, rate, play = 4, 20, 15_000_000 / 8
     buffer = 2 << 20
-    work = d / "stream"
-    subprocess.run(["rm", "-rf", str(work)], check=True)
-    (work / "x").mkdir(parents=True)
-    (work / "m").mkdir()
-    src = d / "stream-src.bin"
-    make_file(src, size)
-    lab = Lab(lors, work, k, rate)
+    lab, work, xnd = lab_with_file(lors, d, "stream", k, rate, size, 2)
     results: dict[str, list[dict]] = {}
     try:
-        xnd = work / "x" / "f.xnd"
-        lab.place(lors, src, xnd, 2)
         wrap = ns(lab.client)
         player = f"{exe} {{src}} 65536 {play:.0f} {{buf}}"
         modes = {

@@ -220,10 +220,7 @@ impl Fs {
             });
         }
         let name = self.name(ino)?;
-        let writer = (lock(&self.handles).values())
-            .find(|h| h.ino == ino && h.writable)
-            .cloned();
-        let m = match writer {
+        let m = match self.writer(ino) {
             Some(h) => lock(&h.file).metadata()?,
             None => xio::stat(&self.target(&name)?)?,
         };
@@ -247,23 +244,45 @@ impl Fs {
         })
     }
 
+    /// The open writer of `ino`, if any. Every writing handle of a file
+    /// shares it, so two writers never save exNodes that forget each
+    /// other's blocks (and strand them on the depots).
+    fn writer(&self, ino: u64) -> Option<Arc<Handle>> {
+        (lock(&self.handles).values())
+            .find(|h| h.ino == ino && h.writable)
+            .cloned()
+    }
+
     fn open_file(&self, ino: u64, flags: i32, create: bool) -> io::Result<(u64, Arc<Handle>)> {
         let name = self.name(ino)?;
         let acc = flags & libc::O_ACCMODE;
-        let mut o = self.open.clone();
-        o.read(acc != libc::O_WRONLY)
-            .write(acc != libc::O_RDONLY)
-            .append(flags & libc::O_APPEND != 0)
-            .truncate(flags & libc::O_TRUNC != 0 || create)
-            .create(create)
-            .create_new(create && flags & libc::O_EXCL != 0);
-        let file = o.open(&self.target(&name)?)?;
+        let writable = acc != libc::O_RDONLY;
+        let trunc = flags & libc::O_TRUNC != 0 || create;
+        let shared = if writable { self.writer(ino) } else { None };
+        let h = match shared {
+            Some(h) => {
+                if trunc {
+                    lock(&h.file).set_len(0)?;
+                }
+                h
+            }
+            None => {
+                let mut o = self.open.clone();
+                // A writer reads too: later handles share it, some may read.
+                o.read(true)
+                    .write(writable)
+                    .append(flags & libc::O_APPEND != 0)
+                    .truncate(trunc)
+                    .create(create)
+                    .create_new(create && flags & libc::O_EXCL != 0);
+                Arc::new(Handle {
+                    ino,
+                    writable,
+                    file: Mutex::new(o.open(&self.target(&name)?)?),
+                })
+            }
+        };
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        let h = Arc::new(Handle {
-            ino,
-            writable: acc != libc::O_RDONLY,
-            file: Mutex::new(file),
-        });
         lock(&self.handles).insert(fh, h.clone());
         Ok((fh, h))
     }
@@ -347,9 +366,10 @@ impl Filesystem for Fs {
         // the `.xnd` file's own (and it stays owner-only: it holds keys).
         let r = (|| {
             if let Some(n) = size {
-                match fh.map(|f| self.handle(f)) {
-                    Some(Ok(h)) if h.writable => lock(&h.file).set_len(n)?,
-                    _ => {
+                let open = fh.and_then(|f| self.handle(f).ok()).filter(|h| h.writable);
+                match open.or_else(|| self.writer(ino.0)) {
+                    Some(h) => lock(&h.file).set_len(n)?,
+                    None => {
                         let name = self.name(ino.0)?;
                         let mut o = self.open.clone();
                         o.write(true);
@@ -468,16 +488,11 @@ impl Filesystem for Fs {
         let r = self.handle(fh).and_then(|h| {
             let mut f = lock(&h.file);
             f.seek(SeekFrom::Start(offset))?;
+            // A short reply is end of file to the kernel: xio reads fill
+            // the buffer unless the file ends.
             let mut buf = vec![0u8; size as usize];
-            let mut done = 0;
-            // A short reply is end of file to the kernel: fill it.
-            while done < buf.len() {
-                match f.read(&mut buf[done..])? {
-                    0 => break,
-                    n => done += n,
-                }
-            }
-            buf.truncate(done);
+            let n = f.read(&mut buf)?;
+            buf.truncate(n);
             Ok(buf)
         });
         match r {

@@ -946,6 +946,8 @@ impl File {
     }
 }
 
+/// Reads fill `buf` unless the file ends first, as `read(2)` on a local
+/// regular file does (a short count means end of file).
 impl Read for File {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         if !self.readable {

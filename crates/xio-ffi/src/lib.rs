@@ -201,14 +201,7 @@ pub unsafe extern "C" fn xio_read(fd: c_int, buf: *mut c_void, count: size_t) ->
             }
             // SAFETY: the caller's buffer of `count` bytes.
             let out = unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), count) };
-            let mut done = 0;
-            while done < count {
-                match f.read(&mut out[done..])? {
-                    0 => break,
-                    n => done += n,
-                }
-            }
-            Ok(done as ssize_t)
+            Ok(f.read(out)? as ssize_t)
         },
         // SAFETY: as the caller's contract.
         || unsafe { libc::read(fd, buf, count) },

@@ -6,6 +6,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::tools::used;
 use crate::util::{DepotProc, lors, pattern, tempdir};
 
 /// A running `lors mount`; unmounted (SIGTERM) when dropped.
@@ -182,6 +183,28 @@ fn mount_serves_exnodes_to_cp_cat_dd_cmp_tar_and_sqlite() {
     assert!(xnds.join("moved.xnd").exists() && !xnds.join("copy.xnd").exists());
     sh("rm m/moved && test ! -e m/moved", root);
     assert!(!xnds.join("moved.xnd").exists());
+
+    // Two descriptors writing one file at once share its state: both
+    // writes land, and removing the file frees every block either made.
+    let before = used(&d1) + used(&d2);
+    sh(
+        "python3 -c \"import os; a = os.open('m/w', os.O_WRONLY | os.O_CREAT); \
+         b = os.open('m/w', os.O_WRONLY); os.pwrite(a, b'A' * 3000000, 0); \
+         os.pwrite(b, b'B' * 3000000, 3000000); os.close(a); os.close(b)\"",
+        root,
+    );
+    let w = std::fs::read(mnt.join("w")).unwrap();
+    assert!(
+        w.len() == 6_000_000
+            && w[..3_000_000].iter().all(|&c| c == b'A')
+            && w[3_000_000..].iter().all(|&c| c == b'B')
+    );
+    sh("rm m/w", root);
+    assert_eq!(
+        used(&d1) + used(&d2),
+        before,
+        "nothing of the shared file left on the depots"
+    );
 
     // tar through the mount.
     sh(
