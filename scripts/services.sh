@@ -2,7 +2,7 @@
 # Test services the suite needs besides our own processes, installed from
 # Debian's packages when missing: a throwaway PostgreSQL (for the L-Bone's
 # PostgreSQL store), headless Chromium + ChromeDriver (for the dashboard),
-# iproute2 (for the network lab), fuse3, sqlite3 and gcc (for xio).
+# iproute2 (for the network lab), fuse3, rsync, sqlite3 and gcc (for xio).
 #
 #   source scripts/services.sh   # exports LORS_TEST_PG_URL, LORS_REQUIRE_SERVICES,
 #                                # LORS_CHROMIUM; stops PostgreSQL on exit
@@ -28,11 +28,12 @@ if ! command -v ip >/dev/null 2>&1 || ! command -v tc >/dev/null 2>&1; then
     _apt_install iproute2
 fi
 # xio: the FUSE tests mount with fuser's own mount(2) as root or fusermount3
-# (package fuse3) otherwise, and run sqlite3 on a mounted file; the C test
+# (package fuse3) otherwise, and run rsync and sqlite3 on it; the C test
 # program is compiled with gcc against libxio.so.
 _need=()
 command -v fusermount3 >/dev/null 2>&1 || _need+=(fuse3)
 command -v sqlite3 >/dev/null 2>&1 || _need+=(sqlite3)
+command -v rsync >/dev/null 2>&1 || _need+=(rsync)
 command -v gcc >/dev/null 2>&1 || _need+=(gcc libc6-dev)
 if [ "${#_need[@]}" -gt 0 ]; then
     echo "installing ${_need[*]} (xio: FUSE mount, C test program)"

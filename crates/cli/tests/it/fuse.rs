@@ -1,5 +1,5 @@
 //! `lors mount` with the kernel's FUSE: plain `cp`, `cat`, `dd`, `cmp`,
-//! `tar` and `sqlite3` on files stored on real depots.
+//! `tar`, `rsync` and `sqlite3` on files stored on real depots.
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -211,6 +211,13 @@ fn mount_serves_exnodes_to_cp_cat_dd_cmp_tar_and_sqlite() {
         "mkdir t && cp src t/a && printf b > t/b && tar cf m/t.tar t && mkdir u && tar xf m/t.tar -C u && cmp src u/t/a",
         root,
     );
+
+    // rsync: writes a temporary name, renames it, sets modes and times.
+    sh(
+        "mkdir rs && cp src rs/one && printf two > rs/two && rsync -a rs/ m/ && cmp src m/one && rsync -a --checksum rs/ m/",
+        root,
+    );
+    assert_eq!(std::fs::read(mnt.join("two")).unwrap(), b"two");
 
     // sqlite3, which locks, seeks and overwrites pages, where installed.
     if Command::new("sqlite3").arg("-version").output().is_ok() {
