@@ -222,6 +222,7 @@ impl OpenOptions {
             Err(e) => return Err(xnd_error(e)),
         };
         let created = loaded.is_none();
+        let disk = stamp(&path);
         let mut x = match loaded {
             Some(_) if self.create_new => {
                 return Err(io::Error::new(
@@ -288,6 +289,7 @@ impl OpenOptions {
             reader: Reader::new(self.cache, self.readahead),
             last_resort: None,
             closed: false,
+            disk,
         };
         if f.dirty {
             // open(2) with O_CREAT or O_TRUNC changes the file at once.
@@ -332,6 +334,28 @@ pub struct File {
     last_resort: Option<HashSet<String>>,
     /// `close` ran: nothing left for the drop to do.
     closed: bool,
+    /// The `.xnd` as this handle last read or wrote it: another writer's
+    /// save in between is a conflict, not something to overwrite.
+    disk: Option<Stamp>,
+}
+
+/// What tells one version of an `.xnd` file from another: saves replace
+/// the file (a new inode) atomically.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stamp {
+    ino: u64,
+    len: u64,
+    modified: Option<SystemTime>,
+}
+
+fn stamp(path: &Path) -> Option<Stamp> {
+    use std::os::unix::fs::MetadataExt as _;
+    let m = std::fs::metadata(path).ok()?;
+    Some(Stamp {
+        ino: m.ino(),
+        len: m.len(),
+        modified: m.modified().ok(),
+    })
 }
 
 struct Flush {
@@ -426,7 +450,11 @@ impl File {
     pub fn sync_all(&mut self) -> io::Result<()> {
         self.drain()?;
         if self.dirty {
+            if stamp(&self.path) != self.disk {
+                return Err(self.conflict());
+            }
             xnd::save(&self.path, &self.x).map_err(xnd_error)?;
+            self.disk = stamp(&self.path);
             self.dirty = false;
             self.unsaved.clear();
         }
@@ -442,6 +470,35 @@ impl File {
             }
         }
         Ok(())
+    }
+
+    /// Another writer saved the `.xnd` since this handle read or wrote it:
+    /// keep theirs, save ours beside it (so no block of ours is left on the
+    /// depots unnamed) and carry on there; release nothing (their exNode may
+    /// still name what ours superseded).
+    fn conflict(&mut self) -> io::Error {
+        let mut name = self.path.clone().into_os_string();
+        name.push(format!(".conflict-{}.xnd", std::process::id()));
+        let other = PathBuf::from(name);
+        self.to_release.clear();
+        match xnd::save(&other, &self.x) {
+            Ok(()) => {
+                let why = format!(
+                    "{} was changed by another writer while open here; this handle's version is saved as {}",
+                    self.path.display(),
+                    other.display()
+                );
+                self.path = other;
+                self.disk = stamp(&self.path);
+                self.dirty = false;
+                self.unsaved.clear();
+                io::Error::other(why)
+            }
+            Err(e) => io::Error::other(format!(
+                "{} was changed by another writer while open here, and this handle's version could not be saved beside it: {e}",
+                self.path.display()
+            )),
+        }
     }
 
     /// [`File::sync_all`], then closes, reporting what a drop would only log.

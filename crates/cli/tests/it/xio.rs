@@ -388,3 +388,32 @@ fn c_program_reads_and_writes_through_libxio() {
     assert_eq!(&bytes[1048570..1048580], b"0123456789");
     assert_eq!(&bytes[2_000_000..], b"end");
 }
+
+#[test]
+fn a_second_writer_never_overwrites_the_first_nor_strands_its_blocks() {
+    let dir = tempdir();
+    let d = DepotProc::start(&dir.path().join("d"), &[]);
+    let path = dir.path().join("f.xnd");
+    let p = path.to_str().unwrap();
+    let mut a = writer(&[&d], 1).open(p).unwrap();
+    let mut b = writer(&[&d], 1).truncate(false).open(p).unwrap();
+    a.write_all(&pattern(MIB, 1)).unwrap();
+    b.write_all(&pattern(MIB, 2)).unwrap();
+    a.close().unwrap();
+    // b read the exNode before a saved: its save would drop a's blocks.
+    let e = b.close().unwrap_err();
+    assert!(e.to_string().contains("changed by another writer"), "{e}");
+    assert_eq!(
+        read_all(&path),
+        pattern(MIB, 1),
+        "the first writer's file is intact"
+    );
+    let conflict = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.to_string_lossy().contains(".conflict-"))
+        .expect("the second writer's version is saved beside it");
+    assert_eq!(read_all(&conflict), pattern(MIB, 2));
+    // Every block on the depot is named by one of the two exNodes.
+    assert_eq!(used(&d), 2 * MIB as u64);
+}
