@@ -59,7 +59,7 @@ const DRAIN_PRIOR: f64 = (16u64 << 20) as f64;
 /// two of them after under 2 s.
 pub const STREAM_HORIZON: Duration = Duration::from_secs(2);
 /// ... and at least this much, before any rate is known.
-pub const STREAM_MIN_AHEAD: u64 = 4 << 20;
+pub const STREAM_MIN_AHEAD: u64 = 2 << 20;
 
 /// How the scheduler hands out work.
 #[derive(Debug, Clone)]

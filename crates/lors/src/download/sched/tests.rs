@@ -539,12 +539,14 @@ fn an_ordered_output_keeps_little_in_flight_until_the_rate_says_more_arrives_in_
         ..fixed(16)
     };
     let t0 = Instant::now();
+    // A stream's pieces: 256 KiB.
+    let piece = 256 << 10;
     let new = || {
         Sched::new(
             cfg.clone(),
             vec!["d".into()],
             vec![0],
-            plan(64, 2 * MIB, |_| vec![0]),
+            plan(64, piece, |_| vec![0]),
             t0,
         )
     };
@@ -556,25 +558,31 @@ fn an_ordered_output_keeps_little_in_flight_until_the_rate_says_more_arrives_in_
             })
             .collect::<Vec<_>>()
     };
-    // Nothing measured: 4 MiB ahead, two pieces, so they are not slowed by
-    // fourteen others on a narrow link.
+    let claim_all = |s: &mut Sched, pieces: &[usize], t| {
+        for &p in pieces {
+            assert!(s.claim(p, 0, t));
+        }
+    };
+    // Nothing measured: 2 MiB ahead, eight pieces, so they are not slowed
+    // by eight more on a narrow link.
     let mut slow = new();
-    assert_eq!(fetch_all(&mut slow, t0), vec![0, 1]);
-    // They took 2 s (2 MiB/s): still 4 MiB ahead of the writer.
+    let first = fetch_all(&mut slow, t0);
+    assert_eq!(first, (0..8).collect::<Vec<_>>());
+    // They took 2 s (1 MiB/s): still 2 MiB ahead of the writer.
     let t = t0 + Duration::from_secs(2);
-    assert!(slow.claim(0, 0, t) && slow.claim(1, 0, t));
-    slow.written(2);
-    assert_eq!(fetch_all(&mut slow, t), vec![2, 3]);
-    // A fast path: the same two pieces within 10 ms is ~800 MiB in 2 s:
-    // the whole window.
+    claim_all(&mut slow, &first, t);
+    slow.written(8);
+    assert_eq!(fetch_all(&mut slow, t), (8..16).collect::<Vec<_>>());
+    // A fast path: the same 2 MiB within 10 ms is ~400 MiB in 2 s: the
+    // whole window.
     let mut fast = new();
-    assert_eq!(fetch_all(&mut fast, t0), vec![0, 1]);
+    let first = fetch_all(&mut fast, t0);
     let t = t0 + Duration::from_millis(10);
-    assert!(fast.claim(0, 0, t) && fast.claim(1, 0, t));
-    fast.written(2);
+    claim_all(&mut fast, &first, t);
+    fast.written(8);
     assert_eq!(
         fetch_all(&mut fast, t),
-        (2..18).collect::<Vec<_>>(),
+        (8..24).collect::<Vec<_>>(),
         "16 ahead of the writer"
     );
 }
