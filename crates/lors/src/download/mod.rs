@@ -258,7 +258,8 @@ pub async fn download(
     let streaming = matches!(out, Output::Stream { .. });
     let (piece, window) = if streaming && opts.block_size > STREAM_PIECE {
         let k = usize::try_from(opts.block_size / STREAM_PIECE).unwrap_or(usize::MAX);
-        (STREAM_PIECE, opts.window.max(1).saturating_mul(k))
+        // Capped: the scheduler walks the window on every pick.
+        (STREAM_PIECE, opts.window.max(1).saturating_mul(k).min(4096))
     } else {
         (opts.block_size, opts.window.max(1))
     };
