@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """xio benchmark: what an application reading a file on depots gets, through
-libxio and through a `lors mount` (FUSE), next to `lors download` in bulk;
-and a constant-rate player (seed 000 §7's MPlayer problem). Needs root (the
-FUSE mount and the network lab).
+libxio and through a `lors mount` (FUSE), next to `lors download` in bulk
+and, on loopback, the ceiling of FUSE itself (crates/fuse/examples/
+ceiling.rs: a file served from memory); and a constant-rate player (seed
+000 §7's MPlayer problem). Needs root (the FUSE mount and the network lab).
 
     python3 bench/xio.py                                  # everything, defaults
     python3 bench/xio.py --only read --size 512M          # loopback + lab reads
@@ -44,6 +45,8 @@ def build(lors: Path | None) -> tuple[Path, Path]:
     the release libxio.so."""
     log("building lors and libxio (release)")
     subprocess.run(["cargo", "build", "--release", "--locked", "-q", "-p", "lors-cli", "-p", "lors-xio-ffi"],
+                   cwd=ROOT, check=True)
+    subprocess.run(["cargo", "build", "--release", "--locked", "-q", "-p", "lors-fuse", "--example", "ceiling"],
                    cwd=ROOT, check=True)
     rel = ROOT / "target" / "release"
     exe = rel / "xio_read"
@@ -119,6 +122,12 @@ def loopback_reads(lors: Path, exe: Path, d: Path, size: int, rounds: int) -> st
                        check=True)
         cases = read_cases([], lors, exe, xnd, mount_script([], lors, exe, work / "x", work / "m", addr, "f"),
                            work / "out.bin", size)
+        ceiling = ROOT / "target" / "release" / "examples" / "ceiling"
+        m = work / "m"
+        cases.append(Case("FUSE ceiling: a file served from memory, 4 KiB reads", "limit",
+                          ["sh", "-c", f"{ceiling} {m} {size} & until mountpoint -q {m}; do sleep 0.02; done; "
+                                       f"{exe} {m}/file 4096; r=$?; umount {m}; wait; exit $r"],
+                          size, parse=seconds_from_json))
         measure(cases, rounds, timeout=600)
     finally:
         depot.terminate()

@@ -807,6 +807,37 @@ impl File {
         Ok(())
     }
 
+    /// Reads up to `len` bytes at `offset` (fewer only at the end of the
+    /// file) and hands them to `f`: in place, without a copy, when they lie
+    /// in one chunk of the cache (a FUSE reply goes out from there). The
+    /// position does not move.
+    pub fn read_with<R>(
+        &mut self,
+        offset: u64,
+        len: usize,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> io::Result<R> {
+        if !self.readable {
+            return Err(io::Error::from_raw_os_error(EBADF));
+        }
+        let n = len.min(self.size.saturating_sub(offset).min(usize::MAX as u64) as usize);
+        let within = (offset % CHUNK) as usize;
+        if n > 0
+            && within + n <= CHUNK as usize
+            && !self.pending_overlaps(offset, offset + n as u64)
+        {
+            let sequential = offset == self.reader.last_end;
+            let chunk = self.chunk(offset / CHUNK, sequential)?;
+            if within + n <= chunk.len() {
+                self.reader.last_end = offset + n as u64;
+                return Ok(f(&chunk[within..within + n]));
+            }
+        }
+        let mut buf = vec![0u8; n];
+        let got = self.read_at(offset, &mut buf)?;
+        Ok(f(&buf[..got]))
+    }
+
     /// Reads up to `out.len()` bytes at `off`: all of them unless the file
     /// ends first. (Also for a writer's own use: no access check.)
     fn read_at(&mut self, off: u64, out: &mut [u8]) -> io::Result<usize> {
