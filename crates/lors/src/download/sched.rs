@@ -819,7 +819,8 @@ impl Sched {
     }
 
     /// Marks as stalled every depot that has delivered nothing for the
-    /// stall time while another delivered, and moves its pieces in flight
+    /// stall time while another delivered (or sat idle, able to serve one of
+    /// its pieces), and moves its pieces in flight
     /// that have another live replica back to the queue.
     pub fn check_stalls(&mut self, now: Instant) {
         if self.cfg.stall.is_zero() {
@@ -831,7 +832,20 @@ impl Sched {
             };
             let others_flow = (self.depots.iter().enumerate())
                 .any(|(e, x)| e != d && x.delivered.is_some_and(|t| t > since));
-            if now.saturating_duration_since(since) < self.cfg.stall || !others_flow {
+            // Or another depot that could serve one of its pieces sits idle:
+            // an ordered output's window can hold nothing but this depot's
+            // pieces, and then nobody else delivers to compare with.
+            let others_wait = (self.running.iter().map(|&(_, p)| &self.pieces[p]))
+                .filter(|s| s.running_on.iter().all(|&m| self.depot_of[m] == d))
+                .flat_map(|s| s.sources.iter().filter(|m| !s.failed.contains(m)))
+                .map(|&m| self.depot_of[m])
+                .any(|e| {
+                    let x = &self.depots[e];
+                    e != d && !x.dead && !x.stalled && x.running == 0
+                });
+            if now.saturating_duration_since(since) < self.cfg.stall
+                || !(others_flow || others_wait)
+            {
                 continue;
             }
             self.depots[d].stalled = true;

@@ -586,3 +586,48 @@ fn an_ordered_output_keeps_little_in_flight_until_the_rate_says_more_arrives_in_
         "16 ahead of the writer"
     );
 }
+
+#[test]
+fn a_silent_depot_holding_the_whole_stream_window_is_stalled_while_a_replica_waits() {
+    let cfg = Config {
+        window: Some(16),
+        split_tail: false,
+        stall: Duration::from_secs(1),
+        hedge: false,
+        ..fixed(4)
+    };
+    let t0 = Instant::now();
+    // 1 MiB pieces (encoded mappings are fetched whole) on both depots.
+    let mut s = Sched::new(
+        cfg,
+        vec!["a".into(), "b".into()],
+        vec![0, 1],
+        plan(8, MIB, |_| vec![0, 1]),
+        t0,
+    );
+    // Depot b's connections take the whole 2 MiB window and go silent.
+    assert!(matches!(
+        s.pick(1, 0, false, t0),
+        Pick::Fetch { piece: 0, .. }
+    ));
+    assert!(matches!(
+        s.pick(1, 1, false, t0),
+        Pick::Fetch { piece: 1, .. }
+    ));
+    assert!(matches!(s.pick(0, 0, false, t0), Pick::Wait));
+    // Nobody delivers, but a holds replicas and waits: b is stalled.
+    let t = t0 + Duration::from_secs(2);
+    s.check_stalls(t);
+    assert!(matches!(
+        s.take_events().as_slice(),
+        [Event::Stalled {
+            depot: 1,
+            moved: 2,
+            ..
+        }]
+    ));
+    assert!(matches!(
+        s.pick(0, 0, false, t),
+        Pick::Fetch { piece: 0, .. }
+    ));
+}
