@@ -152,17 +152,10 @@ impl Placement<'_> {
         bytes: u64,
         exclude: Vec<String>,
     ) -> anyhow::Result<lors::directory::Found> {
-        use lors::directory::{DirectoryError, Wanted, depot_count, find_depots};
+        use lors::directory::DirectoryError;
         let s = self.settings;
         let named = directory(rt, s);
-        let want = Wanted {
-            count: depot_count(s.max_depots, copies, &s.location),
-            bytes,
-            secs: s.duration.as_secs(),
-            location: s.location.clone(),
-            exclude,
-        };
-        rt.block_on(find_depots(self.depots, named, &s.rc, &want))
+        rt.block_on(s.find_depots(self.depots, named, copies, bytes, exclude))
             .map_err(|e| match e {
                 DirectoryError::NoSource => UsageError(
                     "no depots: give --depot HOST[:PORT] (repeatable), an L-Bone (-H HOST|URL or LBONE_SERVER), or DEPOT lines in ~/.xndrc".into(),
@@ -173,14 +166,12 @@ impl Placement<'_> {
     }
 }
 
-/// The L-Bone the settings name, if any, with its protocol settled once (a
-/// `HOST:PORT` is probed here, not again by each later query and rate
-/// report).
+/// [`Settings::directory`] on `rt`.
 pub fn directory(
     rt: &tokio::runtime::Runtime,
     s: &Settings,
 ) -> Option<lors_lbone::client::Directory> {
-    s.lbone.as_ref().map(|d| rt.block_on(d.resolve()))
+    rt.block_on(s.directory())
 }
 
 /// The lease and kind of the allocations upload, augment and route make.

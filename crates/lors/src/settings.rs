@@ -345,6 +345,40 @@ impl Settings {
         })
     }
 
+    /// The L-Bone these settings name, if any, with its protocol settled
+    /// once (a `HOST:PORT` is probed here, not again by each later query
+    /// and rate report).
+    pub async fn directory(&self) -> Option<Directory> {
+        match &self.lbone {
+            Some(d) => Some(d.resolve().await),
+            None => None,
+        }
+    }
+
+    /// Depots for `copies` of allocations of `bytes` for these settings'
+    /// lease, location and depot count: `explicit` if any, else as
+    /// [`crate::directory::find_depots`] finds them through `named` (an
+    /// L-Bone from [`Settings::directory`]) or `~/.xndrc`, leaving out
+    /// `exclude`.
+    pub async fn find_depots(
+        &self,
+        explicit: &[String],
+        named: Option<Directory>,
+        copies: usize,
+        bytes: u64,
+        exclude: Vec<String>,
+    ) -> Result<crate::directory::Found, crate::directory::DirectoryError> {
+        use crate::directory::{Wanted, depot_count, find_depots};
+        let want = Wanted {
+            count: depot_count(self.max_depots, copies, &self.location),
+            bytes,
+            secs: self.duration.as_secs(),
+            location: self.location.clone(),
+            exclude,
+        };
+        find_depots(explicit, named, &self.rc, &want).await
+    }
+
     /// The IBP client settings of the timeout policy: [`Self::timeout`]
     /// without progress gives a depot up, and is the server-side timeout
     /// every request carries; connecting waits at most 10 s of it.

@@ -288,6 +288,7 @@ impl OpenOptions {
             to_release,
             reader: Reader::new(self.cache, self.readahead),
             last_resort: None,
+            lbone: None,
             closed: false,
             disk,
         };
@@ -332,6 +333,8 @@ pub struct File {
     to_release: Vec<Mapping>,
     reader: Reader,
     last_resort: Option<HashSet<String>>,
+    /// The settings' L-Bone, once resolved (`Some(None)`: none named).
+    lbone: Option<Option<lors_lbone::client::Directory>>,
     /// `close` ran: nothing left for the drop to do.
     closed: bool,
     /// The `.xnd` as this handle last read or wrote it: another writer's
@@ -607,29 +610,26 @@ impl File {
         }
     }
 
+    /// The L-Bone of the settings, resolved once for both the depots new
+    /// blocks go to and the read-ahead's last-resort list.
+    fn directory(&mut self) -> Option<lors_lbone::client::Directory> {
+        let s = &self.settings;
+        self.lbone
+            .get_or_insert_with(|| runtime().block_on(s.directory()))
+            .clone()
+    }
+
     /// Where new blocks go: given, else found as the tools find them.
     fn depots(&mut self) -> io::Result<Vec<String>> {
         if let Some(d) = &self.depots {
             return Ok(d.clone());
         }
-        use crate::directory::{Wanted, depot_count, find_depots};
+        let named = self.directory();
         let s = &self.settings;
         let copies = s.copies.unwrap_or(1);
-        let want = Wanted {
-            count: depot_count(s.max_depots, copies, &s.location),
-            bytes: s.block_size.unwrap_or(DEFAULT_BUFFER as u64),
-            secs: s.duration.as_secs(),
-            location: s.location.clone(),
-            exclude: Vec::new(),
-        };
+        let bytes = s.block_size.unwrap_or(DEFAULT_BUFFER as u64);
         let found = runtime()
-            .block_on(async {
-                let named = match &s.lbone {
-                    Some(d) => Some(d.resolve().await),
-                    None => None,
-                };
-                find_depots(&[], named, &s.rc, &want).await
-            })
+            .block_on(s.find_depots(&[], named, copies, bytes, Vec::new()))
             .map_err(|e| io::Error::new(ErrorKind::StorageFull, format!("no depots: {e}")))?;
         self.depots = Some(found.depots.clone());
         Ok(found.depots)
@@ -940,15 +940,8 @@ impl File {
     /// Starts downloading `[start, start+len)` into a bounded channel of chunks.
     fn fetch(&mut self, start: u64, len: u64) -> io::Result<Stream> {
         if self.last_resort.is_none() {
-            let s = &self.settings;
-            let x = &self.x;
-            let lr = runtime().block_on(async {
-                let dir = match &s.lbone {
-                    Some(d) => Some(d.resolve().await),
-                    None => None,
-                };
-                crate::directory::last_resort(dir.as_ref(), x).await
-            });
+            let dir = self.directory();
+            let lr = runtime().block_on(crate::directory::last_resort(dir.as_ref(), &self.x));
             self.last_resort = Some(lr);
         }
         let opts = DownloadOptions {
