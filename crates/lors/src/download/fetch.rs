@@ -85,6 +85,7 @@ pub(super) async fn worker(
             }
             Pick::Fetch { piece, mapping } => (piece, mapping),
         };
+        ctx.started.notify_one();
         if ctx.mem_need[m] == 0 {
             mem = None;
         }

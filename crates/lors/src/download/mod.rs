@@ -158,6 +158,10 @@ struct Ctx {
     state: Mutex<Shared>,
     /// Told of every change a waiting worker or the supervisor may act on.
     wake: Notify,
+    /// Told when a fetch starts: a depot that had nothing in flight may now
+    /// stall, and only the supervisor times that. A permit is kept while it
+    /// is busy, so a start between its check and its wait is not missed.
+    started: Notify,
     pool: Arc<Pool>,
     progress: Arc<dyn Progress>,
     base: u64,
@@ -341,6 +345,7 @@ pub async fn download(
             writing: 0,
         }),
         wake: Notify::new(),
+        started: Notify::new(),
         pool,
         progress,
         base: start,
@@ -457,6 +462,7 @@ async fn supervise(ctx: &Ctx, workers: &mut tokio::task::JoinSet<()>) {
         tokio::select! {
             j = workers.join_next() => if j.is_none() { return },
             () = &mut notified => {}
+            () = ctx.started.notified() => {}
             () = timer => {}
         }
     }
