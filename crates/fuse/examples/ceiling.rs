@@ -104,5 +104,11 @@ fn main() -> std::io::Result<()> {
     let mut cfg = Config::default();
     cfg.n_threads = Some(4);
     // As lors mount: the same threads, the same kernel settings.
-    fuser::mount(fs, mnt, &cfg)
+    let session = fuser::spawn_mount(fs, mnt, &cfg)?;
+    if let Err(e) =
+        lors_fuse::raise_readahead(std::path::Path::new(mnt), lors_fuse::KERNEL_READAHEAD_KB)
+    {
+        eprintln!("kernel read-ahead left at its default: {e}");
+    }
+    session.join()
 }

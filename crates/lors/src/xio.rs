@@ -45,7 +45,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::io::{self, ErrorKind, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::SystemTime;
 
 use lors_exnode::{ExNode, Mapping, Metadata as Meta};
@@ -833,9 +833,17 @@ impl File {
                 return Ok(f(&chunk[within..within + n]));
             }
         }
-        let mut buf = vec![0u8; n];
-        let got = self.read_at(offset, &mut buf)?;
-        Ok(f(&buf[..got]))
+        // Across chunks (the kernel's read-ahead requests rarely start on a
+        // chunk): gathered in a buffer kept for the next such read, not
+        // zeroed and faulted in anew each time.
+        let mut buf = std::mem::take(&mut self.reader.scratch);
+        if buf.len() < n {
+            buf.resize(n, 0);
+        }
+        let got = self.read_at(offset, &mut buf[..n]);
+        let r = got.map(|got| f(&buf[..got]));
+        self.reader.scratch = buf;
+        r
     }
 
     /// Reads up to `out.len()` bytes at `off`: all of them unless the file
@@ -951,8 +959,10 @@ impl File {
             ..DownloadOptions::default()
         };
         let (tx, rx) = mpsc::channel((self.reader.readahead as u64 / CHUNK).max(1) as usize);
+        let spare = self.reader.spare.clone();
         let w = ChunkSink {
-            cur: Vec::with_capacity(CHUNK as usize),
+            cur: spare.take(),
+            spare,
             tx,
             permit: None,
         };
@@ -1096,6 +1106,37 @@ struct Reader {
     /// Where the last read ended: a read starting here is sequential.
     last_end: u64,
     readahead: usize,
+    /// Evicted chunks for the read-ahead to fill again: fresh memory costs
+    /// a page fault and a zeroed page per 4 KiB, as much as the copy into it.
+    spare: Spare,
+    /// See [`File::read_with`].
+    scratch: Vec<u8>,
+}
+
+/// Chunk buffers the cache let go of, kept for the read-ahead.
+#[derive(Clone, Default)]
+struct Spare(Arc<Mutex<Vec<Vec<u8>>>>);
+
+impl Spare {
+    /// As many as a read-ahead holds in its channel and being filled.
+    const KEEP: usize = 8;
+
+    fn take(&self) -> Vec<u8> {
+        let mut v = (self.0.lock().unwrap_or_else(|e| e.into_inner()).pop())
+            .unwrap_or_else(|| Vec::with_capacity(CHUNK as usize));
+        v.clear();
+        v
+    }
+
+    fn give(&self, c: Arc<Vec<u8>>) {
+        // Still shared (a FUSE reply or a caller holds it): let it go.
+        if let Ok(v) = Arc::try_unwrap(c) {
+            let mut free = self.0.lock().unwrap_or_else(|e| e.into_inner());
+            if free.len() < Self::KEEP && v.capacity() == CHUNK as usize {
+                free.push(v);
+            }
+        }
+    }
 }
 
 impl Reader {
@@ -1107,6 +1148,8 @@ impl Reader {
             stream: None,
             last_end: 0,
             readahead,
+            spare: Spare::default(),
+            scratch: Vec::new(),
         }
     }
 
@@ -1126,7 +1169,9 @@ impl Reader {
         while self.chunks.len() > self.capacity {
             match self.order.pop_front() {
                 Some(old) => {
-                    self.chunks.remove(&old);
+                    if let Some(c) = self.chunks.remove(&old) {
+                        self.spare.give(c);
+                    }
                 }
                 None => break,
             }
@@ -1182,6 +1227,7 @@ type Reserve = Pin<
 /// takes it without another copy. Bounded by the channel's capacity.
 struct ChunkSink {
     cur: Vec<u8>,
+    spare: Spare,
     tx: mpsc::Sender<Vec<u8>>,
     permit: Option<Reserve>,
 }
@@ -1196,7 +1242,7 @@ impl ChunkSink {
         self.permit = None;
         let permit =
             permit.map_err(|_| io::Error::new(ErrorKind::BrokenPipe, "the reader is gone"))?;
-        let full = std::mem::replace(&mut self.cur, Vec::with_capacity(CHUNK as usize));
+        let full = std::mem::replace(&mut self.cur, self.spare.take());
         permit.send(full);
         Poll::Ready(Ok(()))
     }
