@@ -3,6 +3,7 @@
 pub mod augment;
 pub mod demo;
 pub mod depot;
+pub mod disseminate;
 pub mod download;
 pub mod lbone;
 pub mod ls;

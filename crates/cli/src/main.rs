@@ -47,6 +47,8 @@ enum Command {
     Modify(commands::modify::Args),
     /// Move a file onto other depots.
     Route(commands::route::Args),
+    /// Send a file to many depots at once; the depots relay to each other.
+    Disseminate(commands::disseminate::Args),
     /// Serve a directory of exNodes as ordinary files (FUSE).
     Mount(commands::mount::Args),
     /// Print a shell completion script.
@@ -105,6 +107,7 @@ fn main() -> ExitCode {
         Command::Refresh(a) => commands::refresh::run(a),
         Command::Modify(a) => commands::modify::run(a),
         Command::Route(a) => commands::route::run(a),
+        Command::Disseminate(a) => commands::disseminate::run(a),
         Command::Mount(a) => commands::mount::run(a),
         Command::Completions(a) => commands::shell::completions(a, Cli::command()),
         Command::Man(a) => commands::shell::man(a, Cli::command()),

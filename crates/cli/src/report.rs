@@ -583,7 +583,7 @@ fn fit(s: &str, width: usize) -> String {
 }
 
 /// Bytes in binary units, one decimal.
-fn human(n: u64) -> String {
+pub fn human(n: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
     let mut v = n as f64;
     let mut u = 0;

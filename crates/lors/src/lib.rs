@@ -7,10 +7,13 @@
 //!   scheduler ([`download::sched`]) for the next block their depot holds;
 //!   failures go to another replica; stragglers are fetched again
 //!   elsewhere, first finisher wins.
+//! * [`dissem`] — one file to many sites (seed 004): the sites relay to
+//!   each other depot to depot, as a sans-I/O scheduler decides.
 //! * [`plan`] — cutting a byte range into servable segments.
 //! * [`pool`] — reused depot connections.
 
 pub mod directory;
+pub mod dissem;
 pub mod download;
 pub mod error;
 pub mod manage;

@@ -237,7 +237,7 @@ fn failed(e: lors::Error, out: &std::path::Path) -> anyhow::Error {
 
 /// Writes the allocations in `stranded` (on depots that could not be
 /// reached to release them) to `OUT.partial` and says how to free them.
-fn record_unreleased(stranded: &lors_exnode::ExNode, said: &str, out: &std::path::Path) {
+pub(crate) fn record_unreleased(stranded: &lors_exnode::ExNode, said: &str, out: &std::path::Path) {
     let mut partial = out.as_os_str().to_owned();
     partial.push(".partial");
     let partial = std::path::PathBuf::from(partial);

@@ -2,6 +2,7 @@
 
 mod dashboard;
 mod depot;
+mod dissem;
 mod fuse;
 mod hostile;
 mod lab;

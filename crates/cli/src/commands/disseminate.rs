@@ -1,0 +1,214 @@
+//! `lors disseminate`: one file to many sites, each ending with a full
+//! replica; the sites relay to each other (seed 004).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use lors::Pool;
+use lors::dissem::{Input, Options, disseminate};
+
+use crate::UsageError;
+use crate::report::{ReportOpts, Reporter, Unit, human};
+
+/// Send a file (or an exNode's data) to many depots at once: each ends with
+/// a full replica, in about the time of one transfer.
+#[derive(clap::Args)]
+#[command(
+    after_help = "The client sends each block about once; the sites copy what they lack from
+each other, depot to depot, as their links free up: a slow site takes less,
+and a site that keeps failing is dropped without holding up the others.
+
+EXAMPLES:
+  lors disseminate run42.dat --to d1:6714,d2:6714,d3:6714,d4:6714 -o run42.xnd
+  lors disseminate run42.xnd --to d5,d6                  # relayed from run42's depots
+  lors disseminate run42.xnd --to d1,d2,d3,d4            # again: completes what is missing
+  lors disseminate run42.dat --to d1,d2 --unicast        # baseline: the client sends all"
+)]
+pub struct Args {
+    /// A local file, or an exNode whose replicas are the sources.
+    #[arg(value_name = "FILE|FILE.xnd")]
+    input: PathBuf,
+    /// Destination depots HOST[:PORT], comma-separated or repeated: one
+    /// full replica on each.
+    #[arg(long, required = true, value_delimiter = ',', value_name = "HOST[:PORT],…", value_parser = super::depot_arg)]
+    to: Vec<String>,
+    /// The exNode to write [default: FILE.xnd for a file, the input exNode
+    /// itself for an exNode].
+    #[arg(short, long, value_name = "OUT.xnd")]
+    output: Option<PathBuf>,
+    /// Block size for a file: smaller blocks start relaying sooner; each
+    /// is an allocation on every site.
+    #[arg(short = 'b', long, default_value = "4M", value_parser = super::block_size_arg)]
+    block_size: u64,
+    /// Give up a copy that takes longer than this (or eight times a
+    /// typical copy of its size, if more); three in a row drop the site.
+    #[arg(long, default_value = "60s", value_parser = super::duration_arg)]
+    stall: std::time::Duration,
+    /// Copies each site receives and sends at once.
+    #[arg(long, default_value_t = 2, value_name = "N")]
+    slots: usize,
+    /// Baseline: the client sends the whole file to every site, no relays.
+    #[arg(long)]
+    unicast: bool,
+    #[command(flatten)]
+    lease: super::LeaseOpts,
+    #[command(flatten)]
+    net: super::NetOpts,
+    #[command(flatten)]
+    report: ReportOpts,
+}
+
+pub fn run(a: Args) -> anyhow::Result<()> {
+    let to = a.to.clone();
+    let mut seen = std::collections::HashSet::new();
+    if let Some(d) = to.iter().find(|d| !seen.insert(*d)) {
+        return Err(UsageError(format!("--to names {d} twice: each site is one depot")).into());
+    }
+    let is_xnd = a.input.extension().is_some_and(|e| e == "xnd");
+    let s = super::settings(&a.net, a.lease.layer(Default::default()), None)?;
+    let (input, out) = if is_xnd {
+        let x = lors::xnd::load(&a.input)?;
+        (
+            Input::ExNode(x),
+            a.output.clone().unwrap_or_else(|| a.input.clone()),
+        )
+    } else {
+        let meta = std::fs::metadata(&a.input)
+            .with_context(|| format!("reading {}", a.input.display()))?;
+        if !meta.is_file() {
+            return Err(UsageError(format!("{} is not a file", a.input.display())).into());
+        }
+        let mut out = a.input.clone().into_os_string();
+        out.push(".xnd");
+        (
+            Input::File(a.input.clone()),
+            a.output.clone().unwrap_or_else(|| out.into()),
+        )
+    };
+    let filename = (a.input.file_name())
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let mut opts = Options {
+        block_size: a.block_size,
+        duration: s.duration,
+        reliability: s.reliability,
+        filename,
+        stall: a.stall,
+        ..Options::default()
+    };
+    opts.sched.in_slots = a.slots.max(1);
+    opts.sched.out_slots = a.slots.max(1);
+    if a.unicast {
+        opts.sched.relay = false;
+        opts.sched.client_slots = a.slots.max(1) * to.len();
+    }
+    let progress = Reporter::new("disseminate", Unit::Bytes, &a.report, false);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let done = rt.block_on(async {
+        let pool = Arc::new(Pool::new(s.client()));
+        disseminate(input, &to, &opts, pool, progress.clone()).await
+    })?;
+    progress.finish();
+    let complete = done.sites.iter().filter(|r| r.complete).count();
+    if complete > 0 {
+        lors::xnd::save(&out, &done.exnode)?;
+    }
+    if !done.unreleased.mappings.is_empty() {
+        super::upload::record_unreleased(
+            &done.unreleased,
+            "copies on sites that did not complete could not be released; ",
+            &out,
+        );
+    }
+    let secs = done.elapsed.as_secs_f64();
+    if progress.is_json() {
+        progress.done(&Summary {
+            exnode: (complete > 0).then(|| out.display().to_string()),
+            seconds: super::json_secs(done.elapsed),
+            source_bytes: done.source_bytes,
+            relayed_bytes: done.relayed_bytes,
+            sites: (done.sites.iter())
+                .map(|r| SiteLine {
+                    depot: &r.depot,
+                    complete: r.complete,
+                    received: r.received,
+                    relayed: r.relayed,
+                    seconds: r.finished.map(super::json_secs),
+                    error: r.error.as_deref(),
+                })
+                .collect(),
+        });
+    } else if !a.report.quiet {
+        for r in &done.sites {
+            match (&r.error, r.finished) {
+                (None, Some(t)) => eprintln!(
+                    "lors: {}: complete in {:.2}s (received {}, relayed {})",
+                    r.depot,
+                    t.as_secs_f64(),
+                    human(r.received),
+                    human(r.relayed)
+                ),
+                (None, None) if r.complete => {
+                    eprintln!("lors: {}: complete (held everything already)", r.depot)
+                }
+                (e, _) => eprintln!(
+                    "lors: {}: FAILED: {}",
+                    r.depot,
+                    e.as_deref().unwrap_or("did not complete")
+                ),
+            }
+        }
+        eprintln!(
+            "lors: {complete} of {} sites hold a full replica after {secs:.2}s; the source sent {}, the sites relayed {}{}",
+            done.sites.len(),
+            human(done.source_bytes),
+            human(done.relayed_bytes),
+            if complete > 0 {
+                format!(" -> {}", out.display())
+            } else {
+                String::new()
+            }
+        );
+    }
+    if complete < done.sites.len() {
+        let failed: Vec<&str> = (done.sites.iter())
+            .filter(|r| !r.complete)
+            .map(|r| r.depot.as_str())
+            .collect();
+        anyhow::bail!(
+            "{} of {} sites did not get a full replica ({}); run the same command on {} to complete them",
+            failed.len(),
+            done.sites.len(),
+            failed.join(", "),
+            if complete > 0 {
+                out.display().to_string()
+            } else {
+                a.input.display().to_string()
+            }
+        );
+    }
+    Ok(())
+}
+
+/// `--json`: how a dissemination went.
+#[derive(serde::Serialize)]
+struct Summary<'a> {
+    exnode: Option<String>,
+    seconds: f64,
+    source_bytes: u64,
+    relayed_bytes: u64,
+    sites: Vec<SiteLine<'a>>,
+}
+
+#[derive(serde::Serialize)]
+struct SiteLine<'a> {
+    depot: &'a str,
+    complete: bool,
+    received: u64,
+    relayed: u64,
+    seconds: Option<f64>,
+    error: Option<&'a str>,
+}

@@ -1,0 +1,597 @@
+//! Dissemination (seed 004, DDMG): one file to many sites, each ending with
+//! a full replica, in about the time of one transfer. The client stores
+//! distinct blocks at the sites and the sites copy what they lack from each
+//! other, depot to depot (SEND), as the sans-I/O [`sched`] decides: pulled
+//! block by block, so a slow site takes less and a failing one is dropped
+//! without holding up the others.
+//!
+//! The input is a local file (the client is the source) or an exNode (its
+//! replicas are the sources, and the client moves no data). Blocks a site
+//! already holds in the input exNode are not copied again, so running a
+//! dissemination again on its own output completes what is missing.
+//!
+//! ```no_run
+//! # async fn f() -> lors::Result<()> {
+//! use std::sync::Arc;
+//! use lors::dissem::{Input, Options, disseminate};
+//! use lors::{NoProgress, Pool};
+//!
+//! let sites = vec!["d1.example.org:6714".to_string(), "d2.example.org:6714".to_string()];
+//! let pool = Arc::new(Pool::new(Default::default()));
+//! let input = Input::File("run42.dat".into());
+//! let out = disseminate(input, &sites, &Options::default(), pool, Arc::new(NoProgress)).await?;
+//! assert!(out.sites.iter().all(|s| s.complete));
+//! lors::xnd::save("run42.xnd".as_ref(), &out.exnode).unwrap();
+//! # Ok(()) }
+//! ```
+
+pub mod sched;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lors_exnode::{ExNode, Mapping, Metadata};
+use lors_ibp::proto::Reliability;
+use tokio::task::JoinSet;
+
+use crate::error::{Error, Result};
+use crate::pool::Pool;
+use crate::progress::{Event, Progress};
+use sched::{Blame, BlockId, Note, Sched, Source, Transfer};
+
+/// What to disseminate.
+#[derive(Debug, Clone)]
+pub enum Input {
+    /// A local file: the client sends each block about once.
+    File(PathBuf),
+    /// An exNode: its replicas are the sources; its blocks already on a
+    /// destination site count as delivered there.
+    ExNode(ExNode),
+}
+
+/// Dissemination settings.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Block size for a file input (an exNode keeps its blocks). Smaller
+    /// blocks start the relaying sooner; each is an allocation per site.
+    pub block_size: u64,
+    /// Lease of the new allocations.
+    pub duration: Duration,
+    /// Hard or soft storage.
+    pub reliability: Reliability,
+    /// File name recorded in the exNode of a file input.
+    pub filename: String,
+    /// The least time a copy may take before it is given up (it may take
+    /// longer: eight times the typical copy of its size).
+    pub stall: Duration,
+    /// The scheduler's settings (slots, failures, unicast).
+    pub sched: sched::Config,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            block_size: 4 << 20,
+            duration: Duration::from_secs(86_400),
+            reliability: Reliability::Hard,
+            filename: String::new(),
+            stall: Duration::from_secs(60),
+            sched: sched::Config::default(),
+        }
+    }
+}
+
+/// How one site fared.
+#[derive(Debug, Clone)]
+pub struct SiteReport {
+    /// The site's depot (`host:port`).
+    pub depot: String,
+    /// It holds a full replica, named in the exNode.
+    pub complete: bool,
+    /// Bytes it received in this run.
+    pub received: u64,
+    /// Bytes it sent to other sites.
+    pub relayed: u64,
+    /// When it completed, from the start.
+    pub finished: Option<Duration>,
+    /// Why it did not complete.
+    pub error: Option<String>,
+}
+
+/// A finished dissemination.
+#[derive(Debug)]
+pub struct Outcome {
+    /// The input's mappings (for an exNode) and one full replica per
+    /// completed site.
+    pub exnode: ExNode,
+    /// Per site, in the order given.
+    pub sites: Vec<SiteReport>,
+    /// Bytes the client sent (its egress; about the file size).
+    pub source_bytes: u64,
+    /// Bytes copied site to site or from the input's replicas.
+    pub relayed_bytes: u64,
+    /// Time taken.
+    pub elapsed: Duration,
+    /// Allocations of incomplete sites that could not be released (their
+    /// depot did not answer): record them, or they hold space until their
+    /// lease ends.
+    pub unreleased: ExNode,
+}
+
+/// One block of the file and where its copies come from.
+struct Block {
+    offset: u64,
+    len: u64,
+    /// What a new replica's mapping looks like (without capabilities).
+    template: Mapping,
+    /// Per origin holding it: the mapping to copy from.
+    from_origin: HashMap<usize, Mapping>,
+}
+
+/// The blocks and their sources.
+struct Layout {
+    blocks: Vec<Block>,
+    /// Per block, the origins holding it (for the scheduler).
+    origins: Vec<Vec<usize>>,
+    /// Origin depots by index.
+    origin_depots: Vec<String>,
+    /// Copies the sites hold already: (site, block, mapping).
+    preheld: Vec<(usize, BlockId, Mapping)>,
+    file: Option<Arc<std::fs::File>>,
+}
+
+fn raw(offset: u64, len: u64) -> Mapping {
+    Mapping {
+        exnode_offset: offset,
+        logical_length: len,
+        alloc_offset: 0,
+        alloc_length: len,
+        e2e_blocksize: 0,
+        metadata: Vec::new(),
+        function: None,
+        read: None,
+        write: None,
+        manage: None,
+    }
+}
+
+fn layout(input: &Input, sites: &[String], block_size: u64) -> Result<Layout> {
+    match input {
+        Input::File(path) => {
+            let f = std::fs::File::open(path)
+                .map_err(|e| Error::io(format!("opening {}", path.display()), e))?;
+            let size = f
+                .metadata()
+                .map_err(|e| Error::io(format!("reading {}", path.display()), e))?
+                .len();
+            let bs = block_size.max(1);
+            let blocks = (0..size.div_ceil(bs))
+                .map(|i| {
+                    let offset = i * bs;
+                    let len = bs.min(size - offset);
+                    Block {
+                        offset,
+                        len,
+                        template: raw(offset, len),
+                        from_origin: HashMap::new(),
+                    }
+                })
+                .collect();
+            Ok(Layout {
+                blocks,
+                origins: Vec::new(),
+                origin_depots: Vec::new(),
+                preheld: Vec::new(),
+                file: Some(Arc::new(f)),
+            })
+        }
+        Input::ExNode(x) => exnode_layout(x, sites),
+    }
+}
+
+/// Cuts an exNode into blocks that tile it once: where replicas are cut
+/// differently, the range with the most readable replicas at each point.
+fn exnode_layout(x: &ExNode, sites: &[String]) -> Result<Layout> {
+    let ranges = crate::manage::blocks(x);
+    let size = x.logical_size();
+    let mut blocks = Vec::new();
+    let mut origins = Vec::new();
+    let mut origin_depots: Vec<String> = Vec::new();
+    let mut preheld = Vec::new();
+    let mut pos = 0;
+    while pos < size {
+        let readable = |idx: &Vec<usize>| {
+            idx.iter()
+                .filter(|&&i| x.mappings[i].read.is_some())
+                .count()
+        };
+        let Some(((offset, len), idx)) = ranges
+            .range((pos, 0)..(pos, u64::MAX))
+            .filter(|((_, len), idx)| *len > 0 && readable(idx) > 0)
+            .max_by_key(|((_, len), idx)| (readable(idx), *len))
+        else {
+            return Err(Error::Unreadable {
+                offset: pos,
+                end: size,
+                last: "no readable replica starts here: the exNode has a hole, or its replicas are cut in ways that do not line up".into(),
+            });
+        };
+        let b = blocks.len();
+        let mut from_origin = HashMap::new();
+        let mut held_by = Vec::new();
+        for &i in idx {
+            let m = &x.mappings[i];
+            let Some(depot) = m.depot() else { continue };
+            if let Some(s) = sites.iter().position(|s| *s == depot) {
+                if m.read.is_some() && !preheld.iter().any(|&(ps, pb, _)| ps == s && pb == b) {
+                    preheld.push((s, b, m.clone()));
+                }
+                continue;
+            }
+            if m.read.is_none() {
+                continue;
+            }
+            let o = match origin_depots.iter().position(|d| *d == depot) {
+                Some(o) => o,
+                None => {
+                    origin_depots.push(depot);
+                    origin_depots.len() - 1
+                }
+            };
+            if let std::collections::hash_map::Entry::Vacant(e) = from_origin.entry(o) {
+                e.insert(m.clone());
+                held_by.push(o);
+            }
+        }
+        let model = &x.mappings[idx[0]];
+        blocks.push(Block {
+            offset: *offset,
+            len: *len,
+            template: Mapping {
+                alloc_offset: 0,
+                read: None,
+                write: None,
+                manage: None,
+                ..model.clone()
+            },
+            from_origin,
+        });
+        origins.push(held_by);
+        pos = offset + len;
+    }
+    Ok(Layout {
+        blocks,
+        origins,
+        origin_depots,
+        preheld,
+        file: None,
+    })
+}
+
+/// Sends the input to every site in `sites` (depots, `host:port`); see the
+/// module documentation. Fails only when nothing can start (no sites, an
+/// unreadable file); sites that fail are reported in [`Outcome::sites`].
+pub async fn disseminate(
+    input: Input,
+    sites: &[String],
+    opts: &Options,
+    pool: Arc<Pool>,
+    progress: Arc<dyn Progress>,
+) -> Result<Outcome> {
+    if sites.is_empty() {
+        return Err(Error::NoDepots);
+    }
+    let t0 = Instant::now();
+    let lay = layout(&input, sites, opts.block_size)?;
+    let lens: Vec<u64> = lay.blocks.iter().map(|b| b.len).collect();
+    let pre: Vec<(usize, BlockId)> = lay.preheld.iter().map(|&(s, b, _)| (s, b)).collect();
+    let origins = matches!(input, Input::ExNode(_)).then_some(&lay.origins[..]);
+    let mut s = Sched::new(lens, sites.len(), Some(opts.sched.clone()), origins, &pre);
+    // Per site and block: the mapping it holds, and whether this run made it.
+    let mut held: Vec<HashMap<BlockId, (Mapping, bool)>> = vec![HashMap::new(); sites.len()];
+    for (site, b, m) in &lay.preheld {
+        held[*site].insert(*b, (m.clone(), false));
+    }
+    let mut reports: Vec<SiteReport> = sites
+        .iter()
+        .map(|d| SiteReport {
+            depot: d.clone(),
+            complete: false,
+            received: 0,
+            relayed: 0,
+            finished: None,
+            error: None,
+        })
+        .collect();
+    let total: u64 = (0..sites.len())
+        .map(|i| {
+            (lay.blocks.iter().enumerate())
+                .filter(|(b, _)| !held[i].contains_key(b))
+                .map(|(_, x)| x.len)
+                .sum::<u64>()
+        })
+        .sum();
+    progress.start(Some(total));
+    let lay = Arc::new(lay);
+    let mut set: JoinSet<(Transfer, Copied)> = JoinSet::new();
+    let mut relayed_bytes = 0;
+    // Allocations of failed copies that could not be released.
+    let mut stranded_all: Vec<Mapping> = Vec::new();
+    loop {
+        let now = Instant::now();
+        for t in s.next(now) {
+            let src = match t.from {
+                Source::Client => None,
+                Source::Origin(o) => Some(lay.blocks[t.block].from_origin[&o].clone()),
+                Source::Site(h) => Some(held[h][&t.block].0.clone()),
+            };
+            let deadline = s.deadline(lay.blocks[t.block].len, opts.stall);
+            let (pool, lay, site) = (pool.clone(), lay.clone(), sites[t.to].clone());
+            let (rel, dur) = (opts.reliability, opts.duration);
+            set.spawn(async move {
+                let r = copy(
+                    &pool,
+                    &lay,
+                    t.block,
+                    src.as_ref(),
+                    &site,
+                    (rel, dur),
+                    deadline,
+                )
+                .await;
+                (t, r)
+            });
+        }
+        for n in s.take_notes() {
+            note(
+                &n,
+                sites,
+                &lay.origin_depots,
+                &mut reports,
+                progress.as_ref(),
+            );
+        }
+        let Some(joined) = set.join_next().await else {
+            break;
+        };
+        let (t, r) = joined.map_err(|e| Error::io("a copy task", std::io::Error::other(e)))?;
+        let running = s.is_running(t.id);
+        match r {
+            Ok(m) if running => {
+                s.done(t.id, Instant::now());
+                let len = lay.blocks[t.block].len;
+                reports[t.to].received += len;
+                match t.from {
+                    Source::Site(h) => {
+                        reports[h].relayed += len;
+                        relayed_bytes += len;
+                    }
+                    Source::Origin(_) => relayed_bytes += len,
+                    Source::Client => {}
+                }
+                held[t.to].insert(t.block, (m, true));
+                progress.advance(&sites[t.to], len);
+                if s.is_complete(t.to) {
+                    reports[t.to].finished = Some(t0.elapsed());
+                }
+            }
+            Ok(m) => {
+                // Made void by a site given up meanwhile: no exNode will
+                // name it.
+                let cap = m.manage.as_ref().expect("copies have every capability");
+                if !matches!(
+                    tokio::time::timeout(RELEASE_WAIT, pool.release(cap)).await,
+                    Ok(Ok(()))
+                ) {
+                    stranded_all.push(m);
+                }
+            }
+            Err(Failed {
+                blame,
+                why,
+                stranded,
+            }) => {
+                stranded_all.extend(stranded);
+                if running {
+                    let blamed = match (blame, t.from) {
+                        (Blame::From, Source::Site(h)) => h,
+                        _ => t.to,
+                    };
+                    reports[blamed].error = Some(why.clone());
+                    progress.event(&Event::Retry {
+                        depot: sites[t.to].clone(),
+                        why: format!(
+                            "copy of the block at byte {} failed: {why}",
+                            lay.blocks[t.block].offset
+                        ),
+                    });
+                    let _void = s.failed(t.id, blame);
+                }
+            }
+        }
+    }
+    for n in s.take_notes() {
+        note(
+            &n,
+            sites,
+            &lay.origin_depots,
+            &mut reports,
+            progress.as_ref(),
+        );
+    }
+    // The result: the input's mappings, then each complete site's replica.
+    let mut x = match &input {
+        Input::ExNode(x) => x.clone(),
+        Input::File(_) => {
+            let mut x = ExNode::default();
+            x.set_meta(Metadata::string("filename", &opts.filename));
+            x.set_meta(Metadata::double(
+                "lorsversion",
+                lors_exnode::xml::LORS_VERSION,
+            ));
+            x
+        }
+    };
+    let unreachable = s.unreachable();
+    let mut release = Vec::new();
+    for (i, r) in reports.iter_mut().enumerate() {
+        let mut mine: Vec<(BlockId, (Mapping, bool))> = held[i].drain().collect();
+        mine.sort_by_key(|(b, _)| *b);
+        if s.is_complete(i) {
+            r.complete = true;
+            x.mappings.extend(
+                mine.into_iter()
+                    .filter(|(_, (_, new))| *new)
+                    .map(|(_, (m, _))| m),
+            );
+            continue;
+        }
+        if r.error.is_none() {
+            r.error = Some(if unreachable.is_empty() {
+                "did not complete".into()
+            } else {
+                format!("{} blocks are on no depot that answers", unreachable.len())
+            });
+        }
+        release.extend(
+            mine.into_iter()
+                .filter(|(_, (_, new))| *new)
+                .map(|(_, (m, _))| m),
+        );
+    }
+    let mut unreleased = ExNode {
+        metadata: x.metadata.clone(),
+        mappings: if release.is_empty() {
+            Vec::new()
+        } else {
+            pool.release_all(release).await
+        },
+    };
+    unreleased.mappings.extend(stranded_all);
+    Ok(Outcome {
+        exnode: x,
+        sites: reports,
+        source_bytes: s.client_bytes(),
+        relayed_bytes,
+        elapsed: t0.elapsed(),
+        unreleased,
+    })
+}
+
+fn note(
+    n: &Note,
+    sites: &[String],
+    origins: &[String],
+    reports: &mut [SiteReport],
+    progress: &dyn Progress,
+) {
+    match n {
+        Note::SiteDropped { site, failures } => {
+            let why = reports[*site]
+                .error
+                .clone()
+                .unwrap_or_else(|| "no reason given".into());
+            reports[*site].error = Some(format!(
+                "given up after {failures} failures in a row; last: {why}"
+            ));
+            progress.event(&Event::Failover {
+                depot: sites[*site].clone(),
+                why: format!("{failures} copies to it in a row failed (last: {why})"),
+            });
+        }
+        Note::OriginDropped { origin } => progress.event(&Event::Failover {
+            depot: origins[*origin].clone(),
+            why: "copies from it keep failing; its blocks are read from other replicas".into(),
+        }),
+    }
+}
+
+/// Why a copy failed, whose fault it may be, and the allocation it made
+/// but could not release (its depot did not answer).
+struct Failed {
+    blame: Blame,
+    why: String,
+    stranded: Option<Mapping>,
+}
+
+/// A copy's new mapping, or why it failed.
+type Copied = std::result::Result<Mapping, Failed>;
+
+/// One copy of block `b` onto `site`: stored from the file (`src: None`)
+/// or sent depot to depot from `src`, all within `deadline`. The new
+/// allocation is released when the copy fails.
+async fn copy(
+    pool: &Pool,
+    lay: &Layout,
+    b: BlockId,
+    src: Option<&Mapping>,
+    site: &str,
+    (rel, dur): (Reliability, Duration),
+    deadline: Duration,
+) -> Copied {
+    let block = &lay.blocks[b];
+    let size = block.template.alloc_length.max(1);
+    let until = tokio::time::Instant::now() + deadline;
+    let late = |what: &str| format!("{what} took over {}s", deadline.as_secs());
+    let failed = |blame, why| Failed {
+        blame,
+        why,
+        stranded: None,
+    };
+    let caps = match tokio::time::timeout_at(until, pool.allocate(site, rel, dur, size)).await {
+        Ok(Ok(caps)) => caps,
+        Ok(Err(e)) => return Err(failed(Blame::To, e.to_string())),
+        Err(_) => return Err(failed(Blame::To, late("the allocation"))),
+    };
+    let data = async {
+        match src {
+            None => {
+                let file = lay.file.as_ref().expect("a file input has its file");
+                (pool
+                    .store_file(&caps.write, file, block.offset, block.len)
+                    .await)
+                    .map_err(|e| (Blame::To, e.to_string()))
+            }
+            Some(m) => {
+                let read = m.read.as_ref().expect("sources are readable");
+                (pool
+                    .send(read, &caps.write, m.alloc_offset, m.alloc_length)
+                    .await)
+                    .map_err(|e| {
+                        // Not even reached: the source is at fault.
+                        let blame = match &e {
+                            lors_ibp::Error::Connect { .. } => Blame::From,
+                            _ => Blame::Both,
+                        };
+                        (blame, e.to_string())
+                    })
+            }
+        }
+    };
+    let r = tokio::time::timeout_at(until, data)
+        .await
+        .unwrap_or_else(|_| Err((Blame::Both, late("the copy"))));
+    let mapping = Mapping {
+        read: Some(caps.read),
+        write: Some(caps.write),
+        manage: Some(caps.manage),
+        ..block.template.clone()
+    };
+    let Err((blame, why)) = r else {
+        return Ok(mapping);
+    };
+    // A depot that did not answer the copy may not answer this either:
+    // bounded, and what stays is reported.
+    let cap = mapping.manage.as_ref().expect("set above");
+    let released = tokio::time::timeout(RELEASE_WAIT, pool.release(cap)).await;
+    Err(Failed {
+        blame,
+        why,
+        stranded: (!matches!(released, Ok(Ok(())))).then_some(mapping),
+    })
+}
+
+/// How long a failed copy waits to release its allocation.
+const RELEASE_WAIT: Duration = Duration::from_secs(5);
