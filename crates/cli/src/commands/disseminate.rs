@@ -37,16 +37,17 @@ pub struct Args {
     /// itself for an exNode].
     #[arg(short, long, value_name = "OUT.xnd")]
     output: Option<PathBuf>,
-    /// Block size for a file: smaller blocks start relaying sooner; each
-    /// is an allocation on every site.
-    #[arg(short = 'b', long, default_value = "4M", value_parser = super::block_size_arg)]
-    block_size: u64,
+    /// Block size for a file [default: about 16 blocks per site, 256K to
+    /// 8M]: smaller blocks start relaying sooner; each is an allocation on
+    /// every site.
+    #[arg(short = 'b', long, value_parser = super::block_size_arg)]
+    block_size: Option<u64>,
     /// Give up a copy that takes longer than this (or eight times a
     /// typical copy of its size, if more); three in a row drop the site.
     #[arg(long, default_value = "60s", value_parser = super::duration_arg)]
     stall: std::time::Duration,
     /// Copies each site receives and sends at once.
-    #[arg(long, default_value_t = 2, value_name = "N")]
+    #[arg(long, default_value_t = 6, value_name = "N")]
     slots: usize,
     /// Baseline: the client sends the whole file to every site, no relays.
     #[arg(long)]

@@ -54,9 +54,10 @@ pub enum Input {
 /// Dissemination settings.
 #[derive(Debug, Clone)]
 pub struct Options {
-    /// Block size for a file input (an exNode keeps its blocks). Smaller
-    /// blocks start the relaying sooner; each is an allocation per site.
-    pub block_size: u64,
+    /// Block size for a file input (an exNode keeps its blocks); `None`:
+    /// [`block_size_for`]. Smaller blocks start the relaying sooner; each
+    /// is an allocation per site.
+    pub block_size: Option<u64>,
     /// Lease of the new allocations.
     pub duration: Duration,
     /// Hard or soft storage.
@@ -73,7 +74,7 @@ pub struct Options {
 impl Default for Options {
     fn default() -> Self {
         Options {
-            block_size: 4 << 20,
+            block_size: None,
             duration: Duration::from_secs(86_400),
             reliability: Reliability::Hard,
             filename: String::new(),
@@ -81,6 +82,22 @@ impl Default for Options {
             sched: sched::Config::default(),
         }
     }
+}
+
+/// The block size a file of `size` bytes is cut into for `sites` sites:
+/// about 16 blocks per site, so relaying starts after a small part of the
+/// file and every site has blocks to give, as a power of two from 256 KiB
+/// to 8 MiB (fewer, larger allocations for large files).
+///
+/// ```
+/// use lors::dissem::block_size_for;
+/// assert_eq!(block_size_for(48 << 20, 8), 512 << 10);
+/// assert_eq!(block_size_for(1 << 40, 4), 8 << 20);
+/// assert_eq!(block_size_for(1000, 2), 256 << 10);
+/// ```
+pub fn block_size_for(size: u64, sites: usize) -> u64 {
+    let per = size / (16 * sites.max(1) as u64);
+    per.next_power_of_two().clamp(256 << 10, 8 << 20)
 }
 
 /// How one site fared.
@@ -157,7 +174,7 @@ fn raw(offset: u64, len: u64) -> Mapping {
     }
 }
 
-fn layout(input: &Input, sites: &[String], block_size: u64) -> Result<Layout> {
+fn layout(input: &Input, sites: &[String], block_size: Option<u64>) -> Result<Layout> {
     match input {
         Input::File(path) => {
             let f = std::fs::File::open(path)
@@ -166,7 +183,9 @@ fn layout(input: &Input, sites: &[String], block_size: u64) -> Result<Layout> {
                 .metadata()
                 .map_err(|e| Error::io(format!("reading {}", path.display()), e))?
                 .len();
-            let bs = block_size.max(1);
+            let bs = block_size
+                .unwrap_or_else(|| block_size_for(size, sites.len()))
+                .max(1);
             let blocks = (0..size.div_ceil(bs))
                 .map(|i| {
                     let offset = i * bs;

@@ -130,8 +130,8 @@ pub struct Config {
 impl Default for Config {
     fn default() -> Self {
         Config {
-            in_slots: 2,
-            out_slots: 2,
+            in_slots: 6,
+            out_slots: 6,
             client_slots: 4,
             max_failures: 3,
             slow: 0.5,
@@ -165,6 +165,8 @@ struct Site {
     count: usize,
     have: usize,
     in_busy: usize,
+    /// Of those, copies from the client.
+    from_client: usize,
     out_busy: usize,
     dead: bool,
     failures: u32,
@@ -242,6 +244,7 @@ impl Sched {
                     count: 0,
                     have: 0,
                     in_busy: 0,
+                    from_client: 0,
                     out_busy: 0,
                     dead: false,
                     failures: 0,
@@ -309,6 +312,30 @@ impl Sched {
     /// [`Sched::failed`].
     pub fn next(&mut self, now: Instant) -> Vec<Transfer> {
         let mut out = Vec::new();
+        // The source's link is the one resource every block must cross: it
+        // is kept busy first, with blocks nobody has, spread over the
+        // sites; relays take the slots left.
+        if self.client && self.cfg.relay {
+            let takers: Vec<SiteId> = (0..self.sites.len())
+                .filter(|&s| !self.sites[s].dead && !self.is_slow(s))
+                .collect();
+            let per_site = self.cfg.client_slots.div_ceil(takers.len().max(1));
+            while self.client_busy < self.cfg.client_slots {
+                let Some(&b) = self.unsent.iter().next() else {
+                    break;
+                };
+                let to = (takers.iter().copied())
+                    .filter(|&s| {
+                        let x = &self.sites[s];
+                        x.in_busy < self.cfg.in_slots && x.from_client < per_site
+                    })
+                    .min_by_key(|&s| (self.sites[s].from_client, self.sites[s].count));
+                let Some(to) = to else {
+                    break;
+                };
+                out.push(self.start(b, Source::Client, to, now));
+            }
+        }
         loop {
             // The neediest sites first: they have the most to receive.
             let mut order: Vec<SiteId> = (0..self.sites.len())
@@ -390,7 +417,11 @@ impl Sched {
         if !self.cfg.relay && self.client {
             return None;
         }
-        let median = self.median(|x| x.rate_out.0);
+        // A site that has not sent yet is judged by what it received: links
+        // are mostly as fast one way as the other, and a slow site must not
+        // be taken for the best holder just because nothing is known.
+        let out = |x: &Site| x.rate_out.0.or(x.rate_in.0);
+        let median = self.median(out);
         let fast = |r: Rate| match (r.0, median) {
             (Some(r), Some(m)) => r >= self.cfg.slow * m,
             _ => true,
@@ -400,7 +431,7 @@ impl Sched {
         let mut slow_free = None;
         let sites = (self.holders[b].iter()).map(|&h| {
             let x = &self.sites[h];
-            (Source::Site(h), x.rate_out, x.out_busy, x.dead)
+            (Source::Site(h), Rate(out(x)), x.out_busy, x.dead)
         });
         let origins = (self.origin_of[b].iter()).map(|&o| {
             let x = &self.origins[o];
@@ -460,6 +491,7 @@ impl Sched {
         x.has[b] = Has::Coming;
         x.count += 1;
         x.in_busy += 1;
+        x.from_client += usize::from(from == Source::Client);
         self.out_busy(from, true);
         self.next_id += 1;
         let t = Transfer {
@@ -488,7 +520,9 @@ impl Sched {
     /// Ends a transfer; its slots are free again.
     fn end(&mut self, id: u64) -> Option<(Transfer, Instant)> {
         let (t, started) = self.running.remove(&id)?;
-        self.sites[t.to].in_busy -= 1;
+        let x = &mut self.sites[t.to];
+        x.in_busy -= 1;
+        x.from_client -= usize::from(t.from == Source::Client);
         self.out_busy(t.from, false);
         Some((t, started))
     }
