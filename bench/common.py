@@ -29,6 +29,7 @@ PEER_PACKAGES = {
     "xrootd": "xrootd-server",
     "xrdcp": "xrootd-client",
     "aria2c": "aria2",
+    "mktorrent": "mktorrent",
     "nginx": "nginx",
     "iperf3": "iperf3",
     "curl": "curl",

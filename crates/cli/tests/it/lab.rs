@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::util::{DepotProc, tempdir};
+use crate::util::{DepotProc, pattern, tempdir};
 
 /// Every depot link, Mbit/s each way.
 const RATE: u32 = 40;
@@ -391,4 +391,62 @@ fn progress_bars_show_each_depot_fit_80_columns_and_name_a_stall() {
         text.contains(&format!("depot {} has sent nothing for", frozen.addr)),
         "the stalled depot is not named: {text}"
     );
+}
+
+#[test]
+fn dissemination_a_slow_site_gets_its_replica_without_holding_up_the_others() {
+    let Some(lab) = Lab::up("lt7", "10.213.37", 4) else {
+        return;
+    };
+    assert!(
+        lab.netlab(&["rate", "1", &(RATE / 10).to_string()])
+            .status
+            .success()
+    );
+    let data = pattern(8 << 20, 47);
+    let src = lab.path("d.bin");
+    std::fs::write(&src, &data).unwrap();
+    let xnd = lab.path("d.xnd");
+    let sites: Vec<String> = lab
+        .depots
+        .iter()
+        .flatten()
+        .map(|d| d.addr.clone())
+        .collect();
+    let to = sites.join(",");
+    let out = lab.run(&["disseminate", "--json", "-o", &xnd, &src, "--to", &to]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let v: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    let secs: Vec<f64> = (v["sites"].as_array().unwrap().iter())
+        .map(|s| {
+            assert_eq!(s["complete"], true, "{s}");
+            s["seconds"].as_f64().unwrap()
+        })
+        .collect();
+    let (slow, fast) = (secs[0], secs[1..].iter().copied().fold(0.0, f64::max));
+    eprintln!(
+        "slow site {slow:.2}s, the others by {fast:.2}s, source sent {}",
+        v["source_bytes"]
+    );
+    // Its link is a tenth of theirs: they finish long before it, not
+    // after waiting for blocks only it holds.
+    assert!(
+        fast < slow / 3.0,
+        "the others took {fast:.2}s, the slow site {slow:.2}s"
+    );
+    // It was fed by relays: the client still sent each block about once.
+    let sent = v["source_bytes"].as_u64().unwrap();
+    assert!(
+        sent < data.len() as u64 * 5 / 4,
+        "the source sent {sent} bytes"
+    );
+    // A fast site's replica, read back alone, is the file.
+    let mut x = lors::xnd::load(Path::new(&xnd)).unwrap();
+    x.mappings
+        .retain(|m| m.depot().as_deref() == Some(sites[1].as_str()));
+    let one = lab.path("one.xnd");
+    lors::xnd::save(Path::new(&one), &x).unwrap();
+    download_identical(&lab, &one, &data, || {});
 }

@@ -327,7 +327,7 @@ impl Sched {
                 let to = (takers.iter().copied())
                     .filter(|&s| {
                         let x = &self.sites[s];
-                        x.in_busy < self.cfg.in_slots && x.from_client < per_site
+                        x.in_busy < self.in_slots(s) && x.from_client < per_site
                     })
                     .min_by_key(|&s| (self.sites[s].from_client, self.sites[s].count));
                 let Some(to) = to else {
@@ -341,7 +341,7 @@ impl Sched {
             let mut order: Vec<SiteId> = (0..self.sites.len())
                 .filter(|&s| {
                     let x = &self.sites[s];
-                    !x.dead && x.in_busy < self.cfg.in_slots && x.count < self.lens.len()
+                    !x.dead && x.in_busy < self.in_slots(s) && x.count < self.lens.len()
                 })
                 .collect();
             order.sort_by_key(|&s| self.sites[s].count);
@@ -472,6 +472,17 @@ impl Sched {
         }
         v.sort_by(f64::total_cmp);
         Some(v[v.len() / 2])
+    }
+
+    /// Copies site `s` receives at once: a slow site's link is filled by
+    /// two, and more flows on it only lengthen each copy (and the time a
+    /// block it holds back is missed).
+    fn in_slots(&self, s: SiteId) -> usize {
+        if self.is_slow(s) {
+            self.cfg.in_slots.min(2)
+        } else {
+            self.cfg.in_slots
+        }
     }
 
     /// Whether site `s` receives at less than the slow fraction of the
