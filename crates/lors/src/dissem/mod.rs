@@ -431,15 +431,6 @@ pub async fn disseminate(
             }
         }
     }
-    for n in s.take_notes() {
-        note(
-            &n,
-            sites,
-            &lay.origin_depots,
-            &mut reports,
-            progress.as_ref(),
-        );
-    }
     // The result: the input's mappings, then each complete site's replica.
     let mut x = match &input {
         Input::ExNode(x) => x.clone(),
