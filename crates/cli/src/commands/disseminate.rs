@@ -29,7 +29,7 @@ pub struct Args {
     /// A local file, or an exNode whose replicas are the sources.
     #[arg(value_name = "FILE|FILE.xnd")]
     input: PathBuf,
-    /// Destination depots HOST[:PORT], comma-separated or repeated: one
+    /// Destination depots, HOST or HOST:PORT, comma-separated or repeated: one
     /// full replica on each.
     #[arg(long, required = true, value_delimiter = ',', value_name = "HOST[:PORT],…", value_parser = super::depot_arg)]
     to: Vec<String>,

@@ -450,3 +450,64 @@ fn dissemination_a_slow_site_gets_its_replica_without_holding_up_the_others() {
     lors::xnd::save(Path::new(&one), &x).unwrap();
     download_identical(&lab, &one, &data, || {});
 }
+
+#[test]
+fn dissemination_goes_on_when_a_site_is_killed_mid_run() {
+    let Some(mut lab) = Lab::up("lt8", "10.213.38", 4) else {
+        return;
+    };
+    let data = pattern(16 << 20, 48);
+    let src = lab.path("k.bin");
+    std::fs::write(&src, &data).unwrap();
+    let xnd = lab.path("k.xnd");
+    let sites: Vec<String> = lab
+        .depots
+        .iter()
+        .flatten()
+        .map(|d| d.addr.clone())
+        .collect();
+    let to = sites.join(",");
+    // 16 MiB at 40 Mbit/s: about 3.4 s; the depot dies a second in.
+    let child = lab.spawn(&[
+        "disseminate",
+        "--json",
+        "--stall",
+        "5s",
+        "-o",
+        &xnd,
+        &src,
+        "--to",
+        &to,
+    ]);
+    after(1000);
+    lab.kill(2);
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a site failed: the command says so");
+    assert!(
+        stderr.contains(&format!(
+            "1 of 4 sites did not get a full replica ({})",
+            sites[1]
+        )),
+        "{stderr}"
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let v: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    for (i, s) in v["sites"].as_array().unwrap().iter().enumerate() {
+        assert_eq!(s["complete"], i != 1, "{s}");
+    }
+    eprintln!("{v}");
+    // The survivors' replicas are whole; the dead site is not in the exNode.
+    let x = lors::xnd::load(Path::new(&xnd)).unwrap();
+    assert!(
+        x.mappings
+            .iter()
+            .all(|m| m.depot().as_deref() != Some(sites[1].as_str()))
+    );
+    let mut one = x.clone();
+    one.mappings
+        .retain(|m| m.depot().as_deref() == Some(sites[3].as_str()));
+    let path = lab.path("one.xnd");
+    lors::xnd::save(Path::new(&path), &one).unwrap();
+    download_identical(&lab, &path, &data, || {});
+}
