@@ -111,51 +111,69 @@ struct Flow {
 }
 
 /// Weighted max-min fair rates for flows `(from, to, weight)` over
-/// per-host `up` and `down` capacities, by progressive filling.
+/// per-host `up` and `down` capacities: the common level of the flows not
+/// yet limited rises until a link fills; its flows keep that level; a heap
+/// of the level at which each link would fill finds the next, so a round
+/// costs O(flows log links) and 1,000 sites run in minutes.
 fn fair(flows: &[(usize, usize, f64)], up: &[f64], down: &[f64]) -> Vec<f64> {
-    let h = up.len();
-    let mut rate = vec![0.0; flows.len()];
-    let mut active = vec![true; flows.len()];
-    let (mut ru, mut rd) = (up.to_vec(), down.to_vec());
-    loop {
-        let (mut nu, mut nd) = (vec![0.0f64; h], vec![0.0f64; h]);
-        for (i, &(f, t, w)) in flows.iter().enumerate() {
-            if active[i] {
-                nu[f] += w;
-                nd[t] += w;
-            }
-        }
-        let mut inc = f64::INFINITY;
-        for x in 0..h {
-            if nu[x] > 0.0 {
-                inc = inc.min(ru[x] / nu[x]);
-            }
-            if nd[x] > 0.0 {
-                inc = inc.min(rd[x] / nd[x]);
-            }
-        }
-        if !inc.is_finite() {
-            return rate;
-        }
-        for x in 0..h {
-            ru[x] -= inc * nu[x];
-            rd[x] -= inc * nd[x];
-        }
-        let mut any = false;
-        for (i, &(f, t, w)) in flows.iter().enumerate() {
-            if active[i] {
-                rate[i] += inc * w;
-                if ru[f] <= 1e-9 * up[f] || rd[t] <= 1e-9 * down[t] {
-                    active[i] = false;
-                } else {
-                    any = true;
-                }
-            }
-        }
-        if !any {
-            return rate;
+    use std::cmp::Ordering;
+    use std::collections::BinaryHeap;
+    #[derive(PartialEq)]
+    struct At(f64, usize, u32);
+    impl Eq for At {}
+    impl PartialOrd for At {
+        fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
+            Some(self.cmp(o))
         }
     }
+    impl Ord for At {
+        // Lowest level first.
+        fn cmp(&self, o: &Self) -> Ordering {
+            o.0.total_cmp(&self.0)
+        }
+    }
+    let h = up.len();
+    // Link x: host x's up link; link h + x: its down link.
+    let mut rem: Vec<f64> = up.iter().chain(down).copied().collect();
+    let mut wsum = vec![0.0f64; 2 * h];
+    let mut on: Vec<Vec<usize>> = vec![Vec::new(); 2 * h];
+    for (i, &(f, t, w)) in flows.iter().enumerate() {
+        for l in [f, h + t] {
+            wsum[l] += w;
+            on[l].push(i);
+        }
+    }
+    let mut version = vec![0u32; 2 * h];
+    let mut heap: BinaryHeap<At> = (0..2 * h)
+        .filter(|&l| wsum[l] > 0.0)
+        .map(|l| At(rem[l] / wsum[l], l, 0))
+        .collect();
+    let mut rate = vec![f64::NAN; flows.len()];
+    while let Some(At(level, l, v)) = heap.pop() {
+        if v != version[l] || wsum[l] <= 0.0 {
+            continue;
+        }
+        wsum[l] = 0.0;
+        for &i in &on[l] {
+            if !rate[i].is_nan() {
+                continue;
+            }
+            let (f, t, w) = flows[i];
+            rate[i] = level * w;
+            let other = if l == f { h + t } else { f };
+            rem[other] -= level * w;
+            wsum[other] -= w;
+            version[other] += 1;
+            if wsum[other] > 1e-12 {
+                heap.push(At(
+                    (rem[other] / wsum[other]).max(level),
+                    other,
+                    version[other],
+                ));
+            }
+        }
+    }
+    rate
 }
 
 fn main() {

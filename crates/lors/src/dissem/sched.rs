@@ -205,6 +205,18 @@ pub struct Sched {
     typical: Option<f64>,
     client_bytes: u64,
     notes: Vec<Note>,
+    /// Refreshed at each [`Sched::next`]: the median receiving and sending
+    /// rates, and how many live sites are not slow.
+    median_in: Option<f64>,
+    median_out: Option<f64>,
+    fast_sites: usize,
+}
+
+/// A site's sending rate, or (before it has sent) its receiving rate:
+/// links are mostly as fast one way as the other, and a slow site must not
+/// be taken for the best holder just because nothing is known of it.
+fn sent_or_received(x: &Site) -> Option<f64> {
+    x.rate_out.0.or(x.rate_in.0)
 }
 
 /// How many missing blocks a site looks at for a relay before it asks the
@@ -272,6 +284,9 @@ impl Sched {
             typical: None,
             client_bytes: 0,
             notes: Vec::new(),
+            median_in: None,
+            median_out: None,
+            fast_sites: 0,
             cfg,
         };
         for &(site, block) in preheld {
@@ -311,6 +326,7 @@ impl Sched {
     /// failure; each returned transfer must end in [`Sched::done`] or
     /// [`Sched::failed`].
     pub fn next(&mut self, now: Instant) -> Vec<Transfer> {
+        self.refresh_medians();
         let mut out = Vec::new();
         // The source's link is the one resource every block must cross: it
         // is kept busy first, with blocks nobody has, spread over the
@@ -387,9 +403,8 @@ impl Sched {
         }
         // A slow site gets new blocks from the source only when no other
         // site could take them.
-        let others =
-            (0..self.sites.len()).any(|o| o != s && !self.sites[o].dead && !self.is_slow(o));
-        if self.is_slow(s) && others {
+        // (A slow site is not among the fast ones counted.)
+        if self.is_slow(s) && self.fast_sites > 0 {
             return None;
         }
         if let Some(&b) = self.unsent.iter().next() {
@@ -417,11 +432,7 @@ impl Sched {
         if !self.cfg.relay && self.client {
             return None;
         }
-        // A site that has not sent yet is judged by what it received: links
-        // are mostly as fast one way as the other, and a slow site must not
-        // be taken for the best holder just because nothing is known.
-        let out = |x: &Site| x.rate_out.0.or(x.rate_in.0);
-        let median = self.median(out);
+        let median = self.median_out;
         let fast = |r: Rate| match (r.0, median) {
             (Some(r), Some(m)) => r >= self.cfg.slow * m,
             _ => true,
@@ -431,7 +442,12 @@ impl Sched {
         let mut slow_free = None;
         let sites = (self.holders[b].iter()).map(|&h| {
             let x = &self.sites[h];
-            (Source::Site(h), Rate(out(x)), x.out_busy, x.dead)
+            (
+                Source::Site(h),
+                Rate(sent_or_received(x)),
+                x.out_busy,
+                x.dead,
+            )
         });
         let origins = (self.origin_of[b].iter()).map(|&o| {
             let x = &self.origins[o];
@@ -470,8 +486,18 @@ impl Sched {
         if v.len() < 2 {
             return None;
         }
-        v.sort_by(f64::total_cmp);
-        Some(v[v.len() / 2])
+        let mid = v.len() / 2;
+        Some(*v.select_nth_unstable_by(mid, f64::total_cmp).1)
+    }
+
+    /// The medians rates are judged by, once per decision round rather than
+    /// per site asked (with 1,000 sites that was most of the work).
+    fn refresh_medians(&mut self) {
+        self.median_in = self.median(|x| x.rate_in.0);
+        self.median_out = self.median(sent_or_received);
+        self.fast_sites = (0..self.sites.len())
+            .filter(|&s| !self.sites[s].dead && !self.is_slow(s))
+            .count();
     }
 
     /// Copies site `s` receives at once: a slow site's link is filled by
@@ -488,7 +514,7 @@ impl Sched {
     /// Whether site `s` receives at less than the slow fraction of the
     /// median site.
     pub fn is_slow(&self, s: SiteId) -> bool {
-        match (self.sites[s].rate_in.0, self.median(|x| x.rate_in.0)) {
+        match (self.sites[s].rate_in.0, self.median_in) {
             (Some(r), Some(m)) => r < self.cfg.slow * m,
             _ => false,
         }
