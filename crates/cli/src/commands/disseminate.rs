@@ -52,6 +52,10 @@ pub struct Args {
     /// Baseline: the client sends the whole file to every site, no relays.
     #[arg(long)]
     unicast: bool,
+    /// Replace an existing exNode file other than the input (its
+    /// allocations are not freed).
+    #[arg(long)]
+    force: bool,
     #[command(flatten)]
     lease: super::LeaseOpts,
     #[command(flatten)]
@@ -87,6 +91,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             a.output.clone().unwrap_or_else(|| out.into()),
         )
     };
+    // Another exNode in the way may hold the only capabilities to its
+    // data; the input itself is rewritten with its mappings kept.
+    if out != a.input {
+        super::upload::check_output(&out, a.force)?;
+    }
     let filename = (a.input.file_name())
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();

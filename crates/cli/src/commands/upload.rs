@@ -148,7 +148,7 @@ fn chain(a: &Args, rc: &Xndrc) -> anyhow::Result<Option<Codec>> {
 
 /// Refuses, before anything is stored, an output that would overwrite an
 /// exNode (unless `force`) or that cannot be written.
-fn check_output(out: &std::path::Path, force: bool) -> anyhow::Result<()> {
+pub(crate) fn check_output(out: &std::path::Path, force: bool) -> anyhow::Result<()> {
     if !force && std::fs::symlink_metadata(out).is_ok() {
         return Err(UsageError(format!(
             "{} already exists and may hold the only capabilities to its data: choose another -o, or give --force to replace it",

@@ -268,6 +268,25 @@ fn bad_arguments_are_refused_with_what_to_do() {
     assert!(err.contains("/nonexistent/file"), "{err}");
     let f = dir.path().join("x.dat");
     std::fs::write(&f, b"x").unwrap();
+    // An exNode in the way is not overwritten: it may name the only copy
+    // of other data.
+    let other = dir.path().join("x.dat.xnd");
+    std::fs::write(&other, b"<exnode/>").unwrap();
+    let (ok, _, err) = lors(&["disseminate", f.to_str().unwrap(), "--to", &ds[0].addr]);
+    assert!(!ok);
+    assert!(
+        err.contains("already exists") && err.contains("--force"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read(&other).unwrap(), b"<exnode/>");
+    let (ok, _, err) = lors(&[
+        "disseminate",
+        f.to_str().unwrap(),
+        "--to",
+        &ds[0].addr,
+        "--force",
+    ]);
+    assert!(ok, "{err}");
     let twice = format!("{0},{0}", ds[0].addr);
     let (ok, _, err) = lors(&["disseminate", f.to_str().unwrap(), "--to", &twice]);
     assert!(!ok);
