@@ -146,9 +146,7 @@ pub const KERNEL_READAHEAD_KB: u32 = 4096;
 /// ```
 pub fn raise_readahead(mountpoint: &Path, kb: u32) -> io::Result<()> {
     let dev = std::os::unix::fs::MetadataExt::dev(&std::fs::metadata(mountpoint)?);
-    // The device number's split as the kernel's MAJOR()/MINOR() make it.
-    let major = ((dev >> 32) & 0xffff_f000) | ((dev >> 8) & 0xfff);
-    let minor = ((dev >> 12) & 0xffff_ff00) | (dev & 0xff);
+    let (major, minor) = (libc::major(dev), libc::minor(dev));
     let knob = format!("/sys/class/bdi/{major}:{minor}/read_ahead_kb");
     std::fs::write(&knob, kb.to_string())
         .map_err(|e| io::Error::new(e.kind(), format!("{knob}: {e}")))

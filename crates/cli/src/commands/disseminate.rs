@@ -65,7 +65,7 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let to = a.to.clone();
+    let to = &a.to;
     let mut seen = std::collections::HashSet::new();
     if let Some(d) = to.iter().find(|d| !seen.insert(*d)) {
         return Err(UsageError(format!("--to names {d} twice: each site is one depot")).into());
@@ -119,7 +119,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         .build()?;
     let done = rt.block_on(async {
         let pool = Arc::new(Pool::new(s.client()));
-        disseminate(input, &to, &opts, pool, progress.clone()).await
+        disseminate(input, to, &opts, pool, progress.clone()).await
     })?;
     progress.finish();
     let complete = done.sites.iter().filter(|r| r.complete).count();

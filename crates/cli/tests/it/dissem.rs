@@ -20,11 +20,10 @@ fn depots(n: usize, dir: &Path, extra: &[&str]) -> Vec<DepotProc> {
         .collect()
 }
 
-fn to_list(ds: &[&DepotProc]) -> String {
-    ds.iter()
-        .map(|d| d.addr.as_str())
-        .collect::<Vec<_>>()
-        .join(",")
+/// `--to` for these depots.
+fn to_list<'a>(ds: impl IntoIterator<Item = &'a DepotProc>) -> String {
+    let addrs: Vec<&str> = ds.into_iter().map(|d| d.addr.as_str()).collect();
+    addrs.join(",")
 }
 
 fn read_x(p: &Path) -> ExNode {
@@ -83,11 +82,10 @@ fn a_file_reaches_every_site_whole_and_leaves_the_source_about_once() {
     let ds = depots(4, dir.path(), &[]);
     let (data, src) = source(dir.path(), "run42.dat", 6 << 20, 41);
     let xnd = dir.path().join("run42.xnd");
-    let all: Vec<&DepotProc> = ds.iter().collect();
     let (ok, s, err) = disseminate(&[
         src.to_str().unwrap(),
         "--to",
-        &to_list(&all),
+        &to_list(&ds),
         "-b",
         "256K",
         "-o",
@@ -120,11 +118,10 @@ fn unicast_sends_everything_from_the_client() {
     let dir = tempdir();
     let ds = depots(3, dir.path(), &[]);
     let (data, src) = source(dir.path(), "u.dat", 2 << 20, 42);
-    let all: Vec<&DepotProc> = ds.iter().collect();
     let (ok, s, err) = disseminate(&[
         src.to_str().unwrap(),
         "--to",
-        &to_list(&all),
+        &to_list(&ds),
         "-b",
         "256K",
         "--unicast",
@@ -152,8 +149,7 @@ fn failing_sites_are_dropped_the_others_finish_and_a_rerun_completes_them() {
     frozen.signal("STOP");
     let (data, src) = source(dir.path(), "f.dat", 4 << 20, 43);
     let xnd = dir.path().join("f.xnd");
-    let sites: Vec<&DepotProc> = ds.iter().chain([&small, &frozen]).collect();
-    let list = to_list(&sites);
+    let list = to_list(ds.iter().chain([&small, &frozen]));
     let args = [
         "disseminate",
         "--json",
@@ -208,7 +204,7 @@ fn failing_sites_are_dropped_the_others_finish_and_a_rerun_completes_them() {
     let (ok, s, err) = disseminate(&[
         xnd.to_str().unwrap(),
         "--to",
-        &to_list(&[&ds[0], &ds[1], &ds[2], &frozen]),
+        &to_list(ds.iter().chain([&frozen])),
     ]);
     assert!(ok, "{err}");
     assert_eq!(s["source_bytes"], 0, "{s}");
@@ -245,7 +241,7 @@ fn an_exnode_is_relayed_from_its_depots_not_from_the_client() {
     let (ok, s, err) = disseminate(&[
         xnd.to_str().unwrap(),
         "--to",
-        &to_list(&sites.iter().collect::<Vec<_>>()),
+        &to_list(&sites),
         "-o",
         out.to_str().unwrap(),
     ]);

@@ -192,6 +192,40 @@ fn after(ms: u64) {
     std::thread::sleep(Duration::from_millis(ms));
 }
 
+/// Writes `len` test bytes to `name` in the lab's directory: the bytes, the
+/// path, and the path of its exNode-to-be.
+fn lab_file(lab: &Lab, name: &str, len: usize, seed: u8) -> (Vec<u8>, String, String) {
+    let data = pattern(len, seed);
+    let src = lab.path(name);
+    std::fs::write(&src, &data).unwrap();
+    (data, src, lab.path(&format!("{name}.xnd")))
+}
+
+/// The depots of the lab's sites, in host order.
+fn lab_sites(lab: &Lab) -> Vec<String> {
+    lab.depots
+        .iter()
+        .flatten()
+        .map(|d| d.addr.clone())
+        .collect()
+}
+
+/// The `--json` summary: the last line of a command's stdout.
+fn json_summary(out: &Output) -> serde_json::Value {
+    let text = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(text.lines().last().expect("a summary line")).unwrap()
+}
+
+/// Downloads the replica on `depot` alone (an exNode of its mappings only)
+/// and checks it is `want`.
+fn replica_identical(lab: &Lab, xnd: &str, depot: &str, want: &[u8]) {
+    let mut x = lors::xnd::load(Path::new(xnd)).unwrap();
+    x.mappings.retain(|m| m.depot().as_deref() == Some(depot));
+    let one = lab.path("one.xnd");
+    lors::xnd::save(Path::new(&one), &x).unwrap();
+    download_identical(lab, &one, want, || {});
+}
+
 #[test]
 fn a_depot_at_a_tenth_of_the_rate_serves_less_and_the_download_is_identical() {
     let Some(lab) = Lab::up("lt1", "10.213.31", 3) else {
@@ -403,22 +437,13 @@ fn dissemination_a_slow_site_gets_its_replica_without_holding_up_the_others() {
             .status
             .success()
     );
-    let data = pattern(8 << 20, 47);
-    let src = lab.path("d.bin");
-    std::fs::write(&src, &data).unwrap();
-    let xnd = lab.path("d.xnd");
-    let sites: Vec<String> = lab
-        .depots
-        .iter()
-        .flatten()
-        .map(|d| d.addr.clone())
-        .collect();
+    let (data, src, xnd) = lab_file(&lab, "d.bin", 8 << 20, 47);
+    let sites = lab_sites(&lab);
     let to = sites.join(",");
     let out = lab.run(&["disseminate", "--json", "-o", &xnd, &src, "--to", &to]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
-    let text = String::from_utf8_lossy(&out.stdout);
-    let v: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    let v = json_summary(&out);
     let secs: Vec<f64> = (v["sites"].as_array().unwrap().iter())
         .map(|s| {
             assert_eq!(s["complete"], true, "{s}");
@@ -443,12 +468,7 @@ fn dissemination_a_slow_site_gets_its_replica_without_holding_up_the_others() {
         "the source sent {sent} bytes"
     );
     // A fast site's replica, read back alone, is the file.
-    let mut x = lors::xnd::load(Path::new(&xnd)).unwrap();
-    x.mappings
-        .retain(|m| m.depot().as_deref() == Some(sites[1].as_str()));
-    let one = lab.path("one.xnd");
-    lors::xnd::save(Path::new(&one), &x).unwrap();
-    download_identical(&lab, &one, &data, || {});
+    replica_identical(&lab, &xnd, &sites[1], &data);
 }
 
 #[test]
@@ -456,16 +476,8 @@ fn dissemination_goes_on_when_a_site_is_killed_mid_run() {
     let Some(mut lab) = Lab::up("lt8", "10.213.38", 4) else {
         return;
     };
-    let data = pattern(16 << 20, 48);
-    let src = lab.path("k.bin");
-    std::fs::write(&src, &data).unwrap();
-    let xnd = lab.path("k.xnd");
-    let sites: Vec<String> = lab
-        .depots
-        .iter()
-        .flatten()
-        .map(|d| d.addr.clone())
-        .collect();
+    let (data, src, xnd) = lab_file(&lab, "k.bin", 16 << 20, 48);
+    let sites = lab_sites(&lab);
     let to = sites.join(",");
     // 16 MiB at 40 Mbit/s: about 3.4 s; the depot dies a second in.
     let child = lab.spawn(&[
@@ -491,8 +503,7 @@ fn dissemination_goes_on_when_a_site_is_killed_mid_run() {
         )),
         "{stderr}"
     );
-    let text = String::from_utf8_lossy(&out.stdout);
-    let v: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    let v = json_summary(&out);
     for (i, s) in v["sites"].as_array().unwrap().iter().enumerate() {
         assert_eq!(s["complete"], i != 1, "{s}");
     }
@@ -504,10 +515,5 @@ fn dissemination_goes_on_when_a_site_is_killed_mid_run() {
             .iter()
             .all(|m| m.depot().as_deref() != Some(sites[1].as_str()))
     );
-    let mut one = x.clone();
-    one.mappings
-        .retain(|m| m.depot().as_deref() == Some(sites[3].as_str()));
-    let path = lab.path("one.xnd");
-    lors::xnd::save(Path::new(&path), &one).unwrap();
-    download_identical(&lab, &path, &data, || {});
+    replica_identical(&lab, &xnd, &sites[3], &data);
 }

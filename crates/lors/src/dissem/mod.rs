@@ -139,39 +139,38 @@ pub struct Outcome {
 
 /// One block of the file and where its copies come from.
 struct Block {
-    offset: u64,
-    len: u64,
-    /// What a new replica's mapping looks like (without capabilities).
+    /// What a new replica's mapping looks like (without capabilities); its
+    /// logical range is the block's.
     template: Mapping,
-    /// Per origin holding it: the mapping to copy from.
-    from_origin: HashMap<usize, Mapping>,
+    /// The origins holding it, each with the mapping to copy from.
+    from_origin: Vec<(usize, Mapping)>,
+}
+
+impl Block {
+    fn offset(&self) -> u64 {
+        self.template.exnode_offset
+    }
+
+    fn len(&self) -> u64 {
+        self.template.logical_length
+    }
+
+    fn origin(&self, o: usize) -> &Mapping {
+        let (_, m) = (self.from_origin.iter())
+            .find(|(x, _)| *x == o)
+            .expect("the scheduler names an origin that holds the block");
+        m
+    }
 }
 
 /// The blocks and their sources.
 struct Layout {
     blocks: Vec<Block>,
-    /// Per block, the origins holding it (for the scheduler).
-    origins: Vec<Vec<usize>>,
     /// Origin depots by index.
     origin_depots: Vec<String>,
     /// Copies the sites hold already: (site, block, mapping).
     preheld: Vec<(usize, BlockId, Mapping)>,
     file: Option<Arc<std::fs::File>>,
-}
-
-fn raw(offset: u64, len: u64) -> Mapping {
-    Mapping {
-        exnode_offset: offset,
-        logical_length: len,
-        alloc_offset: 0,
-        alloc_length: len,
-        e2e_blocksize: 0,
-        metadata: Vec::new(),
-        function: None,
-        read: None,
-        write: None,
-        manage: None,
-    }
 }
 
 fn layout(input: &Input, sites: &[String], block_size: Option<u64>) -> Result<Layout> {
@@ -191,16 +190,18 @@ fn layout(input: &Input, sites: &[String], block_size: Option<u64>) -> Result<La
                     let offset = i * bs;
                     let len = bs.min(size - offset);
                     Block {
-                        offset,
-                        len,
-                        template: raw(offset, len),
-                        from_origin: HashMap::new(),
+                        template: Mapping {
+                            exnode_offset: offset,
+                            logical_length: len,
+                            alloc_length: len,
+                            ..Mapping::default()
+                        },
+                        from_origin: Vec::new(),
                     }
                 })
                 .collect();
             Ok(Layout {
                 blocks,
-                origins: Vec::new(),
                 origin_depots: Vec::new(),
                 preheld: Vec::new(),
                 file: Some(Arc::new(f)),
@@ -216,7 +217,6 @@ fn exnode_layout(x: &ExNode, sites: &[String]) -> Result<Layout> {
     let ranges = crate::manage::blocks(x);
     let size = x.logical_size();
     let mut blocks = Vec::new();
-    let mut origins = Vec::new();
     let mut origin_depots: Vec<String> = Vec::new();
     let mut preheld = Vec::new();
     let mut pos = 0;
@@ -238,8 +238,7 @@ fn exnode_layout(x: &ExNode, sites: &[String]) -> Result<Layout> {
             });
         };
         let b = blocks.len();
-        let mut from_origin = HashMap::new();
-        let mut held_by = Vec::new();
+        let mut from_origin: Vec<(usize, Mapping)> = Vec::new();
         for &i in idx {
             let m = &x.mappings[i];
             let Some(depot) = m.depot() else { continue };
@@ -259,15 +258,12 @@ fn exnode_layout(x: &ExNode, sites: &[String]) -> Result<Layout> {
                     origin_depots.len() - 1
                 }
             };
-            if let std::collections::hash_map::Entry::Vacant(e) = from_origin.entry(o) {
-                e.insert(m.clone());
-                held_by.push(o);
+            if from_origin.iter().all(|(x, _)| *x != o) {
+                from_origin.push((o, m.clone()));
             }
         }
         let model = &x.mappings[idx[0]];
         blocks.push(Block {
-            offset: *offset,
-            len: *len,
             template: Mapping {
                 alloc_offset: 0,
                 read: None,
@@ -277,12 +273,10 @@ fn exnode_layout(x: &ExNode, sites: &[String]) -> Result<Layout> {
             },
             from_origin,
         });
-        origins.push(held_by);
         pos = offset + len;
     }
     Ok(Layout {
         blocks,
-        origins,
         origin_depots,
         preheld,
         file: None,
@@ -304,9 +298,12 @@ pub async fn disseminate(
     }
     let t0 = Instant::now();
     let lay = layout(&input, sites, opts.block_size)?;
-    let lens: Vec<u64> = lay.blocks.iter().map(|b| b.len).collect();
+    let lens: Vec<u64> = lay.blocks.iter().map(Block::len).collect();
     let pre: Vec<(usize, BlockId)> = lay.preheld.iter().map(|&(s, b, _)| (s, b)).collect();
-    let origins = matches!(input, Input::ExNode(_)).then_some(&lay.origins[..]);
+    let origins: Vec<Vec<usize>> = (lay.blocks.iter())
+        .map(|b| b.from_origin.iter().map(|&(o, _)| o).collect())
+        .collect();
+    let origins = matches!(input, Input::ExNode(_)).then_some(&origins[..]);
     let mut s = Sched::new(lens, sites.len(), Some(opts.sched.clone()), origins, &pre);
     // Per site and block: the mapping it holds, and whether this run made it.
     let mut held: Vec<HashMap<BlockId, (Mapping, bool)>> = vec![HashMap::new(); sites.len()];
@@ -328,7 +325,7 @@ pub async fn disseminate(
         .map(|i| {
             (lay.blocks.iter().enumerate())
                 .filter(|(b, _)| !held[i].contains_key(b))
-                .map(|(_, x)| x.len)
+                .map(|(_, x)| x.len())
                 .sum::<u64>()
         })
         .sum();
@@ -343,10 +340,10 @@ pub async fn disseminate(
         for t in s.next(now) {
             let src = match t.from {
                 Source::Client => None,
-                Source::Origin(o) => Some(lay.blocks[t.block].from_origin[&o].clone()),
+                Source::Origin(o) => Some(lay.blocks[t.block].origin(o).clone()),
                 Source::Site(h) => Some(held[h][&t.block].0.clone()),
             };
-            let deadline = s.deadline(lay.blocks[t.block].len, opts.stall);
+            let deadline = s.deadline(lay.blocks[t.block].len(), opts.stall);
             let (pool, lay, site) = (pool.clone(), lay.clone(), sites[t.to].clone());
             let (rel, dur) = (opts.reliability, opts.duration);
             set.spawn(async move {
@@ -380,7 +377,7 @@ pub async fn disseminate(
         match r {
             Ok(m) if running => {
                 s.done(t.id, Instant::now());
-                let len = lay.blocks[t.block].len;
+                let len = lay.blocks[t.block].len();
                 reports[t.to].received += len;
                 match t.from {
                     Source::Site(h) => {
@@ -423,7 +420,7 @@ pub async fn disseminate(
                         depot: sites[t.to].clone(),
                         why: format!(
                             "copy of the block at byte {} failed: {why}",
-                            lay.blocks[t.block].offset
+                            lay.blocks[t.block].offset()
                         ),
                     });
                     let _void = s.failed(t.id, blame);
@@ -560,7 +557,7 @@ async fn copy(
             None => {
                 let file = lay.file.as_ref().expect("a file input has its file");
                 (pool
-                    .store_file(&caps.write, file, block.offset, block.len)
+                    .store_file(&caps.write, file, block.offset(), block.len())
                     .await)
                     .map_err(|e| (Blame::To, e.to_string()))
             }

@@ -512,7 +512,7 @@ impl Sched {
     }
 
     /// Whether site `s` receives at less than the slow fraction of the
-    /// median site.
+    /// median site (as the rates stood at the last [`Sched::next`]).
     pub fn is_slow(&self, s: SiteId) -> bool {
         match (self.sites[s].rate_in.0, self.median_in) {
             (Some(r), Some(m)) => r < self.cfg.slow * m,
@@ -739,11 +739,6 @@ impl Sched {
     /// What happened since the last call.
     pub fn take_notes(&mut self) -> Vec<Note> {
         std::mem::take(&mut self.notes)
-    }
-
-    /// Transfers in flight.
-    pub fn running(&self) -> usize {
-        self.running.len()
     }
 
     /// Whether transfer `id` is in flight (not ended, not made void).
