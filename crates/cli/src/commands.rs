@@ -1,6 +1,7 @@
 //! One module per subcommand, plus what they share.
 
 pub mod augment;
+pub mod bench;
 pub mod demo;
 pub mod depot;
 pub mod disseminate;

@@ -51,6 +51,9 @@ enum Command {
     Disseminate(commands::disseminate::Args),
     /// Serve a directory of exNodes as ordinary files (FUSE).
     Mount(commands::mount::Args),
+    /// Measure, fit and predict a data mover's throughput (sweep, fit,
+    /// report, predict).
+    Bench(commands::bench::Args),
     /// Print a shell completion script.
     Completions(commands::shell::CompletionsArgs),
     /// Write manual pages (lors.1 and one per command).
@@ -109,6 +112,7 @@ fn main() -> ExitCode {
         Command::Route(a) => commands::route::run(a),
         Command::Disseminate(a) => commands::disseminate::run(a),
         Command::Mount(a) => commands::mount::run(a),
+        Command::Bench(a) => commands::bench::run(a),
         Command::Completions(a) => commands::shell::completions(a, Cli::command()),
         Command::Man(a) => commands::shell::man(a, Cli::command()),
     };

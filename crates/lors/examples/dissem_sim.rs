@@ -268,7 +268,7 @@ fn main() {
         });
         if std::env::var_os("SIM_TRACE").is_some() {
             let busy_in = flows.iter().filter(|f| f.setup <= 0.0).count();
-            if (now / dt) as u64 % 200 == 0 {
+            if ((now / dt) as u64).is_multiple_of(200) {
                 eprintln!(
                     "t={:.2} flows={busy_in} client={:.2} done={}",
                     now / ideal,

@@ -128,7 +128,7 @@ impl Digests {
             FULL_AT + blocks.start * self.dlen as u64,
         )?;
         full.truncate(got);
-        let tail = if len % self.bs() != 0 && blocks.end > full_end {
+        let tail = if !len.is_multiple_of(self.bs()) && blocks.end > full_end {
             self.slots()?
                 .into_iter()
                 .find(|(l, _)| *l == len)
@@ -199,7 +199,7 @@ impl Digests {
         new_len: u64,
         buf: &mut Vec<u8>,
     ) -> io::Result<()> {
-        if new_len % self.bs() == 0 {
+        if new_len.is_multiple_of(self.bs()) {
             return Ok(());
         }
         let slots = self.slots()?;

@@ -308,7 +308,7 @@ fn a_corrupting_depot_costs_retries_not_data() {
 fn pieces_only_a_dead_depot_holds_are_lost_and_the_rest_still_arrive() {
     // Even pieces on depots 0 and 1, odd ones on depot 0 only.
     let layout = |i: usize| {
-        if i % 2 == 0 {
+        if i.is_multiple_of(2) {
             vec![2 * i, 2 * i + 1]
         } else {
             vec![2 * i]

@@ -1,0 +1,15 @@
+//! Performance characterization of data movers, after seed 002: sweep file
+//! sizes, files moved in parallel and streams per file with repetitions;
+//! reduce the timings to mean throughput per file and its error; fit model
+//! functions to throughput against each variable and rank them by R²;
+//! report with plots; predict how many transfers a setup sustains.
+//!
+//! The library holds the arithmetic and the bookkeeping; `lors bench` runs
+//! the movers.
+
+pub mod analysis;
+pub mod fit;
+pub mod model;
+pub mod report;
+pub mod stats;
+pub mod sweep;
