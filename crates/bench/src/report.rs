@@ -12,6 +12,26 @@ const COLORS: [&str; 8] = [
     "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf",
 ];
 
+/// A Unix time as `YYYY-MM-DD HH:MM UTC`.
+///
+/// ```
+/// assert_eq!(lors_bench::report::utc(1_795_452_539), "2026-11-23 16:48 UTC");
+/// ```
+pub fn utc(secs: u64) -> String {
+    // Days to a civil date (proleptic Gregorian), after H. Hinnant.
+    let days = (secs / 86_400) as i64 + 719_468;
+    let era = days.div_euclid(146_097);
+    let doe = days.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let (h, m) = (secs % 86_400 / 3_600, secs % 3_600 / 60);
+    format!("{year:04}-{month:02}-{day:02} {h:02}:{m:02} UTC")
+}
+
 /// Escapes text for HTML and SVG.
 fn esc(s: &str) -> String {
     s.replace('&', "&amp;")
@@ -52,7 +72,9 @@ fn num(v: f64) -> String {
 /// One plot: throughput per file against `var`, every curve along it.
 /// Sizes spanning more than a factor of 20 go on a log axis.
 pub fn svg(var: Var, curves: &[&Curve]) -> String {
-    let (w, h, ml, mr, mt, mb) = (720.0, 440.0, 70.0, 200.0, 20.0, 50.0);
+    // Tall enough for the legend: two lines per curve.
+    let h = (440.0f64).max(40.0 + 30.0 * curves.len() as f64);
+    let (w, ml, mr, mt, mb) = (720.0, 70.0, 200.0, 20.0, 50.0);
     let (pw, ph) = (w - ml - mr, h - mt - mb);
     let xs: Vec<f64> = curves.iter().flat_map(|c| c.x.iter().copied()).collect();
     let (xmin, xmax) = xs
@@ -129,6 +151,12 @@ pub fn svg(var: Var, curves: &[&Curve]) -> String {
     );
     for (i, c) in curves.iter().enumerate() {
         let color = COLORS[i % COLORS.len()];
+        // Past the palette, curves are told apart by dashes.
+        let dash = if i >= COLORS.len() {
+            r#" stroke-dasharray="6 3""#
+        } else {
+            ""
+        };
         if let Some(f) = c.best() {
             let (a, b) = (c.x[0], c.x[c.x.len() - 1]);
             let pts: Vec<String> = (0..=100)
@@ -145,7 +173,7 @@ pub fn svg(var: Var, curves: &[&Curve]) -> String {
                 .collect();
             let _ = write!(
                 s,
-                r#"<polyline fill="none" stroke="{color}" stroke-width="1.5" points="{}"/>"#,
+                r#"<polyline fill="none" stroke="{color}" stroke-width="1.5"{dash} points="{}"/>"#,
                 pts.join(" ")
             );
         }
@@ -171,8 +199,10 @@ pub fn svg(var: Var, curves: &[&Curve]) -> String {
             .unwrap_or_else(|| "no fit".into());
         let _ = write!(
             s,
-            r##"<circle cx="{}" cy="{:.1}" r="4" fill="{color}"/><text x="{}" y="{:.1}">{}</text><text x="{}" y="{:.1}" fill="#555">{}</text>"##,
-            ml + pw + 14.0,
+            r##"<line x1="{}" y1="{:.1}" x2="{}" y2="{:.1}" stroke="{color}" stroke-width="2"{dash}/><text x="{}" y="{:.1}">{}</text><text x="{}" y="{:.1}" fill="#555">{}</text>"##,
+            ml + pw + 6.0,
+            ly - 4.0,
+            ml + pw + 20.0,
             ly - 4.0,
             ml + pw + 24.0,
             ly,
@@ -209,6 +239,40 @@ pub fn html(title: &str, meta: &[(String, String)], points: &[Point], curves: &[
     }
     h.push_str("</table>\n");
 
+    h.push_str("<h2>Summary</h2>\n<ul>");
+    if let Some(t) = mean_total(points) {
+        let _ = write!(
+            h,
+            "<li>Total throughput, mean over all configurations: <b>{:.2} MiB/s</b>.</li>",
+            t / MIB
+        );
+    }
+    if let Some(top) = points.iter().max_by(|a, b| a.total.total_cmp(&b.total)) {
+        let _ = write!(
+            h,
+            "<li>Highest total: <b>{:.2} MiB/s</b> with {} files of {} in parallel, {} stream(s) each.</li>",
+            top.total / MIB,
+            top.config.parallel,
+            human_bytes(top.config.size),
+            top.config.streams
+        );
+    }
+    let rows = table(curves);
+    for var in Var::ALL {
+        if let Some(r) = rows.iter().find(|r| r.var == var && r.curves == r.of) {
+            let _ = write!(
+                h,
+                "<li>Throughput per file vs {}: best described by <code>{}</code> ({}), mean R² {:.3} over {} curves.</li>",
+                var.name(),
+                r.model,
+                esc(r.model.formula()),
+                r.mean_r2,
+                r.of
+            );
+        }
+    }
+    h.push_str("</ul>\n");
+
     h.push_str("<h2>Throughput</h2>\n<p>Mean throughput per file (seed 002 eqs. 1–3) and the total of the files moved in parallel.</p>\n<table><tr><th>size</th><th>parallel</th><th>streams</th><th>repetitions</th><th>per file (MiB/s)</th><th>± error</th><th>total (MiB/s)</th></tr>");
     for p in points {
         let reps = p.files.iter().map(|f| f.reps).min().unwrap_or(0);
@@ -235,7 +299,7 @@ pub fn html(title: &str, meta: &[(String, String)], points: &[Point], curves: &[
     }
 
     h.push_str("<h2>Fits</h2>\n<p>Every model fitted to every curve by weighted least squares; mean R² (eq. 4) over a variable's curves, best first (seed 002 Table III).</p>\n<table><tr><th class=\"l\">variable</th><th class=\"l\">model</th><th class=\"l\">function</th><th>curves fitted</th><th>mean R²</th></tr>");
-    for r in table(curves) {
+    for r in &rows {
         let _ = write!(
             h,
             "<tr><td class=\"l\">{}</td><td class=\"l\">{}</td><td class=\"l\">{}</td><td>{} of {}</td><td>{:.4}</td></tr>",

@@ -173,14 +173,30 @@ pub fn read_runs(path: &Path) -> Result<Vec<Run>, SweepError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(io_err(path)(e)),
     };
+    parse_runs(&all, &path.display().to_string())
+}
+
+/// Parses the text of a runs file (`path` names it in errors). A last line
+/// without its newline that does not parse is a write cut short: dropped.
+///
+/// ```
+/// use lors_bench::sweep::{CSV_HEADER, parse_runs};
+/// let runs = parse_runs(&format!("{CSV_HEADER}\n4096,1,1,0,0,0.25\n4096,1,1,1,0,0."), "runs.csv").unwrap();
+/// assert_eq!(runs.len(), 1);
+/// assert!(parse_runs("size,time\n", "runs.csv").is_err());
+/// ```
+pub fn parse_runs(all: &str, path: &str) -> Result<Vec<Run>, SweepError> {
     let bad = |line: usize, why: String| SweepError::Parse {
-        path: path.display().to_string(),
+        path: path.to_string(),
         line,
         why,
     };
     let header = all.lines().next().unwrap_or("");
     if header != CSV_HEADER {
-        return Err(bad(1, format!("header {header:?}")));
+        return Err(bad(
+            1,
+            format!("header {:?}", header.chars().take(80).collect::<String>()),
+        ));
     }
     let complete = all.ends_with('\n');
     let lines: Vec<&str> = all.lines().collect();
@@ -336,9 +352,20 @@ pub fn mean_total(points: &[Point]) -> Option<f64> {
 pub struct Mover {
     /// The program and its arguments, with placeholders.
     pub argv: Vec<String>,
-    /// Check that `{dst}` holds `size` bytes after each transfer (and delete
-    /// it).
-    pub check_dst: bool,
+    /// What a successful transfer must leave at `{dst}`.
+    pub check: Check,
+}
+
+/// What a mover must leave at its destination for a transfer to count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Check {
+    /// A file of the configuration's size (a copy).
+    Size,
+    /// A file that is not empty (an exNode of an upload).
+    NonEmpty,
+    /// Nothing (a command that writes elsewhere).
+    Nothing,
 }
 
 impl Mover {
@@ -356,13 +383,15 @@ impl Mover {
     }
 
     /// Runs `config.parallel` transfers at once, file `i` from `sources[i]`
-    /// to `scratch/dst-i`, and returns each one's wall-clock seconds. The
-    /// destinations are removed afterwards.
+    /// to `scratch/dst-i`, and returns each one's wall-clock seconds. Each
+    /// destination left is handed to `after` (to release what an upload
+    /// stored, say), untimed, then removed.
     pub fn run(
         &self,
         config: Config,
         sources: &[String],
         scratch: &Path,
+        after: &mut dyn FnMut(&Path),
     ) -> Result<Vec<f64>, SweepError> {
         let jobs: Vec<(Vec<String>, std::path::PathBuf)> = (0..config.parallel)
             .map(|i| {
@@ -387,19 +416,25 @@ impl Mover {
         let mut first_err = None;
         for (r, (argv, dst)) in results.into_iter().zip(&jobs) {
             let checked = r.and_then(|t| {
-                if self.check_dst {
-                    let got = std::fs::metadata(dst).map(|m| m.len()).unwrap_or(0);
-                    if got != config.size {
-                        return Err(SweepError::Short {
-                            command: argv.join(" "),
-                            dst: dst.display().to_string(),
-                            got,
-                            want: config.size,
-                        });
-                    }
+                let got = std::fs::metadata(dst).map(|m| m.len()).unwrap_or(0);
+                let want = match self.check {
+                    Check::Size => config.size,
+                    Check::NonEmpty => got.max(1),
+                    Check::Nothing => got,
+                };
+                if got != want {
+                    return Err(SweepError::Short {
+                        command: argv.join(" "),
+                        dst: dst.display().to_string(),
+                        got,
+                        want,
+                    });
                 }
                 Ok(t)
             });
+            if dst.exists() {
+                after(dst);
+            }
             let _ = std::fs::remove_file(dst);
             match checked {
                 Ok(t) => times.push(t),
@@ -553,12 +588,18 @@ mod tests {
         };
         let cp = Mover {
             argv: vec!["cp".into(), "{src}".into(), "{dst}".into()],
-            check_dst: true,
+            check: Check::Size,
         };
+        let mut handed = 0;
         let times = cp
-            .run(config, &[src.display().to_string()], dir.path())
+            .run(
+                config,
+                &[src.display().to_string()],
+                dir.path(),
+                &mut |_| handed += 1,
+            )
             .unwrap();
-        assert_eq!(times.len(), 3);
+        assert_eq!((times.len(), handed), (3, 3));
         assert!(
             !dir.path().join("dst-0").exists(),
             "destinations are removed"
@@ -570,10 +611,15 @@ mod tests {
                 "-c".into(),
                 "head -c 2048 {src} > {dst}".into(),
             ],
-            check_dst: true,
+            check: Check::Size,
         };
         let e = half
-            .run(config, &[src.display().to_string()], dir.path())
+            .run(
+                config,
+                &[src.display().to_string()],
+                dir.path(),
+                &mut |_| {},
+            )
             .unwrap_err()
             .to_string();
         assert!(e.contains("2048 bytes") && e.contains("not 4096"), "{e}");
@@ -583,10 +629,10 @@ mod tests {
                 "-c".into(),
                 "echo no route to depot >&2; exit 3".into(),
             ],
-            check_dst: false,
+            check: Check::Nothing,
         };
         let e = fail
-            .run(config, &["x".into()], dir.path())
+            .run(config, &["x".into()], dir.path(), &mut |_| {})
             .unwrap_err()
             .to_string();
         assert!(
@@ -595,10 +641,10 @@ mod tests {
         );
         let missing = Mover {
             argv: vec!["/nonexistent/mover".into()],
-            check_dst: false,
+            check: Check::Nothing,
         };
         assert!(matches!(
-            missing.run(config, &["x".into()], dir.path()),
+            missing.run(config, &["x".into()], dir.path(), &mut |_| {}),
             Err(SweepError::Spawn { .. })
         ));
     }

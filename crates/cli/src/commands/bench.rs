@@ -7,7 +7,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Context as _;
 use lors_bench::analysis::{self, Curve, human_bytes};
-use lors_bench::sweep::{self, Config, Mover, Plan, Point};
+use lors_bench::sweep::{self, Check, Config, Mover, Plan, Point};
 use serde::{Deserialize, Serialize};
 
 use super::size_arg;
@@ -83,10 +83,10 @@ struct SweepArgs {
     #[arg(long, value_name = "TEMPLATE")]
     command: Option<String>,
     /// File sizes.
-    #[arg(long, value_delimiter = ',', value_parser = size_arg, default_value = "1M,4M,16M,64M")]
+    #[arg(long, value_delimiter = ',', value_parser = size_arg, default_value = "1M,2M,4M,16M,64M")]
     sizes: Vec<u64>,
     /// Numbers of files moved in parallel.
-    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,6,8")]
     parallel: Vec<usize>,
     /// Streams per file (`-t` of lors download, `-p` of globus-url-copy).
     #[arg(long, value_delimiter = ',', default_value = "1")]
@@ -94,8 +94,12 @@ struct SweepArgs {
     /// Repetitions of each configuration (2 or more give error bars).
     #[arg(short, long, default_value_t = 5)]
     reps: usize,
-    /// Block size of the staged files on the depots (more blocks give
-    /// streams something to share).
+    /// Time uploads to the depots (`lors upload`, one copy) instead of
+    /// downloads; each upload is released once timed.
+    #[arg(long)]
+    upload: bool,
+    /// Block size of the files on the depots (more blocks give streams
+    /// something to share).
     #[arg(short = 'b', long, value_parser = super::block_size_arg, default_value = "1M")]
     block_size: u64,
     /// List the planned runs and what staging takes, then stop.
@@ -237,6 +241,9 @@ fn scenario_of(a: &SweepArgs) -> Result<Scenario, UsageError> {
         Scenario::Command if a.command.is_none() => Err(UsageError(
             "--scenario command needs --command TEMPLATE, e.g. --command 'cp {src} {dst}'".into(),
         )),
+        s if a.upload && !matches!(s, Scenario::Loopback | Scenario::Depots) => Err(UsageError(
+            format!("--upload is for the loopback and depots scenarios, not {s:?}").to_lowercase(),
+        )),
         s if s != Scenario::Depots && !a.depots.is_empty() => Err(UsageError(
             format!("--depot is for --scenario depots, not {s:?}").to_lowercase(),
         )),
@@ -261,16 +268,21 @@ struct Guards {
     server: Option<Child>,
 }
 
-fn sweep_cmd(a: SweepArgs) -> anyhow::Result<()> {
+fn sweep_cmd(mut a: SweepArgs) -> anyhow::Result<()> {
+    // Movers get absolute paths: a GridFTP URL or a command run elsewhere
+    // has no notion of our working directory.
+    a.out =
+        std::path::absolute(&a.out).with_context(|| format!("resolving {}", a.out.display()))?;
     let plan = check_plan(&a)?;
     let scenario = scenario_of(&a)?;
     let runs_path = a.out.join("runs.csv");
     let json_path = a.out.join("sweep.json");
+    let up = if a.upload { "uploads to " } else { "" };
     let target = match scenario {
-        Scenario::Depots => a.depots.join(","),
+        Scenario::Depots => format!("{up}{}", a.depots.join(",")),
         Scenario::Command => a.command.clone().unwrap_or_default(),
         Scenario::Gridftp => "globus-gridftp-server on 127.0.0.1".into(),
-        Scenario::Loopback => "a depot on 127.0.0.1".into(),
+        Scenario::Loopback => format!("{up}a depot on 127.0.0.1"),
         Scenario::Cp => "local files".into(),
     };
     let old: Option<SweepFile> = match std::fs::read(&json_path) {
@@ -362,10 +374,27 @@ fn sweep_cmd(a: SweepArgs) -> anyhow::Result<()> {
             started: old.as_ref().map_or_else(now_unix, |o| o.meta.started),
             plan: plan.clone(),
         };
+        // An upload's allocations go as soon as it is timed.
+        let releaser = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let pool = Arc::new(lors::Pool::new(lors_ibp::ClientConfig::default()));
+        let mut release = |dst: &Path| {
+            if mover.check == Check::NonEmpty
+                && let Ok(x) = lors::xnd::load(dst)
+            {
+                let kept = releaser.block_on(release_all(&pool, x.mappings));
+                if kept > 0 {
+                    eprintln!(
+                        "warning: {kept} allocations of a timed upload could not be released now; their lease ends within the hour"
+                    );
+                }
+            }
+        };
         let mut all = done.clone();
         let t0 = Instant::now();
         for (i, (c, rep)) in todo.iter().enumerate() {
-            let times = mover.run(*c, &sources[&c.size], &scratch).map_err(|e| {
+            let times = mover.run(*c, &sources[&c.size], &scratch, &mut release).map_err(|e| {
                 anyhow::anyhow!(
                     "{e}\n{} runs are saved in {}; fix the cause and run the same command to resume",
                     all.len(),
@@ -508,7 +537,7 @@ fn prepare(
             let src = stage.join(format!("src-{size}-{i}"));
             write_source(&src, size, size ^ ((i as u64) << 48))
                 .with_context(|| format!("writing {}", src.display()))?;
-            if depots.is_empty() {
+            if depots.is_empty() || a.upload {
                 list.push(src.display().to_string());
                 continue;
             }
@@ -540,8 +569,39 @@ fn prepare(
     let mover = match scenario {
         Scenario::Cp => Mover {
             argv: ["cp", "{src}", "{dst}"].map(word).to_vec(),
-            check_dst: true,
+            check: Check::Size,
         },
+        Scenario::Loopback | Scenario::Depots if a.upload => {
+            let mut argv = vec![
+                lors.display().to_string(),
+                word("upload"),
+                word("-q"),
+                word("{src}"),
+            ];
+            for w in [
+                "-o",
+                "{dst}",
+                "-c",
+                "1",
+                "-n",
+                "-d",
+                "1h",
+                "-t",
+                "{streams}",
+                "-b",
+            ] {
+                argv.push(word(w));
+            }
+            argv.push(format!("{}B", a.block_size));
+            for d in &depots {
+                argv.push(word("--depot"));
+                argv.push(d.clone());
+            }
+            Mover {
+                argv,
+                check: Check::NonEmpty,
+            }
+        }
         Scenario::Loopback | Scenario::Depots => Mover {
             argv: vec![
                 lors.display().to_string(),
@@ -553,7 +613,7 @@ fn prepare(
                 word("-t"),
                 word("{streams}"),
             ],
-            check_dst: true,
+            check: Check::Size,
         },
         Scenario::Gridftp => {
             let port = start_gridftp(stage, guards)?;
@@ -572,13 +632,17 @@ fn prepare(
                 ]
                 .map(word)
                 .to_vec(),
-                check_dst: true,
+                check: Check::Size,
             }
         }
         Scenario::Command => {
             let t = a.command.clone().unwrap_or_default();
             Mover {
-                check_dst: t.contains("{dst}"),
+                check: if t.contains("{dst}") {
+                    Check::Size
+                } else {
+                    Check::Nothing
+                },
                 argv: vec![word("sh"), word("-c"), t],
             }
         }
@@ -709,11 +773,7 @@ fn release_staged(stage: &Path) {
         return;
     };
     let pool = Arc::new(lors::Pool::new(lors_ibp::ClientConfig::default()));
-    let kept = rt.block_on(async {
-        tokio::time::timeout(Duration::from_secs(20), pool.release_all(mappings))
-            .await
-            .map_or(usize::MAX, |v| v.len())
-    });
+    let kept = rt.block_on(release_all(&pool, mappings));
     if kept == 0 {
         let _ = std::fs::remove_dir_all(stage);
     } else {
@@ -722,6 +782,15 @@ fn release_staged(stage: &Path) {
             stage.display()
         );
     }
+}
+
+/// Releases `mappings`' allocations within 20 s; returns how many were
+/// not.
+async fn release_all(pool: &Arc<lors::Pool>, mappings: Vec<lors_exnode::Mapping>) -> usize {
+    let n = mappings.len();
+    tokio::time::timeout(Duration::from_secs(20), pool.release_all(mappings))
+        .await
+        .map_or(n, |kept| kept.len())
 }
 
 fn print_points(points: &[Point]) -> anyhow::Result<()> {
@@ -870,7 +939,7 @@ fn report_cmd(d: &DirArgs) -> anyhow::Result<()> {
                 m.host, m.cpu, m.cpus, m.memory, m.kernel
             ),
         ));
-        rows.push(("started".into(), format!("{} (Unix time)", m.started)));
+        rows.push(("started".into(), lors_bench::report::utc(m.started)));
         let p = &m.plan;
         rows.push((
             "plan".into(),

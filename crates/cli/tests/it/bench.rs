@@ -140,6 +140,57 @@ fn a_sweep_against_real_depots_gives_csv_json_fits_a_report_and_a_prediction() {
         !success && err.contains("no fitted curve passes through 3 MiB, 5 parallel"),
         "{err}"
     );
+
+    // Uploads: each is timed, then released, so the depots end empty.
+    let up = tmp.path().join("up");
+    ok(&[
+        "bench",
+        "sweep",
+        "-o",
+        up.to_str().unwrap(),
+        "--upload",
+        "--depot",
+        &depots[0].addr,
+        "--depot",
+        &depots[1].addr,
+        "--sizes",
+        "64K,256K,1M",
+        "--parallel",
+        "1,2",
+        "-r",
+        "2",
+        "-q",
+    ]);
+    assert_eq!(rows(&up), 2 * 3 * 3);
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(up.join("sweep.json")).unwrap()).unwrap();
+    assert_eq!(json["meta"]["command"][1], "upload");
+    assert!(
+        json["meta"]["target"]
+            .as_str()
+            .unwrap()
+            .starts_with("uploads to ")
+    );
+    for dp in &depots {
+        let used = rt.block_on(async {
+            dp.connect()
+                .await
+                .status("1", "ibp")
+                .await
+                .map(|s| s.get_u64("UH"))
+        });
+        assert_eq!(
+            used.ok().flatten(),
+            Some(0),
+            "{} still holds timed uploads",
+            dp.addr
+        );
+    }
+    let (success, _, err) = lors(&["bench", "sweep", "-o", d, "--scenario", "cp", "--upload"]);
+    assert!(
+        !success && err.contains("--upload is for the loopback and depots"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -317,5 +368,51 @@ fn gridftp_scenario_where_installed() {
     assert!(
         line.contains("transfers/min of 512 KiB files with 2 in parallel (2 streams each"),
         "{line}"
+    );
+}
+
+/// With no mover named, the sweep runs its own depot on 127.0.0.1 and
+/// leaves only its results behind.
+#[test]
+fn the_default_scenario_runs_a_depot_of_its_own_and_leaves_only_results() {
+    let tmp = tempdir();
+    let dir = tmp.path().join("lo");
+    let d = dir.to_str().unwrap();
+    let (success, out, err) = lors(&[
+        "bench",
+        "sweep",
+        "-o",
+        d,
+        "--sizes",
+        "64K,128K,256K",
+        "--parallel",
+        "1,2",
+        "-r",
+        "2",
+    ]);
+    assert!(success, "{err}");
+    assert!(
+        err.contains("staging 6 files") && err.contains("[12/12]") && err.contains("ETA"),
+        "{err}"
+    );
+    assert!(
+        String::from_utf8(out)
+            .unwrap()
+            .contains("next: lors bench fit")
+    );
+    assert_eq!(rows(&dir), 2 * 3 * 3);
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("sweep.json")).unwrap()).unwrap();
+    assert_eq!(json["meta"]["scenario"], "loopback");
+    assert_eq!(json["meta"]["command"][1], "download");
+    let mut left: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    left.sort();
+    assert_eq!(
+        left,
+        ["runs.csv", "sweep.json"],
+        "staged files, the depot's data and scratch copies are gone"
     );
 }
