@@ -172,6 +172,8 @@ pub struct TableRow {
     pub of: usize,
     /// Mean R² over those curves.
     pub mean_r2: f64,
+    /// Mean adjusted R² over those curves (see [`Fit::adjusted_r2`]).
+    pub mean_adj_r2: Option<f64>,
 }
 
 /// Seed 002 Table III: per variable, every model's mean R² over the curves,
@@ -183,17 +185,19 @@ pub fn table(curves: &[Curve]) -> Vec<TableRow> {
         let mut mine: Vec<TableRow> = Model::ALL
             .iter()
             .filter_map(|&model| {
-                let r2: Vec<f64> = along
+                let fits: Vec<&Fit> = along
                     .iter()
                     .filter_map(|c| c.fits.iter().find(|f| f.model == model))
-                    .map(|f| f.r2)
                     .collect();
-                (!r2.is_empty()).then(|| TableRow {
+                let n = fits.len() as f64;
+                let adj: Option<Vec<f64>> = fits.iter().map(|f| f.adjusted_r2()).collect();
+                (!fits.is_empty()).then(|| TableRow {
                     var,
                     model,
-                    curves: r2.len(),
+                    curves: fits.len(),
                     of: along.len(),
-                    mean_r2: r2.iter().sum::<f64>() / r2.len() as f64,
+                    mean_r2: fits.iter().map(|f| f.r2).sum::<f64>() / n,
+                    mean_adj_r2: adj.map(|a| a.iter().sum::<f64>() / n),
                 })
             })
             .collect();
@@ -301,24 +305,68 @@ pub enum PredictError {
     },
 }
 
-/// Transfers per minute at `q`, from the best-fitting curve through it:
-/// the curve along a variable whose other two values were measured exactly
-/// as asked, preferring one whose range holds the question, then the
-/// higher R². Each transfer takes `size / throughput`, `parallel` run at
-/// once: `60 · parallel · throughput / size` per minute.
+/// Whether the curve's measured range holds the question.
+fn covers(c: &Curve, q: Config) -> bool {
+    let (lo, hi) = c.range();
+    let v = c.var.of(q);
+    v >= lo * (1.0 - 1e-9) && v <= hi * (1.0 + 1e-9)
+}
+
+/// The answer of the curve at `q`: the fit trusted most that gives a
+/// positive throughput there (no polynomial beyond the measured range),
+/// with that throughput and its error.
+fn answer(c: &Curve, q: Config) -> Option<(&Fit, f64, Option<f64>)> {
+    let mut fits: Vec<&Fit> = c
+        .fits
+        .iter()
+        .filter(|f| covers(c, q) || !f.model.is_polynomial())
+        .collect();
+    fits.sort_by(|a, b| trust(b).total_cmp(&trust(a)));
+    fits.into_iter().find_map(|f| {
+        let (t, e) = f.eval_with_error(c.var.of(q));
+        (t > 0.0).then_some((f, t, e))
+    })
+}
+
+/// How far a prediction trusts a fit: its adjusted R², which charges for
+/// parameters (R² itself when the fit has no spare points).
+fn trust(f: &Fit) -> f64 {
+    f.adjusted_r2().unwrap_or(f.r2)
+}
+
+/// Transfers per minute at `q`, from a curve through it: along a variable
+/// whose other two values were measured exactly as asked, preferring one
+/// whose range holds the question. On that curve the fit trusted most
+/// (adjusted R²) that gives a positive throughput answers; beyond the
+/// measured range polynomials are not used (they run off to ±∞ there).
+/// Each transfer takes `size / throughput`, `parallel` run at once:
+/// `60 · parallel · throughput / size` per minute.
 pub fn predict(curves: &[Curve], q: Config) -> Result<Prediction, PredictError> {
-    let candidates = curves.iter().filter_map(|c| {
-        let best = c.best()?;
-        (c.fixed == c.var.blank(q)).then_some((c, best))
-    });
-    let inside = |c: &Curve| {
-        let (lo, hi) = c.range();
-        let v = c.var.of(q);
-        v >= lo * (1.0 - 1e-9) && v <= hi * (1.0 + 1e-9)
-    };
-    let chosen = candidates
-        .max_by(|(a, fa), (b, fb)| inside(a).cmp(&inside(b)).then(fa.r2.total_cmp(&fb.r2)));
-    let Some((curve, fit)) = chosen else {
+    let inside = |c: &Curve| covers(c, q);
+    let answer = |c| answer(c, q);
+    let through: Vec<&Curve> = curves
+        .iter()
+        .filter(|c| c.fixed == c.var.blank(q) && !c.fits.is_empty())
+        .collect();
+    let chosen = through
+        .iter()
+        .filter_map(|c| Some((*c, answer(c)?)))
+        .max_by(|(a, (fa, ..)), (b, (fb, ..))| {
+            inside(a)
+                .cmp(&inside(b))
+                .then(trust(fa).total_cmp(&trust(fb)))
+        });
+    if chosen.is_none()
+        && let Some(c) = through.first()
+    {
+        let best = c.best().expect("curves with fits only");
+        return Err(PredictError::NonPositive {
+            model: best.model,
+            curve: format!("throughput vs {} at {}", c.var.name(), c.describe_fixed()),
+            throughput: best.eval(c.var.of(q)),
+        });
+    }
+    let Some((curve, (fit, throughput, err))) = chosen else {
         let mut sizes: Vec<u64> = Vec::new();
         let mut par: Vec<usize> = Vec::new();
         let mut st: Vec<usize> = Vec::new();
@@ -360,21 +408,6 @@ pub fn predict(curves: &[Curve], q: Config) -> Result<Prediction, PredictError> 
         curve.var.name(),
         curve.describe_fixed()
     );
-    // Beyond the data the best fit may dive below zero where a lesser one
-    // does not; take the best that still gives a throughput.
-    let x = curve.var.of(q);
-    let Some((fit, (throughput, err))) = curve
-        .fits
-        .iter()
-        .map(|f| (f, f.eval_with_error(x)))
-        .find(|(_, (t, _))| *t > 0.0)
-    else {
-        return Err(PredictError::NonPositive {
-            model: fit.model,
-            curve: what,
-            throughput: fit.eval(x),
-        });
-    };
     let per = 60.0 * q.parallel as f64 / (q.size as f64 / MIB);
     let outside = (!inside(curve)).then(|| {
         let (lo, hi) = curve.range();
@@ -516,6 +549,10 @@ mod tests {
         )
         .unwrap();
         assert_eq!(p.outside.as_deref(), Some("sizes 1 MiB-64 MiB"));
+        assert!(!p.model.is_polynomial(), "{p}");
+        // The true per-file rate there: 256/(0.1 + 10.24) MiB/s.
+        let want = 60.0 * 4.0 / 10.34;
+        assert!((p.per_minute - want).abs() < 0.25 * want, "{p}");
         assert!(
             p.to_string()
                 .contains("warning: outside the measured range")

@@ -62,6 +62,14 @@ pub struct Fit {
 }
 
 impl Fit {
+    /// R² adjusted for the number of parameters, `1 − (1 − R²)(n − 1)/(n −
+    /// p)`: a 4-parameter model through 5 points nearly interpolates them,
+    /// and this says so. `None` when the fit has no spare points.
+    pub fn adjusted_r2(&self) -> Option<f64> {
+        let (n, p) = (self.points as f64, self.params.len() as f64);
+        (n > p).then(|| 1.0 - (1.0 - self.r2) * (n - 1.0) / (n - p))
+    }
+
     /// The fitted curve at `x`.
     pub fn eval(&self, x: f64) -> f64 {
         self.model.eval(&self.params, x)
@@ -334,6 +342,9 @@ mod tests {
         let (y, sigma) = synthetic(Model::Exp2Sum, &truth, &x, 0.01, 7);
         let f = fit(Model::Exp2Sum, &x, &y, &sigma).unwrap();
         assert!(f.r2 > 0.95, "R² {}", f.r2);
+        // 16 points, 4 parameters: adjusted R² = 1 − (1 − R²)·15/12.
+        let adj = f.adjusted_r2().unwrap();
+        assert!((adj - (1.0 - (1.0 - f.r2) * 15.0 / 12.0)).abs() < 1e-12 && adj < f.r2);
         // The pair (a, b) is the fast term, whichever order the fit found.
         let mut p = f.params.clone();
         if p[1] < p[3] {

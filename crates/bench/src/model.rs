@@ -76,6 +76,12 @@ impl Model {
         }
     }
 
+    /// Whether the model is a polynomial (which no prediction extrapolates
+    /// with).
+    pub fn is_polynomial(self) -> bool {
+        matches!(self, Model::Poly1 | Model::Poly2 | Model::Poly3)
+    }
+
     /// Number of parameters (`a`, `b`, … in [`Model::formula`]).
     pub fn params(self) -> usize {
         self.domains().len()

@@ -298,17 +298,19 @@ pub fn html(title: &str, meta: &[(String, String)], points: &[Point], curves: &[
         );
     }
 
-    h.push_str("<h2>Fits</h2>\n<p>Every model fitted to every curve by weighted least squares; mean R² (eq. 4) over a variable's curves, best first (seed 002 Table III).</p>\n<table><tr><th class=\"l\">variable</th><th class=\"l\">model</th><th class=\"l\">function</th><th>curves fitted</th><th>mean R²</th></tr>");
+    h.push_str("<h2>Fits</h2>\n<p>Every model fitted to every curve by weighted least squares; mean R² (eq. 4) over a variable's curves, best first (seed 002 Table III). The adjusted R² charges each parameter: a model with nearly as many parameters as a curve has points fits any shape, and only the adjusted figure shows it.</p>\n<table><tr><th class=\"l\">variable</th><th class=\"l\">model</th><th class=\"l\">function</th><th>curves fitted</th><th>mean R²</th><th>mean adjusted R²</th></tr>");
     for r in &rows {
         let _ = write!(
             h,
-            "<tr><td class=\"l\">{}</td><td class=\"l\">{}</td><td class=\"l\">{}</td><td>{} of {}</td><td>{:.4}</td></tr>",
+            "<tr><td class=\"l\">{}</td><td class=\"l\">{}</td><td class=\"l\">{}</td><td>{} of {}</td><td>{:.4}</td><td>{}</td></tr>",
             r.var.name(),
             r.model,
             esc(r.model.formula()),
             r.curves,
             r.of,
-            r.mean_r2
+            r.mean_r2,
+            r.mean_adj_r2
+                .map_or_else(|| "–".into(), |v| format!("{v:.4}"))
         );
     }
     h.push_str("</table>\n");

@@ -875,21 +875,24 @@ fn fit_cmd(d: &DirArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     super::outln!(
-        "{:<9} {:<10} {:<26} {:>7} {:>8}",
+        "{:<9} {:<10} {:<26} {:>7} {:>8} {:>8}",
         "variable",
         "model",
         "function",
         "curves",
-        "mean R²"
+        "mean R²",
+        "adjusted"
     );
     for r in &fits.table {
         super::outln!(
-            "{:<9} {:<10} {:<26} {:>7} {:>8.4}",
+            "{:<9} {:<10} {:<26} {:>7} {:>8.4} {:>8}",
             r.var.name(),
             r.model.name(),
             r.model.formula(),
             format!("{}/{}", r.curves, r.of),
-            r.mean_r2
+            r.mean_r2,
+            r.mean_adj_r2
+                .map_or_else(|| "–".into(), |v| format!("{v:.4}"))
         );
     }
     super::outln!();
