@@ -12,26 +12,6 @@ const COLORS: [&str; 8] = [
     "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf",
 ];
 
-/// A Unix time as `YYYY-MM-DD HH:MM UTC`.
-///
-/// ```
-/// assert_eq!(lors_bench::report::utc(1_795_452_539), "2026-11-23 16:48 UTC");
-/// ```
-pub fn utc(secs: u64) -> String {
-    // Days to a civil date (proleptic Gregorian), after H. Hinnant.
-    let days = (secs / 86_400) as i64 + 719_468;
-    let era = days.div_euclid(146_097);
-    let doe = days.rem_euclid(146_097);
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    let (h, m) = (secs % 86_400 / 3_600, secs % 3_600 / 60);
-    format!("{year:04}-{month:02}-{day:02} {h:02}:{m:02} UTC")
-}
-
 /// Escapes text for HTML and SVG.
 fn esc(s: &str) -> String {
     s.replace('&', "&amp;")

@@ -58,6 +58,30 @@ pub fn block_size_arg(s: &str) -> Result<u64, String> {
     lors_ibp::units::parse_block_size(s)
 }
 
+/// The proleptic Gregorian date (year, month, day) of a count of days
+/// since 1970-01-01 (H. Hinnant's civil-from-days).
+pub fn civil_from_days(days: i64) -> (i64, i64, i64) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
+/// A Unix time as `YYYY-MM-DD HH:MM UTC`.
+pub fn utc(unix: u64) -> String {
+    let (y, m, d) = civil_from_days(i64::try_from(unix / 86_400).unwrap_or(0));
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02} UTC",
+        unix % 86_400 / 3_600,
+        unix % 3_600 / 60
+    )
+}
+
 /// Parses `2h`-style durations for clap.
 pub fn duration_arg(s: &str) -> Result<Duration, String> {
     lors_ibp::units::parse_duration(s)
@@ -373,6 +397,14 @@ pub fn json_secs(d: std::time::Duration) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn utc_dates() {
+        // Reference values from `date -u -d @N "+%F %H:%M"`.
+        assert_eq!(utc(0), "1970-01-01 00:00 UTC");
+        assert_eq!(utc(1_795_452_539), "2026-11-23 16:48 UTC");
+        assert_eq!(utc(951_782_400), "2000-02-29 00:00 UTC");
+    }
 
     #[test]
     fn depots_default_to_the_ibp_port() {

@@ -332,13 +332,22 @@ fn sweep_cmd(mut a: SweepArgs) -> anyhow::Result<()> {
             plan.sizes.len() * slots,
             human_bytes(plan.staged_bytes()),
             format!("{scenario:?}").to_lowercase(),
-            if matches!(scenario, Scenario::Loopback | Scenario::Depots) {
+            if matches!(scenario, Scenario::Loopback | Scenario::Depots) && !a.upload {
                 ", uploaded to the depots"
             } else {
                 ""
             }
         );
         return Ok(());
+    }
+    if todo.is_empty() && old.is_some() {
+        super::outln!(
+            "nothing to do: the {} runs planned are done, {} timed transfers in {} (raise -r or add values to extend the sweep)",
+            configs.len() * plan.reps,
+            done.len(),
+            runs_path.display()
+        );
+        return print_points(&sweep::summarize(&done));
     }
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
     let stage = a.out.join("stage");
@@ -942,7 +951,7 @@ fn report_cmd(d: &DirArgs) -> anyhow::Result<()> {
                 m.host, m.cpu, m.cpus, m.memory, m.kernel
             ),
         ));
-        rows.push(("started".into(), lors_bench::report::utc(m.started)));
+        rows.push(("started".into(), super::utc(m.started)));
         let p = &m.plan;
         rows.push((
             "plan".into(),

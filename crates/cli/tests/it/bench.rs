@@ -14,6 +14,26 @@ fn rows(dir: &Path) -> usize {
     text.lines().count() - 1
 }
 
+/// Every depot's hard storage in use is 0.
+fn assert_empty(depots: &[DepotProc], what: &str) {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    for dp in depots {
+        let used = rt.block_on(async {
+            dp.connect()
+                .await
+                .status("1", "ibp")
+                .await
+                .map(|s| s.get_u64("UH"))
+        });
+        assert_eq!(
+            used.ok().flatten(),
+            Some(0),
+            "{} still holds {what}",
+            dp.addr
+        );
+    }
+}
+
 fn ok(args: &[&str]) -> String {
     let (success, out, err) = lors(args);
     assert!(success, "lors {args:?} failed: {err}");
@@ -69,22 +89,7 @@ fn a_sweep_against_real_depots_gives_csv_json_fits_a_report_and_a_prediction() {
     }
     // The staged files were released from the depots and their exNodes removed.
     assert!(!dir.join("stage").exists());
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    for dp in &depots {
-        let used = rt.block_on(async {
-            dp.connect()
-                .await
-                .status("1", "ibp")
-                .await
-                .map(|s| s.get_u64("UH"))
-        });
-        assert_eq!(
-            used.ok().flatten(),
-            Some(0),
-            "{} still holds staged data",
-            dp.addr
-        );
-    }
+    assert_empty(&depots, "staged data");
 
     let fit = ok(&["bench", "fit", d]);
     assert!(
@@ -171,21 +176,7 @@ fn a_sweep_against_real_depots_gives_csv_json_fits_a_report_and_a_prediction() {
             .unwrap()
             .starts_with("uploads to ")
     );
-    for dp in &depots {
-        let used = rt.block_on(async {
-            dp.connect()
-                .await
-                .status("1", "ibp")
-                .await
-                .map(|s| s.get_u64("UH"))
-        });
-        assert_eq!(
-            used.ok().flatten(),
-            Some(0),
-            "{} still holds timed uploads",
-            dp.addr
-        );
-    }
+    assert_empty(&depots, "timed uploads");
     let (success, _, err) = lors(&["bench", "sweep", "-o", d, "--scenario", "cp", "--upload"]);
     assert!(
         !success && err.contains("--upload is for the loopback and depots"),
@@ -265,6 +256,15 @@ fn sweeps_resume_extend_plan_and_fail_clearly() {
         3 * 3 * 3,
         "the torn line is gone, every run is whole"
     );
+
+    // Nothing left: nothing staged, the figures printed again.
+    let (again, progress) = sweep("3");
+    assert!(
+        again.contains("nothing to do: the 18 runs planned are done, 27 timed transfers")
+            && again.contains("per file MiB/s"),
+        "{again}"
+    );
+    assert!(!progress.contains("staging"), "{progress}");
 
     // The same directory for another mover is refused.
     let (success, _, err) = lors(&["bench", "sweep", "-o", d, "--scenario", "loopback"]);
