@@ -31,7 +31,7 @@ pub struct Args {
 #[derive(clap::Subcommand)]
 enum Cmd {
     /// Time transfers over lists of file sizes, parallel files and streams.
-    Sweep(SweepArgs),
+    Sweep(Box<SweepArgs>),
     /// Fit the candidate models to throughput against each variable.
     Fit(DirArgs),
     /// Write an HTML report with plots and the fit table.
@@ -76,9 +76,16 @@ struct SweepArgs {
     #[arg(long, value_enum)]
     scenario: Option<Scenario>,
     /// A depot to download from (repeat for several; files are striped
-    /// over them).
+    /// over them). Without --depot, `--scenario depots` asks the L-Bone
+    /// (-H, LBONE_SERVER, ~/.xndrc) for one, or --max-depots of them.
     #[arg(long = "depot", value_name = "HOST[:PORT]", value_parser = super::depot_arg)]
     depots: Vec<String>,
+    #[command(flatten)]
+    lbone: super::LboneOpts,
+    #[command(flatten)]
+    place: super::PlaceOpts,
+    #[command(flatten)]
+    net: super::NetOpts,
     /// A command template for --scenario command, e.g. 'rclone copyto {src} {dst}'.
     #[arg(long, value_name = "TEMPLATE")]
     command: Option<String>,
@@ -139,7 +146,7 @@ struct PredictArgs {
 
 pub fn run(a: Args) -> anyhow::Result<()> {
     match a.cmd {
-        Cmd::Sweep(s) => sweep_cmd(s),
+        Cmd::Sweep(s) => sweep_cmd(*s),
         Cmd::Fit(d) => fit_cmd(&d),
         Cmd::Report(d) => report_cmd(&d),
         Cmd::Predict(p) => predict_cmd(&p),
@@ -227,17 +234,16 @@ fn check_plan(a: &SweepArgs) -> Result<Plan, UsageError> {
 }
 
 fn scenario_of(a: &SweepArgs) -> Result<Scenario, UsageError> {
-    let s = a.scenario.unwrap_or(if !a.depots.is_empty() {
-        Scenario::Depots
-    } else if a.command.is_some() {
-        Scenario::Command
-    } else {
-        Scenario::Loopback
-    });
+    let s = a
+        .scenario
+        .unwrap_or(if !a.depots.is_empty() || a.lbone.lbone.is_some() {
+            Scenario::Depots
+        } else if a.command.is_some() {
+            Scenario::Command
+        } else {
+            Scenario::Loopback
+        });
     match s {
-        Scenario::Depots if a.depots.is_empty() => Err(UsageError(
-            "--scenario depots needs --depot HOST[:PORT] (repeat for several)".into(),
-        )),
         Scenario::Command if a.command.is_none() => Err(UsageError(
             "--scenario command needs --command TEMPLATE, e.g. --command 'cp {src} {dst}'".into(),
         )),
@@ -249,6 +255,29 @@ fn scenario_of(a: &SweepArgs) -> Result<Scenario, UsageError> {
         )),
         s => Ok(s),
     }
+}
+
+/// The depots an L-Bone (or ~/.xndrc) names for the staged files: one,
+/// or --max-depots, with room for a block.
+fn lbone_depots(a: &SweepArgs, plan: &Plan) -> anyhow::Result<Vec<String>> {
+    let s = super::settings(&a.net, a.place.layer(a.lbone.layer()), None)?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let block = plan
+        .sizes
+        .iter()
+        .copied()
+        .max()
+        .unwrap_or(0)
+        .min(a.block_size);
+    let placement = super::Placement {
+        depots: &[],
+        settings: &s,
+    };
+    Ok(placement
+        .find(&rt, 1, block + (64 << 10), Vec::new())?
+        .depots)
 }
 
 /// A process the sweep started (a GridFTP server); killed when dropped.
@@ -275,6 +304,9 @@ fn sweep_cmd(mut a: SweepArgs) -> anyhow::Result<()> {
         std::path::absolute(&a.out).with_context(|| format!("resolving {}", a.out.display()))?;
     let plan = check_plan(&a)?;
     let scenario = scenario_of(&a)?;
+    if scenario == Scenario::Depots && a.depots.is_empty() {
+        a.depots = lbone_depots(&a, &plan)?;
+    }
     let runs_path = a.out.join("runs.csv");
     let json_path = a.out.join("sweep.json");
     let up = if a.upload { "uploads to " } else { "" };

@@ -306,7 +306,7 @@ fn sweeps_resume_extend_plan_and_fail_clearly() {
     ]);
     assert!(!success && err.contains("left 100 bytes"), "{err}");
     let (success, _, err) = lors(&["bench", "sweep", "-o", d, "--scenario", "depots"]);
-    assert!(!success && err.contains("needs --depot"), "{err}");
+    assert!(!success && err.contains("no depots: give --depot"), "{err}");
     let (success, _, err) = lors(&["bench", "fit", tmp.path().join("none").to_str().unwrap()]);
     assert!(!success && err.contains("holds no runs"), "{err}");
 }
@@ -415,4 +415,40 @@ fn the_default_scenario_runs_a_depot_of_its_own_and_leaves_only_results() {
         ["runs.csv", "sweep.json"],
         "staged files, the depot's data and scratch copies are gone"
     );
+}
+
+/// Depots chosen by the L-Bone, as `lors upload -H` chooses them.
+#[test]
+fn a_sweep_of_the_depots_an_lbone_names() {
+    let tmp = tempdir();
+    let lb = crate::util::LboneProc::start(&tmp.path().join("lb"), &[]);
+    let depots: Vec<DepotProc> = (0..2)
+        .map(|i| crate::lbone::located_depot(&tmp.path().join(format!("d{i}")), &lb, "1G", &[]))
+        .collect();
+    let dir = tmp.path().join("lb-sweep");
+    let url = lb.url();
+    ok(&[
+        "bench",
+        "sweep",
+        "-o",
+        dir.to_str().unwrap(),
+        "-H",
+        &url,
+        "--max-depots",
+        "2",
+        "--sizes",
+        "64K,256K,1M",
+        "--parallel",
+        "1,2",
+        "-r",
+        "2",
+        "-q",
+    ]);
+    assert_eq!(rows(&dir), 2 * 3 * 3);
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("sweep.json")).unwrap()).unwrap();
+    assert_eq!(json["meta"]["scenario"], "depots");
+    let target = json["meta"]["target"].as_str().unwrap();
+    assert!(depots.iter().all(|d| target.contains(&d.addr)), "{target}");
+    assert_empty(&depots, "staged data");
 }
