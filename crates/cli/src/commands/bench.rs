@@ -372,15 +372,6 @@ fn sweep_cmd(mut a: SweepArgs) -> anyhow::Result<()> {
         );
         return Ok(());
     }
-    if todo.is_empty() && old.is_some() {
-        super::outln!(
-            "nothing to do: the {} runs planned are done, {} timed transfers in {} (raise -r or add values to extend the sweep)",
-            configs.len() * plan.reps,
-            done.len(),
-            runs_path.display()
-        );
-        return print_points(&sweep::summarize(&done));
-    }
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
     let stage = a.out.join("stage");
     let scratch = a.out.join("scratch");
@@ -389,12 +380,22 @@ fn sweep_cmd(mut a: SweepArgs) -> anyhow::Result<()> {
     if scenario == Scenario::Loopback {
         let _ = std::fs::remove_dir_all(&stage);
     }
+    release_staged(&scratch);
     release_staged(&stage);
     if stage.exists() {
         anyhow::bail!(
             "{} holds staged files on depots that cannot be reached now; remove it once they are released or expired",
             stage.display()
         );
+    }
+    if todo.is_empty() && old.is_some() {
+        super::outln!(
+            "nothing to do: the {} runs planned are done, {} timed transfers in {} (raise -r or add values to extend the sweep)",
+            configs.len() * plan.reps,
+            done.len(),
+            runs_path.display()
+        );
+        return print_points(&sweep::summarize(&done));
     }
     std::fs::create_dir_all(&stage)?;
     std::fs::create_dir_all(&scratch)?;
@@ -790,16 +791,23 @@ fn start_gridftp(stage: &Path, guards: &mut Guards) -> anyhow::Result<u16> {
     Ok(port)
 }
 
-/// Releases the allocations of every staged exNode and removes the stage
-/// directory; what a depot that cannot be reached holds stays named by the
-/// exNodes left there, until its one-day lease ends.
+/// Releases the allocations named by the exNodes in `dir` (staged files,
+/// or timed uploads an interrupted sweep left in scratch) and removes it;
+/// what a depot that cannot be reached holds stays named by the exNodes
+/// left there, until its lease ends.
 fn release_staged(stage: &Path) {
     let Ok(entries) = std::fs::read_dir(stage) else {
         return;
     };
     let mappings: Vec<_> = entries
         .flatten()
-        .filter(|e| e.path().extension().is_some_and(|x| x == "xnd"))
+        // Staged exNodes, and what a timed upload cut short left in scratch.
+        .filter(|e| {
+            let p = e.path();
+            p.extension().is_some_and(|x| x == "xnd")
+                || (e.file_name().to_string_lossy().starts_with("dst-")
+                    && e.metadata().is_ok_and(|m| m.len() < (16 << 20)))
+        })
         .filter_map(|e| lors::xnd::load(&e.path()).ok())
         .flat_map(|x| x.mappings)
         .collect();
@@ -819,7 +827,7 @@ fn release_staged(stage: &Path) {
         let _ = std::fs::remove_dir_all(stage);
     } else {
         eprintln!(
-            "warning: some staged allocations could not be released now; their leases end within a day (exNodes in {})",
+            "warning: some allocations of an earlier sweep could not be released now; their leases end within a day (exNodes in {})",
             stage.display()
         );
     }

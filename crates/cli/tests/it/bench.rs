@@ -177,6 +177,44 @@ fn a_sweep_against_real_depots_gives_csv_json_fits_a_report_and_a_prediction() {
             .starts_with("uploads to ")
     );
     assert_empty(&depots, "timed uploads");
+    // An upload cut short by an interrupted sweep is released by the next
+    // run, even one with nothing left to time.
+    std::fs::create_dir_all(up.join("scratch")).unwrap();
+    let src = tmp.path().join("src");
+    std::fs::write(&src, vec![1u8; 100_000]).unwrap();
+    let left = up.join("scratch/dst-0");
+    ok(&[
+        "upload",
+        src.to_str().unwrap(),
+        "--depot",
+        &depots[0].addr,
+        "-c",
+        "1",
+        "-q",
+        "-o",
+        left.to_str().unwrap(),
+    ]);
+    let again = ok(&[
+        "bench",
+        "sweep",
+        "-o",
+        up.to_str().unwrap(),
+        "--upload",
+        "--depot",
+        &depots[0].addr,
+        "--depot",
+        &depots[1].addr,
+        "--sizes",
+        "64K,256K,1M",
+        "--parallel",
+        "1,2",
+        "-r",
+        "2",
+        "-q",
+    ]);
+    assert!(again.contains("nothing to do"), "{again}");
+    assert_empty(&depots, "an interrupted sweep's upload");
+    assert!(!up.join("scratch").exists());
     let (success, _, err) = lors(&["bench", "sweep", "-o", d, "--scenario", "cp", "--upload"]);
     assert!(
         !success && err.contains("--upload is for the loopback and depots"),
