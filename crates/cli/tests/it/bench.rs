@@ -148,7 +148,7 @@ fn a_sweep_against_real_depots_gives_csv_json_fits_a_report_and_a_prediction() {
 
     // Uploads: each is timed, then released, so the depots end empty.
     let up = tmp.path().join("up");
-    ok(&[
+    let up_sweep = [
         "bench",
         "sweep",
         "-o",
@@ -165,7 +165,8 @@ fn a_sweep_against_real_depots_gives_csv_json_fits_a_report_and_a_prediction() {
         "-r",
         "2",
         "-q",
-    ]);
+    ];
+    ok(&up_sweep);
     assert_eq!(rows(&up), 2 * 3 * 3);
     let json: serde_json::Value =
         serde_json::from_slice(&std::fs::read(up.join("sweep.json")).unwrap()).unwrap();
@@ -194,24 +195,7 @@ fn a_sweep_against_real_depots_gives_csv_json_fits_a_report_and_a_prediction() {
         "-o",
         left.to_str().unwrap(),
     ]);
-    let again = ok(&[
-        "bench",
-        "sweep",
-        "-o",
-        up.to_str().unwrap(),
-        "--upload",
-        "--depot",
-        &depots[0].addr,
-        "--depot",
-        &depots[1].addr,
-        "--sizes",
-        "64K,256K,1M",
-        "--parallel",
-        "1,2",
-        "-r",
-        "2",
-        "-q",
-    ]);
+    let again = ok(&up_sweep);
     assert!(again.contains("nothing to do"), "{again}");
     assert_empty(&depots, "an interrupted sweep's upload");
     assert!(!up.join("scratch").exists());
