@@ -4,7 +4,7 @@
 
 use std::fmt::Write as _;
 
-use crate::analysis::{Curve, Var, human_bytes, table};
+use crate::analysis::{Curve, TableRow, Var, human_bytes, table};
 use crate::sweep::{Point, mean_total};
 
 const MIB: f64 = (1u64 << 20) as f64;
@@ -239,17 +239,34 @@ pub fn html(title: &str, meta: &[(String, String)], points: &[Point], curves: &[
     }
     let rows = table(curves);
     for var in Var::ALL {
-        if let Some(r) = rows.iter().find(|r| r.var == var && r.curves == r.of) {
-            let _ = write!(
-                h,
-                "<li>Throughput per file vs {}: best described by <code>{}</code> ({}), mean R² {:.3} over {} curves.</li>",
-                var.name(),
-                r.model,
-                esc(r.model.formula()),
-                r.mean_r2,
-                r.of
-            );
+        let all: Vec<&TableRow> = rows
+            .iter()
+            .filter(|r| r.var == var && r.curves == r.of)
+            .collect();
+        let Some(r) = all.first() else { continue };
+        let adj = |r: &TableRow| {
+            r.mean_adj_r2
+                .map_or_else(|| "–".into(), |v| format!("{v:.3}"))
+        };
+        let _ = write!(
+            h,
+            "<li>Throughput per file vs {}: best by R², <code>{}</code> ({}), mean R² {:.3} (adjusted {}) over {} curves",
+            var.name(),
+            r.model,
+            esc(r.model.formula()),
+            r.mean_r2,
+            adj(r),
+            r.of
+        );
+        let by_adj = all.iter().max_by(|a, b| {
+            a.mean_adj_r2
+                .unwrap_or(f64::MIN)
+                .total_cmp(&b.mean_adj_r2.unwrap_or(f64::MIN))
+        });
+        if let Some(b) = by_adj.filter(|b| b.model != r.model && b.mean_adj_r2.is_some()) {
+            let _ = write!(h, "; by adjusted R², <code>{}</code> ({})", b.model, adj(b));
         }
+        h.push_str(".</li>");
     }
     h.push_str("</ul>\n");
 
