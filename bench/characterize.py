@@ -74,10 +74,8 @@ def lab_sweep(lors: Path, out: Path, reps: int, rate: int) -> list[str]:
 
 
 def table(out: Path) -> tuple[str, dict]:
-    fits = json.loads((out / "fits.json").read_text()) if (out / "fits.json").exists() else None
-    if fits is None:
-        run([str(ROOT / "target" / "release" / "lors"), "bench", "fit", str(out)])
-        fits = json.loads((out / "fits.json").read_text())
+    """The best model per variable from the fits.json `lors bench fit` wrote."""
+    fits = json.loads((out / "fits.json").read_text())
     best = {}
     for r in fits["table"]:
         if r["curves"] == r["of"] and r["var"] not in best:

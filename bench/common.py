@@ -40,6 +40,20 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def stop_all(procs) -> None:
+    """Terminates every process, then waits for each (killing one that
+    does not end within 10 s)."""
+    procs = list(procs)
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
 def ensure_peers() -> None:
     """Installs whichever peer programs are missing from Debian's packages."""
     missing = sorted({p for c, p in PEER_PACKAGES.items() if shutil.which(c) is None})

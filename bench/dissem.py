@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import ROOT, build_lors, ensure_peers, log, machine, make_file, median, save_report, wait_port  # noqa: E402
+from common import ROOT, build_lors, ensure_peers, log, machine, make_file, median, save_report, stop_all, wait_port  # noqa: E402
 from lab import DEPOT_PORT, netlab, ns  # noqa: E402
 
 TRACKER_PORT = 6969
@@ -60,10 +60,7 @@ class Lab:
         return ",".join(f"{self.addr[i]}:{DEPOT_PORT}" for i in range(1, self.n + 1))
 
     def stop(self) -> None:
-        for p in self.procs:
-            p.terminate()
-        for p in self.procs:
-            p.wait()
+        stop_all(self.procs)
         netlab("down")
 
 

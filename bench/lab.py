@@ -44,6 +44,7 @@ from common import (  # noqa: E402
     median,
     same_file,
     save_report,
+    stop_all,
     wait_port,
 )
 
@@ -117,13 +118,7 @@ http {{ access_log off; sendfile on; tcp_nopush on;
         return [*ns(self.client), *argv]
 
     def stop(self) -> None:
-        for p in self.procs.values():
-            p.terminate()
-        for p in self.procs.values():
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_all(self.procs.values())
         netlab("down")
 
 

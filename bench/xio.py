@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import ROOT, Case, GiB, log, machine, make_file, measure, median, save_report, wait_port  # noqa: E402
+from common import ROOT, Case, GiB, log, machine, make_file, measure, median, save_report, stop_all, wait_port  # noqa: E402
 from lab import DEPOT_PORT, netlab, ns  # noqa: E402
 
 
@@ -162,10 +162,7 @@ class Lab:
         subprocess.run([*ns(self.client), *args, str(src)], check=True)
 
     def stop(self) -> None:
-        for p in self.procs:
-            p.terminate()
-        for p in self.procs:
-            p.wait()
+        stop_all(self.procs)
         netlab("down")
 
 

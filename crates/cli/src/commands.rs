@@ -82,6 +82,17 @@ pub fn utc(unix: u64) -> String {
     )
 }
 
+/// `2d 3h`, `3h 5m`, `4m 10s`, `9s`: the two largest units.
+pub fn human_secs(s: u64) -> String {
+    let (d, h, m) = (s / 86_400, s / 3600 % 24, s / 60 % 60);
+    match (d, h, m) {
+        (0, 0, 0) => format!("{s}s"),
+        (0, 0, m) => format!("{m}m {}s", s % 60),
+        (0, h, m) => format!("{h}h {m}m"),
+        (d, h, _) => format!("{d}d {h}h"),
+    }
+}
+
 /// Parses `2h`-style durations for clap.
 pub fn duration_arg(s: &str) -> Result<Duration, String> {
     lors_ibp::units::parse_duration(s)

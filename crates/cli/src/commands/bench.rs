@@ -213,24 +213,19 @@ fn check_plan(a: &SweepArgs) -> Result<Plan, UsageError> {
     if a.reps == 0 {
         return bad("--reps: at least 1 (2 or more for error bars)");
     }
-    let dedup = |v: &[u64]| {
-        let mut v = v.to_vec();
-        v.sort_unstable();
-        v.dedup();
-        v
-    };
-    let to = |v: &[usize]| {
-        dedup(&v.iter().map(|&x| x as u64).collect::<Vec<_>>())
-            .into_iter()
-            .map(|x| x as usize)
-            .collect()
-    };
     Ok(Plan {
-        sizes: dedup(&a.sizes),
-        parallel: to(&a.parallel),
-        streams: to(&a.streams),
+        sizes: sorted_unique(&a.sizes),
+        parallel: sorted_unique(&a.parallel),
+        streams: sorted_unique(&a.streams),
         reps: a.reps,
     })
+}
+
+fn sorted_unique<T: Ord + Copy>(v: &[T]) -> Vec<T> {
+    let mut v = v.to_vec();
+    v.sort_unstable();
+    v.dedup();
+    v
 }
 
 fn scenario_of(a: &SweepArgs) -> Result<Scenario, UsageError> {
@@ -259,11 +254,12 @@ fn scenario_of(a: &SweepArgs) -> Result<Scenario, UsageError> {
 
 /// The depots an L-Bone (or ~/.xndrc) names for the staged files: one,
 /// or --max-depots, with room for a block.
-fn lbone_depots(a: &SweepArgs, plan: &Plan) -> anyhow::Result<Vec<String>> {
+fn lbone_depots(
+    a: &SweepArgs,
+    plan: &Plan,
+    rt: &tokio::runtime::Runtime,
+) -> anyhow::Result<Vec<String>> {
     let s = super::settings(&a.net, a.place.layer(a.lbone.layer()), None)?;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
     let block = plan
         .sizes
         .iter()
@@ -276,7 +272,7 @@ fn lbone_depots(a: &SweepArgs, plan: &Plan) -> anyhow::Result<Vec<String>> {
         settings: &s,
     };
     Ok(placement
-        .find(&rt, 1, block + (64 << 10), Vec::new())?
+        .find(rt, 1, block + (64 << 10), Vec::new())?
         .depots)
 }
 
@@ -292,9 +288,39 @@ impl Drop for Child {
 /// What a running sweep holds on to: the loopback depot, a server.
 #[derive(Default)]
 struct Guards {
-    runtime: Option<tokio::runtime::Runtime>,
     depot_stop: Option<tokio::sync::watch::Sender<bool>>,
     server: Option<Child>,
+}
+
+/// The sweep's one runtime and connection pool: the L-Bone query, the
+/// loopback depot, and every release of staged files and timed uploads.
+struct Net {
+    rt: tokio::runtime::Runtime,
+    pool: Arc<lors::Pool>,
+}
+
+impl Net {
+    fn new() -> anyhow::Result<Net> {
+        // Worker threads: the loopback depot serves while the sweep waits
+        // on its movers.
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()?;
+        let pool = Arc::new(lors::Pool::new(lors_ibp::ClientConfig::default()));
+        Ok(Net { rt, pool })
+    }
+
+    /// Releases `mappings`' allocations within 20 s; returns how many
+    /// were not.
+    fn release(&self, mappings: Vec<lors_exnode::Mapping>) -> usize {
+        let n = mappings.len();
+        self.rt.block_on(async {
+            tokio::time::timeout(Duration::from_secs(20), self.pool.release_all(mappings))
+                .await
+                .map_or(n, |kept| kept.len())
+        })
+    }
 }
 
 fn sweep_cmd(mut a: SweepArgs) -> anyhow::Result<()> {
@@ -304,8 +330,9 @@ fn sweep_cmd(mut a: SweepArgs) -> anyhow::Result<()> {
         std::path::absolute(&a.out).with_context(|| format!("resolving {}", a.out.display()))?;
     let plan = check_plan(&a)?;
     let scenario = scenario_of(&a)?;
+    let net = Net::new()?;
     if scenario == Scenario::Depots && a.depots.is_empty() {
-        a.depots = lbone_depots(&a, &plan)?;
+        a.depots = lbone_depots(&a, &plan, &net.rt)?;
     }
     let runs_path = a.out.join("runs.csv");
     let json_path = a.out.join("sweep.json");
@@ -380,8 +407,8 @@ fn sweep_cmd(mut a: SweepArgs) -> anyhow::Result<()> {
     if scenario == Scenario::Loopback {
         let _ = std::fs::remove_dir_all(&stage);
     }
-    release_staged(&scratch);
-    release_staged(&stage);
+    release_staged(&scratch, &net);
+    release_staged(&stage, &net);
     if stage.exists() {
         anyhow::bail!(
             "{} holds staged files on depots that cannot be reached now; remove it once they are released or expired",
@@ -402,7 +429,7 @@ fn sweep_cmd(mut a: SweepArgs) -> anyhow::Result<()> {
     let mut guards = Guards::default();
     let lors = std::env::current_exe().context("finding the lors binary")?;
     let result = (|| -> anyhow::Result<()> {
-        let (mover, sources) = prepare(scenario, &a, &plan, &stage, &lors, &mut guards)?;
+        let (mover, sources) = prepare(scenario, &a, &plan, &stage, &lors, &net, &mut guards)?;
         let meta = Meta {
             scenario,
             target: target.clone(),
@@ -417,15 +444,11 @@ fn sweep_cmd(mut a: SweepArgs) -> anyhow::Result<()> {
             plan: plan.clone(),
         };
         // An upload's allocations go as soon as it is timed.
-        let releaser = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
-        let pool = Arc::new(lors::Pool::new(lors_ibp::ClientConfig::default()));
         let mut release = |dst: &Path| {
             if mover.check == Check::NonEmpty
                 && let Ok(x) = lors::xnd::load(dst)
             {
-                let kept = releaser.block_on(release_all(&pool, x.mappings));
+                let kept = net.release(x.mappings);
                 if kept > 0 {
                     eprintln!(
                         "warning: {kept} allocations of a timed upload could not be released now; their lease ends within the hour"
@@ -470,7 +493,7 @@ fn sweep_cmd(mut a: SweepArgs) -> anyhow::Result<()> {
                     rep + 1,
                     mean,
                     c.size as f64 / mean / (1u64 << 20) as f64,
-                    eta(left)
+                    super::human_secs(left.round() as u64)
                 );
             }
         }
@@ -491,23 +514,14 @@ fn sweep_cmd(mut a: SweepArgs) -> anyhow::Result<()> {
         );
         Ok(())
     })();
-    release_staged(&stage);
+    release_staged(&stage, &net);
     let _ = std::fs::remove_dir_all(&scratch);
-    if let (Some(rt), Some(stop)) = (guards.runtime.take(), guards.depot_stop.take()) {
+    if let Some(stop) = guards.depot_stop.take() {
         let _ = stop.send(true);
-        rt.shutdown_timeout(Duration::from_secs(5));
     }
     drop(guards);
+    net.rt.shutdown_timeout(Duration::from_secs(5));
     result
-}
-
-fn eta(secs: f64) -> String {
-    let s = secs.round() as u64;
-    if s >= 3600 {
-        format!("{}h{:02}m", s / 3600, s / 60 % 60)
-    } else {
-        format!("{}m{:02}s", s / 60, s % 60)
-    }
 }
 
 fn write_atomic(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
@@ -546,6 +560,7 @@ fn prepare(
     plan: &Plan,
     stage: &Path,
     lors: &Path,
+    net: &Net,
     guards: &mut Guards,
 ) -> anyhow::Result<(Mover, std::collections::HashMap<u64, Vec<String>>)> {
     let slots = plan.parallel.iter().copied().max().unwrap_or(1);
@@ -568,7 +583,7 @@ fn prepare(
         );
     }
     let depots = match scenario {
-        Scenario::Loopback => vec![start_depot(plan, stage, guards)?],
+        Scenario::Loopback => vec![start_depot(plan, stage, &net.rt, guards)?],
         Scenario::Depots => a.depots.clone(),
         _ => Vec::new(),
     };
@@ -702,12 +717,13 @@ fn which(program: &str) -> Option<PathBuf> {
 
 /// Starts a depot on 127.0.0.1 for the loopback scenario, its data under
 /// the stage directory; returns its address.
-fn start_depot(plan: &Plan, stage: &Path, guards: &mut Guards) -> anyhow::Result<String> {
+fn start_depot(
+    plan: &Plan,
+    stage: &Path,
+    rt: &tokio::runtime::Runtime,
+    guards: &mut Guards,
+) -> anyhow::Result<String> {
     use lors_depot::config::{ByteSize, Config as DepotConfig, ResourceConfig, SyncPolicy};
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
     let mut r = ResourceConfig::new("1", stage.join("depot"));
     r.size = ByteSize(plan.staged_bytes() + plan.staged_bytes() / 4 + (64 << 20));
     let cfg = DepotConfig {
@@ -726,7 +742,6 @@ fn start_depot(plan: &Plan, stage: &Path, guards: &mut Guards) -> anyhow::Result
         tokio::spawn(lors_depot::server::run(l, depot, rx));
         anyhow::Ok((addr, tx))
     })?;
-    guards.runtime = Some(rt);
     guards.depot_stop = Some(stop);
     Ok(addr)
 }
@@ -795,7 +810,7 @@ fn start_gridftp(stage: &Path, guards: &mut Guards) -> anyhow::Result<u16> {
 /// or timed uploads an interrupted sweep left in scratch) and removes it;
 /// what a depot that cannot be reached holds stays named by the exNodes
 /// left there, until its lease ends.
-fn release_staged(stage: &Path) {
+fn release_staged(stage: &Path, net: &Net) {
     let Ok(entries) = std::fs::read_dir(stage) else {
         return;
     };
@@ -815,15 +830,7 @@ fn release_staged(stage: &Path) {
         let _ = std::fs::remove_dir_all(stage);
         return;
     }
-    let Ok(rt) = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    else {
-        return;
-    };
-    let pool = Arc::new(lors::Pool::new(lors_ibp::ClientConfig::default()));
-    let kept = rt.block_on(release_all(&pool, mappings));
-    if kept == 0 {
+    if net.release(mappings) == 0 {
         let _ = std::fs::remove_dir_all(stage);
     } else {
         eprintln!(
@@ -831,15 +838,6 @@ fn release_staged(stage: &Path) {
             stage.display()
         );
     }
-}
-
-/// Releases `mappings`' allocations within 20 s; returns how many were
-/// not.
-async fn release_all(pool: &Arc<lors::Pool>, mappings: Vec<lors_exnode::Mapping>) -> usize {
-    let n = mappings.len();
-    tokio::time::timeout(Duration::from_secs(20), pool.release_all(mappings))
-        .await
-        .map_or(n, |kept| kept.len())
 }
 
 fn print_points(points: &[Point]) -> anyhow::Result<()> {

@@ -115,7 +115,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             if ok == 1 { "" } else { "s" },
             depots.len(),
             if depots.len() == 1 { "" } else { "s" },
-            human_secs(u64::try_from(*secs).unwrap_or(0))
+            super::human_secs(u64::try_from(*secs).unwrap_or(0))
         );
     }
     anyhow::ensure!(
@@ -145,17 +145,6 @@ struct Failure<'a> {
     error: &'a str,
 }
 
-/// `2d 3h`, `3h 5m`, `4m 10s`, `9s`: the two largest units.
-fn human_secs(s: u64) -> String {
-    let (d, h, m) = (s / 86_400, s / 3600 % 24, s / 60 % 60);
-    match (d, h, m) {
-        (0, 0, 0) => format!("{s}s"),
-        (0, 0, m) => format!("{m}m {}s", s % 60),
-        (0, h, m) => format!("{h}h {m}m"),
-        (d, h, _) => format!("{d}d {h}h"),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     #[test]
@@ -166,7 +155,7 @@ mod tests {
             (3 * 3600 + 300, "3h 5m"),
             (2 * 86_400 + 3 * 3600 + 59, "2d 3h"),
         ] {
-            assert_eq!(super::human_secs(s), want);
+            assert_eq!(crate::commands::human_secs(s), want);
         }
     }
 }

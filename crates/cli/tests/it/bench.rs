@@ -211,8 +211,8 @@ fn sweeps_resume_extend_plan_and_fail_clearly() {
     let tmp = tempdir();
     let dir = tmp.path().join("cp");
     let d = dir.to_str().unwrap();
-    let sweep = |reps: &str| {
-        let (success, out, err) = lors(&[
+    let sweep = |extra: &[&str]| {
+        let mut args = vec![
             "bench",
             "sweep",
             "-o",
@@ -223,13 +223,13 @@ fn sweeps_resume_extend_plan_and_fail_clearly() {
             "4K,16K,64K",
             "--parallel",
             "1,2",
-            "-r",
-            reps,
-        ]);
+        ];
+        args.extend_from_slice(extra);
+        let (success, out, err) = lors(&args);
         assert!(success, "{err}");
         (String::from_utf8(out).unwrap(), err)
     };
-    sweep("2");
+    sweep(&["-r", "2"]);
     assert_eq!(rows(&dir), 2 * 3 * 3);
     // A run cut off mid-line is redone, not misread.
     {
@@ -240,25 +240,7 @@ fn sweeps_resume_extend_plan_and_fail_clearly() {
             .unwrap();
         f.write_all(b"4096,2,1,2,0,0.0").unwrap();
     }
-    let (plan, _) = {
-        let (success, out, err) = lors(&[
-            "bench",
-            "sweep",
-            "-o",
-            d,
-            "--scenario",
-            "cp",
-            "--sizes",
-            "4K,16K,64K",
-            "--parallel",
-            "1,2",
-            "-r",
-            "3",
-            "--dry-run",
-        ]);
-        assert!(success, "{err}");
-        (String::from_utf8(out).unwrap(), err)
-    };
+    let (plan, _) = sweep(&["-r", "3", "--dry-run"]);
     assert!(
         plan.contains("6 configurations × 3 repetitions: 6 runs to do"),
         "{plan}"
@@ -268,7 +250,7 @@ fn sweeps_resume_extend_plan_and_fail_clearly() {
         "{plan}"
     );
     // Extending to 3 repetitions runs only the third.
-    let (_, progress) = sweep("3");
+    let (_, progress) = sweep(&["-r", "3"]);
     assert!(
         progress.contains("[6/6]") && !progress.contains("[7/"),
         "{progress}"
@@ -280,7 +262,7 @@ fn sweeps_resume_extend_plan_and_fail_clearly() {
     );
 
     // Nothing left: nothing staged, the figures printed again.
-    let (again, progress) = sweep("3");
+    let (again, progress) = sweep(&["-r", "3"]);
     assert!(
         again.contains("nothing to do: the 18 runs planned are done, 27 timed transfers")
             && again.contains("per file MiB/s"),
