@@ -2,7 +2,7 @@
 //!
 //! Each `NAME.xnd` in the exNode directory appears as `NAME` in the mount,
 //! with the file's logical size; reading it reads the blocks through
-//! [`lors::xio`] (read-ahead for sequential readers, a chunk cache for the
+//! [`lors::xio`] (read-ahead for sequential readers, a cache for the
 //! rest), so `cat`, `cp`, `dd`, `cmp`, `tar` or a media player read it
 //! unchanged. Creating a file stores what is written on depots and writes
 //! `NAME.xnd`; `rm` releases the allocations and removes the `.xnd`;
@@ -518,7 +518,7 @@ impl Filesystem for Fs {
         };
         // A short reply is end of file to the kernel: read_with gives all
         // `size` bytes unless the file ends, from the cache without a copy
-        // when they lie in one chunk.
+        // when they lie in one piece.
         let mut reply = Some(reply);
         let r = lock(&h.file).read_with(offset, size as usize, |b| {
             if let Some(r) = reply.take() {

@@ -11,11 +11,12 @@
 //!   mappings that supersede the old ranges; an old allocation no mapping
 //!   still uses is released once the exNode that no longer names it is
 //!   saved, so a crash never leaves an exNode naming freed data.
-//! * **Reads** go through a cache of 1 MiB chunks. A read that continues
-//!   where the last one ended starts a read-ahead: one
-//!   [`crate::download`] of the rest of the file into a bounded pipe, so
-//!   the scheduler keeps blocks in flight from the best replicas while the
-//!   program reads 4 KiB at a time. A read elsewhere fetches just its chunk.
+//! * **Reads** go through a cache of the pieces the engine fetched, kept
+//!   in the buffers they were read into. A read that continues where the
+//!   last one ended starts a read-ahead: one [`crate::download`] of the
+//!   rest of the file into a bounded pipe, so the scheduler keeps blocks in
+//!   flight from the best replicas while the program reads 4 KiB at a time.
+//!   A read elsewhere fetches just its 1 MiB.
 //! * [`File::sync_all`] stores what is buffered and writes the `.xnd`
 //!   atomically; dropping a `File` does the same (use [`File::close`] to
 //!   see its error).
@@ -42,23 +43,18 @@
 //! # Ok::<(), std::io::Error>(())
 //! ```
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::io::{self, ErrorKind, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::SystemTime;
 
 use lors_exnode::{ExNode, Mapping, Metadata as Meta};
-use std::future::Future;
-use std::pin::Pin;
-use std::task::{Context, Poll, ready};
-
-use tokio::io::AsyncWrite;
 use tokio::runtime::Runtime;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use crate::download::{DownloadOptions, Output, Stats, download};
+use crate::download::{Buffers, DownloadOptions, Output, Piece, STREAM_PIECE, Stats, download};
 use crate::settings::{Env, Layer, Settings};
 use crate::upload::{UploadOptions, Uploaded, upload};
 use crate::uri::ExnodeRef;
@@ -72,8 +68,9 @@ pub const DEFAULT_CACHE: u64 = 64 << 20;
 /// Bytes a sequential reader's read-ahead may hold beyond what the
 /// download's own window holds.
 pub const DEFAULT_READAHEAD: usize = 32 << 20;
-/// The unit of the read cache.
-const CHUNK: u64 = 1 << 20;
+/// What a read away from the read-ahead fetches, from the start of its
+/// aligned stretch.
+const FETCH: u64 = 1 << 20;
 /// Buffers being stored at once by one writer: memory is at most this many
 /// buffers plus the one filling.
 const MAX_INFLIGHT: usize = 4;
@@ -169,14 +166,14 @@ impl OpenOptions {
         self.buffer = bytes.max(64 << 10);
         self
     }
-    /// Read cache size in bytes (at least a few 1 MiB chunks are kept).
+    /// Read cache size in bytes (at least 4 MiB are kept).
     pub fn cache(&mut self, bytes: u64) -> &mut Self {
         self.cache = bytes;
         self
     }
     /// How far a sequential reader's read-ahead may run past the program.
     pub fn readahead(&mut self, bytes: usize) -> &mut Self {
-        self.readahead = bytes.max(CHUNK as usize);
+        self.readahead = bytes.max(FETCH as usize);
         self
     }
     /// Settings to use, instead of resolving them from the `lors://` URI,
@@ -809,7 +806,7 @@ impl File {
 
     /// Reads up to `len` bytes at `offset` (fewer only at the end of the
     /// file) and hands them to `f`: in place, without a copy, when they lie
-    /// in one chunk of the cache (a FUSE reply goes out from there). The
+    /// in one piece of the cache (a FUSE reply goes out from there). The
     /// position does not move.
     pub fn read_with<R>(
         &mut self,
@@ -821,20 +818,20 @@ impl File {
             return Err(io::Error::from_raw_os_error(EBADF));
         }
         let n = len.min(self.size.saturating_sub(offset).min(usize::MAX as u64) as usize);
-        let within = (offset % CHUNK) as usize;
-        if n > 0
-            && within + n <= CHUNK as usize
-            && !self.pending_overlaps(offset, offset + n as u64)
-        {
+        if n > 0 && !self.pending_overlaps(offset, offset + n as u64) {
             let sequential = offset == self.reader.last_end;
-            let chunk = self.chunk(offset / CHUNK, sequential)?;
-            if within + n <= chunk.len() {
+            let (at, piece) = self.piece(offset, sequential)?;
+            let within = (offset - at) as usize;
+            if within + n <= piece.len() {
                 self.reader.last_end = offset + n as u64;
-                return Ok(f(&chunk[within..within + n]));
+                let r = f(&piece[within..within + n]);
+                drop(piece);
+                self.reader.consumed(at, n);
+                return Ok(r);
             }
         }
-        // Across chunks (the kernel's read-ahead requests rarely start on a
-        // chunk): gathered in a buffer kept for the next such read, not
+        // Across pieces (the kernel's read-ahead requests rarely line up
+        // with them): gathered in a buffer kept for the next such read, not
         // zeroed and faulted in anew each time.
         let mut buf = std::mem::take(&mut self.reader.scratch);
         if buf.len() < n {
@@ -862,17 +859,13 @@ impl File {
         let mut done = 0;
         while done < n {
             let at = off + done as u64;
-            let chunk = self.chunk(at / CHUNK, sequential)?;
-            let within = (at % CHUNK) as usize;
-            if within >= chunk.len() {
-                return Err(io::Error::new(
-                    ErrorKind::UnexpectedEof,
-                    "the exNode ends early",
-                ));
-            }
-            let k = (n - done).min(chunk.len() - within);
-            out[done..done + k].copy_from_slice(&chunk[within..within + k]);
+            let (start, piece) = self.piece(at, sequential)?;
+            let within = (at - start) as usize;
+            let k = (n - done).min(piece.len() - within);
+            out[done..done + k].copy_from_slice(&piece[within..within + k]);
             done += k;
+            drop(piece);
+            self.reader.consumed(start, k);
         }
         self.reader.last_end = off + n as u64;
         Ok(n)
@@ -885,67 +878,42 @@ impl File {
             || self.inflight.iter().any(|f| hit(f.off, f.len))
     }
 
-    /// Chunk `idx` of the file, from the cache, the read-ahead, or the depots.
-    fn chunk(&mut self, idx: u64, sequential: bool) -> io::Result<Arc<Vec<u8>>> {
-        if let Some(c) = self.reader.get(idx) {
-            return Ok(c);
+    /// The piece of the file holding byte `off` and where it starts: from
+    /// the cache, the read-ahead, or the depots.
+    fn piece(&mut self, off: u64, sequential: bool) -> io::Result<(u64, Arc<Vec<u8>>)> {
+        if let Some(p) = self.reader.get(off) {
+            return Ok(p);
         }
         // Out of order by a little (the kernel's parallel readahead through
-        // FUSE) is still sequential: the chunk before was just read.
-        let sequential = sequential || (idx > 0 && self.reader.chunks.contains_key(&(idx - 1)));
-        let ahead = (self.reader.readahead as u64 / CHUNK).max(2);
-        let usable =
-            (self.reader.stream.as_ref()).is_some_and(|s| s.next <= idx && idx < s.next + ahead);
-        if !usable {
-            self.reader.stream = None;
-            let end = self.x.logical_size();
-            let start = idx * CHUNK;
-            // Sequential: the rest of the file; random: this chunk alone.
-            let len = if sequential {
-                end.saturating_sub(start)
-            } else {
-                CHUNK.min(end.saturating_sub(start))
-            };
-            self.reader.stream = Some(self.fetch(start, len)?);
+        // FUSE) is still sequential: the bytes before were just read.
+        let sequential = sequential || (off > 0 && self.reader.find(off - 1).is_some());
+        let ahead = (self.reader.readahead as u64).max(2 * FETCH);
+        let end = self.x.logical_size();
+        let start = off - off % FETCH;
+        let stretch = FETCH.min(end.saturating_sub(start));
+        let mut s = match self.reader.stream.take() {
+            Some(s) if s.next <= off && off < s.end.min(s.next + ahead) => s,
+            Some(s) if !sequential && off < s.next && s.next - off <= ahead => {
+                // A look back just behind the read-ahead (the kernel reads
+                // a page again now and then): fetched on the side, and the
+                // read-ahead goes on.
+                self.reader.stream = Some(s);
+                let mut side = self.fetch(start, stretch)?;
+                return pull(&mut self.reader, &mut side, off);
+            }
+            // Sequential: the rest of the file; random: this stretch alone.
+            _ if sequential => self.fetch(start, end.saturating_sub(start))?,
+            _ => self.fetch(start, stretch)?,
+        };
+        let got = pull(&mut self.reader, &mut s, off);
+        if got.is_ok() && s.next < s.end {
+            self.reader.stream = Some(s);
         }
-        loop {
-            let s = self.reader.stream.as_mut().expect("started above");
-            let at = s.next;
-            let want = CHUNK.min(s.end.saturating_sub(at * CHUNK)) as usize;
-            if want == 0 {
-                return Err(io::Error::new(
-                    ErrorKind::UnexpectedEof,
-                    "the exNode ends early",
-                ));
-            }
-            let v = match s.rx.blocking_recv() {
-                Some(v) if v.len() == want => v,
-                Some(v) => {
-                    return Err(io::Error::other(format!(
-                        "the read-ahead delivered {} bytes for chunk {at}, not {want}",
-                        v.len()
-                    )));
-                }
-                None => {
-                    // The download stopped: its error says why.
-                    let s = self.reader.stream.take().expect("present");
-                    return Err(runtime().block_on(s.wait()));
-                }
-            };
-            s.next += 1;
-            let v = Arc::new(v);
-            let finished = s.next * CHUNK >= s.end;
-            self.reader.put(at, v.clone());
-            if finished {
-                self.reader.stream = None;
-            }
-            if at == idx {
-                return Ok(v);
-            }
-        }
+        got
     }
 
-    /// Starts downloading `[start, start+len)` into a bounded channel of chunks.
+    /// Starts downloading `[start, start+len)` into a bounded channel of
+    /// pieces, each handed over in the buffer it was read into.
     fn fetch(&mut self, start: u64, len: u64) -> io::Result<Stream> {
         if self.last_resort.is_none() {
             let dir = self.directory();
@@ -958,25 +926,16 @@ impl File {
             last_resort: self.last_resort.clone().unwrap_or_default(),
             ..DownloadOptions::default()
         };
-        let (tx, rx) = mpsc::channel((self.reader.readahead as u64 / CHUNK).max(1) as usize);
-        let spare = self.reader.spare.clone();
-        let w = ChunkSink {
-            cur: spare.take(),
-            spare,
-            tx,
-            permit: None,
-        };
+        let (tx, rx) = mpsc::channel((self.reader.readahead as u64 / STREAM_PIECE).max(1) as usize);
+        let buffers = self.reader.buffers.clone();
         let x = self.x.clone();
         let pool = self.pool.clone();
         let task = runtime().spawn(async move {
-            let out = Output::Stream {
-                writer: Box::new(w),
-                name: "the xio read-ahead".into(),
-            };
+            let out = Output::Pieces { tx, buffers };
             download(&x, out, &opts, pool, Arc::new(NoProgress)).await
         });
         Ok(Stream {
-            next: start / CHUNK,
+            next: start,
             end: start + len,
             rx,
             task: Some(task),
@@ -1026,9 +985,9 @@ impl File {
     }
 
     fn put_zeros(&mut self, mut off: u64, mut n: u64) -> io::Result<()> {
-        let z = vec![0u8; CHUNK as usize];
+        let z = vec![0u8; FETCH as usize];
         while n > 0 {
-            let k = n.min(CHUNK);
+            let k = n.min(FETCH);
             self.put(off, &z[..k as usize])?;
             off += k;
             n -= k;
@@ -1096,109 +1055,209 @@ impl std::fmt::Debug for File {
     }
 }
 
+/// Takes pieces from `s` into the cache until one holds byte `off`, which
+/// must lie in what `s` has still to deliver.
+fn pull(reader: &mut Reader, s: &mut Stream, off: u64) -> io::Result<(u64, Arc<Vec<u8>>)> {
+    loop {
+        let at = s.next;
+        let left = s.end.saturating_sub(at);
+        if left == 0 {
+            return Err(io::Error::new(
+                ErrorKind::UnexpectedEof,
+                "the exNode ends early",
+            ));
+        }
+        let Some(v) = s.rx.blocking_recv().map(Piece::into_vec) else {
+            // The download stopped: its error says why.
+            return Err(runtime().block_on(s.wait()));
+        };
+        if v.is_empty() || v.len() as u64 > left {
+            return Err(io::Error::other(format!(
+                "the read-ahead delivered {} bytes at {at} with {left} left",
+                v.len()
+            )));
+        }
+        s.next += v.len() as u64;
+        let v = Arc::new(v);
+        reader.put(at, v.clone());
+        // The pieces come in order from where the stream started, at or
+        // before `off`: the first to reach past `off` holds it.
+        if off < s.next {
+            return Ok((at, v));
+        }
+    }
+}
+
 /// The read cache and the read-ahead.
 struct Reader {
-    chunks: HashMap<u64, Arc<Vec<u8>>>,
-    /// Least recently used first.
+    /// Pieces of the file as the read-ahead delivered them, by first byte,
+    /// with the bytes read from each.
+    pieces: BTreeMap<u64, (Arc<Vec<u8>>, usize)>,
+    /// First bytes of the pieces not yet read whole, least recently used
+    /// first.
     order: VecDeque<u64>,
-    capacity: usize,
+    /// First bytes of the pieces read whole, oldest first: kept
+    /// [`Reader::BEHIND`] deep for a look back, then their buffers go back
+    /// to the read-ahead. A cache filled with what a scan read once would
+    /// only make the read-ahead take fresh memory (a page fault and a
+    /// zeroed page per 4 KiB) for every piece until it is full.
+    passed: VecDeque<u64>,
+    passed_bytes: u64,
+    /// Bytes in `pieces`, and the most kept.
+    bytes: u64,
+    capacity: u64,
     stream: Option<Stream>,
     /// Where the last read ended: a read starting here is sequential.
     last_end: u64,
     readahead: usize,
-    /// Evicted chunks for the read-ahead to fill again: fresh memory costs
-    /// a page fault and a zeroed page per 4 KiB, as much as the copy into it.
-    spare: Spare,
+    /// Where the read-ahead takes its buffers from and dropped pieces go
+    /// back to.
+    buffers: Arc<Buffers>,
     /// See [`File::read_with`].
     scratch: Vec<u8>,
 }
 
-/// Chunk buffers the cache let go of, kept for the read-ahead.
-#[derive(Clone, Default)]
-struct Spare(Arc<Mutex<Vec<Vec<u8>>>>);
-
-impl Spare {
-    /// As many as a read-ahead holds in its channel and being filled.
-    const KEEP: usize = 8;
-
-    fn take(&self) -> Vec<u8> {
-        let mut v = (self.0.lock().unwrap_or_else(|e| e.into_inner()).pop())
-            .unwrap_or_else(|| Vec::with_capacity(CHUNK as usize));
-        v.clear();
-        v
-    }
-
-    fn give(&self, c: Arc<Vec<u8>>) {
-        // Still shared (a FUSE reply or a caller holds it): let it go.
-        if let Ok(v) = Arc::try_unwrap(c) {
-            let mut free = self.0.lock().unwrap_or_else(|e| e.into_inner());
-            if free.len() < Self::KEEP && v.capacity() == CHUNK as usize {
-                free.push(v);
-            }
-        }
-    }
-}
-
 impl Reader {
+    /// Buffers kept for the read-ahead: what it takes while a reader goes
+    /// through a few pieces.
+    const SPARE: usize = 16;
+    /// Bytes of pieces read to their end kept for a look back.
+    const BEHIND: u64 = 16 << 20;
+
     fn new(cache: u64, readahead: usize) -> Reader {
         Reader {
-            chunks: HashMap::new(),
+            pieces: BTreeMap::new(),
             order: VecDeque::new(),
-            capacity: usize::try_from(cache / CHUNK).unwrap_or(usize::MAX).max(4),
+            passed: VecDeque::new(),
+            passed_bytes: 0,
+            bytes: 0,
+            capacity: cache.max(4 * FETCH),
             stream: None,
             last_end: 0,
             readahead,
-            spare: Spare::default(),
+            buffers: Arc::new(Buffers::new(Self::SPARE)),
             scratch: Vec::new(),
         }
     }
 
-    fn get(&mut self, idx: u64) -> Option<Arc<Vec<u8>>> {
-        let c = self.chunks.get(&idx)?.clone();
-        if self.order.back() != Some(&idx) {
-            self.order.retain(|&i| i != idx);
-            self.order.push_back(idx);
-        }
-        Some(c)
+    /// The cached piece holding byte `off` and where it starts.
+    fn find(&self, off: u64) -> Option<(u64, &Arc<Vec<u8>>)> {
+        let (&at, (p, _)) = self.pieces.range(..=off).next_back()?;
+        (off < at + p.len() as u64).then_some((at, p))
     }
 
-    fn put(&mut self, idx: u64, c: Arc<Vec<u8>>) {
-        if self.chunks.insert(idx, c).is_none() {
-            self.order.push_back(idx);
+    /// As [`Reader::find`], marking the piece used.
+    fn get(&mut self, off: u64) -> Option<(u64, Arc<Vec<u8>>)> {
+        let (at, p) = self.find(off)?;
+        let p = p.clone();
+        if self.order.back() != Some(&at) {
+            self.unlink(at, p.len() as u64);
+            self.order.push_back(at);
         }
-        while self.chunks.len() > self.capacity {
-            match self.order.pop_front() {
-                Some(old) => {
-                    if let Some(c) = self.chunks.remove(&old) {
-                        self.spare.give(c);
-                    }
+        Some((at, p))
+    }
+
+    /// Takes the piece at `at` (of `len` bytes) out of whichever queue
+    /// holds it.
+    fn unlink(&mut self, at: u64, len: u64) {
+        if let Some(i) = self.order.iter().rposition(|&x| x == at) {
+            self.order.remove(i);
+        } else if let Some(i) = self.passed.iter().position(|&x| x == at) {
+            self.passed.remove(i);
+            self.passed_bytes -= len;
+        }
+    }
+
+    fn put(&mut self, at: u64, p: Arc<Vec<u8>>) {
+        self.bytes += p.len() as u64;
+        if let Some((old, _)) = self.pieces.insert(at, (p, 0)) {
+            self.unlink(at, old.len() as u64);
+            self.bytes -= old.len() as u64;
+            self.recycle(old);
+        }
+        self.order.push_back(at);
+        while self.bytes > self.capacity {
+            if !self.drop_passed() {
+                match self.order.pop_front() {
+                    Some(old) => self.drop_piece(old),
+                    None => break,
                 }
-                None => break,
             }
+        }
+    }
+
+    /// `n` bytes of the piece at `at` were read. Once all of them have
+    /// been (in any order: the kernel's read-ahead requests through FUSE
+    /// arrive out of order by megabytes), it was passed.
+    fn consumed(&mut self, at: u64, n: usize) {
+        let Some((p, read)) = self.pieces.get_mut(&at) else {
+            return;
+        };
+        *read += n;
+        let len = p.len();
+        if *read < len {
+            return;
+        }
+        let Some(i) = self.order.iter().rposition(|&x| x == at) else {
+            return;
+        };
+        self.order.remove(i);
+        self.passed.push_back(at);
+        self.passed_bytes += len as u64;
+        while self.passed_bytes > Self::BEHIND && self.drop_passed() {}
+    }
+
+    /// Drops the oldest piece read to its end; whether there was one.
+    fn drop_passed(&mut self) -> bool {
+        let Some(at) = self.passed.pop_front() else {
+            return false;
+        };
+        self.passed_bytes -= self.pieces.get(&at).map_or(0, |(p, _)| p.len() as u64);
+        self.drop_piece(at);
+        true
+    }
+
+    fn drop_piece(&mut self, at: u64) {
+        if let Some((p, _)) = self.pieces.remove(&at) {
+            self.bytes -= p.len() as u64;
+            self.recycle(p);
+        }
+    }
+
+    /// Gives a dropped piece's buffer back to the read-ahead, unless a
+    /// caller still holds it.
+    fn recycle(&self, p: Arc<Vec<u8>>) {
+        if let Ok(v) = Arc::try_unwrap(p) {
+            self.buffers.give(v);
         }
     }
 
     /// The file changed: nothing read before is current.
     fn invalidate(&mut self) {
-        self.chunks.clear();
+        for (_, (p, _)) in std::mem::take(&mut self.pieces) {
+            self.recycle(p);
+        }
         self.order.clear();
+        self.passed.clear();
+        self.passed_bytes = 0;
+        self.bytes = 0;
         self.stream = None;
     }
 }
 
-/// A download running into a pipe, read chunk by chunk.
+/// A download running into a pipe, read piece by piece.
 struct Stream {
-    /// The next chunk to arrive.
+    /// Where the next piece to arrive starts.
     next: u64,
-    /// One past its last byte.
+    /// One past the last byte.
     end: u64,
-    rx: mpsc::Receiver<Vec<u8>>,
+    rx: mpsc::Receiver<Piece>,
     task: Option<JoinHandle<crate::Result<Stats>>>,
 }
 
 impl Stream {
     /// Why the download ended before delivering everything.
-    async fn wait(mut self) -> io::Error {
+    async fn wait(&mut self) -> io::Error {
         match self.task.take() {
             Some(t) => match t.await {
                 Ok(Err(e)) => lors_error(e),
@@ -1215,65 +1274,6 @@ impl Drop for Stream {
         if let Some(t) = &self.task {
             t.abort();
         }
-    }
-}
-
-type Reserve = Pin<
-    Box<dyn Future<Output = Result<mpsc::OwnedPermit<Vec<u8>>, mpsc::error::SendError<()>>> + Send>,
->;
-
-/// The read-ahead's end of the pipe: cuts what the download writes, in
-/// order, into whole chunks and hands each over as it is, so the reader
-/// takes it without another copy. Bounded by the channel's capacity.
-struct ChunkSink {
-    cur: Vec<u8>,
-    spare: Spare,
-    tx: mpsc::Sender<Vec<u8>>,
-    permit: Option<Reserve>,
-}
-
-impl ChunkSink {
-    fn poll_send(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let tx = &self.tx;
-        let fut = self
-            .permit
-            .get_or_insert_with(|| Box::pin(tx.clone().reserve_owned()));
-        let permit = ready!(fut.as_mut().poll(cx));
-        self.permit = None;
-        let permit =
-            permit.map_err(|_| io::Error::new(ErrorKind::BrokenPipe, "the reader is gone"))?;
-        let full = std::mem::replace(&mut self.cur, self.spare.take());
-        permit.send(full);
-        Poll::Ready(Ok(()))
-    }
-}
-
-impl AsyncWrite for ChunkSink {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        let this = self.get_mut();
-        if this.cur.len() == CHUNK as usize {
-            ready!(this.poll_send(cx))?;
-        }
-        let k = (CHUNK as usize - this.cur.len()).min(buf.len());
-        this.cur.extend_from_slice(&buf[..k]);
-        Poll::Ready(Ok(k))
-    }
-
-    /// Sends the last, short chunk (the download flushes once, at its end).
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        if !this.cur.is_empty() {
-            ready!(this.poll_send(cx))?;
-        }
-        Poll::Ready(Ok(()))
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        self.poll_flush(cx)
     }
 }
 
@@ -1345,5 +1345,69 @@ pub fn errno(e: &io::Error) -> i32 {
         ErrorKind::Unsupported => libc::EOPNOTSUPP,
         ErrorKind::TimedOut => libc::ETIMEDOUT,
         _ => libc::EIO,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const P: usize = 256 << 10;
+
+    fn piece(fill: u8) -> Arc<Vec<u8>> {
+        Arc::new(vec![fill; P])
+    }
+
+    /// Pieces read out of order (FUSE's read-ahead requests arrive so) stay
+    /// until every byte of them was read, however far later reads ran.
+    #[test]
+    fn a_piece_stays_until_read_whole_in_any_order() {
+        let mut r = Reader::new(DEFAULT_CACHE, DEFAULT_READAHEAD);
+        let n = 2 * (Reader::BEHIND as usize / P) + 4;
+        for i in 0..n {
+            r.put((i * P) as u64, piece(i as u8));
+        }
+        // The second half of piece 0 and all the others are read...
+        r.consumed(0, P / 2);
+        for i in 1..n {
+            r.consumed((i * P) as u64, P);
+        }
+        // ...so piece 0 is still there, and only the last BEHIND bytes of
+        // the pieces read whole.
+        let (at, p) = r.get(10).expect("piece 0 is not read whole yet");
+        assert_eq!((at, p[0]), (0, 0));
+        let kept: Vec<u64> = r.pieces.keys().map(|k| k / P as u64).collect();
+        let behind = Reader::BEHIND / P as u64;
+        let want: Vec<u64> = std::iter::once(0)
+            .chain(n as u64 - behind..n as u64)
+            .collect();
+        assert_eq!(kept, want);
+        assert_eq!(r.bytes, (1 + behind) * P as u64);
+        // Its other half read, it goes behind too, and the oldest goes.
+        r.consumed(0, P / 2);
+        assert!(r.find(0).is_some(), "just read: kept for a look back");
+        assert_eq!(r.passed_bytes, Reader::BEHIND);
+    }
+
+    /// The cache's capacity drops what was read whole before what was not.
+    #[test]
+    fn a_full_cache_drops_read_pieces_first() {
+        let mut r = Reader::new(0, DEFAULT_READAHEAD); // the floor: 4 MiB
+        let fit = (r.capacity as usize) / P;
+        for i in 0..fit {
+            r.put((i * P) as u64, piece(1));
+        }
+        r.consumed(P as u64, P); // piece 1 read whole
+        r.get(0); // piece 0 used (not whole)
+        r.put((fit * P) as u64, piece(2));
+        assert!(
+            r.find(P as u64).is_none(),
+            "the piece read whole went first"
+        );
+        assert!(r.find(0).is_some() && r.find((fit * P) as u64).is_some());
+        // Then the least recently used: piece 2, not piece 0.
+        r.put(((fit + 1) * P) as u64, piece(3));
+        assert!(r.find(2 * P as u64).is_none());
+        assert!(r.find(0).is_some());
     }
 }

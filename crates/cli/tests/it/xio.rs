@@ -178,6 +178,21 @@ fn seeks_overwrites_rdwr_and_random_reads() {
         f.read_exact(&mut b).unwrap();
         assert_eq!(b, model[off..off + 4096], "at {off}");
     }
+    // A random read fetches its 1 MiB; a read just past that stretch, a
+    // scan from there and a look back behind the scan's read-ahead each
+    // get their own bytes.
+    let mut f = reader().open(p).unwrap();
+    for (off, len) in [
+        (100 << 10, 4096),
+        (MIB + MIB / 2, 4096),
+        (MIB + MIB / 2 + 4096, MIB),
+        (MIB, 4096),
+    ] {
+        let mut b = vec![0u8; len];
+        f.seek(SeekFrom::Start(off as u64)).unwrap();
+        f.read_exact(&mut b).unwrap();
+        assert_eq!(b, model[off..off + len], "at {off}");
+    }
 }
 
 #[test]

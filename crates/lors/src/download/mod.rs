@@ -37,8 +37,8 @@ mod output;
 pub mod sched;
 mod tune;
 
-use output::{Buffers, Held, OutFile};
-pub use output::{partial_path, record_path};
+pub use output::{Buffers, Piece, partial_path, record_path};
+use output::{Held, OutFile, Sink};
 use sched::{Event, Sched};
 pub use tune::{AUTO_MAX, AUTO_START};
 
@@ -124,6 +124,19 @@ pub enum Output {
         writer: Box<dyn AsyncWrite + Unpin + Send>,
         /// What to call it in errors.
         name: String,
+    },
+    /// In order, as a stream, but each piece handed over whole in the
+    /// buffer it was read into: for a reader that keeps what it reads
+    /// (xio's cache), which a writer would make copy every byte. The pieces
+    /// are of any length up to [`STREAM_PIECE`] (an encoded mapping's may
+    /// be longer); together they are the range, in order.
+    Pieces {
+        /// Where the pieces go.
+        tx: mpsc::Sender<Piece>,
+        /// Where the download takes its buffers from: give the pieces'
+        /// buffers back here once done with them, and the next pieces reuse
+        /// them instead of fresh, zeroed memory.
+        buffers: Arc<Buffers>,
     },
 }
 
@@ -259,7 +272,7 @@ pub async fn download(
     // (sched::STREAM_HORIZON), and that should still be many connections,
     // or a lossy narrow link is not filled. The window keeps its size in
     // bytes.
-    let streaming = matches!(out, Output::Stream { .. });
+    let streaming = matches!(out, Output::Stream { .. } | Output::Pieces { .. });
     let (piece, window) = if streaming && opts.block_size > STREAM_PIECE {
         let k = usize::try_from(opts.block_size / STREAM_PIECE).unwrap_or(usize::MAX);
         // Capped: the scheduler walks the window on every pick.
@@ -285,12 +298,16 @@ pub async fn download(
     let depot_of: Vec<usize> = (addrs.iter())
         .map(|a| names.binary_search(a).unwrap_or(usize::MAX))
         .collect();
-    let (file_out, stream) = match out {
+    let (file_out, stream, shared_bufs) = match out {
         Output::File(path) => {
             let (f, done) = OutFile::open(path, x, start, len, opts.block_size, opts.resume)?;
-            (Some((Arc::new(f), done)), None)
+            (Some((Arc::new(f), done)), None, None)
         }
-        Output::Stream { writer, name } => (None, Some((writer, name))),
+        Output::Stream { writer, name } => (None, Some((Sink::Writer(writer), name)), None),
+        Output::Pieces { tx, buffers } => {
+            let name = "the reader of the pieces".to_owned();
+            (None, Some((Sink::Pieces(tx), name)), Some(buffers))
+        }
     };
     // What a piece of each mapping holds in memory: an encoded mapping its
     // stored and decoded bytes; a raw one its piece, unless spliced.
@@ -353,7 +370,7 @@ pub async fn download(
         slots: (opts.threads > 0).then(|| Arc::new(Semaphore::new(opts.threads))),
         mem: (largest > 0).then(|| Arc::new(Semaphore::new(slots))),
         mem_need,
-        bufs: Arc::new(Buffers::new(keep)),
+        bufs: shared_bufs.unwrap_or_else(|| Arc::new(Buffers::new(keep))),
     });
     let (tx, writer) = match stream {
         Some((w, name)) => {

@@ -195,15 +195,22 @@ impl OutFile {
 /// Buffers of pieces that pass through memory, kept for the next pieces. A
 /// download reuses the same few instead of asking the allocator for a fresh
 /// 10 MiB block per piece, which glibc spreads over per-thread arenas and
-/// does not give back: that alone doubled the peak RSS.
-pub(super) struct Buffers {
+/// does not give back: that alone doubled the peak RSS. A reader of
+/// [`super::Output::Pieces`] gives the buffers it is done with back here.
+///
+/// ```
+/// let pool = lors::download::Buffers::new(8);
+/// pool.give(vec![0; 256 << 10]); // reused by the next piece read
+/// ```
+#[derive(Debug)]
+pub struct Buffers {
     free: Mutex<Vec<Vec<u8>>>,
     keep: usize,
 }
 
 impl Buffers {
-    /// Keeps up to `keep` free buffers.
-    pub(super) fn new(keep: usize) -> Self {
+    /// A pool that keeps up to `keep` free buffers.
+    pub fn new(keep: usize) -> Self {
         Buffers {
             free: Mutex::new(Vec::new()),
             keep,
@@ -216,18 +223,23 @@ impl Buffers {
     pub(super) fn take(&self, len: u64) -> Vec<u8> {
         let len = usize::try_from(len).unwrap_or(usize::MAX);
         let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
-        let mut b = match free.iter().position(|b| b.capacity() >= len) {
-            Some(p) => free.swap_remove(p),
-            None => free.pop().unwrap_or_default(),
+        let reused = match free.iter().position(|b| b.capacity() >= len) {
+            Some(p) => Some(free.swap_remove(p)),
+            None => free.pop(),
         };
         drop(free);
+        let Some(mut b) = reused else {
+            // Zeroed by the allocator (fresh pages from the kernel are),
+            // not by a pass over it here.
+            return vec![0; len];
+        };
         b.truncate(len);
         b.resize(len, 0);
         b
     }
 
-    /// Keeps `b` for a later [`Buffers::take`], up to `keep` buffers.
-    pub(super) fn give(&self, b: Vec<u8>) {
+    /// Keeps `b` for a later piece, up to `keep` buffers.
+    pub fn give(&self, b: Vec<u8>) {
         let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
         if free.len() < self.keep {
             free.push(b);
@@ -239,12 +251,57 @@ impl Buffers {
 /// holds until written.
 pub(super) type Held = (usize, Vec<u8>, Option<OwnedSemaphorePermit>);
 
+/// A piece of an [`super::Output::Pieces`] download, in order. Its bytes
+/// count against the download's [`super::DownloadOptions::memory`] until
+/// [`Piece::into_vec`] takes them: a reader that falls behind holds the
+/// download back instead of letting it fill memory.
+#[derive(Debug)]
+pub struct Piece {
+    data: Vec<u8>,
+    _slot: Option<OwnedSemaphorePermit>,
+}
+
+impl Piece {
+    /// The bytes, no longer counted against the download's memory.
+    pub fn into_vec(self) -> Vec<u8> {
+        self.data
+    }
+}
+
+/// Where a stream's pieces go, in order.
+pub(super) enum Sink {
+    /// Written out; each buffer goes back to the pool.
+    Writer(Box<dyn AsyncWrite + Unpin + Send>),
+    /// Handed over whole.
+    Pieces(mpsc::Sender<Piece>),
+}
+
+impl Sink {
+    async fn put(
+        &mut self,
+        data: Vec<u8>,
+        slot: Option<OwnedSemaphorePermit>,
+        bufs: &Buffers,
+    ) -> std::io::Result<()> {
+        match self {
+            Sink::Writer(w) => {
+                w.write_all(&data).await?;
+                bufs.give(data);
+                Ok(())
+            }
+            Sink::Pieces(tx) => tx.send(Piece { data, _slot: slot }).await.map_err(|_| {
+                std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the reader is gone")
+            }),
+        }
+    }
+}
+
 /// Writes pieces arriving in any order to `w` in order, holding the early
 /// ones. `written(next)` is told each time the first unwritten piece moves;
 /// `failed` gets a write error once (the reader went away, the disk is full)
 /// and the writer stops.
 pub(super) async fn write_in_order(
-    mut w: Box<dyn AsyncWrite + Unpin + Send>,
+    mut w: Sink,
     mut rx: mpsc::Receiver<Held>,
     bufs: &Buffers,
     hold: Hold,
@@ -272,11 +329,9 @@ pub(super) async fn write_in_order(
             started = true;
         }
         while let Some((d, mem)) = held.remove(&next) {
-            if let Err(e) = w.write_all(&d).await {
+            if let Err(e) = w.put(d, mem, bufs).await {
                 return failed(e);
             }
-            bufs.give(d);
-            drop(mem);
             next += 1;
             written(next);
         }
@@ -284,8 +339,10 @@ pub(super) async fn write_in_order(
             break;
         }
     }
-    if let Err(e) = w.flush().await {
-        failed(e);
+    if let Sink::Writer(w) = &mut w {
+        if let Err(e) = w.flush().await {
+            failed(e);
+        }
     }
 }
 
@@ -301,6 +358,7 @@ pub(super) struct Hold {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
     use tokio::io::AsyncReadExt;
 
     /// Nothing reaches the stream until the start-up buffer is complete in
@@ -315,7 +373,15 @@ mod tests {
             pieces: 8,
         };
         let writer = tokio::spawn(async move {
-            write_in_order(Box::new(w), rx, &bufs, hold, |_| {}, |e| panic!("{e}")).await
+            write_in_order(
+                Sink::Writer(Box::new(w)),
+                rx,
+                &bufs,
+                hold,
+                |_| {},
+                |e| panic!("{e}"),
+            )
+            .await
         });
         let mut got = vec![0u8; 4000];
         // Pieces 1 and 2 (2000 bytes) but not piece 0: nothing in order yet.
@@ -333,5 +399,43 @@ mod tests {
         writer.await.unwrap();
         let want: Vec<u8> = (0..4u8).flat_map(|i| vec![i; 1000]).collect();
         assert_eq!(got, want);
+    }
+
+    /// Pieces handed over whole arrive in order, and each keeps its memory
+    /// slot until the reader takes its bytes.
+    #[tokio::test]
+    async fn pieces_arrive_in_order_holding_their_memory_until_taken() {
+        let (tx, rx) = mpsc::channel::<Held>(8);
+        let (out, mut pieces) = mpsc::channel::<Piece>(8);
+        let mem = Arc::new(tokio::sync::Semaphore::new(3));
+        let bufs = Buffers::new(0);
+        let hold = Hold {
+            bytes: 0,
+            pieces: 8,
+        };
+        let writer = tokio::spawn(async move {
+            write_in_order(
+                Sink::Pieces(out),
+                rx,
+                &bufs,
+                hold,
+                |_| {},
+                |e| panic!("{e}"),
+            )
+            .await
+        });
+        for i in [2usize, 0, 1] {
+            let slot = mem.clone().try_acquire_owned().unwrap();
+            tx.send((i, vec![i as u8; 100], Some(slot))).await.unwrap();
+        }
+        drop(tx);
+        writer.await.unwrap();
+        assert_eq!(mem.available_permits(), 0, "slots held by untaken pieces");
+        for i in 0..3u8 {
+            let p = pieces.recv().await.expect("a piece");
+            assert_eq!(p.into_vec(), vec![i; 100]);
+            assert_eq!(mem.available_permits(), usize::from(i) + 1);
+        }
+        assert!(pieces.recv().await.is_none());
     }
 }
