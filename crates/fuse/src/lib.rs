@@ -129,12 +129,16 @@ pub fn run(
 }
 
 /// How far ahead the kernel reads a file of the mount, in KiB. The kernel
-/// gives a FUSE mount 128 KiB whatever the server asks at init: one or two
-/// requests in flight, so a reader of small blocks waits on each round
-/// trip through the server. 4 MiB keeps four 1 MiB requests going (on the
-/// bench's loopback 4 KiB reads went from 0.58 to 0.71 of a bulk download;
-/// 32 MiB was slower again: more pages churned in the page cache).
-pub const KERNEL_READAHEAD_KB: u32 = 4096;
+/// gives a FUSE mount 128 KiB whatever the server asks at init: small
+/// requests, so a reader of small blocks waits on each round trip through
+/// the server (on the bench's loopback 4 KiB reads ran at 0.58 of a bulk
+/// download; 1 MiB or 4 MiB of read-ahead did better, alike within the
+/// noise). Not more than 1 MiB: with 4 MiB four 1 MiB requests
+/// are in flight, and the one for the far end of the window, holding the
+/// file while its bytes cross a slow link, keeps the nearer ones waiting
+/// though their bytes are in — a 15 Mbit/s player on a 20 Mbit/s link
+/// stalled in every run (none with 1 MiB), for no gain on loopback.
+pub const KERNEL_READAHEAD_KB: u32 = 1024;
 
 /// Sets the kernel read-ahead of the file system mounted on `mountpoint`
 /// (`/sys/class/bdi/MAJOR:MINOR/read_ahead_kb`). Needs root; without it
