@@ -361,28 +361,29 @@ mod tests {
     use std::sync::Arc;
     use tokio::io::AsyncReadExt;
 
+    /// Runs `write_in_order` into `sink`, holding `hold_bytes` first.
+    fn spawn_writer(
+        sink: Sink,
+        rx: mpsc::Receiver<Held>,
+        hold_bytes: u64,
+    ) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(async move {
+            let hold = Hold {
+                bytes: hold_bytes,
+                pieces: 8,
+            };
+            let fail = |e| panic!("{e}");
+            write_in_order(sink, rx, &Buffers::new(0), hold, |_| {}, fail).await
+        })
+    }
+
     /// Nothing reaches the stream until the start-up buffer is complete in
     /// order; then everything does, in order.
     #[tokio::test]
     async fn a_stream_holds_its_start_buffer_then_writes_in_order() {
         let (w, mut r) = tokio::io::duplex(1 << 20);
         let (tx, rx) = mpsc::channel::<Held>(8);
-        let bufs = Buffers::new(0);
-        let hold = Hold {
-            bytes: 3000,
-            pieces: 8,
-        };
-        let writer = tokio::spawn(async move {
-            write_in_order(
-                Sink::Writer(Box::new(w)),
-                rx,
-                &bufs,
-                hold,
-                |_| {},
-                |e| panic!("{e}"),
-            )
-            .await
-        });
+        let writer = spawn_writer(Sink::Writer(Box::new(w)), rx, 3000);
         let mut got = vec![0u8; 4000];
         // Pieces 1 and 2 (2000 bytes) but not piece 0: nothing in order yet.
         tx.send((1, vec![1; 1000], None)).await.unwrap();
@@ -408,22 +409,7 @@ mod tests {
         let (tx, rx) = mpsc::channel::<Held>(8);
         let (out, mut pieces) = mpsc::channel::<Piece>(8);
         let mem = Arc::new(tokio::sync::Semaphore::new(3));
-        let bufs = Buffers::new(0);
-        let hold = Hold {
-            bytes: 0,
-            pieces: 8,
-        };
-        let writer = tokio::spawn(async move {
-            write_in_order(
-                Sink::Pieces(out),
-                rx,
-                &bufs,
-                hold,
-                |_| {},
-                |e| panic!("{e}"),
-            )
-            .await
-        });
+        let writer = spawn_writer(Sink::Pieces(out), rx, 0);
         for i in [2usize, 0, 1] {
             let slot = mem.clone().try_acquire_owned().unwrap();
             tx.send((i, vec![i as u8; 100], Some(slot))).await.unwrap();
