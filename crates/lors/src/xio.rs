@@ -1121,7 +1121,7 @@ impl Reader {
     /// Buffers kept for the read-ahead: what it takes while a reader goes
     /// through a few pieces.
     const SPARE: usize = 16;
-    /// Bytes of pieces read to their end kept for a look back.
+    /// Bytes of pieces read whole kept for a look back.
     const BEHIND: u64 = 16 << 20;
 
     fn new(cache: u64, readahead: usize) -> Reader {
