@@ -179,6 +179,11 @@ struct Handle {
     ino: u64,
     writable: bool,
     file: Mutex<xio::File>,
+    /// A read-only handle's reads, which need not take `file`: the kernel
+    /// sends a file's read-ahead requests on several threads at once, and
+    /// one waiting on the network must not hold back those whose bytes are
+    /// in.
+    reads: Option<xio::Reads>,
 }
 
 struct Fs {
@@ -306,10 +311,13 @@ impl Fs {
                     .truncate(trunc)
                     .create(create)
                     .create_new(create && flags & libc::O_EXCL != 0);
+                let mut file = o.open(&self.target(&name)?)?;
+                let reads = if writable { None } else { Some(file.reads()?) };
                 Arc::new(Handle {
                     ino,
                     writable,
-                    file: Mutex::new(o.open(&self.target(&name)?)?),
+                    file: Mutex::new(file),
+                    reads,
                 })
             }
         };
@@ -524,11 +532,15 @@ impl Filesystem for Fs {
         // `size` bytes unless the file ends, from the cache without a copy
         // when they lie in one piece.
         let mut reply = Some(reply);
-        let r = lock(&h.file).read_with(offset, size as usize, |b| {
+        let answer = |b: &[u8]| {
             if let Some(r) = reply.take() {
                 r.data(b);
             }
-        });
+        };
+        let r = match &h.reads {
+            Some(reads) => reads.read_with(offset, size as usize, answer),
+            None => lock(&h.file).read_with(offset, size as usize, answer),
+        };
         if let (Err(e), Some(r)) = (r, reply.take()) {
             r.error(errno(&e));
         }

@@ -46,7 +46,7 @@
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::io::{self, ErrorKind, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::SystemTime;
 
 use lors_exnode::{ExNode, Mapping, Metadata as Meta};
@@ -283,7 +283,7 @@ impl OpenOptions {
             broken: None,
             unsaved: Vec::new(),
             to_release,
-            reader: Reader::new(self.cache, self.readahead),
+            reader: Shared::new(self.cache, self.readahead),
             last_resort: None,
             lbone: None,
             closed: false,
@@ -328,7 +328,7 @@ pub struct File {
     unsaved: Vec<Mapping>,
     /// Allocations no mapping uses any more: released after the next save.
     to_release: Vec<Mapping>,
-    reader: Reader,
+    reader: Arc<Shared>,
     last_resort: Option<HashSet<String>>,
     /// The settings' L-Bone, once resolved (`Some(None)`: none named).
     lbone: Option<Option<lors_lbone::client::Directory>>,
@@ -585,7 +585,7 @@ impl File {
     fn touch(&mut self) {
         self.dirty = true;
         self.modified = Some(SystemTime::now());
-        self.reader.invalidate();
+        self.reader.lock().invalidate();
     }
 
     fn check_writable(&self) -> io::Result<()> {
@@ -818,29 +818,24 @@ impl File {
             return Err(io::Error::from_raw_os_error(EBADF));
         }
         let n = len.min(self.size.saturating_sub(offset).min(usize::MAX as u64) as usize);
-        if n > 0 && !self.pending_overlaps(offset, offset + n as u64) {
-            let sequential = offset == self.reader.last_end;
-            let (at, piece) = self.piece(offset, sequential)?;
-            let within = (offset - at) as usize;
-            if within + n <= piece.len() {
-                self.reader.last_end = offset + n as u64;
-                let r = f(&piece[within..within + n]);
-                drop(piece);
-                self.reader.consumed(at, n);
-                return Ok(r);
-            }
+        if self.pending_overlaps(offset, offset + n as u64) {
+            self.drain()?;
         }
-        // Across pieces (the kernel's read-ahead requests rarely line up
-        // with them): gathered in a buffer kept for the next such read, not
-        // zeroed and faulted in anew each time.
-        let mut buf = std::mem::take(&mut self.reader.scratch);
-        if buf.len() < n {
-            buf.resize(n, 0);
+        self.prepare();
+        self.reader.read_with(offset, n, f)
+    }
+
+    /// For a file opened read-only: its reads, for many threads at once.
+    /// See [`Reads`].
+    pub fn reads(&mut self) -> io::Result<Reads> {
+        if !self.readable || self.writable {
+            return Err(invalid("shared reads are for a file opened read-only"));
         }
-        let got = self.read_at(offset, &mut buf[..n]);
-        let r = got.map(|got| f(&buf[..got]));
-        self.reader.scratch = buf;
-        r
+        self.prepare();
+        Ok(Reads {
+            shared: self.reader.clone(),
+            size: self.size,
+        })
     }
 
     /// Reads up to `out.len()` bytes at `off`: all of them unless the file
@@ -855,19 +850,8 @@ impl File {
         if self.pending_overlaps(off, off + n as u64) {
             self.drain()?;
         }
-        let sequential = off == self.reader.last_end;
-        let mut done = 0;
-        while done < n {
-            let at = off + done as u64;
-            let (start, piece) = self.piece(at, sequential)?;
-            let within = (at - start) as usize;
-            let k = (n - done).min(piece.len() - within);
-            out[done..done + k].copy_from_slice(&piece[within..within + k]);
-            done += k;
-            drop(piece);
-            self.reader.consumed(start, k);
-        }
-        self.reader.last_end = off + n as u64;
+        self.prepare();
+        self.reader.read_into(off, &mut out[..n])?;
         Ok(n)
     }
 
@@ -878,68 +862,25 @@ impl File {
             || self.inflight.iter().any(|f| hit(f.off, f.len))
     }
 
-    /// The piece of the file holding byte `off` and where it starts: from
-    /// the cache, the read-ahead, or the depots.
-    fn piece(&mut self, off: u64, sequential: bool) -> io::Result<(u64, Arc<Vec<u8>>)> {
-        if let Some(p) = self.reader.get(off) {
-            return Ok(p);
+    /// Tells the reader what to fetch from, once the exNode changed (or
+    /// before the first read).
+    fn prepare(&mut self) {
+        if self.reader.lock().source.is_some() {
+            return;
         }
-        // Out of order by a little (the kernel's parallel readahead through
-        // FUSE) is still sequential: the bytes before were just read.
-        let sequential = sequential || (off > 0 && self.reader.find(off - 1).is_some());
-        let ahead = (self.reader.readahead as u64).max(2 * FETCH);
-        let end = self.x.logical_size();
-        let start = off - off % FETCH;
-        let stretch = FETCH.min(end.saturating_sub(start));
-        let mut s = match self.reader.stream.take() {
-            Some(s) if s.next <= off && off < s.end.min(s.next + ahead) => s,
-            Some(s) if !sequential && off < s.next && s.next - off <= ahead => {
-                // A look back just behind the read-ahead (the kernel reads
-                // a page again now and then): fetched on the side, and the
-                // read-ahead goes on.
-                self.reader.stream = Some(s);
-                let mut side = self.fetch(start, stretch)?;
-                return pull(&mut self.reader, &mut side, off);
+        let last_resort = match &self.last_resort {
+            Some(lr) => lr.clone(),
+            None => {
+                let dir = self.directory();
+                let lr = runtime().block_on(crate::directory::last_resort(dir.as_ref(), &self.x));
+                self.last_resort.insert(lr).clone()
             }
-            // Sequential: the rest of the file; random: this stretch alone.
-            _ if sequential => self.fetch(start, end.saturating_sub(start))?,
-            _ => self.fetch(start, stretch)?,
         };
-        let got = pull(&mut self.reader, &mut s, off);
-        if got.is_ok() && s.next < s.end {
-            self.reader.stream = Some(s);
-        }
-        got
-    }
-
-    /// Starts downloading `[start, start+len)` into a bounded channel of
-    /// pieces, each handed over in the buffer it was read into.
-    fn fetch(&mut self, start: u64, len: u64) -> io::Result<Stream> {
-        if self.last_resort.is_none() {
-            let dir = self.directory();
-            let lr = runtime().block_on(crate::directory::last_resort(dir.as_ref(), &self.x));
-            self.last_resort = Some(lr);
-        }
-        let opts = DownloadOptions {
-            offset: start,
-            length: Some(len),
-            last_resort: self.last_resort.clone().unwrap_or_default(),
-            ..DownloadOptions::default()
-        };
-        let (tx, rx) = mpsc::channel((self.reader.readahead as u64 / STREAM_PIECE).max(1) as usize);
-        let buffers = self.reader.buffers.clone();
-        let x = self.x.clone();
-        let pool = self.pool.clone();
-        let task = runtime().spawn(async move {
-            let out = Output::Pieces { tx, buffers };
-            download(&x, out, &opts, pool, Arc::new(NoProgress)).await
-        });
-        Ok(Stream {
-            next: start,
-            end: start + len,
-            rx,
-            task: Some(task),
-        })
+        self.reader.lock().source = Some(Arc::new(Source {
+            x: self.x.clone(),
+            pool: self.pool.clone(),
+            last_resort,
+        }));
     }
 
     /// Writes at the position (at the end with `append`).
@@ -1055,36 +996,299 @@ impl std::fmt::Debug for File {
     }
 }
 
-/// Takes pieces from `s` into the cache until one holds byte `off`, which
-/// must lie in what `s` has still to deliver.
-fn pull(reader: &mut Reader, s: &mut Stream, off: u64) -> io::Result<(u64, Arc<Vec<u8>>)> {
-    loop {
-        let at = s.next;
-        let left = s.end.saturating_sub(at);
-        if left == 0 {
-            return Err(io::Error::new(
-                ErrorKind::UnexpectedEof,
-                "the exNode ends early",
-            ));
+/// The reads of a file opened read-only, for many threads at once (the
+/// FUSE mount's threads read a file so): each waits only for its own
+/// bytes, so a read waiting on the network holds back none whose bytes are
+/// cached or arrive sooner. From [`File::reads`]; clones share the cache
+/// and the read-ahead.
+///
+/// ```no_run
+/// let mut f = lors::xio::File::open("video.xnd")?;
+/// let reads = f.reads()?;
+/// let other = reads.clone();
+/// let t = std::thread::spawn(move || other.read_with(1 << 20, 4096, |b| b.len()));
+/// assert_eq!(reads.read_with(0, 4096, |b| b.to_vec())?.len(), 4096);
+/// t.join().unwrap()?;
+/// # Ok::<(), std::io::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct Reads {
+    shared: Arc<Shared>,
+    size: u64,
+}
+
+impl Reads {
+    /// As [`File::read_with`]: up to `len` bytes at `offset` (fewer only at
+    /// the end of the file), handed to `f` in place when they lie in one
+    /// piece of the cache.
+    pub fn read_with<R>(
+        &self,
+        offset: u64,
+        len: usize,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> io::Result<R> {
+        let n = len.min(self.size.saturating_sub(offset).min(usize::MAX as u64) as usize);
+        self.shared.read_with(offset, n, f)
+    }
+
+    /// The file's size.
+    pub fn len(&self) -> u64 {
+        self.size
+    }
+
+    /// Whether the file is empty.
+    pub fn is_empty(&self) -> bool {
+        self.size == 0
+    }
+}
+
+impl std::fmt::Debug for Reads {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reads")
+            .field("size", &self.size)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What the read-ahead fetches from: the exNode as the file last had it.
+struct Source {
+    x: ExNode,
+    pool: Arc<Pool>,
+    last_resort: HashSet<String>,
+}
+
+/// The read cache and the read-ahead of an open file, for the threads
+/// reading it. Nobody holds the lock while waiting on the network: the
+/// thread that needs the read-ahead's next piece takes its receiver out,
+/// waits, puts the piece in the cache and gives the receiver back; others
+/// needing bytes the read-ahead is bringing wait for `arrived`, others
+/// still read what is cached.
+struct Shared {
+    state: Mutex<Reader>,
+    /// A piece came in, or a stream failed or changed hands.
+    arrived: Condvar,
+}
+
+impl Shared {
+    fn new(cache: u64, readahead: usize) -> Arc<Shared> {
+        Arc::new(Shared {
+            state: Mutex::new(Reader::new(cache, readahead)),
+            arrived: Condvar::new(),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Reader> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Hands the `n` bytes at `off` (all within the file) to `f`: in place
+    /// when they lie in one piece.
+    fn read_with<R>(&self, off: u64, n: usize, f: impl FnOnce(&[u8]) -> R) -> io::Result<R> {
+        if n == 0 {
+            return Ok(f(&[]));
         }
-        let Some(v) = s.rx.blocking_recv().map(Piece::into_vec) else {
-            // The download stopped: its error says why.
-            return Err(runtime().block_on(s.wait()));
+        let (at, p) = self.piece(off, n)?;
+        let within = (off - at) as usize;
+        if within + n <= p.len() {
+            return Ok(f(&p[within..within + n]));
+        }
+        // Across pieces (the kernel's read-ahead requests rarely line up
+        // with them): gathered in a buffer kept for the next such read, not
+        // zeroed and faulted in anew each time.
+        let mut buf = self.lock().scratch.pop().unwrap_or_default();
+        if buf.len() < n {
+            buf.resize(n, 0);
+        }
+        let k = p.len() - within;
+        buf[..k].copy_from_slice(&p[within..]);
+        drop(p);
+        let r = (self.read_into(off + k as u64, &mut buf[k..n])).map(|()| f(&buf[..n]));
+        let mut st = self.lock();
+        if st.scratch.len() < Reader::SCRATCH {
+            st.scratch.push(buf);
+        }
+        r
+    }
+
+    /// Fills `out` with the bytes at `off` (all within the file).
+    fn read_into(&self, mut off: u64, mut out: &mut [u8]) -> io::Result<()> {
+        while !out.is_empty() {
+            let (at, p) = self.piece(off, out.len())?;
+            let within = (off - at) as usize;
+            let k = out.len().min(p.len() - within);
+            out[..k].copy_from_slice(&p[within..within + k]);
+            off += k as u64;
+            out = &mut out[k..];
+        }
+        Ok(())
+    }
+
+    /// The piece holding byte `off` and where it starts, with the (up to)
+    /// `want` bytes from `off` in it counted as read: from the cache, the
+    /// read-ahead or the depots.
+    fn piece(&self, off: u64, want: usize) -> io::Result<(u64, Arc<Vec<u8>>)> {
+        let mut st = self.lock();
+        // The stream this read waited for, to hear if it failed.
+        let mut waited = None;
+        loop {
+            if let Some(hit) = st.take(off, want) {
+                return Ok(hit);
+            }
+            if let Some((id, e)) = &st.failed
+                && waited == Some(*id)
+            {
+                return Err(copy(e));
+            }
+            let src =
+                (st.source.clone()).ok_or_else(|| io::Error::other("nothing to read from"))?;
+            // Out of order by a little (the kernel's parallel readahead
+            // through FUSE) is still sequential: the bytes before were just
+            // read.
+            let sequential = off == st.last_end || (off > 0 && st.find(off - 1).is_some());
+            let ahead = (st.readahead as u64).max(2 * FETCH);
+            let end = src.x.logical_size();
+            let start = off - off % FETCH;
+            let stretch = FETCH.min(end.saturating_sub(start));
+            if off >= end {
+                return Err(io::Error::new(
+                    ErrorKind::UnexpectedEof,
+                    "the exNode ends early",
+                ));
+            }
+            let (id, mut rx) = match st.stream.as_mut() {
+                Some(s) if s.next <= off && off < s.end.min(s.next + ahead) => match s.rx.take() {
+                    Some(rx) => (s.id, rx),
+                    None => {
+                        // Another reader is taking the read-ahead's next
+                        // piece: it says when one arrives.
+                        waited = Some(s.id);
+                        st = self
+                            .arrived
+                            .wait(st)
+                            .unwrap_or_else(PoisonError::into_inner);
+                        continue;
+                    }
+                },
+                // A look back just behind the read-ahead (the kernel reads
+                // a page again now and then), or a read elsewhere while
+                // another reader waits on the read-ahead: fetched on the
+                // side, and the read-ahead goes on.
+                Some(s)
+                    if s.rx.is_none() || !sequential && off < s.next && s.next - off <= ahead =>
+                {
+                    let side = st.fetch(&src, start, stretch);
+                    let epoch = st.epoch;
+                    drop(st);
+                    return self.side(epoch, side, off, want);
+                }
+                _ => {
+                    // Sequential: the rest of the file; random: this
+                    // stretch alone.
+                    let len = if sequential {
+                        end.saturating_sub(start)
+                    } else {
+                        stretch
+                    };
+                    st.stream = Some(st.fetch(&src, start, len));
+                    continue;
+                }
+            };
+            // The next piece, waited for without the lock.
+            drop(st);
+            let got = rx.blocking_recv();
+            st = self.lock();
+            let Some(s) = st.stream.as_mut().filter(|s| s.id == id) else {
+                // The file changed meanwhile: look again.
+                continue;
+            };
+            let piece = match got {
+                Some(p) => match misfit(s.next, s.end, &p) {
+                    None => p,
+                    Some(e) => return Err(self.fail(st, id, Some(e))),
+                },
+                None => return Err(self.fail(st, id, None)),
+            };
+            let at = s.next;
+            s.next += piece.len() as u64;
+            if s.next < s.end {
+                s.rx = Some(rx);
+            } else {
+                st.stream = None;
+            }
+            st.put(at, Arc::new(piece.into_vec()));
+            self.arrived.notify_all();
+        }
+    }
+
+    /// Ends the read-ahead `id` with an error (`None`: the download's
+    /// own), which every reader waiting for it gets too.
+    fn fail(&self, mut st: MutexGuard<'_, Reader>, id: u64, e: Option<io::Error>) -> io::Error {
+        let s = st.stream.take();
+        drop(st);
+        let e = match (e, s) {
+            (Some(e), _) => e,
+            (None, Some(mut s)) => runtime().block_on(s.wait()),
+            (None, None) => io::Error::other("the read-ahead is gone"),
         };
-        if v.is_empty() || v.len() as u64 > left {
-            return Err(io::Error::other(format!(
-                "the read-ahead delivered {} bytes at {at} with {left} left",
-                v.len()
-            )));
+        self.lock().failed = Some((id, copy(&e)));
+        self.arrived.notify_all();
+        e
+    }
+
+    /// Takes the pieces of `side` into the cache (unless the file changed
+    /// since `epoch`) until one holds `off`.
+    fn side(
+        &self,
+        epoch: u64,
+        mut side: Stream,
+        off: u64,
+        want: usize,
+    ) -> io::Result<(u64, Arc<Vec<u8>>)> {
+        let mut rx = side.rx.take().expect("a new stream");
+        loop {
+            let Some(piece) = rx.blocking_recv() else {
+                return Err(runtime().block_on(side.wait()));
+            };
+            let at = side.next;
+            if let Some(e) = misfit(at, side.end, &piece) {
+                return Err(e);
+            }
+            side.next += piece.len() as u64;
+            let p = Arc::new(piece.into_vec());
+            let mut st = self.lock();
+            if st.epoch == epoch {
+                st.put(at, p.clone());
+                self.arrived.notify_all();
+            }
+            // The pieces come in order from the start of the stretch, at or
+            // before `off`: the first to reach past `off` holds it.
+            if off < side.next {
+                if st.epoch == epoch {
+                    st.served(at, &p, off, want);
+                }
+                return Ok((at, p));
+            }
         }
-        s.next += v.len() as u64;
-        let v = Arc::new(v);
-        reader.put(at, v.clone());
-        // The pieces come in order from where the stream started, at or
-        // before `off`: the first to reach past `off` holds it.
-        if off < s.next {
-            return Ok((at, v));
-        }
+    }
+}
+
+/// What is wrong with a piece a stream delivered at `at` (of `end`), if
+/// anything.
+fn misfit(at: u64, end: u64, p: &Piece) -> Option<io::Error> {
+    let left = end.saturating_sub(at);
+    (p.is_empty() || p.len() as u64 > left).then(|| {
+        io::Error::other(format!(
+            "the read-ahead delivered {} bytes at {at} with {left} left",
+            p.len()
+        ))
+    })
+}
+
+/// Another reader's copy of an error.
+fn copy(e: &io::Error) -> io::Error {
+    match e.raw_os_error() {
+        Some(n) => io::Error::from_raw_os_error(n),
+        None => io::Error::new(e.kind(), e.to_string()),
     }
 }
 
@@ -1113,8 +1317,17 @@ struct Reader {
     /// Where the read-ahead takes its buffers from and dropped pieces go
     /// back to.
     buffers: Arc<Buffers>,
-    /// See [`File::read_with`].
-    scratch: Vec<u8>,
+    /// See [`Shared::read_with`].
+    scratch: Vec<Vec<u8>>,
+    /// What to fetch from; `None` once the file changed, until the next
+    /// read.
+    source: Option<Arc<Source>>,
+    /// The last stream to fail and why, for the readers that waited on it.
+    failed: Option<(u64, io::Error)>,
+    /// Streams started, to tell them apart.
+    streams: u64,
+    /// Times the file changed: a piece fetched before is not cached.
+    epoch: u64,
 }
 
 impl Reader {
@@ -1123,6 +1336,8 @@ impl Reader {
     const SPARE: usize = 16;
     /// Bytes of pieces read whole kept for a look back.
     const BEHIND: u64 = 16 << 20;
+    /// Gathering buffers kept: one per reader thread of a FUSE mount.
+    const SCRATCH: usize = 4;
 
     fn new(cache: u64, readahead: usize) -> Reader {
         Reader {
@@ -1137,6 +1352,52 @@ impl Reader {
             readahead,
             buffers: Arc::new(Buffers::new(Self::SPARE)),
             scratch: Vec::new(),
+            source: None,
+            failed: None,
+            streams: 0,
+            epoch: 0,
+        }
+    }
+
+    /// The cached piece holding byte `off`, with the (up to) `want` bytes
+    /// from `off` in it counted as read.
+    fn take(&mut self, off: u64, want: usize) -> Option<(u64, Arc<Vec<u8>>)> {
+        let (at, p) = self.get(off)?;
+        self.served(at, &p, off, want);
+        Some((at, p))
+    }
+
+    /// The bytes from `off` in the piece `p` at `at`, up to `want`, were
+    /// read.
+    fn served(&mut self, at: u64, p: &[u8], off: u64, want: usize) {
+        let k = want.min(p.len() - (off - at) as usize);
+        self.consumed(at, k);
+        self.last_end = off + k as u64;
+    }
+
+    /// Starts downloading `[start, start+len)` of `src` into a bounded
+    /// channel of pieces, each handed over in the buffer it was read into.
+    fn fetch(&mut self, src: &Arc<Source>, start: u64, len: u64) -> Stream {
+        let opts = DownloadOptions {
+            offset: start,
+            length: Some(len),
+            last_resort: src.last_resort.clone(),
+            ..DownloadOptions::default()
+        };
+        let (tx, rx) = mpsc::channel((self.readahead as u64 / STREAM_PIECE).max(1) as usize);
+        let buffers = self.buffers.clone();
+        let src = src.clone();
+        let task = runtime().spawn(async move {
+            let out = Output::Pieces { tx, buffers };
+            download(&src.x, out, &opts, src.pool.clone(), Arc::new(NoProgress)).await
+        });
+        self.streams += 1;
+        Stream {
+            id: self.streams,
+            next: start,
+            end: start + len,
+            rx: Some(rx),
+            task: Some(task),
         }
     }
 
@@ -1242,16 +1503,20 @@ impl Reader {
         self.passed_bytes = 0;
         self.bytes = 0;
         self.stream = None;
+        self.source = None;
+        self.epoch += 1;
     }
 }
 
 /// A download running into a pipe, read piece by piece.
 struct Stream {
+    id: u64,
     /// Where the next piece to arrive starts.
     next: u64,
     /// One past the last byte.
     end: u64,
-    rx: mpsc::Receiver<Piece>,
+    /// Taken out by the reader waiting for the next piece.
+    rx: Option<mpsc::Receiver<Piece>>,
     task: Option<JoinHandle<crate::Result<Stats>>>,
 }
 

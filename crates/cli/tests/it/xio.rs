@@ -195,6 +195,130 @@ fn seeks_overwrites_rdwr_and_random_reads() {
     }
 }
 
+/// Bytes with no period, so a piece served at the wrong offset shows.
+fn noise(len: usize) -> Vec<u8> {
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// A file's shared reads (the FUSE mount's threads use them): threads
+/// reading at once, out of order, each get their own bytes; a read whose
+/// block is stuck on an unresponsive depot holds back none of the others.
+#[test]
+fn shared_reads_serve_threads_at_once_and_wait_only_for_their_own_bytes() {
+    let dir = tempdir();
+    let d1 = DepotProc::start(&dir.path().join("d1"), &[]);
+    let d2 = DepotProc::start(&dir.path().join("d2"), &[]);
+    let path = dir.path().join("f.xnd");
+    let p = path.to_str().unwrap();
+    let model = noise(12 * MIB + 777);
+    let mut f = writer(&[&d1, &d2], 1).open(p).unwrap();
+    f.write_all(&model).unwrap();
+    f.close().unwrap();
+
+    // Four threads, each a sequential scan of its own quarter in requests
+    // of varied sizes, plus one reading the whole file backwards.
+    let reads = reader().open(p).unwrap().reads().unwrap();
+    let model = std::sync::Arc::new(model);
+    let quarter = model.len() / 4;
+    let mut threads = Vec::new();
+    for t in 0..5 {
+        let (reads, model) = (reads.clone(), model.clone());
+        threads.push(std::thread::spawn(move || {
+            let sizes = [4096, 131072, 1000, MIB];
+            let (mut off, end) = match t {
+                4 => (0, model.len()),
+                _ => (t * quarter, (t + 1) * quarter),
+            };
+            let mut spans = Vec::new();
+            let mut i = t;
+            while off < end {
+                let len = sizes[i % sizes.len()].min(end - off);
+                spans.push((off, len));
+                off += len;
+                i += 1;
+            }
+            if t == 4 {
+                spans.reverse();
+            }
+            for (off, len) in spans {
+                let got = reads.read_with(off as u64, len, |b| b.to_vec()).unwrap();
+                assert!(got == model[off..off + len], "thread {t} at {off}+{len}");
+            }
+        }));
+    }
+    for t in threads {
+        t.join().unwrap();
+    }
+    // Past the end: nothing; across it: what there is.
+    let n = model.len() as u64;
+    assert_eq!(reads.read_with(n, 4096, |b| b.len()).unwrap(), 0);
+    assert_eq!(reads.read_with(n - 10, 4096, |b| b.len()).unwrap(), 10);
+
+    // The last block's copy moved to a depot that takes connections and
+    // never answers.
+    let hole = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = hole.local_addr().unwrap().port();
+    let mut x = lors::xnd::load(&path).unwrap();
+    let last = (x.mappings.iter_mut())
+        .max_by_key(|m| m.exnode_offset)
+        .unwrap();
+    let tail = last.exnode_offset as usize;
+    for cap in [&mut last.read, &mut last.write, &mut last.manage] {
+        cap.as_mut().unwrap().port = port;
+    }
+    let stuck = dir.path().join("stuck.xnd");
+    lors::xnd::save(&stuck, &x).unwrap();
+    let reads = reader()
+        .open(stuck.to_str().unwrap())
+        .unwrap()
+        .reads()
+        .unwrap();
+    // Reading from the start sets the read-ahead going through the file.
+    assert!(reads.read_with(0, 4096, |b| b == &model[..4096]).unwrap());
+    let (started, waiting) = std::sync::mpsc::channel();
+    let blocked = {
+        let reads = reads.clone();
+        std::thread::spawn(move || {
+            started.send(()).unwrap();
+            reads.read_with(tail as u64, 4096, |b| b.to_vec())
+        })
+    };
+    waiting.recv().unwrap();
+    hole.set_nonblocking(true).unwrap();
+    let asked = std::time::Instant::now();
+    let conn = loop {
+        match hole.accept() {
+            Ok((c, _)) => break c,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                assert!(
+                    asked.elapsed().as_secs() < 30,
+                    "nobody asked for the stuck block"
+                );
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    // Bytes before the stuck block are read while that read still waits.
+    let at = tail - 3 * MIB;
+    let got = reads.read_with(at as u64, MIB, |b| b.to_vec()).unwrap();
+    assert!(got == model[at..at + MIB]);
+    assert!(!blocked.is_finished(), "the stuck block's read waits on");
+    // The stuck depot gone, its read fails (no other copy): EIO.
+    drop((conn, hole));
+    let e = blocked.join().unwrap().unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Other, "{e}");
+}
+
 #[test]
 fn overwriting_and_truncating_encoded_blocks_of_an_uploaded_file() {
     let dir = tempdir();

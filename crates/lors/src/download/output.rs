@@ -262,6 +262,16 @@ pub struct Piece {
 }
 
 impl Piece {
+    /// How many bytes.
+    pub fn len(&self) -> usize {
+        self.data.len()
+    }
+
+    /// Whether it holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.data.is_empty()
+    }
+
     /// The bytes, no longer counted against the download's memory.
     pub fn into_vec(self) -> Vec<u8> {
         self.data
