@@ -133,11 +133,11 @@ pub fn run(
 /// requests, so a reader of small blocks waits on each round trip through
 /// the server (on the bench's loopback 4 KiB reads ran at 0.58 of a bulk
 /// download; 1 MiB or 4 MiB of read-ahead did better, alike within the
-/// noise). Not more than 1 MiB: with 4 MiB four 1 MiB requests
-/// are in flight, and the one for the far end of the window, holding the
-/// file while its bytes cross a slow link, keeps the nearer ones waiting
-/// though their bytes are in — a 15 Mbit/s player on a 20 Mbit/s link
-/// stalled in every run (none with 1 MiB), for no gain on loopback.
+/// noise). Kept at 1 MiB: 4 MiB gained nothing on loopback, and while a
+/// read held the file until its bytes had crossed the link, a 15 Mbit/s
+/// player on 20 Mbit/s links stalled in every run with it. Now that reads
+/// wait only for their own bytes, 4 MiB and 1 MiB alike stall about one
+/// run in three or fewer, as the feeds that bypass the kernel do.
 pub const KERNEL_READAHEAD_KB: u32 = 1024;
 
 /// Sets the kernel read-ahead of the file system mounted on `mountpoint`

@@ -262,15 +262,15 @@ fn shared_reads_serve_threads_at_once_and_wait_only_for_their_own_bytes() {
     assert_eq!(reads.read_with(n, 4096, |b| b.len()).unwrap(), 0);
     assert_eq!(reads.read_with(n - 10, 4096, |b| b.len()).unwrap(), 10);
 
-    // The last block's copy moved to a depot that takes connections and
-    // never answers.
+    // The last whole block's copy moved to a depot that takes connections
+    // and never answers.
     let hole = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = hole.local_addr().unwrap().port();
     let mut x = lors::xnd::load(&path).unwrap();
+    let tail = 11 * MIB;
     let last = (x.mappings.iter_mut())
-        .max_by_key(|m| m.exnode_offset)
+        .find(|m| m.exnode_offset == tail as u64 && m.logical_length == MIB as u64)
         .unwrap();
-    let tail = last.exnode_offset as usize;
     for cap in [&mut last.read, &mut last.write, &mut last.manage] {
         cap.as_mut().unwrap().port = port;
     }
@@ -283,14 +283,20 @@ fn shared_reads_serve_threads_at_once_and_wait_only_for_their_own_bytes() {
         .unwrap();
     // Reading from the start sets the read-ahead going through the file.
     assert!(reads.read_with(0, 4096, |b| b == &model[..4096]).unwrap());
+    // Two reads in the stuck block: one takes the read-ahead's next piece
+    // and waits on the depot, the other waits for it.
     let (started, waiting) = std::sync::mpsc::channel();
-    let blocked = {
-        let reads = reads.clone();
-        std::thread::spawn(move || {
-            started.send(()).unwrap();
-            reads.read_with(tail as u64, 4096, |b| b.to_vec())
+    let blocked: Vec<_> = [tail, tail + MIB / 2]
+        .into_iter()
+        .map(|off| {
+            let (reads, started) = (reads.clone(), started.clone());
+            std::thread::spawn(move || {
+                started.send(()).unwrap();
+                reads.read_with(off as u64, 4096, |b| b.to_vec())
+            })
         })
-    };
+        .collect();
+    waiting.recv().unwrap();
     waiting.recv().unwrap();
     hole.set_nonblocking(true).unwrap();
     let asked = std::time::Instant::now();
@@ -312,11 +318,16 @@ fn shared_reads_serve_threads_at_once_and_wait_only_for_their_own_bytes() {
     let at = tail - 3 * MIB;
     let got = reads.read_with(at as u64, MIB, |b| b.to_vec()).unwrap();
     assert!(got == model[at..at + MIB]);
-    assert!(!blocked.is_finished(), "the stuck block's read waits on");
-    // The stuck depot gone, its read fails (no other copy): EIO.
+    assert!(
+        blocked.iter().all(|t| !t.is_finished()),
+        "the stuck block's reads wait on"
+    );
+    // The stuck depot gone, both its reads fail (no other copy): EIO.
     drop((conn, hole));
-    let e = blocked.join().unwrap().unwrap_err();
-    assert_eq!(e.kind(), ErrorKind::Other, "{e}");
+    for t in blocked {
+        let e = t.join().unwrap().unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Other, "{e}");
+    }
 }
 
 #[test]
