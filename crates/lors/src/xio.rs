@@ -47,7 +47,7 @@ use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::io::{self, ErrorKind, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use lors_exnode::{ExNode, Mapping, Metadata as Meta};
 use tokio::runtime::Runtime;
@@ -586,6 +586,8 @@ impl File {
         self.dirty = true;
         self.modified = Some(SystemTime::now());
         self.reader.lock().invalidate();
+        // Readers waiting for a stream that is gone look again.
+        self.reader.arrived.notify_all();
     }
 
     fn check_writable(&self) -> io::Result<()> {
@@ -1104,7 +1106,7 @@ impl Shared {
         drop(p);
         let r = (self.read_into(off + k as u64, &mut buf[k..n])).map(|()| f(&buf[..n]));
         let mut st = self.lock();
-        if st.scratch.len() < Reader::SCRATCH {
+        if st.scratch.len() < Reader::SCRATCH && buf.len() <= Reader::SCRATCH_MAX {
             st.scratch.push(buf);
         }
         r
@@ -1161,11 +1163,12 @@ impl Shared {
                     None => {
                         // Another reader is taking the read-ahead's next
                         // piece: it says when one arrives.
+                        // (Looked at again now and then all the same: a
+                        // missed wake-up costs a second, not a hang.)
                         waited = Some(s.id);
-                        st = self
-                            .arrived
-                            .wait(st)
-                            .unwrap_or_else(PoisonError::into_inner);
+                        st = (self.arrived.wait_timeout(st, Duration::from_secs(1)))
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .0;
                         continue;
                     }
                 },
@@ -1336,8 +1339,11 @@ impl Reader {
     const SPARE: usize = 16;
     /// Bytes of pieces read whole kept for a look back.
     const BEHIND: u64 = 16 << 20;
-    /// Gathering buffers kept: one per reader thread of a FUSE mount.
+    /// Gathering buffers kept: one per reader thread of a FUSE mount, of
+    /// up to a FUSE request's size or so (a caller asking for more gets a
+    /// buffer of its own).
     const SCRATCH: usize = 4;
+    const SCRATCH_MAX: usize = 4 << 20;
 
     fn new(cache: u64, readahead: usize) -> Reader {
         Reader {
