@@ -819,11 +819,8 @@ impl File {
         if !self.readable {
             return Err(io::Error::from_raw_os_error(EBADF));
         }
-        let n = len.min(self.size.saturating_sub(offset).min(usize::MAX as u64) as usize);
-        if self.pending_overlaps(offset, offset + n as u64) {
-            self.drain()?;
-        }
-        self.prepare();
+        let n = clip(self.size, offset, len);
+        self.ready(offset, n)?;
         self.reader.read_with(offset, n, f)
     }
 
@@ -843,18 +840,24 @@ impl File {
     /// Reads up to `out.len()` bytes at `off`: all of them unless the file
     /// ends first. (Also for a writer's own use: no access check.)
     fn read_at(&mut self, off: u64, out: &mut [u8]) -> io::Result<usize> {
-        if off >= self.size || out.is_empty() {
+        let n = clip(self.size, off, out.len());
+        if n == 0 {
             return Ok(0);
         }
-        let n = out
-            .len()
-            .min((self.size - off).min(usize::MAX as u64) as usize);
+        self.ready(off, n)?;
+        self.reader.read_into(off, &mut out[..n])?;
+        Ok(n)
+    }
+
+    /// Makes the `n` bytes at `off` readable from the depots: stores them
+    /// first if they are still buffered or being stored, and gives the
+    /// reader the exNode as it is now.
+    fn ready(&mut self, off: u64, n: usize) -> io::Result<()> {
         if self.pending_overlaps(off, off + n as u64) {
             self.drain()?;
         }
         self.prepare();
-        self.reader.read_into(off, &mut out[..n])?;
-        Ok(n)
+        Ok(())
     }
 
     /// Buffered or being-stored bytes in `[a, b)`.
@@ -1029,8 +1032,8 @@ impl Reads {
         len: usize,
         f: impl FnOnce(&[u8]) -> R,
     ) -> io::Result<R> {
-        let n = len.min(self.size.saturating_sub(offset).min(usize::MAX as u64) as usize);
-        self.shared.read_with(offset, n, f)
+        self.shared
+            .read_with(offset, clip(self.size, offset, len), f)
     }
 
     /// The file's size.
@@ -1285,6 +1288,11 @@ fn misfit(at: u64, end: u64, p: &Piece) -> Option<io::Error> {
             p.len()
         ))
     })
+}
+
+/// How many of `len` bytes at `off` a file of `size` bytes holds.
+fn clip(size: u64, off: u64, len: usize) -> usize {
+    len.min(size.saturating_sub(off).min(usize::MAX as u64) as usize)
 }
 
 /// Another reader's copy of an error.
