@@ -91,7 +91,9 @@ pub fn run(
     if opts.allow_other {
         cfg.acl = SessionACL::All;
     }
-    // Reads of different files proceed together; each file serializes its own.
+    // Requests proceed together: the kernel's read-ahead for one file comes
+    // as several at once, and a read-only file's reads do not wait for each
+    // other (writable files serialize on their handle).
     cfg.n_threads = Some(4);
     let session = fuser::spawn_mount(fs, mountpoint, &cfg)?;
     if let Err(e) = raise_readahead(mountpoint, KERNEL_READAHEAD_KB) {
