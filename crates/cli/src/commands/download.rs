@@ -50,8 +50,8 @@ pub struct Args {
     /// busy to the end of the transfer.
     #[arg(short = 'b', long = "block-size", value_parser = block_size_arg)]
     block_size: Option<u64>,
-    /// Connections per depot [default: tuned per depot from its measured
-    /// throughput, 4 or 8]
+    /// Connections per depot [default: 8, halved for a depot each time it
+    /// says it is busy]
     #[arg(short = 'a', long = "connections", value_parser = clap::value_parser!(u16).range(1..=256))]
     connections: Option<u16>,
     /// Fetches in flight across all depots [default: threads=, else

@@ -90,7 +90,11 @@ pub(super) async fn worker(
             mem = None;
         }
         let (offset, len) = ctx.lock().sched.piece(piece);
+        let began = Instant::now();
         let fetched = fetch(&ctx, &depot, m, offset, len, out.as_deref()).await;
+        // One line per fetch at -vvv: how long each piece took on which
+        // connection is what shows a straggling connection.
+        tracing::trace!(%depot, conn, offset, len, ms = began.elapsed().as_millis(), ok = fetched.is_ok(), "fetched");
         let got = match fetched {
             Ok(g) => g,
             Err(Fail::Local(e)) => return ctx.fatal(e),

@@ -40,7 +40,7 @@ mod tune;
 pub use output::{Buffers, Piece, partial_path, record_path};
 use output::{Held, OutFile, Sink};
 use sched::{Event, Sched};
-pub use tune::{AUTO_MAX, AUTO_START};
+pub use tune::AUTO_CONNECTIONS;
 
 /// Largest piece of a stream (ordered output): see [`sched::STREAM_HORIZON`].
 pub const STREAM_PIECE: u64 = 256 << 10;
@@ -54,8 +54,8 @@ pub struct DownloadOptions {
     pub length: Option<u64>,
     /// Largest segment fetched in one LOAD.
     pub block_size: u64,
-    /// Parallel connections per depot; 0 = tuned per depot from measured
-    /// throughput (see [`AUTO_START`], [`AUTO_MAX`]).
+    /// Parallel connections per depot; 0 = [`AUTO_CONNECTIONS`], halved
+    /// for a depot each time it says it is busy.
     pub conns_per_depot: usize,
     /// Fetch stragglers again from another replica when idle.
     pub hedge: bool,
@@ -394,7 +394,7 @@ pub async fn download(
     };
     let mut workers = tokio::task::JoinSet::new();
     let per_depot = match opts.conns_per_depot {
-        0 => AUTO_MAX,
+        0 => AUTO_CONNECTIONS,
         n => n,
     };
     for d in 0..depots {
@@ -447,8 +447,9 @@ pub async fn download(
     })
 }
 
-/// Waits for the workers, checking for stalls when one may have happened
-/// and stopping the stragglers once every piece is settled: a connect or
+/// Waits for the workers, checking for stalls when one may have happened,
+/// waking idle connections when a piece in flight becomes a straggler they
+/// may fetch again, and stopping the stragglers once every piece is settled: a connect or
 /// read timeout on a depot whose pieces other replicas delivered is not
 /// waited out.
 async fn supervise(ctx: &Ctx, workers: &mut tokio::task::JoinSet<()>) {
@@ -460,7 +461,7 @@ async fn supervise(ctx: &Ctx, workers: &mut tokio::task::JoinSet<()>) {
             let mut g = ctx.lock();
             let now = Instant::now();
             g.sched.check_stalls(now);
-            let next = g.sched.next_stall_check(now);
+            let next = g.sched.next_check(now);
             // Only a stall moves pieces here: wake the workers for those alone.
             if ctx.report(g) {
                 ctx.wake.notify_waiters();
@@ -480,7 +481,8 @@ async fn supervise(ctx: &Ctx, workers: &mut tokio::task::JoinSet<()>) {
             j = workers.join_next() => if j.is_none() { return },
             () = &mut notified => {}
             () = ctx.started.notified() => {}
-            () = timer => {}
+            // A piece may have become a straggler: idle connections look again.
+            () = timer => ctx.wake.notify_waiters(),
         }
     }
 }

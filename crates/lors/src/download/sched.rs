@@ -52,6 +52,19 @@ pub const TAIL_PIECE_MIN: u64 = 256 << 10;
 /// estimate: a few pieces' worth, so the first deliveries do not swing it.
 const DRAIN_PRIOR: f64 = (16u64 << 20) as f64;
 
+/// A piece running this many times longer than pieces of its size have
+/// taken so far is a straggler: an idle connection of a depot still busy
+/// with other pieces may fetch it again. Its own connection has likely
+/// fallen behind the others sharing the link (a TCP flow that lost the race
+/// for the link's queue, or sits in retransmission backoff), and waiting
+/// for it can cost a download a third of its time at the end.
+const STRAGGLER_FACTOR: f64 = 2.0;
+/// ... and it has been running at least this long, so a short wobble on a
+/// fast path is not fetched twice.
+const STRAGGLER_MIN: Duration = Duration::from_secs(1);
+/// Pieces timed before the typical fetch time is trusted.
+const STRAGGLER_SAMPLES: u32 = 4;
+
 /// Ordered output: data kept in flight ahead of the writer, as time at the
 /// rate measured so far. Pieces in flight share the links, so the piece the
 /// writer waits for arrives later the more run beside it: sixteen 2 MiB
@@ -64,7 +77,8 @@ pub const STREAM_MIN_AHEAD: u64 = 2 << 20;
 /// How the scheduler hands out work.
 #[derive(Debug, Clone)]
 pub struct Config {
-    /// Connections per depot; 0 = tuned per depot from measured throughput.
+    /// Connections per depot; 0 = [`super::AUTO_CONNECTIONS`], halved for a
+    /// depot each time it says it is busy.
     pub conns_per_depot: usize,
     /// Fetches in flight across all depots; 0 = no cap.
     pub threads: usize,
@@ -241,6 +255,10 @@ pub struct Sched {
     events: Vec<Event>,
     counters: Counters,
     scratch: Vec<DepotId>,
+    /// Seconds per byte a fetch has taken, a moving average over the pieces
+    /// delivered by their only fetch, and how many were timed.
+    secs_per_byte: f64,
+    timed: u32,
 }
 
 impl Sched {
@@ -258,7 +276,7 @@ impl Sched {
                 last_resort: cfg.last_resort.contains(&d),
                 dead: false,
                 stalled: false,
-                tune: (cfg.conns_per_depot == 0).then(|| Tune::new(now)),
+                tune: (cfg.conns_per_depot == 0).then(Tune::new),
                 delivered: None,
                 bytes: 0,
                 running: 0,
@@ -284,6 +302,8 @@ impl Sched {
             events: Vec::new(),
             counters: Counters::default(),
             scratch: Vec::new(),
+            secs_per_byte: 0.0,
+            timed: 0,
         };
         for seg in plan {
             let p = s.pieces.len();
@@ -381,7 +401,7 @@ impl Sched {
             .map(|(d, n)| (n.as_str(), d.bytes))
     }
 
-    /// Connections depot `d` may use now (its tuned level, or the fixed
+    /// Connections depot `d` may use now (its budget, or the fixed
     /// count).
     pub fn level(&self, d: DepotId) -> usize {
         self.depots[d]
@@ -561,7 +581,7 @@ impl Sched {
             .as_ref()
             .is_some_and(|t| conn >= t.level)
         {
-            return Pick::Wait; // a connection the tuner has not opened (yet)
+            return Pick::Wait; // closed after the depot said it is busy
         }
         let limit = match self.cfg.window {
             _ if head_only => self.written + 1,
@@ -618,9 +638,10 @@ impl Sched {
                 mapping: m,
             };
         }
-        // Nothing pending here: help with the oldest straggler, once — but
-        // only with this depot's link idle, or the copy would slow the piece
-        // it is already sending.
+        // Nothing pending here: help with the oldest straggler, once — with
+        // this depot's link idle, or when the piece runs far longer than
+        // pieces of its size do (see [`STRAGGLER_FACTOR`]); otherwise the
+        // copy would only slow the pieces this depot is already sending.
         let idle_here = self.depots[d].running == 0;
         let mut hedge = None;
         for &(_, p) in &self.running {
@@ -629,7 +650,10 @@ impl Sched {
             }
             if let Some(m) = self.usable(p, d) {
                 could_later = true;
-                if self.cfg.hedge && idle_here && self.pieces[p].running_on.len() == 1 {
+                if self.cfg.hedge
+                    && self.pieces[p].running_on.len() == 1
+                    && (idle_here || self.straggles_since(p).is_some_and(|t| t <= now))
+                {
                     hedge = Some((p, m));
                     break;
                 }
@@ -649,6 +673,17 @@ impl Sched {
         } else {
             Pick::Exit
         }
+    }
+
+    /// When running piece `p` becomes a straggler, if the typical fetch
+    /// time is known and nobody has fetched it twice yet.
+    fn straggles_since(&self, p: PieceId) -> Option<Instant> {
+        let s = &self.pieces[p];
+        if s.st != St::Running || s.running_on.len() != 1 || self.timed < STRAGGLER_SAMPLES {
+            return None;
+        }
+        let expected = Duration::from_secs_f64(self.secs_per_byte * s.len as f64);
+        Some(s.started + expected.mul_f64(STRAGGLER_FACTOR).max(STRAGGLER_MIN))
     }
 
     /// How long depot `d` needs for the pieces queued for it, in units
@@ -752,14 +787,15 @@ impl Sched {
     }
 
     /// The depot of mapping `m` said it is busy: the piece goes back to the
-    /// queue without blaming the replica, and an auto-tuned depot gets fewer
-    /// connections. Once a piece has met [`BUSY_MAX`] busy replies, the
+    /// queue without blaming the replica, and a depot not given a fixed
+    /// count gets fewer connections. Once a piece has met [`BUSY_MAX`] busy replies, the
     /// replica that gave the last counts as failed for it. Returns whether
     /// the caller should pause before asking again.
     pub fn busy(&mut self, p: PieceId, m: usize, why: &str) -> bool {
         let d = self.depot_of[m];
         if let Some(t) = &mut self.depots[d].tune {
             t.back_off();
+            tracing::debug!(depot = %self.names[d], to = t.level, "busy depot: fewer connections");
         }
         self.pieces[p].busy += 1;
         if self.pieces[p].busy > BUSY_MAX {
@@ -786,6 +822,9 @@ impl Sched {
             self.depots[d].stalled = false;
             self.events.push(Event::Recovered { depot: d });
         }
+        // Only a piece's sole fetch times the typical fetch: a hedged copy
+        // started later than the piece did.
+        let sole = self.pieces[p].running_on == [m];
         self.stop_running(p, m);
         let (st, started, len) = (
             self.pieces[p].st,
@@ -796,6 +835,18 @@ impl Sched {
             St::Done => return false,
             St::Running => {
                 self.running.remove(&(started, p));
+                if sole && len > 0 {
+                    let spb = now.saturating_duration_since(started).as_secs_f64() / len as f64;
+                    // The first pieces set it; later ones move it by an
+                    // eighth, so the estimate follows a link that speeds up
+                    // or slows down without one piece swinging it.
+                    self.secs_per_byte = if self.timed == 0 {
+                        spb
+                    } else {
+                        self.secs_per_byte + (spb - self.secs_per_byte) / 8.0
+                    };
+                    self.timed += 1;
+                }
             }
             // Moved off a stalled depot, which then delivered it after all.
             St::Pending => {
@@ -806,15 +857,7 @@ impl Sched {
         self.pieces[p].st = St::Done;
         self.done += 1;
         self.counters.bytes += len;
-        let depot = &mut self.depots[d];
-        depot.bytes += len;
-        if let Some(t) = &mut depot.tune {
-            let before = t.level;
-            t.delivered(len, now);
-            if t.level != before {
-                tracing::debug!(depot = %self.names[d], from = before, to = t.level, "connections re-tuned");
-            }
-        }
+        self.depots[d].bytes += len;
         true
     }
 
@@ -892,15 +935,24 @@ impl Sched {
         Some(depot.delivered.unwrap_or(self.t0).max(oldest))
     }
 
-    /// When [`Sched::check_stalls`] may next find a stall without anything
-    /// else happening first; `None` when only a delivery could make one.
-    pub fn next_stall_check(&self, now: Instant) -> Option<Instant> {
-        if self.cfg.stall.is_zero() {
-            return None;
-        }
-        (0..self.depots.len())
-            .filter_map(|d| self.silent_since(d))
-            .map(|t| t + self.cfg.stall)
+    /// When [`Sched::check_stalls`] may next find a stall, or a piece in
+    /// flight becomes a straggler an idle connection may fetch again,
+    /// without anything else happening first; `None` when only a delivery
+    /// could change anything. The caller checks stalls and lets idle
+    /// connections pick again then.
+    pub fn next_check(&self, now: Instant) -> Option<Instant> {
+        let stall = (!self.cfg.stall.is_zero()).then(|| {
+            (0..self.depots.len())
+                .filter_map(|d| self.silent_since(d))
+                .map(|t| t + self.cfg.stall)
+        });
+        let straggle = self.cfg.hedge.then(|| {
+            self.running
+                .iter()
+                .filter_map(|&(_, p)| self.straggles_since(p))
+        });
+        (stall.into_iter().flatten())
+            .chain(straggle.into_iter().flatten())
             .filter(|&t| t > now)
             .min()
     }

@@ -19,6 +19,9 @@ enum Kind {
     Silent,
     /// Says it is busy `n` times, then delivers at `rate`.
     Busy(u32, f64),
+    /// Delivers at `rate` per connection, except its first connection,
+    /// which crawls at `slow` (a flow that lost the race for a shared link).
+    OneSlow { rate: f64, slow: f64 },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,7 +73,7 @@ impl Sim {
         let t0 = Instant::now();
         let names = (0..n).map(|d| format!("depot{d}:6714")).collect();
         let per = match cfg.conns_per_depot {
-            0 => super::super::tune::AUTO_MAX,
+            0 => super::super::tune::AUTO_CONNECTIONS,
             c => c,
         };
         let pieces = plan.len();
@@ -98,11 +101,13 @@ impl Sim {
     }
 
     fn start(&mut self, c: usize, p: PieceId, m: usize) {
-        let d = self.conns[c].expect("live").0;
+        let (d, i) = self.conns[c].expect("live");
         let (_, len) = self.s.piece(p);
         let secs = |rate: f64| Duration::from_secs_f64(len as f64 / rate);
         let (after, outcome) = match self.kinds[d] {
             Kind::Ok(rate) => (secs(rate), Outcome::Claim),
+            Kind::OneSlow { slow, .. } if i == 0 => (secs(slow), Outcome::Claim),
+            Kind::OneSlow { rate, .. } => (secs(rate), Outcome::Claim),
             Kind::Dead => (Duration::from_millis(1), Outcome::Fail(true)),
             Kind::Corrupt(rate) => (secs(rate), Outcome::Fail(false)),
             Kind::Silent => (Duration::from_secs(1 << 30), Outcome::Claim),
@@ -159,9 +164,9 @@ impl Sim {
         self.offer();
         while !self.s.finished() {
             let next = self.in_flight.keys().next().copied();
-            let stall = self.s.next_stall_check(self.now);
-            let stall_first = stall.filter(|&t| next.is_none_or(|(n, _)| t < n));
-            match (next, stall_first) {
+            let check = self.s.next_check(self.now);
+            let check_first = check.filter(|&t| next.is_none_or(|(n, _)| t < n));
+            match (next, check_first) {
                 (_, Some(t)) => {
                     self.now = t;
                     self.s.check_stalls(self.now);
@@ -348,6 +353,42 @@ fn an_idle_depot_hedges_a_straggler_and_the_first_copy_wins() {
 }
 
 #[test]
+fn a_straggling_connection_is_fetched_around_while_its_depot_is_still_busy() {
+    // Each depot's first connection crawls; its second is fast. Both
+    // depots keep a fetch running to the end, so neither is ever idle: the
+    // fast connections must still fetch the crawling pieces from the other
+    // replica once those run far longer than pieces do.
+    let kinds = [Kind::OneSlow {
+        rate: 10e6,
+        slow: 0.1e6,
+    }; 2];
+    let mut sim = Sim::new(fixed(2), &kinds, plan(40, MIB, two_copies));
+    let t = sim.run();
+    sim.assert_tiles(40 * MIB);
+    // Waiting for the crawlers: 1 MiB at 0.1 MB/s = 10.5 s. The fast
+    // connections move the other 38 MiB in 2 s, then fetch the two
+    // crawling pieces again once they run twice the typical 0.1 s.
+    assert!(t < Duration::from_secs(3), "{t:?}");
+    assert_eq!(sim.s.counters().hedged, 2);
+}
+
+#[test]
+fn a_piece_is_not_fetched_twice_for_running_a_little_long() {
+    // A connection at 2/3 of the others' speed is slow, not stuck: its
+    // pieces take 1.5 x the typical time and are never fetched twice. (One
+    // depot holding both copies: it is never idle while that connection
+    // runs, so only the straggler rule could fetch a piece twice.)
+    let kinds = [Kind::OneSlow {
+        rate: 1e6,
+        slow: 0.67e6,
+    }];
+    let mut sim = Sim::new(fixed(2), &kinds, plan(40, MIB, two_copies));
+    sim.run();
+    sim.assert_tiles(40 * MIB);
+    assert_eq!(sim.s.counters().hedged, 0);
+}
+
+#[test]
 fn the_end_game_cuts_the_last_pieces_so_connections_finish_together() {
     let kinds = [Kind::Ok(10e6); 2];
     let mut sim = Sim::new(fixed(4), &kinds, plan(10, 4 * MIB, two_copies));
@@ -479,21 +520,19 @@ fn an_ordered_output_never_runs_ahead_of_its_window() {
 }
 
 #[test]
-fn the_tuner_opens_connections_one_window_at_a_time() {
+fn a_download_not_told_how_many_opens_every_connection_at_once() {
+    // Connections added mid-transfer unsettle the flows already running
+    // (see AUTO_CONNECTIONS): all start together and stay.
     let mut sim = Sim::new(
         Config::default(),
         &[Kind::Ok(10e6)],
         plan(50, MIB, |i| vec![i]),
     );
-    // Before any measurement, connections past the starting level wait.
     sim.offer();
-    let first = sim.fetches.len();
-    assert_eq!(first, super::super::tune::AUTO_START);
+    assert_eq!(sim.fetches.len(), super::super::tune::AUTO_CONNECTIONS);
     sim.run();
     sim.assert_tiles(50 * MIB);
-    // Every piece takes the same time at any level, so one doubling pays
-    // (more in flight) and the depot ends at the top.
-    assert_eq!(sim.s.level(0), super::super::tune::AUTO_MAX);
+    assert_eq!(sim.s.level(0), super::super::tune::AUTO_CONNECTIONS);
 }
 
 #[test]
