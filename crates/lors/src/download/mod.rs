@@ -449,9 +449,9 @@ pub async fn download(
 
 /// Waits for the workers, checking for stalls when one may have happened,
 /// waking idle connections when a piece in flight becomes a straggler they
-/// may fetch again, and stopping the stragglers once every piece is settled: a connect or
-/// read timeout on a depot whose pieces other replicas delivered is not
-/// waited out.
+/// may fetch again, and stopping the stragglers once every piece is
+/// settled: a connect or read timeout on a depot whose pieces other
+/// replicas delivered is not waited out.
 async fn supervise(ctx: &Ctx, workers: &mut tokio::task::JoinSet<()>) {
     loop {
         let notified = ctx.wake.notified();

@@ -788,9 +788,9 @@ impl Sched {
 
     /// The depot of mapping `m` said it is busy: the piece goes back to the
     /// queue without blaming the replica, and a depot not given a fixed
-    /// count gets fewer connections. Once a piece has met [`BUSY_MAX`] busy replies, the
-    /// replica that gave the last counts as failed for it. Returns whether
-    /// the caller should pause before asking again.
+    /// count gets fewer connections. Once a piece has met [`BUSY_MAX`] busy
+    /// replies, the replica that gave the last counts as failed for it.
+    /// Returns whether the caller should pause before asking again.
     pub fn busy(&mut self, p: PieceId, m: usize, why: &str) -> bool {
         let d = self.depot_of[m];
         if let Some(t) = &mut self.depots[d].tune {
