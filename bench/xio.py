@@ -232,15 +232,18 @@ def streaming(lors: Path, exe: Path, d: Path, size: int, rounds: int) -> str:
         lab.stop()
     lines = [f"### Streaming: a player at 15 Mbit/s, {k} depot hosts and the client at {rate} Mbit/s, "
              f"{size >> 20} MiB ({size / play:.1f} s of playback), 2 copies", "",
-             "| feed | start-up s (per round) | stalls (per round) | stalled s (per round) |", "|---|---|---|---|"]
+             "| feed | start-up s (per round) | stalls (per round) | stalled s (per round) | first stall s into playback |",
+             "|---|---|---|---|---|"]
     for name, rs in results.items():
         ok = [x for x in rs if "failed" not in x]
         if len(ok) < len(rs):
-            lines.append(f"| {name} | failed: {next(x['failed'] for x in rs if 'failed' in x)} | | |")
+            lines.append(f"| {name} | failed: {next(x['failed'] for x in rs if 'failed' in x)} | | | |")
             continue
         fmt = lambda key, f: ", ".join(f.format(x[key]) for x in ok)  # noqa: E731
+        first_stall = lambda x: f"{x['first_stall']:.1f}" if x["first_stall"] >= 0 else "-"  # noqa: E731
         lines.append(f"| {name} | {fmt('startup', '{:.2f}')} | {fmt('stalls', '{}')} | "
-                     f"{fmt('stall_seconds', '{:.2f}')} |")
+                     f"{fmt('stall_seconds', '{:.2f}')} | "
+                     f"{', '.join(first_stall(x) for x in ok)} |")
     ideal = buffer / (rate * 1e6 / 8)
     lines += ["", f"Ideal start-up: the 2 MiB buffer at the link's {rate} Mbit/s = {ideal:.2f} s.", ""]
     return "\n".join(lines)

@@ -7,7 +7,9 @@
  *                                       once it is full (or at EOF), then plays
  *                                       RATE bytes/s; a stall is the player
  *                                       finding its buffer empty:
- *                                       {"bytes","seconds","startup","stalls","stall_seconds"}
+ *                                       {"bytes","seconds","startup","stalls",
+ *                                       "stall_seconds","first_stall"} (seconds
+ *                                       into playback; -1 without a stall)
  *
  * PATH is a lors:// URI (IBP through libxio), a local path (a FUSE mount:
  * libxio passes it to the OS) or "-" (standard input, e.g. a pipe from
@@ -70,7 +72,7 @@ int main(int argc, char **argv) {
         if (n == 0) { eof = 1; break; }
         have += n;
     }
-    double start = now(), stalled = 0;
+    double start = now(), stalled = 0, first_stall = -1;
     int stalls = 0;
     /* Playback position at time t: rate x (t - start - stalled). */
     while (!eof) {
@@ -88,12 +90,15 @@ int main(int argc, char **argv) {
             /* The player ran dry while this read was outstanding. */
             double dry = (after - (double)have) / rate;
             stalled += dry;
-            if (dry > 0.02) stalls++;
+            if (dry > 0.02) {
+                if (stalls++ == 0) first_stall = now() - start;
+            }
         }
         have += n;
     }
     double end = now();
-    printf("{\"bytes\":%lld,\"seconds\":%.6f,\"startup\":%.6f,\"stalls\":%d,\"stall_seconds\":%.6f}\n",
-           have, end - t0, start - t0, stalls, stalled);
+    printf("{\"bytes\":%lld,\"seconds\":%.6f,\"startup\":%.6f,\"stalls\":%d,\"stall_seconds\":%.6f,"
+           "\"first_stall\":%.6f}\n",
+           have, end - t0, start - t0, stalls, stalled, first_stall);
     return 0;
 }
