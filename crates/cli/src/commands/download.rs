@@ -59,9 +59,10 @@ pub struct Args {
     #[arg(short = 't', long)]
     threads: Option<usize>,
     /// Most data fetched ahead of the writer when streaming in order
-    /// (-o -), in blocks of -b. Within it a stream keeps about 2 s of data
-    /// in flight at the rate it measures, in pieces of 256 KiB, so the
-    /// bytes the writer needs next are not slowed by many others.
+    /// (-o -), in blocks of -b: a slow reader's cushion. Within it a stream
+    /// keeps about 1 s of data in flight at the rate it measures, in pieces
+    /// of 256 KiB, so the bytes the writer needs next are not slowed by
+    /// many others.
     #[arg(long = "prebuffer", value_name = "BLOCKS", default_value_t = 16)]
     prebuffer: usize,
     /// When streaming (-o -), hold the first SIZE bytes until they are all

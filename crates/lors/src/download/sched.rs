@@ -69,8 +69,14 @@ const STRAGGLER_SAMPLES: u32 = 4;
 /// rate measured so far. Pieces in flight share the links, so the piece the
 /// writer waits for arrives later the more run beside it: sixteen 2 MiB
 /// pieces on a 20 Mbit/s link deliver the first byte in order after 13 s;
-/// two of them after under 2 s.
-pub const STREAM_HORIZON: Duration = Duration::from_secs(2);
+/// two of them after under 2 s. The writer trails the bytes received by
+/// about half of what is in flight, and a player's start-up buffer must
+/// cover that: 2 s on a 20 Mbit/s link is ~5 MB, half of it more than a
+/// 2 MiB buffer, and a 15 Mbit/s player ran dry in its first seconds in a
+/// quarter of the runs (docs/bench/2026-11-24-xio-stream.md), with 1 s in
+/// none of the same runs. Still far longer than a wide-area round trip, so
+/// a path stays full.
+pub const STREAM_HORIZON: Duration = Duration::from_secs(1);
 /// ... and at least this much, before any rate is known.
 pub const STREAM_MIN_AHEAD: u64 = 2 << 20;
 
@@ -249,6 +255,8 @@ pub struct Sched {
     lost: Vec<Lost>,
     /// Ordered output: pieces before this one are written.
     written: usize,
+    /// ... and the writer has begun (a start-up buffer holds it back).
+    writing: bool,
     /// Order keys of re-queued pieces count down from here, ahead of all.
     front: i64,
     t0: Instant,
@@ -297,6 +305,7 @@ impl Sched {
             done: 0,
             lost: Vec::new(),
             written: 0,
+            writing: false,
             front: 0,
             t0: now,
             events: Vec::new(),
@@ -416,11 +425,17 @@ impl Sched {
     }
 
     /// Ordered output: how many pieces from the first unwritten one may be
-    /// fetched — as many as hold [`STREAM_HORIZON`] of data at the rate
-    /// delivered so far (at least [`STREAM_MIN_AHEAD`] bytes, at least one
-    /// piece), at most the window `w`. On a fast path this is the whole
-    /// window after the first pieces; on a slow link the piece the writer
-    /// needs is not slowed by many others sharing the link with it.
+    /// fetched — at most the window `w`; past the pieces already fetched in
+    /// order (a player reading slower than the link: its buffer), as many
+    /// as hold [`STREAM_HORIZON`] of data at the rate delivered so far (at
+    /// least [`STREAM_MIN_AHEAD`] bytes, at least one piece). On a fast
+    /// path this is the whole window after the first pieces; on a slow
+    /// link the piece the writer needs next is not slowed by many others
+    /// sharing the link with it. Pieces fetched past the first one missing
+    /// still count: were each replaced as it arrived, the missing one would
+    /// share the link with a full horizon to the end. Until the writer
+    /// begins, pieces fetched in order count too, so a start-up buffer
+    /// fills without the pieces after it sharing the link.
     fn ahead(&self, w: usize, now: Instant) -> usize {
         let secs = now
             .saturating_duration_since(self.t0)
@@ -428,21 +443,28 @@ impl Sched {
             .max(1e-3);
         let rate = self.counters.bytes as f64 / secs;
         let budget = (rate * STREAM_HORIZON.as_secs_f64()).max(STREAM_MIN_AHEAD as f64);
+        let rest = &self.pieces[self.written.min(self.pieces.len())..];
+        let ready = if self.writing {
+            rest.iter().take_while(|p| p.st == St::Done).count()
+        } else {
+            0
+        };
         let mut sum = 0.0;
-        let mut n = 0;
-        for p in &self.pieces[self.written.min(self.pieces.len())..] {
-            if n >= w || (n > 0 && sum + p.len as f64 > budget) {
+        let mut n = ready;
+        for p in &rest[ready..] {
+            if n >= w || (n > ready && sum + p.len as f64 > budget) {
                 break;
             }
             sum += p.len as f64;
             n += 1;
         }
-        n.max(1)
+        n.clamp(1, w.max(1))
     }
 
     /// Ordered output: pieces before `next` are written, so the window moves.
     pub fn written(&mut self, next: usize) {
         self.written = next;
+        self.writing = true;
     }
 
     fn is_last_resort(&self, d: DepotId) -> bool {

@@ -612,7 +612,38 @@ fn an_ordered_output_keeps_little_in_flight_until_the_rate_says_more_arrives_in_
     claim_all(&mut slow, &first, t);
     slow.written(8);
     assert_eq!(fetch_all(&mut slow, t), (8..16).collect::<Vec<_>>());
-    // A fast path: the same 2 MiB within 10 ms is ~400 MiB in 2 s: the
+    // A 20 Mbit/s link: 2 MiB in 0.7 s is ~2.9 MiB/s, and a second of it
+    // is 11 pieces — not the whole window, or the piece the writer needs
+    // next shares the link with 15 others and a player's buffer runs dry.
+    let mut narrow = new();
+    let first = fetch_all(&mut narrow, t0);
+    let t = t0 + Duration::from_millis(700);
+    claim_all(&mut narrow, &first, t);
+    narrow.written(8);
+    let second = fetch_all(&mut narrow, t);
+    assert_eq!(second, (8..19).collect::<Vec<_>>());
+    // A start-up buffer holds the writer back: what arrived counts, and
+    // the pieces after the buffer do not crowd it.
+    let mut hold = new();
+    assert_eq!(fetch_all(&mut hold, t0), first);
+    claim_all(&mut hold, &first, t);
+    assert_eq!(fetch_all(&mut hold, t), (8..11).collect::<Vec<_>>());
+    // All but the piece the writer waits for arrive: nothing more is
+    // fetched, so that piece gets the link to itself.
+    let mut gap = new();
+    assert_eq!(fetch_all(&mut gap, t0), first);
+    claim_all(&mut gap, &first, t);
+    gap.written(8);
+    assert_eq!(fetch_all(&mut gap, t), second);
+    let t2 = t + Duration::from_millis(900);
+    claim_all(&mut gap, &second[1..], t2);
+    assert_eq!(fetch_all(&mut gap, t2), Vec::<usize>::new());
+    // The player reads slower than the link: fetched pieces wait for the
+    // writer, and the stream fetches on up to the window, not beyond.
+    let t = t + Duration::from_millis(900);
+    claim_all(&mut narrow, &second, t);
+    assert_eq!(fetch_all(&mut narrow, t), (19..24).collect::<Vec<_>>());
+    // A fast path: the same 2 MiB within 10 ms is ~200 MiB in 1 s: the
     // whole window.
     let mut fast = new();
     let first = fetch_all(&mut fast, t0);
