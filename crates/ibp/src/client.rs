@@ -21,6 +21,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use bytes::BufMut;
 use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use tokio::time::timeout;
@@ -399,6 +400,33 @@ impl Connection {
         self.load_header(cap, offset, len).await?;
         for chunk in out.chunks_mut(CHUNK_BYTES) {
             io!(self, "LOAD data", self.stream.read_exact(chunk))?;
+        }
+        Ok(())
+    }
+
+    /// LOAD: appends the `len` bytes at `offset` to `out`, read straight
+    /// into its spare room: a buffer with room for them is neither zeroed
+    /// first nor grown.
+    pub async fn load_buf<B: BufMut>(
+        &mut self,
+        cap: &Capability,
+        offset: u64,
+        len: u64,
+        out: &mut B,
+    ) -> Result<()> {
+        self.load_header(cap, offset, len).await?;
+        let mut left = len;
+        while left > 0 {
+            let room = (&mut *out).limit(usize::try_from(left).unwrap_or(usize::MAX));
+            let n = io!(self, "LOAD data", self.stream.read_buf(&mut { room }))?;
+            if n == 0 {
+                self.healthy = false;
+                return Err(Error::Closed {
+                    addr: self.addr.clone(),
+                    during: "LOAD data",
+                });
+            }
+            left -= n as u64;
         }
         Ok(())
     }

@@ -49,6 +49,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, SystemTime};
 
+use bytes::{Bytes, BytesMut};
 use lors_exnode::{ExNode, Mapping, Metadata as Meta};
 use tokio::runtime::Runtime;
 use tokio::sync::mpsc;
@@ -1131,11 +1132,12 @@ impl Shared {
     /// The piece holding byte `off` and where it starts, with the (up to)
     /// `want` bytes from `off` in it counted as read: from the cache, the
     /// read-ahead or the depots.
-    fn piece(&self, off: u64, want: usize) -> io::Result<(u64, Arc<Vec<u8>>)> {
+    fn piece(&self, off: u64, want: usize) -> io::Result<(u64, Bytes)> {
         let mut st = self.lock();
         // The stream this read waited for, to hear if it failed.
         let mut waited = None;
         loop {
+            st.settle_tail(off);
             if let Some(hit) = st.take(off, want) {
                 return Ok(hit);
             }
@@ -1214,14 +1216,34 @@ impl Shared {
                 },
                 None => return Err(self.fail(st, id, None)),
             };
-            let at = s.next;
-            s.next += piece.len() as u64;
+            let mut done: Vec<(u64, Bytes)> = s.add(piece.into_bytes()).into_iter().collect();
+            // The pieces already waiting join the tail while they lie next
+            // to it in memory (cut in a row from one slab), until the run
+            // holding `off` is whole: a read across its pieces is then
+            // answered in place, not gathered.
+            let mut took = 0;
+            while s.next < s.end
+                && took < 2 * Reader::SLAB
+                && !done
+                    .iter()
+                    .any(|(at, r)| *at <= off && off < at + r.len() as u64)
+            {
+                let Ok(p) = rx.try_recv() else { break };
+                if let Some(e) = misfit(s.next, s.end, &p) {
+                    return Err(self.fail(st, id, Some(e)));
+                }
+                took += p.len();
+                done.extend(s.add(p.into_bytes()));
+            }
             if s.next < s.end {
                 s.rx = Some(rx);
             } else {
+                done.extend(s.tail.take().map(|(at, t)| (at, t.freeze())));
                 st.stream = None;
             }
-            st.put(at, Arc::new(piece.into_vec()));
+            for (at, run) in done {
+                st.put(at, run);
+            }
             self.arrived.notify_all();
         }
     }
@@ -1229,7 +1251,11 @@ impl Shared {
     /// Ends the read-ahead `id` with an error (`None`: the download's
     /// own), which every reader waiting for it gets too.
     fn fail(&self, mut st: MutexGuard<'_, Reader>, id: u64, e: Option<io::Error>) -> io::Error {
-        let s = st.stream.take();
+        let mut s = st.stream.take();
+        // What arrived before is good.
+        if let Some((at, t)) = s.as_mut().and_then(|s| s.tail.take()) {
+            st.put(at, t.freeze());
+        }
         drop(st);
         let e = match (e, s) {
             (Some(e), _) => e,
@@ -1249,7 +1275,7 @@ impl Shared {
         mut side: Stream,
         off: u64,
         want: usize,
-    ) -> io::Result<(u64, Arc<Vec<u8>>)> {
+    ) -> io::Result<(u64, Bytes)> {
         let mut rx = side.rx.take().expect("a new stream");
         loop {
             let Some(piece) = rx.blocking_recv() else {
@@ -1260,7 +1286,7 @@ impl Shared {
                 return Err(e);
             }
             side.next += piece.len() as u64;
-            let p = Arc::new(piece.into_vec());
+            let p = piece.into_bytes().freeze();
             let mut st = self.lock();
             if st.epoch == epoch {
                 st.put(at, p.clone());
@@ -1307,7 +1333,7 @@ fn copy(e: &io::Error) -> io::Error {
 struct Reader {
     /// Pieces of the file as the read-ahead delivered them, by first byte,
     /// with the bytes read from each.
-    pieces: BTreeMap<u64, (Arc<Vec<u8>>, usize)>,
+    pieces: BTreeMap<u64, (Bytes, usize)>,
     /// First bytes of the pieces not yet read whole, least recently used
     /// first.
     order: VecDeque<u64>,
@@ -1342,9 +1368,14 @@ struct Reader {
 }
 
 impl Reader {
-    /// Buffers kept for the read-ahead: what it takes while a reader goes
-    /// through a few pieces.
-    const SPARE: usize = 16;
+    /// Slabs kept for the read-ahead: what it takes while a reader goes
+    /// through a few of them.
+    const SPARE: usize = 4;
+    /// What the read-ahead's pieces are cut from, in a row: the most a run
+    /// of pieces joined again holds. The kernel asks a FUSE mount for up to
+    /// 1 MiB at a time, not aligned to pieces; within a 4 MiB run, three
+    /// requests in four are answered in place.
+    const SLAB: usize = 4 << 20;
     /// Bytes of pieces read whole kept for a look back.
     const BEHIND: u64 = 16 << 20;
     /// Gathering buffers kept: one per reader thread of a FUSE mount, of
@@ -1364,7 +1395,7 @@ impl Reader {
             stream: None,
             last_end: 0,
             readahead,
-            buffers: Arc::new(Buffers::new(Self::SPARE)),
+            buffers: Arc::new(Buffers::slabs(Self::SPARE, Self::SLAB)),
             scratch: Vec::new(),
             source: None,
             failed: None,
@@ -1375,7 +1406,7 @@ impl Reader {
 
     /// The cached piece holding byte `off`, with the (up to) `want` bytes
     /// from `off` in it counted as read.
-    fn take(&mut self, off: u64, want: usize) -> Option<(u64, Arc<Vec<u8>>)> {
+    fn take(&mut self, off: u64, want: usize) -> Option<(u64, Bytes)> {
         let (at, p) = self.get(off)?;
         self.served(at, &p, off, want);
         Some((at, p))
@@ -1411,18 +1442,32 @@ impl Reader {
             next: start,
             end: start + len,
             rx: Some(rx),
+            tail: None,
             task: Some(task),
         }
     }
 
+    /// Puts the read-ahead's tail in the cache if it holds byte `off`.
+    fn settle_tail(&mut self, off: u64) {
+        let Some(s) = self.stream.as_mut() else {
+            return;
+        };
+        if let Some((at, t)) = s
+            .tail
+            .take_if(|(at, t)| *at <= off && off < *at + t.len() as u64)
+        {
+            self.put(at, t.freeze());
+        }
+    }
+
     /// The cached piece holding byte `off` and where it starts.
-    fn find(&self, off: u64) -> Option<(u64, &Arc<Vec<u8>>)> {
+    fn find(&self, off: u64) -> Option<(u64, &Bytes)> {
         let (&at, (p, _)) = self.pieces.range(..=off).next_back()?;
         (off < at + p.len() as u64).then_some((at, p))
     }
 
     /// As [`Reader::find`], marking the piece used.
-    fn get(&mut self, off: u64) -> Option<(u64, Arc<Vec<u8>>)> {
+    fn get(&mut self, off: u64) -> Option<(u64, Bytes)> {
         let (at, p) = self.find(off)?;
         let p = p.clone();
         if self.order.back() != Some(&at) {
@@ -1443,7 +1488,7 @@ impl Reader {
         }
     }
 
-    fn put(&mut self, at: u64, p: Arc<Vec<u8>>) {
+    fn put(&mut self, at: u64, p: Bytes) {
         self.bytes += p.len() as u64;
         if let Some((old, _)) = self.pieces.insert(at, (p, 0)) {
             self.unlink(at, old.len() as u64);
@@ -1501,9 +1546,9 @@ impl Reader {
 
     /// Gives a dropped piece's buffer back to the read-ahead, unless a
     /// caller still holds it.
-    fn recycle(&self, p: Arc<Vec<u8>>) {
-        if let Ok(v) = Arc::try_unwrap(p) {
-            self.buffers.give(v);
+    fn recycle(&self, p: Bytes) {
+        if let Ok(b) = p.try_into_mut() {
+            self.buffers.give(b);
         }
     }
 
@@ -1531,10 +1576,27 @@ struct Stream {
     end: u64,
     /// Taken out by the reader waiting for the next piece.
     rx: Option<mpsc::Receiver<Piece>>,
+    /// The last pieces received, joined, and where they start: kept out of
+    /// the cache until a reader needs them or the next piece does not lie
+    /// right after them in memory, so a whole slab becomes one piece.
+    tail: Option<(u64, BytesMut)>,
     task: Option<JoinHandle<crate::Result<Stats>>>,
 }
 
 impl Stream {
+    /// Takes in `p`, the bytes at `next`: it joins the tail if it lies
+    /// right after it in memory; otherwise it starts the tail, and the
+    /// tail before it, whole, is returned.
+    fn add(&mut self, p: BytesMut) -> Option<(u64, Bytes)> {
+        let at = self.next;
+        self.next += p.len() as u64;
+        let p = match &mut self.tail {
+            Some((_, t)) => t.try_unsplit(p).err()?,
+            None => p,
+        };
+        (self.tail.replace((at, p))).map(|(at, t)| (at, t.freeze()))
+    }
+
     /// Why the download ended before delivering everything.
     async fn wait(&mut self) -> io::Error {
         match self.task.take() {
@@ -1633,8 +1695,8 @@ mod tests {
 
     const P: usize = 256 << 10;
 
-    fn piece(fill: u8) -> Arc<Vec<u8>> {
-        Arc::new(vec![fill; P])
+    fn piece(fill: u8) -> Bytes {
+        Bytes::from(vec![fill; P])
     }
 
     /// Pieces read out of order (FUSE's read-ahead requests arrive so) stay
@@ -1666,6 +1728,46 @@ mod tests {
         r.consumed(0, P / 2);
         assert!(r.find(0).is_some(), "just read: kept for a look back");
         assert_eq!(r.passed_bytes, Reader::BEHIND);
+    }
+
+    /// The read-ahead's pieces, cut in a row from slabs, become one piece
+    /// per slab: each joins the tail until one from another slab arrives,
+    /// and the tail is complete.
+    #[test]
+    fn a_stream_joins_the_pieces_of_a_slab_into_one() {
+        let pool = Buffers::slabs(1, 1 << 20);
+        let mut s = Stream {
+            id: 1,
+            next: 0,
+            end: 8 << 20,
+            rx: None,
+            tail: None,
+            task: None,
+        };
+        let mut done = Vec::new();
+        for i in 0..6u8 {
+            let mut b = pool.take(P as u64);
+            b.resize(P, i);
+            done.extend(s.add(b));
+        }
+        // Four pieces in the first slab: one piece of 1 MiB at 0.
+        assert_eq!(done.len(), 1);
+        let (at, run) = &done[0];
+        let want: Vec<u8> = (0..4u8).flat_map(|i| vec![i; P]).collect();
+        assert_eq!((*at, &run[..]), (0, &want[..]));
+        // The second slab's two so far wait in the tail.
+        let (at, tail) = s.tail.as_ref().expect("a tail");
+        assert_eq!(
+            (*at, tail.len(), s.next),
+            (4 * P as u64, 2 * P, 6 * P as u64)
+        );
+        // A reader needing them puts them in the cache as they are.
+        let mut r = Reader::new(DEFAULT_CACHE, DEFAULT_READAHEAD);
+        r.stream = Some(s);
+        r.settle_tail(5 * P as u64 + 7);
+        assert!(r.stream.as_ref().unwrap().tail.is_none());
+        let (at, p) = r.get(5 * P as u64).expect("in the cache");
+        assert_eq!((at, p.len(), p[P]), (4 * P as u64, 2 * P, 5));
     }
 
     /// The cache's capacity drops what was read whole before what was not.

@@ -233,6 +233,34 @@ async fn store_write_load_enforce_limits_and_key_kinds() {
     assert_eq!(c.probe(&caps.manage).await.unwrap().size, 84);
 }
 
+/// LOAD into a buffer's spare room: the bytes land after what it holds,
+/// in the room it has (not grown, not moved), over many reads of a large
+/// range; a refused LOAD leaves it as it was.
+#[tokio::test]
+async fn load_buf_appends_into_the_room_a_buffer_has() {
+    let dir = tempdir();
+    let d = DepotProc::start(dir.path(), &[]);
+    let mut c = d.connect().await;
+    let len = 3 << 20;
+    let caps = alloc(&mut c, len as u64, 600).await;
+    let data = pattern(len, 9);
+    c.store(&caps.write, &data).await.unwrap();
+    let mut buf = bytes::BytesMut::with_capacity(len + 5);
+    buf.extend_from_slice(b"head:");
+    let at = buf.as_ptr();
+    c.load_buf(&caps.read, 0, len as u64, &mut buf)
+        .await
+        .unwrap();
+    assert_eq!((buf.as_ptr(), buf.capacity()), (at, len + 5));
+    assert_eq!(&buf[..5], b"head:");
+    assert!(buf[5..] == data[..], "the bytes, in order");
+    // Past the end: refused before any data, the buffer untouched.
+    let mut c = d.connect().await;
+    let e = c.load_buf(&caps.read, 1, len as u64, &mut buf).await;
+    assert_eq!(code(e.unwrap_err()), -19);
+    assert_eq!(buf.len(), len + 5);
+}
+
 #[tokio::test]
 async fn malformed_requests_get_errors_and_never_touch_data() {
     let dir = tempdir();

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytes::{Bytes, BytesMut};
 use lors_exnode::functions::{Codec, MAX_ENCODED_MAPPING};
 use tokio::sync::mpsc;
 
@@ -14,7 +15,7 @@ use crate::error::Error;
 
 /// A fetched piece: in memory, or already written into the output file.
 enum Got {
-    Mem(Vec<u8>),
+    Mem(BytesMut),
     Written,
 }
 
@@ -174,6 +175,9 @@ async fn fetch(
         Err(e) => Err(Fail::Remote(e.to_string(), false)),
         Ok(None) => {
             let at = map.alloc_offset + (offset - map.exnode_offset);
+            // Taken before any wait, so pieces picked in a row get buffers
+            // in a row (adjacent, when the pool cuts them from slabs).
+            let mut buf = out.is_none().then(|| ctx.bufs.take(len));
             let mut c = ctx.pool.get(depot).await.map_err(ibp_err)?;
             if let Some(f) = out {
                 // Raw bytes to a file: straight from the socket into
@@ -185,8 +189,8 @@ async fn fetch(
                 ctx.pool.put(c);
                 return Ok(Got::Written);
             }
-            let mut buf = ctx.bufs.take(len);
-            c.load(cap, at, &mut buf).await.map_err(ibp_err)?;
+            let mut buf = buf.take().expect("taken for a memory output");
+            c.load_buf(cap, at, len, &mut buf).await.map_err(ibp_err)?;
             ctx.pool.put(c);
             Ok(Got::Mem(buf))
         }
@@ -201,17 +205,18 @@ async fn fetch(
             // Encoded mappings are fetched and verified whole, then cut.
             let mut stored = ctx.bufs.take(map.alloc_length);
             let mut c = ctx.pool.get(depot).await.map_err(ibp_err)?;
-            c.load(cap, map.alloc_offset, &mut stored)
+            c.load_buf(cap, map.alloc_offset, map.alloc_length, &mut stored)
                 .await
                 .map_err(ibp_err)?;
             ctx.pool.put(c);
             let mapping = map.clone();
             let bufs = ctx.bufs.clone();
             let plain = tokio::task::spawn_blocking(move || {
-                let mut plain = bufs.take(0);
+                let mut plain = Vec::new();
                 let r = codec.decode_mapping_into(&mapping, &stored, &mut plain);
                 bufs.give(stored);
-                r.map(|()| plain)
+                // Without a copy: the Vec's own allocation.
+                r.map(|()| BytesMut::from(Bytes::from(plain)))
             })
             .await
             .map_err(|e| Fail::Remote(e.to_string(), false))?
@@ -221,7 +226,7 @@ async fn fetch(
             if from == 0 && to == plain.len() {
                 return Ok(Got::Mem(plain)); // the usual case: no copy
             }
-            let piece = plain.get(from..to).map(<[u8]>::to_vec);
+            let piece = plain.get(from..to).map(BytesMut::from);
             ctx.bufs.give(plain);
             piece
                 .map(Got::Mem)

@@ -9,6 +9,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
+use bytes::{Bytes, BytesMut};
 use lors_exnode::ExNode;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
@@ -198,66 +199,104 @@ impl OutFile {
 /// does not give back: that alone doubled the peak RSS. A reader of
 /// [`super::Output::Pieces`] gives the buffers it is done with back here.
 ///
+/// [`Buffers::slabs`] cuts pieces one after another out of large
+/// allocations instead, so pieces taken in a row lie side by side in
+/// memory and their reader can join them again without a copy
+/// ([`BytesMut::try_unsplit`]): xio answers a read that spans pieces from
+/// one slice.
+///
 /// ```
+/// use bytes::BytesMut;
 /// let pool = lors::download::Buffers::new(8);
-/// pool.give(vec![0; 256 << 10]); // reused by the next piece read
+/// pool.give(BytesMut::zeroed(256 << 10)); // reused by the next piece read
 /// ```
 #[derive(Debug)]
 pub struct Buffers {
-    free: Mutex<Vec<Vec<u8>>>,
+    free: Mutex<Free>,
     keep: usize,
+    /// Size of the regions pieces are cut from; 0: a buffer per piece.
+    slab: usize,
+}
+
+#[derive(Debug, Default)]
+struct Free {
+    spare: Vec<BytesMut>,
+    /// What is left of the region the next piece is cut from (slabs).
+    cut: BytesMut,
 }
 
 impl Buffers {
     /// A pool that keeps up to `keep` free buffers.
     pub fn new(keep: usize) -> Self {
+        Self::slabs(keep, 0)
+    }
+
+    /// A pool that cuts pieces in a row from regions of `slab` bytes (or
+    /// of the piece's size, when larger), keeping up to `keep` whole
+    /// regions given back.
+    pub fn slabs(keep: usize, slab: usize) -> Self {
         Buffers {
-            free: Mutex::new(Vec::new()),
+            free: Mutex::new(Free::default()),
             keep,
+            slab,
         }
     }
 
-    /// A buffer of `len` bytes, reused when one is free. Its contents are
-    /// whatever the last piece left: every caller overwrites all of it (a
-    /// LOAD fills it or fails and drops it), so it is not zeroed again.
-    pub(super) fn take(&self, len: u64) -> Vec<u8> {
+    /// An empty buffer with room for `len` bytes, reused when one is free.
+    /// The bytes are read into its room (`Connection::load_buf`): no pass
+    /// over the memory before they land.
+    pub(crate) fn take(&self, len: u64) -> BytesMut {
         let len = usize::try_from(len).unwrap_or(usize::MAX);
         let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
-        let reused = match free.iter().position(|b| b.capacity() >= len) {
-            Some(p) => Some(free.swap_remove(p)),
-            None => free.pop(),
-        };
-        drop(free);
-        let Some(mut b) = reused else {
-            // Zeroed by the allocator (fresh pages from the kernel are),
-            // not by a pass over it here.
-            return vec![0; len];
-        };
-        b.truncate(len);
-        b.resize(len, 0);
-        b
+        if self.slab > 0 {
+            if free.cut.capacity() < len {
+                // The rest of this region is too short for the piece (and
+                // stays with the pieces already cut from it).
+                free.cut = match free.spare.iter().position(|b| b.capacity() >= len) {
+                    Some(p) => free.spare.swap_remove(p),
+                    None => BytesMut::with_capacity(len.max(self.slab)),
+                };
+            }
+            let rest = free.cut.split_off(len);
+            return std::mem::replace(&mut free.cut, rest);
+        }
+        match free.spare.iter().position(|b| b.capacity() >= len) {
+            Some(p) => free.spare.swap_remove(p),
+            // Not one too small grown: that would copy what it held.
+            None => BytesMut::with_capacity(len),
+        }
     }
 
-    /// Keeps `b` for a later piece, up to `keep` buffers.
-    pub fn give(&self, b: Vec<u8>) {
+    /// Keeps `b`'s memory for later pieces, up to `keep` buffers. With
+    /// slabs, the last piece of a slab given back brings back the whole
+    /// slab; the others are only dropped.
+    pub fn give(&self, mut b: BytesMut) {
+        b.clear();
+        // The whole allocation, if `b` is the last view of it (empty, so
+        // nothing is copied); otherwise nothing.
+        let whole = Vec::from(b);
+        if whole.capacity() < self.slab.max(1) {
+            return;
+        }
+        let b = BytesMut::from(Bytes::from(whole));
         let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
-        if free.len() < self.keep {
-            free.push(b);
+        if free.spare.len() < self.keep {
+            free.spare.push(b);
         }
     }
 }
 
 /// A fetched stream piece on its way to the writer, with the memory slot it
 /// holds until written.
-pub(super) type Held = (usize, Vec<u8>, Option<OwnedSemaphorePermit>);
+pub(super) type Held = (usize, BytesMut, Option<OwnedSemaphorePermit>);
 
 /// A piece of an [`super::Output::Pieces`] download, in order. Its bytes
 /// count against the download's [`super::DownloadOptions::memory`] until
-/// [`Piece::into_vec`] takes them: a reader that falls behind holds the
+/// [`Piece::into_bytes`] takes them: a reader that falls behind holds the
 /// download back instead of letting it fill memory.
 #[derive(Debug)]
 pub struct Piece {
-    data: Vec<u8>,
+    data: BytesMut,
     _slot: Option<OwnedSemaphorePermit>,
 }
 
@@ -273,7 +312,7 @@ impl Piece {
     }
 
     /// The bytes, no longer counted against the download's memory.
-    pub fn into_vec(self) -> Vec<u8> {
+    pub fn into_bytes(self) -> BytesMut {
         self.data
     }
 }
@@ -289,7 +328,7 @@ pub(super) enum Sink {
 impl Sink {
     async fn put(
         &mut self,
-        data: Vec<u8>,
+        data: BytesMut,
         slot: Option<OwnedSemaphorePermit>,
         bufs: &Buffers,
     ) -> std::io::Result<()> {
@@ -318,7 +357,7 @@ pub(super) async fn write_in_order(
     written: impl Fn(usize),
     failed: impl Fn(std::io::Error),
 ) {
-    let mut held: BTreeMap<usize, (Vec<u8>, Option<OwnedSemaphorePermit>)> = BTreeMap::new();
+    let mut held: BTreeMap<usize, (BytesMut, Option<OwnedSemaphorePermit>)> = BTreeMap::new();
     let mut next = 0usize;
     let mut started = hold.bytes == 0;
     loop {
@@ -371,6 +410,10 @@ mod tests {
     use std::sync::Arc;
     use tokio::io::AsyncReadExt;
 
+    fn filled(v: u8, n: usize) -> BytesMut {
+        BytesMut::from(&vec![v; n][..])
+    }
+
     /// Runs `write_in_order` into `sink`, holding `hold_bytes` first.
     fn spawn_writer(
         sink: Sink,
@@ -396,20 +439,58 @@ mod tests {
         let writer = spawn_writer(Sink::Writer(Box::new(w)), rx, 3000);
         let mut got = vec![0u8; 4000];
         // Pieces 1 and 2 (2000 bytes) but not piece 0: nothing in order yet.
-        tx.send((1, vec![1; 1000], None)).await.unwrap();
-        tx.send((2, vec![2; 1000], None)).await.unwrap();
+        tx.send((1, filled(1, 1000), None)).await.unwrap();
+        tx.send((2, filled(2, 1000), None)).await.unwrap();
         let early = tokio::time::timeout(std::time::Duration::from_millis(100), r.read(&mut got));
         assert!(early.await.is_err(), "wrote before the start buffer");
         // Piece 0: 3000 bytes in order, the start buffer is full.
-        tx.send((0, vec![0; 1000], None)).await.unwrap();
+        tx.send((0, filled(0, 1000), None)).await.unwrap();
         r.read_exact(&mut got[..3000]).await.unwrap();
         // Afterwards each piece goes out as it comes.
-        tx.send((3, vec![3; 1000], None)).await.unwrap();
+        tx.send((3, filled(3, 1000), None)).await.unwrap();
         r.read_exact(&mut got[3000..]).await.unwrap();
         drop(tx);
         writer.await.unwrap();
         let want: Vec<u8> = (0..4u8).flat_map(|i| vec![i; 1000]).collect();
         assert_eq!(got, want);
+    }
+
+    /// Slab pieces taken in a row lie side by side and join again without
+    /// a copy; the last piece of a slab given back brings back the whole
+    /// slab, and the next pieces are cut from that same memory.
+    #[test]
+    fn slab_pieces_join_again_and_a_whole_slab_comes_back() {
+        let pool = Buffers::slabs(2, 1 << 20);
+        let mut pieces: Vec<BytesMut> = (0..5u8)
+            .map(|i| {
+                let mut b = pool.take(256 << 10);
+                assert_eq!((b.len(), b.capacity()), (0, 256 << 10), "empty, with room");
+                b.resize(256 << 10, i);
+                b
+            })
+            .collect();
+        let fifth = pieces.pop().expect("five");
+        let first_at = pieces[0].as_ptr();
+        let mut run = pieces.remove(0);
+        for p in pieces {
+            run.try_unsplit(p).expect("adjacent pieces of one slab");
+        }
+        assert_eq!(run.as_ptr(), first_at, "joined in place");
+        let want: Vec<u8> = (0..4u8).flat_map(|i| vec![i; 256 << 10]).collect();
+        assert_eq!(run, want);
+        // The fifth piece came from a new slab: it does not join.
+        let mut two = run.split_off(512 << 10);
+        two.try_unsplit(fifth).expect_err("another slab");
+        // Given back while other pieces of its slab live: only dropped.
+        let shared = run.freeze();
+        pool.give(two);
+        assert!(pool.free.lock().unwrap().spare.is_empty());
+        // The last piece of the slab given back: the whole slab returns.
+        pool.give(shared.try_into_mut().expect("the last piece of its slab"));
+        assert_eq!(pool.free.lock().unwrap().spare.len(), 1);
+        // (The second slab's rest is too short for this piece.)
+        let again = pool.take(900 << 10);
+        assert_eq!(again.as_ptr(), first_at, "cut from the slab given back");
     }
 
     /// Pieces handed over whole arrive in order, and each keeps its memory
@@ -422,14 +503,16 @@ mod tests {
         let writer = spawn_writer(Sink::Pieces(out), rx, 0);
         for i in [2usize, 0, 1] {
             let slot = mem.clone().try_acquire_owned().unwrap();
-            tx.send((i, vec![i as u8; 100], Some(slot))).await.unwrap();
+            tx.send((i, filled(i as u8, 100), Some(slot)))
+                .await
+                .unwrap();
         }
         drop(tx);
         writer.await.unwrap();
         assert_eq!(mem.available_permits(), 0, "slots held by untaken pieces");
         for i in 0..3u8 {
             let p = pieces.recv().await.expect("a piece");
-            assert_eq!(p.into_vec(), vec![i; 100]);
+            assert_eq!(p.into_bytes(), vec![i; 100]);
             assert_eq!(mem.available_permits(), usize::from(i) + 1);
         }
         assert!(pieces.recv().await.is_none());
