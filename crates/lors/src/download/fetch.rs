@@ -212,7 +212,8 @@ async fn fetch(
             let mapping = map.clone();
             let bufs = ctx.bufs.clone();
             let plain = tokio::task::spawn_blocking(move || {
-                let mut plain = Vec::new();
+                // A free buffer's memory, not a fresh allocation per block.
+                let mut plain = Vec::from(bufs.take(0));
                 let r = codec.decode_mapping_into(&mapping, &stored, &mut plain);
                 bufs.give(stored);
                 // Without a copy: the Vec's own allocation.

@@ -272,13 +272,18 @@ impl Buffers {
     /// slab; the others are only dropped.
     pub fn give(&self, mut b: BytesMut) {
         b.clear();
-        // The whole allocation, if `b` is the last view of it (empty, so
-        // nothing is copied); otherwise nothing.
-        let whole = Vec::from(b);
-        if whole.capacity() < self.slab.max(1) {
+        if self.slab > 0 {
+            // The whole slab, if `b` is the last piece of it (empty, so
+            // nothing is copied); otherwise nothing.
+            let whole = Vec::from(b);
+            if whole.capacity() < self.slab {
+                return;
+            }
+            b = BytesMut::from(Bytes::from(whole));
+        }
+        if b.capacity() == 0 {
             return;
         }
-        let b = BytesMut::from(Bytes::from(whole));
         let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
         if free.spare.len() < self.keep {
             free.spare.push(b);
