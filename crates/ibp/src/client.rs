@@ -222,17 +222,21 @@ impl Connection {
         self.line = buf;
         match res? {
             Line::Complete => Ok(text),
-            Line::Eof | Line::Truncated => {
-                self.healthy = false;
-                Err(Error::Closed {
-                    addr: self.addr.clone(),
-                    during,
-                })
-            }
+            Line::Eof | Line::Truncated => Err(self.closed(during)),
             Line::TooLong => {
                 self.healthy = false;
                 Err(self.protocol(during, &text))
             }
+        }
+    }
+
+    /// The depot closed the connection `during` something: it is not
+    /// reused.
+    fn closed(&mut self, during: &'static str) -> Error {
+        self.healthy = false;
+        Error::Closed {
+            addr: self.addr.clone(),
+            during,
         }
     }
 
@@ -396,12 +400,8 @@ impl Connection {
 
     /// LOAD: reads `out.len()` bytes at `offset` into `out`.
     pub async fn load(&mut self, cap: &Capability, offset: u64, out: &mut [u8]) -> Result<()> {
-        let len = out.len() as u64;
-        self.load_header(cap, offset, len).await?;
-        for chunk in out.chunks_mut(CHUNK_BYTES) {
-            io!(self, "LOAD data", self.stream.read_exact(chunk))?;
-        }
-        Ok(())
+        self.load_buf(cap, offset, out.len() as u64, &mut &mut out[..])
+            .await
     }
 
     /// LOAD: appends the `len` bytes at `offset` to `out`, read straight
@@ -420,11 +420,7 @@ impl Connection {
             let room = (&mut *out).limit(usize::try_from(left).unwrap_or(usize::MAX));
             let n = io!(self, "LOAD data", self.stream.read_buf(&mut { room }))?;
             if n == 0 {
-                self.healthy = false;
-                return Err(Error::Closed {
-                    addr: self.addr.clone(),
-                    during: "LOAD data",
-                });
+                return Err(self.closed("LOAD data"));
             }
             left -= n as u64;
         }
@@ -452,11 +448,7 @@ impl Connection {
             let want = usize::try_from(left).unwrap_or(usize::MAX).min(buf.len());
             let n = io!(self, "LOAD data", self.stream.read(&mut buf[..want]))?;
             if n == 0 {
-                self.healthy = false;
-                return Err(Error::Closed {
-                    addr: self.addr.clone(),
-                    during: "LOAD data",
-                });
+                return Err(self.closed("LOAD data"));
             }
             let fut = w.write_all(&buf[..n]);
             if let Err(source) = fut.await {

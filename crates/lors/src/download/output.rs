@@ -225,6 +225,18 @@ struct Free {
     cut: BytesMut,
 }
 
+impl Free {
+    /// A spare buffer with room for `len` bytes, else a new one of `new`
+    /// (at least `len`) bytes; never one too small grown, which would copy
+    /// what it held.
+    fn spare_for(&mut self, len: usize, new: usize) -> BytesMut {
+        match self.spare.iter().position(|b| b.capacity() >= len) {
+            Some(p) => self.spare.swap_remove(p),
+            None => BytesMut::with_capacity(len.max(new)),
+        }
+    }
+}
+
 impl Buffers {
     /// A pool that keeps up to `keep` free buffers.
     pub fn new(keep: usize) -> Self {
@@ -252,19 +264,12 @@ impl Buffers {
             if free.cut.capacity() < len {
                 // The rest of this region is too short for the piece (and
                 // stays with the pieces already cut from it).
-                free.cut = match free.spare.iter().position(|b| b.capacity() >= len) {
-                    Some(p) => free.spare.swap_remove(p),
-                    None => BytesMut::with_capacity(len.max(self.slab)),
-                };
+                free.cut = free.spare_for(len, self.slab);
             }
             let rest = free.cut.split_off(len);
             return std::mem::replace(&mut free.cut, rest);
         }
-        match free.spare.iter().position(|b| b.capacity() >= len) {
-            Some(p) => free.spare.swap_remove(p),
-            // Not one too small grown: that would copy what it held.
-            None => BytesMut::with_capacity(len),
-        }
+        free.spare_for(len, len)
     }
 
     /// Keeps `b`'s memory for later pieces, up to `keep` buffers. With
