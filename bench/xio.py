@@ -64,8 +64,9 @@ READS = [("4 KiB", 4096), ("64 KiB", 65536), ("1 MiB", 1 << 20)]
 
 def read_cases(wrap: list[str], lors: Path, exe: Path, xnd: Path, mnt_script, out: Path,
                size: int) -> list[Case]:
-    """`mnt_script(read_size)` is the argv that mounts, reads with xio_read
-    and unmounts (a mount lives in the namespace its process made)."""
+    """`mnt_script(read_size, flags)` is the argv that mounts (with extra
+    `lors mount` flags), reads with xio_read and unmounts (a mount lives in
+    the namespace its process made)."""
     rm = ["rm", "-f", str(out)]
     cases = [
         Case("lors download -o FILE (bulk)", "bulk", [*wrap, str(lors), "download", "-q", "-o", str(out), str(xnd)],
@@ -78,6 +79,10 @@ def read_cases(wrap: list[str], lors: Path, exe: Path, xnd: Path, mnt_script, ou
                           parse=seconds_from_json))
     for name, n in READS:
         cases.append(Case(f"lors mount, {name} reads", "ours", mnt_script(n), size, parse=seconds_from_json))
+    # Beside them, the mount answering from memory (as before replies were
+    # spliced): what splicing gains.
+    cases.append(Case("lors mount --copy-reads, 4 KiB reads", "ours", mnt_script(4096, "--copy-reads"), size,
+                      parse=seconds_from_json))
     return cases
 
 
@@ -95,8 +100,8 @@ def table(title: str, cases: list[Case]) -> str:
 
 
 def mount_script(wrap: list[str], lors: Path, exe: Path, xnds: Path, mnt: Path, depot: str, name: str):
-    def argv(n: int) -> list[str]:
-        script = (f"{lors} mount --depot {depot} {xnds} {mnt} > /dev/null & "
+    def argv(n: int, flags: str = "") -> list[str]:
+        script = (f"{lors} mount {flags} --depot {depot} {xnds} {mnt} > /dev/null & "
                   f"until mountpoint -q {mnt}; do sleep 0.02; done; "
                   f"{exe} {mnt}/{name} {n}; r=$?; umount {mnt}; wait; exit $r")
         return [*wrap, "sh", "-c", script]

@@ -206,24 +206,7 @@ fn default_advertise(bound: SocketAddr) -> String {
         .map_or_else(|| "localhost".to_owned(), str::to_owned)
 }
 
-/// Raises this process's soft limit on open files to its hard limit: a
-/// depot holds a descriptor per connection and per open allocation, and the
-/// usual soft default (1024) is far below what it needs. Returns the limit
-/// now in force, or `None` when it could not be read.
-pub fn raise_open_file_limit() -> Option<u64> {
-    use rustix::process::{Resource, getrlimit, setrlimit};
-    let mut l = getrlimit(Resource::Nofile);
-    // An unlimited hard limit still stops at the kernel's nr_open (2^20 by
-    // default).
-    let want = l.maximum.unwrap_or(1 << 20);
-    if l.current.is_some_and(|c| c < want) {
-        l.current = Some(want);
-        if let Err(e) = setrlimit(Resource::Nofile, l) {
-            tracing::warn!(error = %e, "could not raise the open-file limit");
-        }
-    }
-    getrlimit(Resource::Nofile).current
-}
+pub use lors_ibp::raise_open_file_limit;
 
 /// The reference depot's busy reply (`-66 1.0`: retry in a second), sent
 /// to a connection the depot has no room for.

@@ -18,7 +18,7 @@
 //! lors_fuse::run(
 //!     std::path::Path::new("exnodes"),
 //!     std::path::Path::new("/mnt/lors"),
-//!     &lors_fuse::Options { open: o, allow_other: false },
+//!     &lors_fuse::Options { open: o, ..Default::default() },
 //!     |m| eprintln!("mounted on {}", m.display()),
 //! )?;
 //! # Ok::<(), std::io::Error>(())
@@ -27,11 +27,12 @@
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
 use std::io::{self, Seek, SeekFrom, Write};
+use std::os::fd::{AsFd as _, OwnedFd};
 use std::os::unix::ffi::OsStrExt as _;
 use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, SystemTime};
 
 use fuser::{
@@ -40,6 +41,8 @@ use fuser::{
     ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyWrite, Request, SessionACL, WriteFlags,
 };
 use lors::xio::{self, OpenOptions};
+
+mod splice;
 
 /// How long the kernel may keep an attribute or name without asking again.
 const TTL: Duration = Duration::from_secs(1);
@@ -54,6 +57,10 @@ pub struct Options {
     /// Let other users reach the mount (`allow_other`; for non-root users
     /// `/etc/fuse.conf` must allow it).
     pub allow_other: bool,
+    /// Answer reads from memory with `writev(2)` instead of splicing the
+    /// read-ahead's pipes into `/dev/fuse`: slower, one more copy of every
+    /// byte; for comparison, or a kernel that refuses spliced replies.
+    pub copy_reads: bool,
 }
 
 /// Mounts `dir` on `mountpoint` and serves it until unmounted (`umount`,
@@ -74,9 +81,13 @@ pub fn run(
             format!("{} is not a directory of exNodes", dir.display()),
         ));
     }
+    // Pieces kept in pipes cost two descriptors each.
+    lors_ibp::raise_open_file_limit();
+    let dev = Arc::new(OnceLock::new());
     let fs = Fs {
         dir: dir.to_path_buf(),
         open: opts.open.clone(),
+        dev: dev.clone(),
         names: Mutex::new(Names::default()),
         handles: Mutex::new(HashMap::new()),
         next_fh: AtomicU64::new(1),
@@ -95,7 +106,26 @@ pub fn run(
     // as several at once, and a read-only file's reads do not wait for each
     // other (writable files serialize on their handle).
     cfg.n_threads = Some(4);
-    let session = fuser::spawn_mount(fs, mountpoint, &cfg)?;
+    if !opts.copy_reads {
+        // A spliced reply must fit one pipe, which without privilege holds
+        // 1 MiB in 256 slots, and a received page may take two slots.
+        cfg.mount_options.push(MountOption::CUSTOM(format!(
+            "max_read={}",
+            splice::MAX_READ
+        )));
+    }
+    let session = fuser::Session::new(fs, mountpoint, &cfg)?;
+    if !opts.copy_reads {
+        // The same open device (not a clone of the connection): replies
+        // written to it reach the requests fuser's threads read from it.
+        match session.as_fd().try_clone_to_owned() {
+            Ok(fd) => {
+                let _ = dev.set(fd);
+            }
+            Err(e) => tracing::debug!(error = %e, "READ replies copied: no device descriptor"),
+        }
+    }
+    let session = session.spawn()?;
     if let Err(e) = raise_readahead(mountpoint, KERNEL_READAHEAD_KB) {
         tracing::debug!("kernel read-ahead left at its default: {e}");
     }
@@ -191,6 +221,9 @@ struct Handle {
 struct Fs {
     dir: PathBuf,
     open: OpenOptions,
+    /// The FUSE device, once mounted, for spliced READ replies
+    /// ([`splice`]); never set with [`Options::copy_reads`].
+    dev: Arc<OnceLock<OwnedFd>>,
     names: Mutex<Names>,
     handles: Mutex<HashMap<u64, Arc<Handle>>>,
     next_fh: AtomicU64,
@@ -307,7 +340,10 @@ impl Fs {
             None => {
                 let mut o = self.open.clone();
                 // A writer reads too: later handles share it, some may read.
-                o.read(true)
+                // A reader's read-ahead keeps what it fetches in pipes when
+                // replies are spliced.
+                o.spliced(!writable && self.dev.get().is_some())
+                    .read(true)
                     .write(writable)
                     .append(flags & libc::O_APPEND != 0)
                     .truncate(trunc)
@@ -517,7 +553,7 @@ impl Filesystem for Fs {
 
     fn read(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -530,6 +566,17 @@ impl Filesystem for Fs {
             Ok(h) => h,
             Err(e) => return reply.error(errno(&e)),
         };
+        if let (Some(reads), Some(dev)) = (&h.reads, self.dev.get()) {
+            match splice::read(dev.as_fd(), reads, req.unique().0, offset, size) {
+                // Answered on the device: the reply object is not needed,
+                // and dropped it would answer again with an error. (Each
+                // holds a count on the device's Arc, which then stays
+                // open until the process exits.)
+                splice::Outcome::Answered => return std::mem::forget(reply),
+                splice::Outcome::Failed(e) => return reply.error(errno(&e)),
+                splice::Outcome::Fallback => {}
+            }
+        }
         // A short reply is end of file to the kernel: read_with gives all
         // `size` bytes unless the file ends, from the cache without a copy
         // when they lie in one piece.

@@ -482,6 +482,32 @@ impl Connection {
         self.xfer_result(r, "LOAD data", "LOAD output")
     }
 
+    /// LOAD into kernel pipes ([`crate::spliced`]): the bytes are not
+    /// copied into user memory, and can later be handed on by reference
+    /// (a FUSE reply) or copied out. Running out of descriptors or pipe
+    /// memory is [`Error::Local`]: before the LOAD is sent the connection
+    /// stays healthy ([`Connection::is_healthy`]), and the caller can load
+    /// into memory instead.
+    pub async fn load_spliced(
+        &mut self,
+        cap: &Capability,
+        offset: u64,
+        len: u64,
+    ) -> Result<crate::spliced::Spliced> {
+        let n = usize::try_from(len).map_err(|_| Error::Local {
+            during: "LOAD output",
+            source: std::io::Error::other("more bytes than this machine addresses"),
+        })?;
+        let room = crate::spliced::Room::new().map_err(|source| Error::Local {
+            during: "LOAD output",
+            source,
+        })?;
+        self.load_header(cap, offset, len).await?;
+        let idle = self.cfg.io_timeout;
+        let r = crate::spliced::recv(&mut self.stream, room, n, idle).await;
+        self.xfer_result(r, "LOAD data", "LOAD output")
+    }
+
     /// STORE `len` bytes of `file` from byte `pos`, sent with `sendfile(2)`;
     /// returns the bytes stored. Errors reading the file are
     /// [`Error::Local`].
@@ -499,14 +525,14 @@ impl Connection {
         self.finish_store(len).await
     }
 
-    fn xfer_result(
+    fn xfer_result<T>(
         &mut self,
-        r: std::result::Result<(), zerocopy::XferError>,
+        r: std::result::Result<T, zerocopy::XferError>,
         during: &'static str,
         local: &'static str,
-    ) -> Result<()> {
+    ) -> Result<T> {
         let e = match r {
-            Ok(()) => return Ok(()),
+            Ok(v) => return Ok(v),
             Err(e) => e,
         };
         // Either way the stream is no longer in step with the protocol.

@@ -21,6 +21,7 @@ pub mod caps;
 pub mod client;
 pub mod error;
 pub mod proto;
+pub mod spliced;
 pub mod units;
 pub mod wire;
 pub mod zerocopy;
@@ -32,3 +33,23 @@ pub use proto::{ProbeInfo, StatusCode};
 
 /// The IANA-unregistered but traditional IBP depot port.
 pub const DEFAULT_DEPOT_PORT: u16 = 6714;
+
+/// Raises this process's soft limit on open files to its hard limit: a
+/// depot holds a descriptor per connection and per open allocation, a FUSE
+/// mount one per piece it keeps in a pipe ([`spliced`]), and the usual soft
+/// default (1024) is far below what either needs. Returns the limit
+/// now in force, or `None` when it could not be read.
+pub fn raise_open_file_limit() -> Option<u64> {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let mut l = getrlimit(Resource::Nofile);
+    // An unlimited hard limit still stops at the kernel's nr_open (2^20 by
+    // default).
+    let want = l.maximum.unwrap_or(1 << 20);
+    if l.current.is_some_and(|c| c < want) {
+        l.current = Some(want);
+        if let Err(e) = setrlimit(Resource::Nofile, l) {
+            tracing::warn!(error = %e, "could not raise the open-file limit");
+        }
+    }
+    getrlimit(Resource::Nofile).current
+}

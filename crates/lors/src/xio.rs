@@ -45,6 +45,7 @@
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::io::{self, ErrorKind, Read, Seek, SeekFrom, Write};
+use std::os::fd::BorrowedFd;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, SystemTime};
@@ -55,12 +56,15 @@ use tokio::runtime::Runtime;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use crate::download::{Buffers, DownloadOptions, Output, Piece, STREAM_PIECE, Stats, download};
+use crate::download::{
+    Buffers, Data, DownloadOptions, Output, Piece, STREAM_PIECE, Stats, download,
+};
 use crate::settings::{Env, Layer, Settings};
 use crate::upload::{UploadOptions, Uploaded, upload};
 use crate::uri::ExnodeRef;
 use crate::xnd::{self, XndError};
 use crate::{Error, NoProgress, Pool};
+use lors_ibp::spliced::Spliced;
 
 /// Bytes a writer collects before storing them (seed 000 §7: 10 MB).
 pub const DEFAULT_BUFFER: usize = 10 << 20;
@@ -103,6 +107,7 @@ pub struct OpenOptions {
     buffer: usize,
     cache: u64,
     readahead: usize,
+    spliced: bool,
     settings: Option<Settings>,
     depots: Vec<String>,
 }
@@ -126,6 +131,7 @@ impl OpenOptions {
             buffer: DEFAULT_BUFFER,
             cache: DEFAULT_CACHE,
             readahead: DEFAULT_READAHEAD,
+            spliced: false,
             settings: None,
             depots: Vec::new(),
         }
@@ -177,6 +183,17 @@ impl OpenOptions {
         self.readahead = bytes.max(FETCH as usize);
         self
     }
+
+    /// Keep what the read-ahead fetches in kernel pipes rather than in
+    /// memory ([`lors_ibp::spliced`]), for a server that hands the bytes on
+    /// to the kernel: [`Reads::splice_to`] then moves them without a copy
+    /// through user space. Plain reads copy them out of the pipes. Off by
+    /// default; costs two descriptors per cached piece.
+    pub fn spliced(&mut self, on: bool) -> &mut Self {
+        self.spliced = on;
+        self
+    }
+
     /// Settings to use, instead of resolving them from the `lors://` URI,
     /// the environment and `~/.xndrc` as the tools do.
     pub fn settings(&mut self, s: Settings) -> &mut Self {
@@ -284,7 +301,7 @@ impl OpenOptions {
             broken: None,
             unsaved: Vec::new(),
             to_release,
-            reader: Shared::new(self.cache, self.readahead),
+            reader: Shared::new(self.cache, self.readahead, self.spliced),
             last_resort: None,
             lbone: None,
             closed: false,
@@ -1037,6 +1054,20 @@ impl Reads {
             .read_with(offset, clip(self.size, offset, len), f)
     }
 
+    /// Appends up to `len` bytes at `offset` (fewer only at the end of the
+    /// file) to the pipe `to` (its write end, with room for them) and says
+    /// how many. Bytes the read-ahead keeps in pipes
+    /// ([`OpenOptions::spliced`]) go by reference, others are copied.
+    ///
+    /// # Errors
+    /// As a read, or `WouldBlock` when `to` has no room; `to` may then hold
+    /// some of the bytes.
+    pub fn splice_to(&self, offset: u64, len: usize, to: BorrowedFd<'_>) -> io::Result<usize> {
+        let n = clip(self.size, offset, len);
+        self.shared.splice_to(offset, n, to)?;
+        Ok(n)
+    }
+
     /// The file's size.
     pub fn len(&self) -> u64 {
         self.size
@@ -1076,9 +1107,9 @@ struct Shared {
 }
 
 impl Shared {
-    fn new(cache: u64, readahead: usize) -> Arc<Shared> {
+    fn new(cache: u64, readahead: usize, spliced: bool) -> Arc<Shared> {
         Arc::new(Shared {
-            state: Mutex::new(Reader::new(cache, readahead)),
+            state: Mutex::new(Reader::new(cache, readahead, spliced)),
             arrived: Condvar::new(),
         })
     }
@@ -1095,7 +1126,9 @@ impl Shared {
         }
         let (at, p) = self.piece(off, n)?;
         let within = (off - at) as usize;
-        if within + n <= p.len() {
+        if let Chunk::Mem(p) = &p
+            && within + n <= p.len()
+        {
             return Ok(f(&p[within..within + n]));
         }
         // Across pieces (the kernel's read-ahead requests rarely line up
@@ -1105,10 +1138,12 @@ impl Shared {
         if buf.len() < n {
             buf.resize(n, 0);
         }
-        let k = p.len() - within;
-        buf[..k].copy_from_slice(&p[within..]);
+        let k = n.min(p.len() - within);
+        let r = p
+            .copy_to(within, &mut buf[..k])
+            .and_then(|()| self.read_into(off + k as u64, &mut buf[k..n]))
+            .map(|()| f(&buf[..n]));
         drop(p);
-        let r = (self.read_into(off + k as u64, &mut buf[k..n])).map(|()| f(&buf[..n]));
         let mut st = self.lock();
         if st.scratch.len() < Reader::SCRATCH && buf.len() <= Reader::SCRATCH_MAX {
             st.scratch.push(buf);
@@ -1122,9 +1157,26 @@ impl Shared {
             let (at, p) = self.piece(off, out.len())?;
             let within = (off - at) as usize;
             let k = out.len().min(p.len() - within);
-            out[..k].copy_from_slice(&p[within..within + k]);
+            p.copy_to(within, &mut out[..k])?;
             off += k as u64;
             out = &mut out[k..];
+        }
+        Ok(())
+    }
+
+    /// Appends the `n` bytes at `off` (all within the file) to the pipe
+    /// `to`: see [`Reads::splice_to`].
+    fn splice_to(&self, mut off: u64, mut n: usize, to: BorrowedFd<'_>) -> io::Result<()> {
+        while n > 0 {
+            let (at, p) = self.piece(off, n)?;
+            let within = (off - at) as usize;
+            let k = n.min(p.len() - within);
+            match &p {
+                Chunk::Pipes(h) => h.tee_to(within, k, to)?,
+                Chunk::Mem(b) => lors_ibp::spliced::write_to(to, &b[within..within + k])?,
+            }
+            off += k as u64;
+            n -= k;
         }
         Ok(())
     }
@@ -1132,7 +1184,7 @@ impl Shared {
     /// The piece holding byte `off` and where it starts, with the (up to)
     /// `want` bytes from `off` in it counted as read: from the cache, the
     /// read-ahead or the depots.
-    fn piece(&self, off: u64, want: usize) -> io::Result<(u64, Bytes)> {
+    fn piece(&self, off: u64, want: usize) -> io::Result<(u64, Chunk)> {
         let mut st = self.lock();
         // The stream this read waited for, to hear if it failed.
         let mut waited = None;
@@ -1216,7 +1268,7 @@ impl Shared {
                 },
                 None => return Err(self.fail(st, id, None)),
             };
-            let mut done: Vec<(u64, Bytes)> = s.add(piece.into_bytes()).into_iter().collect();
+            let mut done = s.add(piece.into_data());
             // The pieces already waiting join the tail while they lie next
             // to it in memory (cut in a row from one slab), until the run
             // holding `off` is whole: a read across its pieces is then
@@ -1233,12 +1285,12 @@ impl Shared {
                     return Err(self.fail(st, id, Some(e)));
                 }
                 took += p.len();
-                done.extend(s.add(p.into_bytes()));
+                done.extend(s.add(p.into_data()));
             }
             if s.next < s.end {
                 s.rx = Some(rx);
             } else {
-                done.extend(s.tail.take().map(|(at, t)| (at, t.freeze())));
+                done.extend(s.tail.take().map(|(at, t)| (at, Chunk::Mem(t.freeze()))));
                 st.stream = None;
             }
             for (at, run) in done {
@@ -1254,7 +1306,7 @@ impl Shared {
         let mut s = st.stream.take();
         // What arrived before is good.
         if let Some((at, t)) = s.as_mut().and_then(|s| s.tail.take()) {
-            st.put(at, t.freeze());
+            st.put(at, Chunk::Mem(t.freeze()));
         }
         drop(st);
         let e = match (e, s) {
@@ -1275,7 +1327,7 @@ impl Shared {
         mut side: Stream,
         off: u64,
         want: usize,
-    ) -> io::Result<(u64, Bytes)> {
+    ) -> io::Result<(u64, Chunk)> {
         let mut rx = side.rx.take().expect("a new stream");
         loop {
             let Some(piece) = rx.blocking_recv() else {
@@ -1286,7 +1338,7 @@ impl Shared {
                 return Err(e);
             }
             side.next += piece.len() as u64;
-            let p = piece.into_bytes().freeze();
+            let p = Chunk::from(piece.into_data());
             let mut st = self.lock();
             if st.epoch == epoch {
                 st.put(at, p.clone());
@@ -1296,7 +1348,7 @@ impl Shared {
             // before `off`: the first to reach past `off` holds it.
             if off < side.next {
                 if st.epoch == epoch {
-                    st.served(at, &p, off, want);
+                    st.served(at, p.len(), off, want);
                 }
                 return Ok((at, p));
             }
@@ -1333,7 +1385,7 @@ fn copy(e: &io::Error) -> io::Error {
 struct Reader {
     /// Pieces of the file as the read-ahead delivered them, by first byte,
     /// with the bytes read from each.
-    pieces: BTreeMap<u64, (Bytes, usize)>,
+    pieces: BTreeMap<u64, (Chunk, usize)>,
     /// First bytes of the pieces not yet read whole, least recently used
     /// first.
     order: VecDeque<u64>,
@@ -1365,6 +1417,8 @@ struct Reader {
     streams: u64,
     /// Times the file changed: a piece fetched before is not cached.
     epoch: u64,
+    /// The read-ahead keeps raw pieces in pipes ([`OpenOptions::spliced`]).
+    spliced: bool,
 }
 
 impl Reader {
@@ -1384,7 +1438,7 @@ impl Reader {
     const SCRATCH: usize = 4;
     const SCRATCH_MAX: usize = 4 << 20;
 
-    fn new(cache: u64, readahead: usize) -> Reader {
+    fn new(cache: u64, readahead: usize, spliced: bool) -> Reader {
         Reader {
             pieces: BTreeMap::new(),
             order: VecDeque::new(),
@@ -1401,21 +1455,22 @@ impl Reader {
             failed: None,
             streams: 0,
             epoch: 0,
+            spliced,
         }
     }
 
     /// The cached piece holding byte `off`, with the (up to) `want` bytes
     /// from `off` in it counted as read.
-    fn take(&mut self, off: u64, want: usize) -> Option<(u64, Bytes)> {
+    fn take(&mut self, off: u64, want: usize) -> Option<(u64, Chunk)> {
         let (at, p) = self.get(off)?;
-        self.served(at, &p, off, want);
+        self.served(at, p.len(), off, want);
         Some((at, p))
     }
 
-    /// The bytes from `off` in the piece `p` at `at`, up to `want`, were
-    /// read.
-    fn served(&mut self, at: u64, p: &[u8], off: u64, want: usize) {
-        let k = want.min(p.len() - (off - at) as usize);
+    /// The bytes from `off` in the piece of `len` bytes at `at`, up to
+    /// `want`, were read.
+    fn served(&mut self, at: u64, len: usize, off: u64, want: usize) {
+        let k = want.min(len - (off - at) as usize);
         self.consumed(at, k);
         self.last_end = off + k as u64;
     }
@@ -1431,9 +1486,14 @@ impl Reader {
         };
         let (tx, rx) = mpsc::channel((self.readahead as u64 / STREAM_PIECE).max(1) as usize);
         let buffers = self.buffers.clone();
+        let spliced = self.spliced;
         let src = src.clone();
         let task = runtime().spawn(async move {
-            let out = Output::Pieces { tx, buffers };
+            let out = Output::Pieces {
+                tx,
+                buffers,
+                spliced,
+            };
             download(&src.x, out, &opts, src.pool.clone(), Arc::new(NoProgress)).await
         });
         self.streams += 1;
@@ -1456,18 +1516,18 @@ impl Reader {
             .tail
             .take_if(|(at, t)| *at <= off && off < *at + t.len() as u64)
         {
-            self.put(at, t.freeze());
+            self.put(at, Chunk::Mem(t.freeze()));
         }
     }
 
     /// The cached piece holding byte `off` and where it starts.
-    fn find(&self, off: u64) -> Option<(u64, &Bytes)> {
+    fn find(&self, off: u64) -> Option<(u64, &Chunk)> {
         let (&at, (p, _)) = self.pieces.range(..=off).next_back()?;
         (off < at + p.len() as u64).then_some((at, p))
     }
 
     /// As [`Reader::find`], marking the piece used.
-    fn get(&mut self, off: u64) -> Option<(u64, Bytes)> {
+    fn get(&mut self, off: u64) -> Option<(u64, Chunk)> {
         let (at, p) = self.find(off)?;
         let p = p.clone();
         if self.order.back() != Some(&at) {
@@ -1488,7 +1548,7 @@ impl Reader {
         }
     }
 
-    fn put(&mut self, at: u64, p: Bytes) {
+    fn put(&mut self, at: u64, p: Chunk) {
         self.bytes += p.len() as u64;
         if let Some((old, _)) = self.pieces.insert(at, (p, 0)) {
             self.unlink(at, old.len() as u64);
@@ -1546,8 +1606,10 @@ impl Reader {
 
     /// Gives a dropped piece's buffer back to the read-ahead, unless a
     /// caller still holds it.
-    fn recycle(&self, p: Bytes) {
-        if let Ok(b) = p.try_into_mut() {
+    fn recycle(&self, p: Chunk) {
+        if let Chunk::Mem(p) = p
+            && let Ok(b) = p.try_into_mut()
+        {
             self.buffers.give(b);
         }
     }
@@ -1564,6 +1626,43 @@ impl Reader {
         self.stream = None;
         self.source = None;
         self.epoch += 1;
+    }
+}
+
+/// A cached piece's bytes.
+#[derive(Clone)]
+enum Chunk {
+    Mem(Bytes),
+    /// Held in kernel pipes ([`OpenOptions::spliced`]).
+    Pipes(Arc<Spliced>),
+}
+
+impl Chunk {
+    fn len(&self) -> usize {
+        match self {
+            Chunk::Mem(b) => b.len(),
+            Chunk::Pipes(h) => h.len(),
+        }
+    }
+
+    /// Copies the bytes from `from` into `out`.
+    fn copy_to(&self, from: usize, out: &mut [u8]) -> io::Result<()> {
+        match self {
+            Chunk::Mem(b) => {
+                out.copy_from_slice(&b[from..from + out.len()]);
+                Ok(())
+            }
+            Chunk::Pipes(h) => h.copy_to(from, out),
+        }
+    }
+}
+
+impl From<Data> for Chunk {
+    fn from(d: Data) -> Chunk {
+        match d {
+            Data::Mem(b) => Chunk::Mem(b.freeze()),
+            Data::Spliced(h) => Chunk::Pipes(Arc::new(h)),
+        }
     }
 }
 
@@ -1584,17 +1683,34 @@ struct Stream {
 }
 
 impl Stream {
-    /// Takes in `p`, the bytes at `next`: it joins the tail if it lies
-    /// right after it in memory; otherwise it starts the tail, and the
-    /// tail before it, whole, is returned.
-    fn add(&mut self, p: BytesMut) -> Option<(u64, Bytes)> {
+    /// Takes in `p`, the bytes at `next`, and returns what is ready for
+    /// the cache. Bytes in memory join the tail if they lie right after it;
+    /// otherwise they start the tail, and the tail before it, whole, is
+    /// returned. Bytes in pipes are returned at once, after the tail.
+    fn add(&mut self, p: Data) -> Vec<(u64, Chunk)> {
         let at = self.next;
         self.next += p.len() as u64;
+        let p = match p {
+            Data::Mem(p) => p,
+            Data::Spliced(h) => {
+                let tail = self.tail.take().map(|(at, t)| (at, Chunk::Mem(t.freeze())));
+                return tail
+                    .into_iter()
+                    .chain([(at, Chunk::Pipes(Arc::new(h)))])
+                    .collect();
+            }
+        };
         let p = match &mut self.tail {
-            Some((_, t)) => t.try_unsplit(p).err()?,
+            Some((_, t)) => match t.try_unsplit(p) {
+                Ok(()) => return Vec::new(),
+                Err(p) => p,
+            },
             None => p,
         };
-        (self.tail.replace((at, p))).map(|(at, t)| (at, t.freeze()))
+        (self.tail.replace((at, p)))
+            .map(|(at, t)| (at, Chunk::Mem(t.freeze())))
+            .into_iter()
+            .collect()
     }
 
     /// Why the download ended before delivering everything.
@@ -1695,15 +1811,21 @@ mod tests {
 
     const P: usize = 256 << 10;
 
-    fn piece(fill: u8) -> Bytes {
-        Bytes::from(vec![fill; P])
+    fn piece(fill: u8) -> Chunk {
+        Chunk::Mem(Bytes::from(vec![fill; P]))
+    }
+
+    fn bytes(c: &Chunk) -> Vec<u8> {
+        let mut v = vec![0u8; c.len()];
+        c.copy_to(0, &mut v).unwrap();
+        v
     }
 
     /// Pieces read out of order (FUSE's read-ahead requests arrive so) stay
     /// until every byte of them was read, however far later reads ran.
     #[test]
     fn a_piece_stays_until_read_whole_in_any_order() {
-        let mut r = Reader::new(DEFAULT_CACHE, DEFAULT_READAHEAD);
+        let mut r = Reader::new(DEFAULT_CACHE, DEFAULT_READAHEAD, false);
         let n = 2 * (Reader::BEHIND as usize / P) + 4;
         for i in 0..n {
             r.put((i * P) as u64, piece(i as u8));
@@ -1716,7 +1838,7 @@ mod tests {
         // ...so piece 0 is still there, and only the last BEHIND bytes of
         // the pieces read whole.
         let (at, p) = r.get(10).expect("piece 0 is not read whole yet");
-        assert_eq!((at, p[0]), (0, 0));
+        assert_eq!((at, bytes(&p)[0]), (0, 0));
         let kept: Vec<u64> = r.pieces.keys().map(|k| k / P as u64).collect();
         let behind = Reader::BEHIND / P as u64;
         let want: Vec<u64> = std::iter::once(0)
@@ -1748,13 +1870,13 @@ mod tests {
         for i in 0..6u8 {
             let mut b = pool.take(P as u64);
             b.resize(P, i);
-            done.extend(s.add(b));
+            done.extend(s.add(Data::Mem(b)));
         }
         // Four pieces in the first slab: one piece of 1 MiB at 0.
         assert_eq!(done.len(), 1);
         let (at, run) = &done[0];
         let want: Vec<u8> = (0..4u8).flat_map(|i| vec![i; P]).collect();
-        assert_eq!((*at, &run[..]), (0, &want[..]));
+        assert_eq!((*at, bytes(run)), (0, want));
         // The second slab's two so far wait in the tail.
         let (at, tail) = s.tail.as_ref().expect("a tail");
         assert_eq!(
@@ -1762,18 +1884,18 @@ mod tests {
             (4 * P as u64, 2 * P, 6 * P as u64)
         );
         // A reader needing them puts them in the cache as they are.
-        let mut r = Reader::new(DEFAULT_CACHE, DEFAULT_READAHEAD);
+        let mut r = Reader::new(DEFAULT_CACHE, DEFAULT_READAHEAD, false);
         r.stream = Some(s);
         r.settle_tail(5 * P as u64 + 7);
         assert!(r.stream.as_ref().unwrap().tail.is_none());
         let (at, p) = r.get(5 * P as u64).expect("in the cache");
-        assert_eq!((at, p.len(), p[P]), (4 * P as u64, 2 * P, 5));
+        assert_eq!((at, p.len(), bytes(&p)[P]), (4 * P as u64, 2 * P, 5));
     }
 
     /// The cache's capacity drops what was read whole before what was not.
     #[test]
     fn a_full_cache_drops_read_pieces_first() {
-        let mut r = Reader::new(0, DEFAULT_READAHEAD); // the floor: 4 MiB
+        let mut r = Reader::new(0, DEFAULT_READAHEAD, false); // the floor: 4 MiB
         let fit = (r.capacity as usize) / P;
         for i in 0..fit {
             r.put((i * P) as u64, piece(1));

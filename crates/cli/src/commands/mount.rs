@@ -54,6 +54,11 @@ pub struct Args {
     /// /etc/fuse.conf unless run as root).
     #[arg(long)]
     allow_other: bool,
+    /// Answer reads from memory instead of splicing the read-ahead's
+    /// pipes into the kernel: one more copy of every byte. For comparison,
+    /// or a kernel that refuses spliced replies.
+    #[arg(long)]
+    copy_reads: bool,
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
@@ -71,6 +76,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let opts = lors_fuse::Options {
         open,
         allow_other: a.allow_other,
+        copy_reads: a.copy_reads,
     };
     lors_fuse::run(&a.dir, &a.mountpoint, &opts, |m| {
         // On standard output, so a script can wait for it.

@@ -17,7 +17,12 @@ struct Mount {
 
 impl Mount {
     fn start(dir: &Path, at: &Path, extra: &[&str]) -> Mount {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_lors"))
+        Mount::start_with(Command::new(env!("CARGO_BIN_EXE_lors")), dir, at, extra)
+    }
+
+    /// `cmd` (`lors`, or a wrapper that runs it) `mount EXTRA DIR AT`.
+    fn start_with(mut cmd: Command, dir: &Path, at: &Path, extra: &[&str]) -> Mount {
+        let mut child = cmd
             .arg("mount")
             .args(extra)
             .arg(dir)
@@ -68,6 +73,15 @@ impl Drop for Mount {
         }
         let _ = Command::new("umount").arg("-l").arg(&self.at).status();
     }
+}
+
+/// Pipes the process `pid` has open.
+fn pipes_of(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.unwrap().path()).ok())
+        .filter(|t| t.to_string_lossy().starts_with("pipe:"))
+        .count()
 }
 
 fn mounted(at: &Path) -> bool {
@@ -144,6 +158,26 @@ fn mount_serves_exnodes_to_cp_cat_dd_cmp_tar_and_sqlite() {
         root,
     );
     sh("cmp src m/up", root);
+    // Those reads were answered by splicing the read-ahead's pipes into
+    // /dev/fuse: the mount holds pipes.
+    assert!(
+        pipes_of(m.child.id()) > 0,
+        "no pipe in the mount: reads were not spliced"
+    );
+    // With --copy-reads they are answered from memory: the same bytes.
+    {
+        std::fs::create_dir(root.join("m2")).unwrap();
+        let mut copying = Mount::start(
+            &xnds,
+            &root.join("m2"),
+            &["--depot", &d1.addr, "--copy-reads"],
+        );
+        sh(
+            "cmp src m2/up && dd if=m2/up bs=4k 2>/dev/null | cmp src -",
+            root,
+        );
+        assert!(copying.stop().success());
+    }
 
     // Writing: cp, and dd with 4 KiB writes, each read back and stored as
     // whole 1 MiB blocks (2 copies), not a mapping per write.
@@ -291,4 +325,56 @@ fn mount_reports_an_unreadable_block_as_eio() {
     );
     let x = lors::xnd::load(&xnds.join("new.xnd")).unwrap();
     assert!(x.mappings.is_empty(), "{:?}", x.mappings);
+}
+
+/// A file stored as it is (no end-to-end functions) is read through pipes
+/// the read-ahead keeps; with descriptors short (a low open-file limit the
+/// mount cannot raise), what does not fit in pipes goes through memory and
+/// programs read the same bytes.
+#[test]
+fn mount_reads_raw_blocks_through_pipes_and_with_few_descriptors() {
+    if !Path::new("/dev/fuse").exists() {
+        eprintln!("skipped: /dev/fuse is absent on this machine, so nothing can be mounted");
+        return;
+    }
+    let dir = tempdir();
+    let d = DepotProc::start(&dir.path().join("d"), &[]);
+    let root = dir.path();
+    let (xnds, mnt) = (root.join("x"), root.join("m"));
+    std::fs::create_dir(&xnds).unwrap();
+    std::fs::create_dir(&mnt).unwrap();
+    std::fs::write(root.join("src"), pattern(24 << 20, 3)).unwrap();
+    let (ok, _, err) = lors(&[
+        "upload",
+        "-n",
+        "--depot",
+        &d.addr,
+        "-c",
+        "1",
+        "-o",
+        xnds.join("f.xnd").to_str().unwrap(),
+        root.join("src").to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+
+    let mut m = Mount::start(&xnds, &mnt, &["--depot", &d.addr]);
+    sh("dd if=m/f bs=4k 2>/dev/null | cmp src -", root);
+    // Pieces in the cache, each in a pipe; more than the threads' own
+    // reply and scratch pipes.
+    let pipes = pipes_of(m.child.id());
+    assert!(
+        pipes > 16,
+        "{pipes} pipes: the read-ahead kept nothing in pipes"
+    );
+    assert!(m.stop().success());
+
+    let mut limited = Command::new("prlimit");
+    limited.args(["--nofile=64:64", env!("CARGO_BIN_EXE_lors")]);
+    let mut m = Mount::start_with(limited, &xnds, &mnt, &["--depot", &d.addr]);
+    sh(
+        "dd if=m/f bs=4k 2>/dev/null | cmp src - && cat m/f | cmp src -",
+        root,
+    );
+    assert!(pipes_of(m.child.id()) < 64);
+    assert!(m.stop().success());
 }

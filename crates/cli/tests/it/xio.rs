@@ -330,6 +330,84 @@ fn shared_reads_serve_threads_at_once_and_wait_only_for_their_own_bytes() {
     }
 }
 
+/// A read-ahead that keeps its pieces in kernel pipes (the mount's, which
+/// splices them into its replies): threads reading at once get their own
+/// bytes whether copied out (`read_with`) or passed on into a pipe
+/// (`splice_to`), pieces are read again as often as asked, and the file's
+/// end is where it was.
+#[test]
+fn spliced_reads_give_the_bytes_by_copy_and_into_a_pipe() {
+    let dir = tempdir();
+    let d1 = DepotProc::start(&dir.path().join("d1"), &[]);
+    let d2 = DepotProc::start(&dir.path().join("d2"), &[]);
+    let path = dir.path().join("f.xnd");
+    let p = path.to_str().unwrap();
+    let model = noise(12 * MIB + 777);
+    let mut f = writer(&[&d1, &d2], 1).open(p).unwrap();
+    f.write_all(&model).unwrap();
+    f.close().unwrap();
+
+    let reads = reader().spliced(true).open(p).unwrap().reads().unwrap();
+    let model = std::sync::Arc::new(model);
+    let quarter = model.len() / 4;
+    let mut threads = Vec::new();
+    for t in 0..5 {
+        let (reads, model) = (reads.clone(), model.clone());
+        threads.push(std::thread::spawn(move || {
+            // (What a 1 MiB pipe surely holds, however the bytes arrived.)
+            let sizes = [4096, 131072, 1000, 262144];
+            let (mut off, end) = match t {
+                4 => (0, model.len()),
+                _ => (t * quarter, (t + 1) * quarter),
+            };
+            let (r, w) = lors_ibp::spliced::pipe(MIB).unwrap();
+            let mut r = std::fs::File::from(r);
+            let mut i = t;
+            let mut spans = Vec::new();
+            while off < end {
+                let len = sizes[i % sizes.len()].min(end - off);
+                spans.push((off, len));
+                off += len;
+                i += 1;
+            }
+            if t == 4 {
+                spans.reverse();
+            }
+            for (k, (off, len)) in spans.into_iter().enumerate() {
+                let got = if (t + k) % 2 == 0 {
+                    reads.read_with(off as u64, len, |b| b.to_vec()).unwrap()
+                } else {
+                    use std::os::fd::AsFd;
+                    let n = reads.splice_to(off as u64, len, w.as_fd()).unwrap();
+                    assert_eq!(n, len);
+                    let mut v = vec![0u8; len];
+                    r.read_exact(&mut v).unwrap();
+                    v
+                };
+                assert!(got == model[off..off + len], "thread {t} at {off}+{len}");
+            }
+        }));
+    }
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert!(lors_ibp::spliced::held() > 0, "the cache holds pipes");
+    let n = model.len() as u64;
+    let (r, w) = lors_ibp::spliced::pipe(MIB).unwrap();
+    use std::os::fd::AsFd;
+    assert_eq!(reads.splice_to(n, 4096, w.as_fd()).unwrap(), 0);
+    assert_eq!(reads.splice_to(n - 10, 4096, w.as_fd()).unwrap(), 10);
+    let mut tail = Vec::new();
+    drop(w);
+    std::fs::File::from(r).read_to_end(&mut tail).unwrap();
+    assert_eq!(tail, &model[model.len() - 10..]);
+    // A plain read of the file, pieces copied out of their pipes.
+    let mut all = Vec::new();
+    let mut f = reader().spliced(true).open(p).unwrap();
+    f.read_to_end(&mut all).unwrap();
+    assert!(all == *model);
+}
+
 #[test]
 fn overwriting_and_truncating_encoded_blocks_of_an_uploaded_file() {
     let dir = tempdir();

@@ -2,6 +2,7 @@
 //! work, reading pieces over IBP and handing them to the output.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
@@ -9,13 +10,14 @@ use lors_exnode::functions::{Codec, MAX_ENCODED_MAPPING};
 use tokio::sync::mpsc;
 
 use super::Ctx;
-use super::output::{Held, OutFile};
+use super::output::{Data, Held, OutFile};
 use super::sched::{DepotId, Pick};
 use crate::error::Error;
 
-/// A fetched piece: in memory, or already written into the output file.
+/// A fetched piece: in memory or pipes, or already written into the output
+/// file.
 enum Got {
-    Mem(BytesMut),
+    Data(Data),
     Written,
 }
 
@@ -131,10 +133,12 @@ pub(super) async fn worker(
                 // One short line appended to the record: a hop to a
                 // blocking thread for it would cost more than the write.
                 Got::Written => f.record(offset, len),
-                Got::Mem(buf) => {
+                Got::Data(data) => {
                     let f = f.clone();
                     let bufs = ctx.bufs.clone();
                     tokio::task::spawn_blocking(move || {
+                        // (A file output never splices into pipes.)
+                        let buf = data.into_mem()?;
                         let r = f.write_piece(pos, offset, &buf);
                         bufs.give(buf);
                         r
@@ -147,7 +151,7 @@ pub(super) async fn worker(
             if let Err(e) = r {
                 ctx.fatal(Error::io("writing the output file", e));
             }
-        } else if let (Some(tx), Got::Mem(buf)) = (&tx, got) {
+        } else if let (Some(tx), Got::Data(buf)) = (&tx, got) {
             if tx.send((piece, buf, mem)).await.is_err() {
                 ctx.lock().writing -= 1;
                 return;
@@ -177,7 +181,8 @@ async fn fetch(
             let at = map.alloc_offset + (offset - map.exnode_offset);
             // Taken before any wait, so pieces picked in a row get buffers
             // in a row (adjacent, when the pool cuts them from slabs).
-            let mut buf = out.is_none().then(|| ctx.bufs.take(len));
+            let splice = out.is_none() && ctx.spliced.load(Ordering::Relaxed);
+            let buf = (out.is_none() && !splice).then(|| ctx.bufs.take(len));
             let mut c = ctx.pool.get(depot).await.map_err(ibp_err)?;
             if let Some(f) = out {
                 // Raw bytes to a file: straight from the socket into
@@ -189,10 +194,25 @@ async fn fetch(
                 ctx.pool.put(c);
                 return Ok(Got::Written);
             }
-            let mut buf = buf.take().expect("taken for a memory output");
+            if splice {
+                match c.load_spliced(cap, at, len).await {
+                    Ok(held) => {
+                        ctx.pool.put(c);
+                        return Ok(Got::Data(Data::Spliced(held)));
+                    }
+                    // No pipe to be had, the LOAD not sent: into memory,
+                    // from now on.
+                    Err(e @ lors_ibp::Error::Local { .. }) if c.is_healthy() => {
+                        tracing::debug!(error = %e, "pieces go to memory from here on");
+                        ctx.spliced.store(false, Ordering::Relaxed);
+                    }
+                    Err(e) => return Err(ibp_err(e)),
+                }
+            }
+            let mut buf = buf.unwrap_or_else(|| ctx.bufs.take(len));
             c.load_buf(cap, at, len, &mut buf).await.map_err(ibp_err)?;
             ctx.pool.put(c);
-            Ok(Got::Mem(buf))
+            Ok(Got::Data(Data::Mem(buf)))
         }
         Ok(Some(_)) if map.alloc_length > MAX_ENCODED_MAPPING => Err(Fail::Remote(
             format!(
@@ -225,12 +245,12 @@ async fn fetch(
             let from = usize::try_from(offset - map.exnode_offset).unwrap_or(usize::MAX);
             let to = from.saturating_add(usize::try_from(len).unwrap_or(usize::MAX));
             if from == 0 && to == plain.len() {
-                return Ok(Got::Mem(plain)); // the usual case: no copy
+                return Ok(Got::Data(Data::Mem(plain))); // the usual case: no copy
             }
             let piece = plain.get(from..to).map(BytesMut::from);
             ctx.bufs.give(plain);
             piece
-                .map(Got::Mem)
+                .map(|p| Got::Data(Data::Mem(p)))
                 .ok_or(Fail::Remote("mapping shorter than recorded".into(), false))
         }
     }

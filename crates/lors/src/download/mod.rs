@@ -37,7 +37,7 @@ mod output;
 pub mod sched;
 mod tune;
 
-pub use output::{Buffers, Piece, partial_path, record_path};
+pub use output::{Buffers, Data, Piece, partial_path, record_path};
 use output::{Held, OutFile, Sink};
 use sched::{Event, Sched};
 pub use tune::AUTO_CONNECTIONS;
@@ -137,6 +137,10 @@ pub enum Output {
         /// buffers back here once done with them, and the next pieces reuse
         /// them instead of fresh, zeroed memory.
         buffers: Arc<Buffers>,
+        /// Keep raw pieces in kernel pipes ([`Data::Spliced`]) rather than
+        /// in buffers, where pipes can be had (otherwise, and for encoded
+        /// mappings, in memory).
+        spliced: bool,
     },
 }
 
@@ -187,6 +191,9 @@ struct Ctx {
     /// Bytes in memory per piece of each mapping (0: spliced into the file).
     mem_need: Vec<u64>,
     bufs: Arc<Buffers>,
+    /// Raw pieces go into pipes (see [`Output::Pieces`]); cleared when no
+    /// pipe can be had, and they go to memory from then on.
+    spliced: std::sync::atomic::AtomicBool,
 }
 
 impl Ctx {
@@ -298,13 +305,19 @@ pub async fn download(
     let depot_of: Vec<usize> = (addrs.iter())
         .map(|a| names.binary_search(a).unwrap_or(usize::MAX))
         .collect();
+    let mut spliced = false;
     let (file_out, stream, shared_bufs) = match out {
         Output::File(path) => {
             let (f, done) = OutFile::open(path, x, start, len, opts.block_size, opts.resume)?;
             (Some((Arc::new(f), done)), None, None)
         }
         Output::Stream { writer, name } => (None, Some((Sink::Writer(writer), name)), None),
-        Output::Pieces { tx, buffers } => {
+        Output::Pieces {
+            tx,
+            buffers,
+            spliced: sp,
+        } => {
+            spliced = sp;
             let name = "the reader of the pieces".to_owned();
             (None, Some((Sink::Pieces(tx), name)), Some(buffers))
         }
@@ -371,6 +384,7 @@ pub async fn download(
         mem: (largest > 0).then(|| Arc::new(Semaphore::new(slots))),
         mem_need,
         bufs: shared_bufs.unwrap_or_else(|| Arc::new(Buffers::new(keep))),
+        spliced: spliced.into(),
     });
     let (tx, writer) = match stream {
         Some((w, name)) => {

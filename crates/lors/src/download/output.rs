@@ -298,15 +298,52 @@ impl Buffers {
 
 /// A fetched stream piece on its way to the writer, with the memory slot it
 /// holds until written.
-pub(super) type Held = (usize, BytesMut, Option<OwnedSemaphorePermit>);
+pub(super) type Held = (usize, Data, Option<OwnedSemaphorePermit>);
+
+/// A piece's bytes: in memory, or kept in kernel pipes
+/// ([`super::Output::Pieces`] with `spliced`), which a FUSE mount hands on
+/// to the kernel without copying them through memory first.
+#[derive(Debug)]
+pub enum Data {
+    /// In a buffer of the download's pool.
+    Mem(BytesMut),
+    /// In pipes ([`lors_ibp::spliced`]).
+    Spliced(lors_ibp::spliced::Spliced),
+}
+
+impl Data {
+    /// How many bytes.
+    pub fn len(&self) -> usize {
+        match self {
+            Data::Mem(b) => b.len(),
+            Data::Spliced(h) => h.len(),
+        }
+    }
+
+    /// Whether it holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The bytes in memory: spliced ones are copied out.
+    ///
+    /// # Errors
+    /// A pipe could not be read.
+    pub fn into_mem(self) -> std::io::Result<BytesMut> {
+        match self {
+            Data::Mem(b) => Ok(b),
+            Data::Spliced(h) => h.to_vec().map(|v| BytesMut::from(Bytes::from(v))),
+        }
+    }
+}
 
 /// A piece of an [`super::Output::Pieces`] download, in order. Its bytes
 /// count against the download's [`super::DownloadOptions::memory`] until
-/// [`Piece::into_bytes`] takes them: a reader that falls behind holds the
+/// [`Piece::into_data`] takes them: a reader that falls behind holds the
 /// download back instead of letting it fill memory.
 #[derive(Debug)]
 pub struct Piece {
-    data: BytesMut,
+    data: Data,
     _slot: Option<OwnedSemaphorePermit>,
 }
 
@@ -322,7 +359,7 @@ impl Piece {
     }
 
     /// The bytes, no longer counted against the download's memory.
-    pub fn into_bytes(self) -> BytesMut {
+    pub fn into_data(self) -> Data {
         self.data
     }
 }
@@ -338,12 +375,14 @@ pub(super) enum Sink {
 impl Sink {
     async fn put(
         &mut self,
-        data: BytesMut,
+        data: Data,
         slot: Option<OwnedSemaphorePermit>,
         bufs: &Buffers,
     ) -> std::io::Result<()> {
         match self {
             Sink::Writer(w) => {
+                // (Only pieces handed over whole are ever spliced.)
+                let data = data.into_mem()?;
                 w.write_all(&data).await?;
                 bufs.give(data);
                 Ok(())
@@ -367,7 +406,7 @@ pub(super) async fn write_in_order(
     written: impl Fn(usize),
     failed: impl Fn(std::io::Error),
 ) {
-    let mut held: BTreeMap<usize, (BytesMut, Option<OwnedSemaphorePermit>)> = BTreeMap::new();
+    let mut held: BTreeMap<usize, (Data, Option<OwnedSemaphorePermit>)> = BTreeMap::new();
     let mut next = 0usize;
     let mut started = hold.bytes == 0;
     loop {
@@ -420,8 +459,8 @@ mod tests {
     use std::sync::Arc;
     use tokio::io::AsyncReadExt;
 
-    fn filled(v: u8, n: usize) -> BytesMut {
-        BytesMut::from(&vec![v; n][..])
+    fn filled(v: u8, n: usize) -> Data {
+        Data::Mem(BytesMut::from(&vec![v; n][..]))
     }
 
     /// Runs `write_in_order` into `sink`, holding `hold_bytes` first.
@@ -522,7 +561,7 @@ mod tests {
         assert_eq!(mem.available_permits(), 0, "slots held by untaken pieces");
         for i in 0..3u8 {
             let p = pieces.recv().await.expect("a piece");
-            assert_eq!(p.into_bytes(), vec![i; 100]);
+            assert_eq!(p.into_data().into_mem().unwrap(), vec![i; 100]);
             assert_eq!(mem.available_permits(), usize::from(i) + 1);
         }
         assert!(pieces.recv().await.is_none());
