@@ -30,7 +30,7 @@ use tokio::io::{AsyncBufRead, BufReader, Interest};
 use tokio::net::TcpStream;
 use tokio::time::timeout;
 
-use crate::zerocopy::XferError;
+use crate::zerocopy::{XferError, timed_out};
 
 /// What one pipe of a [`Spliced`] is sized for. A received page may arrive
 /// split over two socket buffers, and each takes a pipe slot: twice a
@@ -470,25 +470,11 @@ async fn recv_in(
     Ok(out)
 }
 
-fn timed_out() -> io::Error {
-    io::Error::new(
-        io::ErrorKind::TimedOut,
-        "no progress within the I/O timeout",
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::zerocopy::tests::pair;
     use tokio::io::AsyncWriteExt;
-    use tokio::net::TcpListener;
-
-    async fn pair() -> (TcpStream, TcpStream) {
-        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let a = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
-        let (b, _) = l.accept().await.unwrap();
-        (a, b)
-    }
 
     fn data(n: usize) -> Vec<u8> {
         (0..n).map(|i| (i * 31 + i / 4093) as u8).collect()

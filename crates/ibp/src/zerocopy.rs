@@ -46,7 +46,7 @@ impl std::fmt::Display for XferError {
 
 impl std::error::Error for XferError {}
 
-fn timed_out() -> io::Error {
+pub(crate) fn timed_out() -> io::Error {
     io::Error::new(
         io::ErrorKind::TimedOut,
         "no progress within the I/O timeout",
@@ -428,12 +428,13 @@ async fn recv_copy(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use tokio::io::AsyncWriteExt;
     use tokio::net::TcpListener;
 
-    async fn pair() -> (TcpStream, TcpStream) {
+    /// Two ends of a TCP connection on 127.0.0.1.
+    pub(crate) async fn pair() -> (TcpStream, TcpStream) {
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let a = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
         let (b, _) = l.accept().await.unwrap();

@@ -75,6 +75,29 @@ impl Drop for Mount {
     }
 }
 
+/// `data` as `ROOT/src`, uploaded to `d` (one copy, `upload_flags`) as
+/// `ROOT/x/f.xnd`; returns the exNode directory and a mount point
+/// (`ROOT/m`).
+fn one_file_on(
+    d: &DepotProc,
+    root: &Path,
+    data: Vec<u8>,
+    upload_flags: &[&str],
+) -> (std::path::PathBuf, std::path::PathBuf) {
+    let (xnds, mnt) = (root.join("x"), root.join("m"));
+    std::fs::create_dir(&xnds).unwrap();
+    std::fs::create_dir(&mnt).unwrap();
+    std::fs::write(root.join("src"), data).unwrap();
+    let xnd = xnds.join("f.xnd");
+    let src = root.join("src");
+    let mut args = vec!["upload", "--depot", &d.addr, "-c", "1"];
+    args.extend_from_slice(upload_flags);
+    args.extend(["-o", xnd.to_str().unwrap(), src.to_str().unwrap()]);
+    let (ok, _, err) = lors(&args);
+    assert!(ok, "{err}");
+    (xnds, mnt)
+}
+
 /// Pipes the process `pid` has open.
 fn pipes_of(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd"))
@@ -290,21 +313,7 @@ fn mount_reports_an_unreadable_block_as_eio() {
     let dir = tempdir();
     let mut d = DepotProc::start(&dir.path().join("d"), &[]);
     let root = dir.path();
-    let (xnds, mnt) = (root.join("x"), root.join("m"));
-    std::fs::create_dir(&xnds).unwrap();
-    std::fs::create_dir(&mnt).unwrap();
-    std::fs::write(root.join("src"), pattern(1 << 20, 1)).unwrap();
-    let (ok, _, err) = lors(&[
-        "upload",
-        "--depot",
-        &d.addr,
-        "-c",
-        "1",
-        "-o",
-        xnds.join("f.xnd").to_str().unwrap(),
-        root.join("src").to_str().unwrap(),
-    ]);
-    assert!(ok, "{err}");
+    let (xnds, mnt) = one_file_on(&d, root, pattern(1 << 20, 1), &[]);
     let _m = Mount::start(&xnds, &mnt, &["-T", "5", "--depot", &d.addr, "-B", "1M"]);
     d.kill9();
     let out = Command::new("cat").arg(mnt.join("f")).output().unwrap();
@@ -340,22 +349,7 @@ fn mount_reads_raw_blocks_through_pipes_and_with_few_descriptors() {
     let dir = tempdir();
     let d = DepotProc::start(&dir.path().join("d"), &[]);
     let root = dir.path();
-    let (xnds, mnt) = (root.join("x"), root.join("m"));
-    std::fs::create_dir(&xnds).unwrap();
-    std::fs::create_dir(&mnt).unwrap();
-    std::fs::write(root.join("src"), pattern(24 << 20, 3)).unwrap();
-    let (ok, _, err) = lors(&[
-        "upload",
-        "-n",
-        "--depot",
-        &d.addr,
-        "-c",
-        "1",
-        "-o",
-        xnds.join("f.xnd").to_str().unwrap(),
-        root.join("src").to_str().unwrap(),
-    ]);
-    assert!(ok, "{err}");
+    let (xnds, mnt) = one_file_on(&d, root, pattern(24 << 20, 3), &["-n"]);
 
     let mut m = Mount::start(&xnds, &mnt, &["--depot", &d.addr]);
     sh("dd if=m/f bs=4k 2>/dev/null | cmp src -", root);

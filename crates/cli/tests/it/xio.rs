@@ -208,47 +208,61 @@ fn noise(len: usize) -> Vec<u8> {
         .collect()
 }
 
+/// 12 MiB and a bit of noise written as one copy over two new depots;
+/// the depots (stopped when dropped), the exNode and the bytes.
+fn noise_on_two_depots(dir: &Path) -> (DepotProc, DepotProc, std::path::PathBuf, Vec<u8>) {
+    let d1 = DepotProc::start(&dir.join("d1"), &[]);
+    let d2 = DepotProc::start(&dir.join("d2"), &[]);
+    let path = dir.join("f.xnd");
+    let model = noise(12 * MIB + 777);
+    let mut f = writer(&[&d1, &d2], 1).open(path.to_str().unwrap()).unwrap();
+    f.write_all(&model).unwrap();
+    f.close().unwrap();
+    (d1, d2, path, model)
+}
+
+/// Thread `t`'s reads of a file of `len` bytes: threads 0-3 their quarter,
+/// thread 4 the whole file backwards; in a row, of `sizes` in turn
+/// (starting at the `t`th).
+fn scan(t: usize, len: usize, sizes: &[usize]) -> Vec<(usize, usize)> {
+    let quarter = len / 4;
+    let (mut off, end) = match t {
+        4 => (0, len),
+        _ => (t * quarter, (t + 1) * quarter),
+    };
+    let mut spans = Vec::new();
+    let mut i = t;
+    while off < end {
+        let len = sizes[i % sizes.len()].min(end - off);
+        spans.push((off, len));
+        off += len;
+        i += 1;
+    }
+    if t == 4 {
+        spans.reverse();
+    }
+    spans
+}
+
 /// A file's shared reads (the FUSE mount's threads use them): threads
 /// reading at once, out of order, each get their own bytes; a read whose
 /// block is stuck on an unresponsive depot holds back none of the others.
 #[test]
 fn shared_reads_serve_threads_at_once_and_wait_only_for_their_own_bytes() {
     let dir = tempdir();
-    let d1 = DepotProc::start(&dir.path().join("d1"), &[]);
-    let d2 = DepotProc::start(&dir.path().join("d2"), &[]);
-    let path = dir.path().join("f.xnd");
+    let (_d1, _d2, path, model) = noise_on_two_depots(dir.path());
     let p = path.to_str().unwrap();
-    let model = noise(12 * MIB + 777);
-    let mut f = writer(&[&d1, &d2], 1).open(p).unwrap();
-    f.write_all(&model).unwrap();
-    f.close().unwrap();
 
     // Four threads, each a sequential scan of its own quarter in requests
     // of varied sizes, plus one reading the whole file backwards.
     let reads = reader().open(p).unwrap().reads().unwrap();
     let model = std::sync::Arc::new(model);
-    let quarter = model.len() / 4;
     let mut threads = Vec::new();
     for t in 0..5 {
         let (reads, model) = (reads.clone(), model.clone());
         threads.push(std::thread::spawn(move || {
             let sizes = [4096, 131072, 1000, MIB];
-            let (mut off, end) = match t {
-                4 => (0, model.len()),
-                _ => (t * quarter, (t + 1) * quarter),
-            };
-            let mut spans = Vec::new();
-            let mut i = t;
-            while off < end {
-                let len = sizes[i % sizes.len()].min(end - off);
-                spans.push((off, len));
-                off += len;
-                i += 1;
-            }
-            if t == 4 {
-                spans.reverse();
-            }
-            for (off, len) in spans {
+            for (off, len) in scan(t, model.len(), &sizes) {
                 let got = reads.read_with(off as u64, len, |b| b.to_vec()).unwrap();
                 assert!(got == model[off..off + len], "thread {t} at {off}+{len}");
             }
@@ -338,42 +352,20 @@ fn shared_reads_serve_threads_at_once_and_wait_only_for_their_own_bytes() {
 #[test]
 fn spliced_reads_give_the_bytes_by_copy_and_into_a_pipe() {
     let dir = tempdir();
-    let d1 = DepotProc::start(&dir.path().join("d1"), &[]);
-    let d2 = DepotProc::start(&dir.path().join("d2"), &[]);
-    let path = dir.path().join("f.xnd");
+    let (_d1, _d2, path, model) = noise_on_two_depots(dir.path());
     let p = path.to_str().unwrap();
-    let model = noise(12 * MIB + 777);
-    let mut f = writer(&[&d1, &d2], 1).open(p).unwrap();
-    f.write_all(&model).unwrap();
-    f.close().unwrap();
 
     let reads = reader().spliced(true).open(p).unwrap().reads().unwrap();
     let model = std::sync::Arc::new(model);
-    let quarter = model.len() / 4;
     let mut threads = Vec::new();
     for t in 0..5 {
         let (reads, model) = (reads.clone(), model.clone());
         threads.push(std::thread::spawn(move || {
             // (What a 1 MiB pipe surely holds, however the bytes arrived.)
             let sizes = [4096, 131072, 1000, 262144];
-            let (mut off, end) = match t {
-                4 => (0, model.len()),
-                _ => (t * quarter, (t + 1) * quarter),
-            };
             let (r, w) = lors_ibp::spliced::pipe(MIB).unwrap();
             let mut r = std::fs::File::from(r);
-            let mut i = t;
-            let mut spans = Vec::new();
-            while off < end {
-                let len = sizes[i % sizes.len()].min(end - off);
-                spans.push((off, len));
-                off += len;
-                i += 1;
-            }
-            if t == 4 {
-                spans.reverse();
-            }
-            for (k, (off, len)) in spans.into_iter().enumerate() {
+            for (k, (off, len)) in scan(t, model.len(), &sizes).into_iter().enumerate() {
                 let got = if (t + k) % 2 == 0 {
                     reads.read_with(off as u64, len, |b| b.to_vec()).unwrap()
                 } else {
