@@ -38,7 +38,9 @@ use crate::zerocopy::{XferError, timed_out};
 /// another pipe.
 pub const PART_BYTES: usize = 512 << 10;
 
-/// Bytes held in pipes: the read ends, each with how many bytes it holds.
+/// Bytes held in pipes, read as often as asked ([`Spliced::tee_to`],
+/// [`Spliced::copy_to`]); dropped, its pipes are emptied and kept for the
+/// next bytes.
 ///
 /// ```no_run
 /// # async fn f(mut rd: tokio::io::BufReader<tokio::net::TcpStream>) -> Result<(), lors_ibp::zerocopy::XferError> {
