@@ -59,7 +59,9 @@ pub struct Options {
     pub allow_other: bool,
     /// Answer reads from memory with `writev(2)` instead of splicing the
     /// read-ahead's pipes into `/dev/fuse`: slower, one more copy of every
-    /// byte; for comparison, or a kernel that refuses spliced replies.
+    /// byte; for comparison, or a kernel that refuses spliced replies. (A
+    /// process without `CAP_SYS_ADMIN` or `CAP_SYS_RESOURCE` copies anyway:
+    /// see [`lors_ibp::spliced::unlimited`].)
     pub copy_reads: bool,
 }
 
@@ -106,7 +108,14 @@ pub fn run(
     // as several at once, and a read-only file's reads do not wait for each
     // other (writable files serialize on their handle).
     cfg.n_threads = Some(4);
-    if !opts.copy_reads {
+    // Pipes enough for the read-ahead only with privilege: an unprivileged
+    // user's pipes are held to 64 MiB of slots, and past it a spliced
+    // mount read slower than one that copies.
+    let splice = !opts.copy_reads && lors_ibp::spliced::unlimited();
+    if !opts.copy_reads && !splice {
+        tracing::info!("READ replies copied: this process's pipe memory is limited");
+    }
+    if splice {
         // A spliced reply must fit one pipe, which without privilege holds
         // 1 MiB in 256 slots, and a received page may take two slots.
         cfg.mount_options.push(MountOption::CUSTOM(format!(
@@ -115,7 +124,7 @@ pub fn run(
         )));
     }
     let session = fuser::Session::new(fs, mountpoint, &cfg)?;
-    if !opts.copy_reads {
+    if splice {
         // The same open device (not a clone of the connection): replies
         // written to it reach the requests fuser's threads read from it.
         match session.as_fd().try_clone_to_owned() {

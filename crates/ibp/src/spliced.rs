@@ -364,6 +364,29 @@ fn with_scratch<R>(
     Ok(out)
 }
 
+/// Whether the kernel lets this process keep as many pipes as a
+/// read-ahead fills. A process without `CAP_SYS_ADMIN` or
+/// `CAP_SYS_RESOURCE` is held to `/proc/sys/fs/pipe-user-pages-soft` (64
+/// MiB of pipe slots per user by default): past it, new pipes get two
+/// slots and cannot be resized, and bytes are better kept in memory.
+pub fn unlimited() -> bool {
+    static UNLIMITED: OnceLock<bool> = OnceLock::new();
+    *UNLIMITED.get_or_init(|| {
+        let soft = std::fs::read_to_string("/proc/sys/fs/pipe-user-pages-soft");
+        if soft.is_ok_and(|s| s.trim() == "0") {
+            return true;
+        }
+        const CAP_SYS_ADMIN: u32 = 21;
+        const CAP_SYS_RESOURCE: u32 = 24;
+        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        let caps = (status.lines())
+            .find_map(|l| l.strip_prefix("CapEff:"))
+            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+            .unwrap_or(0);
+        caps & (1 << CAP_SYS_ADMIN | 1 << CAP_SYS_RESOURCE) != 0
+    })
+}
+
 /// An empty pipe for [`recv`] to start with. Made before a LOAD is sent,
 /// so running out of descriptors leaves the connection in step and the
 /// caller free to load into memory instead.
@@ -374,9 +397,15 @@ impl Room {
     /// An empty pipe sized for [`PART_BYTES`].
     ///
     /// # Errors
-    /// No pipe can be made: descriptors or pipe memory ran out, or held
-    /// pipes take a quarter of the open-file limit already.
+    /// No pipe can be made: descriptors or pipe memory ran out, held pipes
+    /// take a quarter of the open-file limit already, or the kernel limits
+    /// this process's pipe memory (see [`unlimited`]).
     pub fn new() -> io::Result<Room> {
+        if !unlimited() {
+            return Err(io::Error::other(
+                "pipes of an unprivileged process are limited (pipe-user-pages-soft)",
+            ));
+        }
         held_pipe(PART_BYTES, true).map(Room)
     }
 }

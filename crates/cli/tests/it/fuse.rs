@@ -182,9 +182,9 @@ fn mount_serves_exnodes_to_cp_cat_dd_cmp_tar_and_sqlite() {
     );
     sh("cmp src m/up", root);
     // Those reads were answered by splicing the read-ahead's pipes into
-    // /dev/fuse: the mount holds pipes.
+    // /dev/fuse: the mount holds pipes (unless, unprivileged, it copies).
     assert!(
-        pipes_of(m.child.id()) > 0,
+        pipes_of(m.child.id()) > 0 || !lors_ibp::spliced::unlimited(),
         "no pipe in the mount: reads were not spliced"
     );
     // With --copy-reads they are answered from memory: the same bytes.
@@ -355,10 +355,12 @@ fn mount_reads_raw_blocks_through_pipes_and_with_few_descriptors() {
     sh("dd if=m/f bs=4k 2>/dev/null | cmp src -", root);
     // Pieces in the cache, each in a pipe; more than the threads' own
     // reply and scratch pipes.
+    // (A mount without privilege copies, and keeps no pieces in pipes.)
     let pipes = pipes_of(m.child.id());
-    assert!(
+    assert_eq!(
         pipes > 16,
-        "{pipes} pipes: the read-ahead kept nothing in pipes"
+        lors_ibp::spliced::unlimited(),
+        "{pipes} pipes: kept by the read-ahead only with privilege"
     );
     assert!(m.stop().success());
 
