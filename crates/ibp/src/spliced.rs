@@ -166,9 +166,10 @@ impl Drop for Spliced {
 /// # Errors
 /// No pipe can be made (descriptors or pipe memory ran out).
 pub fn pipe(bytes: usize) -> io::Result<(OwnedFd, OwnedFd)> {
+    const UNPRIVILEGED_MAX: usize = 1 << 20;
     let (r, w) = pipe_with(PipeFlags::CLOEXEC | PipeFlags::NONBLOCK)?;
-    if fcntl_setpipe_size(&w, bytes).is_err() {
-        let _ = fcntl_setpipe_size(&w, bytes.min(1 << 20));
+    if fcntl_setpipe_size(&w, bytes).is_err() && bytes > UNPRIVILEGED_MAX {
+        let _ = fcntl_setpipe_size(&w, UNPRIVILEGED_MAX);
     }
     Ok((r, w))
 }
@@ -285,11 +286,7 @@ impl Spliced {
             if skip == 0 {
                 return tee_all(part, to, k);
             }
-            with_scratch(|sr, sw| {
-                tee_all(part, sw, skip + k)?;
-                splice_all(sr, null()?.as_fd(), skip)?;
-                splice_all(sr, to, k)
-            })
+            past_head(part, skip, k, |sr| splice_all(sr, to, k))
         })
     }
 
@@ -300,11 +297,7 @@ impl Spliced {
     pub fn copy_to(&self, from: usize, out: &mut [u8]) -> io::Result<()> {
         let mut done = 0;
         self.each(from, out.len(), |part, skip, k| {
-            with_scratch(|sr, sw| {
-                tee_all(part, sw, skip + k)?;
-                if skip > 0 {
-                    splice_all(sr, null()?.as_fd(), skip)?;
-                }
+            past_head(part, skip, k, |sr| {
                 let mut want = &mut out[done..done + k];
                 while !want.is_empty() {
                     match rustix::io::read(sr, &mut *want) {
@@ -349,19 +342,28 @@ pub fn write_to(to: BorrowedFd<'_>, mut bytes: &[u8]) -> io::Result<()> {
     Ok(())
 }
 
-/// Runs `f` with this thread's scratch pipe (read end, write end), empty.
-/// A scratch pipe `f` fails with may hold bytes: it is closed, not kept.
-fn with_scratch<R>(
-    f: impl FnOnce(BorrowedFd<'_>, BorrowedFd<'_>) -> io::Result<R>,
-) -> io::Result<R> {
+/// Runs `f` on the read end of this thread's scratch pipe holding the `k`
+/// bytes after the first `skip` of pipe `part` (tee'd, the head dropped
+/// into /dev/null); `f` must take them all. A scratch pipe something
+/// failed with may hold bytes: it is closed, not kept.
+fn past_head(
+    part: BorrowedFd<'_>,
+    skip: usize,
+    k: usize,
+    f: impl FnOnce(BorrowedFd<'_>) -> io::Result<()>,
+) -> io::Result<()> {
     let (r, w) = match SCRATCH.with(|s| s.borrow_mut().take()) {
         Some(p) => p,
         // Room for a whole part, whatever its slots hold.
         None => pipe(2 * PART_BYTES)?,
     };
-    let out = f(r.as_fd(), w.as_fd())?;
+    tee_all(part, w.as_fd(), skip + k)?;
+    if skip > 0 {
+        splice_all(r.as_fd(), null()?.as_fd(), skip)?;
+    }
+    f(r.as_fd())?;
     SCRATCH.with(|s| *s.borrow_mut() = Some((r, w)));
-    Ok(out)
+    Ok(())
 }
 
 /// Whether the kernel lets this process keep as many pipes as a
@@ -440,13 +442,8 @@ async fn recv_in(
         len: 0,
     };
     let head = rd.buffer().len().min(len);
-    let mut put = 0;
-    while put < head {
-        // An empty pipe takes the few KiB of data that came with the reply
-        // line in one write.
-        put += rustix::io::write(&first.w, &rd.buffer()[put..head])
-            .map_err(|e| XferError::Disk(e.into()))?;
-    }
+    // An empty pipe takes the few KiB of data that came with the reply line.
+    write_to(first.w.as_fd(), &rd.buffer()[..head]).map_err(XferError::Disk)?;
     std::pin::Pin::new(&mut *rd).consume(head);
     // The current part: its ends and the bytes in it.
     let mut cur = Some((first, head));

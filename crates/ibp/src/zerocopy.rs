@@ -18,7 +18,7 @@ use std::os::fd::OwnedFd;
 use std::os::unix::fs::FileExt;
 use std::time::Duration;
 
-use rustix::pipe::{PipeFlags, SpliceFlags, fcntl_setpipe_size, pipe_with, splice};
+use rustix::pipe::{SpliceFlags, splice};
 use tokio::io::Interest;
 use tokio::net::TcpStream;
 use tokio::time::timeout;
@@ -108,9 +108,8 @@ struct Pipe {
 
 impl Pipe {
     fn new() -> io::Result<Self> {
-        let (r, w) = pipe_with(PipeFlags::CLOEXEC | PipeFlags::NONBLOCK)?;
         // A bigger pipe means fewer rounds; the default (64 KiB) still works.
-        let _ = fcntl_setpipe_size(&w, PIPE_BYTES);
+        let (r, w) = crate::spliced::pipe(PIPE_BYTES)?;
         Ok(Pipe { r, w })
     }
 }

@@ -1692,12 +1692,9 @@ impl Stream {
         self.next += p.len() as u64;
         let p = match p {
             Data::Mem(p) => p,
-            Data::Spliced(h) => {
+            held @ Data::Spliced(_) => {
                 let tail = self.tail.take().map(|(at, t)| (at, Chunk::Mem(t.freeze())));
-                return tail
-                    .into_iter()
-                    .chain([(at, Chunk::Pipes(Arc::new(h)))])
-                    .collect();
+                return tail.into_iter().chain([(at, Chunk::from(held))]).collect();
             }
         };
         let p = match &mut self.tail {
