@@ -194,6 +194,10 @@ pub struct Config {
     /// (default: a quarter of `buffer_memory`), so the rest stays free for
     /// other clients. Buffers are held only while a client's bytes flow.
     pub max_buffer_per_client: Option<ByteSize>,
+    /// Most allocations the depot holds at once (default 1,000,000; each
+    /// keeps about 1 KiB of memory); more get `-45` (policy).
+    #[serde(default = "default_max_allocations")]
+    pub max_allocations: usize,
     /// How often the expiry worker runs at most (default 1 s).
     #[serde(default = "default_reap")]
     pub reap_interval: Span,
@@ -237,6 +241,9 @@ fn default_connections_per_client() -> usize {
 }
 fn default_transfers_per_client() -> usize {
     16
+}
+fn default_max_allocations() -> usize {
+    1_000_000
 }
 fn default_reap() -> Span {
     Span(Duration::from_secs(1))

@@ -208,6 +208,10 @@ fn default_advertise(bound: SocketAddr) -> String {
 
 pub use lors_ibp::raise_open_file_limit;
 
+/// How long a connection admitted by evicting an idle one waits for the
+/// room that frees.
+const EVICT_WAIT: Duration = Duration::from_secs(2);
+
 /// The reference depot's busy reply (`-66 1.0`: retry in a second), sent
 /// to a connection the depot has no room for.
 async fn refuse_busy(mut sock: tokio::net::TcpStream) {
@@ -257,24 +261,41 @@ pub async fn run(
             _ = shutdown.changed() => break,
         };
         depot.metrics.connections_total.fetch_add(1, Relaxed);
-        let Ok(permit) = conns.clone().try_acquire_owned() else {
-            // The reference depot's busy reply: wait this many seconds, retry.
-            depot.metrics.connections_rejected.fetch_add(1, Relaxed);
-            tokio::spawn(refuse_busy(sock));
-            continue;
-        };
         let Some(slot) = depot.clients.admit(peer.ip()) else {
             // This address already holds its share: busy for it alone.
             depot.metrics.connections_rejected.fetch_add(1, Relaxed);
             tracing::debug!(%peer, "per-client connection limit reached");
-            drop(permit);
             tokio::spawn(refuse_busy(sock));
             continue;
+        };
+        let permit = match conns.clone().try_acquire_owned() {
+            Ok(p) => Some(p),
+            // At the cap: an idle connection makes room (its task ends and
+            // gives its permit back), else the reference depot's busy reply.
+            Err(_) if depot.clients.evict_idle() => None,
+            Err(_) => {
+                depot.metrics.connections_rejected.fetch_add(1, Relaxed);
+                tokio::spawn(refuse_busy(sock));
+                continue;
+            }
         };
         let _ = sock.set_nodelay(true);
         let depot = depot.clone();
         let shutdown = shutdown.clone();
+        let conns = conns.clone();
         tokio::spawn(async move {
+            let permit = match permit {
+                Some(p) => p,
+                None => match tokio::time::timeout(EVICT_WAIT, conns.acquire_owned()).await {
+                    Ok(Ok(p)) => p,
+                    _ => {
+                        depot.metrics.connections_rejected.fetch_add(1, Relaxed);
+                        drop(slot);
+                        refuse_busy(sock).await;
+                        return;
+                    }
+                },
+            };
             depot.metrics.connections_open.fetch_add(1, Relaxed);
             conn::serve(depot.clone(), sock, peer, slot, shutdown).await;
             depot.metrics.connections_open.fetch_sub(1, Relaxed);

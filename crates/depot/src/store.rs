@@ -78,7 +78,10 @@ pub enum StoreError {
     #[error("not the manage key of the alias's allocation")]
     WrongMaster,
     /// A disk checksum block size the depot does not keep.
-    #[error("checksum block size above {MAX_DISK_CHKSUM_BLOCK} bytes")]
+    #[error(
+        "checksum block size above {MAX_DISK_CHKSUM_BLOCK} bytes, or so small that the digests \
+         would exceed a sixteenth of the allocation"
+    )]
     ChksumBlockSize,
     /// Stored bytes no longer match their disk digest (block number).
     #[error("block {0} does not match its stored digest")]
@@ -336,12 +339,33 @@ impl Alloc {
         let _ = std::fs::remove_file(path);
     }
 
-    /// The allocation's digest file, if it keeps digests. Blocking.
+    /// The allocation's digests, to read, if it keeps them: a fresh
+    /// allocation, whose first write has not committed, has an empty set
+    /// (its file is made by that commit, never by a reader). Blocking.
     fn digests(&self) -> Result<Option<Digests>> {
-        self.disk_chksum
-            .map(|cs| Digests::open(&self.res.data_path(self.id), cs))
-            .transpose()
-            .map_err(StoreError::Write)
+        let Some(cs) = self.disk_chksum else {
+            return Ok(None);
+        };
+        Digests::open_existing(&self.res.data_path(self.id), cs)
+            .map(|d| Some(d.unwrap_or_else(|| Digests::empty(cs))))
+            .map_err(StoreError::Read)
+    }
+
+    /// The digests to bring up to date at a commit, created if need be —
+    /// under the info lock, as deletion is, so a commit that raced a DECR
+    /// to zero or an expiry leaves no digest file behind (`None`: the
+    /// allocation is gone, or keeps no digests). Blocking.
+    fn digests_for_commit(&self) -> Result<Option<Digests>> {
+        let Some(cs) = self.disk_chksum else {
+            return Ok(None);
+        };
+        let info = lock(&self.info);
+        if info.deleted {
+            return Ok(None);
+        }
+        let d = Digests::open(&self.res.data_path(self.id), cs).map_err(StoreError::Write)?;
+        drop(info);
+        Ok(Some(d))
     }
 
     /// The open data file, reopened if nothing holds it open.
@@ -414,7 +438,7 @@ impl Alloc {
     fn commit_written(&self, file: &File, start: u64, end: u64) -> Result<()> {
         let ext = self.extent();
         let len = ext.len.max(end);
-        if let Some(d) = self.digests()? {
+        if let Some(d) = self.digests_for_commit()? {
             d.update(file, (start, end), ext.len, len, self.sync)
                 .map_err(StoreError::Write)?;
         }
@@ -624,19 +648,19 @@ impl Usage {
         }
     }
 
-    /// Counts an allocation in. Saturating, not wrapping: records loaded
-    /// from disk may add up to more than a resource whose size was since
-    /// configured smaller.
+    /// Counts an allocation in, with its [`ALLOC_CHARGE`]. Saturating, not
+    /// wrapping: records loaded from disk may add up to more than a
+    /// resource whose size was since configured smaller.
     fn add(&mut self, rel: Reliability, size: u64) {
         let c = self.class(rel);
-        *c = c.saturating_add(size);
+        *c = c.saturating_add(charged(size));
         self.count += 1;
     }
 
     /// Counts an allocation out.
     fn remove(&mut self, rel: Reliability, size: u64) {
         let c = self.class(rel);
-        *c = c.saturating_sub(size);
+        *c = c.saturating_sub(charged(size));
         self.count = self.count.saturating_sub(1);
     }
 }
@@ -661,6 +685,8 @@ pub struct Store {
     sync: bool,
     damaged: usize,
     strict: bool,
+    /// Most allocations the depot holds at once.
+    max_allocations: usize,
     files: Arc<OpenFiles>,
 }
 
@@ -766,6 +792,7 @@ impl Store {
             sync,
             damaged,
             strict: cfg.strict,
+            max_allocations: cfg.max_allocations,
             files,
         })
     }
@@ -941,7 +968,7 @@ impl Store {
             if req.atype != AllocType::ByteArray {
                 return Err(StoreError::TypeNotSupported);
             }
-            if cs.block_size > MAX_DISK_CHKSUM_BLOCK {
+            if cs.block_size > MAX_DISK_CHKSUM_BLOCK || !digests::overhead_fits(*cs, req.size) {
                 return Err(StoreError::ChksumBlockSize);
             }
         }
@@ -950,6 +977,11 @@ impl Store {
         let key_hashes = [key_hash(&keys[0]), key_hash(&keys[1]), key_hash(&keys[2])];
 
         let mut st = lock(&self.state);
+        if st.allocs.len() >= self.max_allocations {
+            return Err(StoreError::Policy(
+                "the depot holds as many allocations as it is configured for",
+            ));
+        }
         let candidates: Vec<&Arc<Resource>> = match req.rid.as_deref() {
             None | Some("0") => self.resources.iter().collect(),
             Some(rid) => vec![self.resource(rid).ok_or(StoreError::InvalidRid)?],
@@ -1165,7 +1197,7 @@ impl Store {
         let (file, ext) = a.snapshot()?;
         if let Some(f) = &file {
             if ext.len > size {
-                let digests = a.digests()?;
+                let digests = a.digests_for_commit()?;
                 if let Some(d) = &digests {
                     // The new last block's digest, before the cut commits.
                     d.update(f, (size, size), ext.len, size, self.sync)
@@ -1249,6 +1281,17 @@ struct Plan<'a> {
     revoke: Vec<Arc<Alloc>>,
 }
 
+/// What every allocation costs beyond its size, counted against the quota:
+/// its data file's header and its records. Without it a client could hold
+/// 100,000 one-byte allocations on 100,000 bytes of quota — 23 MiB of
+/// metadata, 100 MiB of memory and 400 MiB of headers on disk.
+pub const ALLOC_CHARGE: u64 = datafile::HEADER_BYTES;
+
+/// The bytes of quota a `size`-byte allocation takes.
+fn charged(size: u64) -> u64 {
+    size.saturating_add(ALLOC_CHARGE)
+}
+
 /// The room left on `r` after adding `size` bytes of `rel` storage to the
 /// usage `u`, or `None` if that breaks the resource's total or its cap for
 /// `rel`. Every sum is checked: a size from the wire can be anything up to
@@ -1258,6 +1301,7 @@ fn room_after(u: Usage, r: &Resource, rel: Reliability, size: u64) -> Option<u64
         Reliability::Hard => (u.hard, r.hard_limit()),
         Reliability::Soft => (u.soft, r.soft_limit()),
     };
+    let size = size.checked_add(ALLOC_CHARGE)?;
     let used = u.hard.checked_add(u.soft)?.checked_add(size)?;
     let total = r.cfg.size.0;
     (class.checked_add(size)? <= cap && used <= total).then(|| total - used)
@@ -1276,6 +1320,12 @@ fn check_resize(
 ) -> Result<()> {
     if new_size <= rec.max_size && new_rel == rec.reliability {
         return Ok(());
+    }
+    if let Some(cs) = rec.disk_chksum {
+        if new_size > rec.max_size && !digests::overhead_fits(cs, new_size) {
+            // Growing must not take the digests past their bound either.
+            return Err(StoreError::ChksumBlockSize);
+        }
     }
     if new_size > rec.max_size && new_size > res.alloc_limit(rec.atype) {
         return Err(StoreError::Policy(
@@ -1314,7 +1364,7 @@ fn plan_space(
         if e.alloc.res.idx != r.idx || e.reliability != Reliability::Soft {
             continue;
         }
-        left.soft = left.soft.saturating_sub(e.max_size);
+        left.soft = left.soft.saturating_sub(charged(e.max_size));
         revoke.push(e.alloc.clone());
         if let Some(room) = room_after(left, r, rel, size) {
             return Some((room, revoke));
@@ -1466,15 +1516,17 @@ mod tests {
             assert_eq!(got, want, "size {size} lease {secs}");
         }
         assert_eq!(used(&s), 0);
-        // 1 byte, and exactly the whole resource, are fine.
+        // 1 byte, and exactly the whole resource (each allocation charged
+        // its overhead), are fine.
         s.allocate(&req(1, Reliability::Hard)).unwrap();
+        let rest = 100 * MIB - 1 - 2 * ALLOC_CHARGE;
         assert_eq!(
-            s.allocate(&req(100 * MIB, Reliability::Hard))
+            s.allocate(&req(rest + 1, Reliability::Hard))
                 .unwrap_err()
                 .status(),
             StatusCode::WOULD_EXCEED_LIMIT
         );
-        s.allocate(&req(100 * MIB - 1, Reliability::Soft)).unwrap();
+        s.allocate(&req(rest, Reliability::Soft)).unwrap();
         assert_eq!(used(&s), 100 * MIB);
     }
 
@@ -1500,15 +1552,16 @@ mod tests {
                 matches!(e, StoreError::NoSpace | StoreError::Policy(_)),
                 "chng {size}: {e}"
             );
-            assert_eq!(used(&s), 2000, "after {size}");
+            assert_eq!(used(&s), 2000 + 2 * ALLOC_CHARGE, "after {size}");
             assert_eq!(a.max_size(), 1000);
         }
         // Growth that fits is allowed and accounted, to the last byte.
-        s.truncate(&wa, 100 * MIB - 1000).unwrap();
+        let most = 100 * MIB - 1000 - 2 * ALLOC_CHARGE;
+        s.truncate(&wa, most).unwrap();
         assert_eq!(used(&s), 100 * MIB);
         assert!(s.change(&wb, size_to(1001)).is_err());
         s.change(&wa, size_to(1000)).unwrap();
-        s.change(&wb, size_to(100 * MIB - 1000)).unwrap();
+        s.change(&wb, size_to(most)).unwrap();
         assert_eq!(used(&s), 100 * MIB);
         // Hard to soft at the same size moves the bytes between the classes.
         let soft = Change {
@@ -1516,7 +1569,7 @@ mod tests {
             ..Change::default()
         };
         s.change(&wb, soft).unwrap();
-        assert_eq!(s.status()[0].usage.soft, 100 * MIB - 1000);
+        assert_eq!(s.status()[0].usage.soft, most + ALLOC_CHARGE);
         // Nothing named, nothing changed; a zero lease is refused.
         let left = a.probe().seconds_left;
         s.change(&wa, Change::default()).unwrap();
@@ -1579,7 +1632,11 @@ mod tests {
         let s = Store::open(&cfg).unwrap();
         assert_eq!(s.damaged_on_open(), 1);
         assert_eq!(s.allocation_count(), 1);
-        assert_eq!(used(&s), 1000, "the damaged allocation's space came back");
+        assert_eq!(
+            used(&s),
+            1000 + ALLOC_CHARGE,
+            "the damaged allocation's space came back"
+        );
         let st = lock(&s.state);
         assert_eq!(st.allocs[&good].alloc.extent().len, 3);
         assert!(!st.allocs.contains_key(&bad));

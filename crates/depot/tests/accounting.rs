@@ -3,7 +3,8 @@
 //! 127.0.0.1, restarted in between, checked after every step against a model:
 //!
 //! * the used space the depot reports is the sum of its live allocations'
-//!   max sizes, and stays within the resource and its hard and soft caps;
+//!   max sizes, each with its per-allocation charge, and stays within the
+//!   resource and its hard and soft caps;
 //! * every acknowledged byte reads back;
 //! * an allocation goes only when its owner drops it, its lease runs out, or
 //!   (soft only) a hard ALLOCATE revokes it.
@@ -13,7 +14,7 @@ use std::time::Duration;
 
 use lors_depot::Depot;
 use lors_depot::config::{ByteSize, Config, ResourceConfig, SyncPolicy};
-use lors_depot::store::now_secs;
+use lors_depot::store::{ALLOC_CHARGE, now_secs};
 use lors_ibp::caps::{CapKind, CapSet};
 use lors_ibp::proto::{AllocType, Reliability, StatusCode};
 use lors_ibp::{ClientConfig, Connection};
@@ -388,8 +389,9 @@ async fn check(c: &mut Connection, live: &mut Vec<Model>, revoked_ok: bool, step
     let st = c.status("1", "ibp").await.unwrap();
     let used = st.get_u64("UT").unwrap();
     let used_hard = st.get_u64("UH").unwrap();
-    let want: u64 = live.iter().map(|m| m.max).sum();
-    let want_hard: u64 = live.iter().filter(|m| m.hard).map(|m| m.max).sum();
+    let charged = |m: &Model| m.max + ALLOC_CHARGE;
+    let want: u64 = live.iter().map(charged).sum();
+    let want_hard: u64 = live.iter().filter(|m| m.hard).map(charged).sum();
     assert_eq!(used, want, "step {step} ({op:?}): used space");
     assert_eq!(
         used_hard, want_hard,

@@ -16,7 +16,7 @@ use std::fs::File;
 use std::io;
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::FileExt;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rustix::pipe::{SpliceFlags, splice};
 use tokio::io::Interest;
@@ -239,7 +239,70 @@ pub async fn recv_file(
     len: u64,
     idle: Duration,
 ) -> Result<(), XferError> {
-    recv_into(sock, head, Sink::inline(file), pos, len, idle).await
+    recv_into(sock, head, Sink::inline(file), pos, len, Wait::idle(idle))
+        .await
+        .map(drop)
+}
+
+/// How long a receive waits for the peer's next bytes.
+#[derive(Clone, Copy)]
+struct Wait {
+    /// Longer than this without a byte is an error.
+    idle: Duration,
+    /// Set: at this moment the receive ends early, with what it got (no
+    /// error).
+    until: Option<Instant>,
+}
+
+impl Wait {
+    fn idle(idle: Duration) -> Wait {
+        Wait { idle, until: None }
+    }
+
+    /// Whether the receive should end now, early.
+    fn due(&self) -> bool {
+        self.until.is_some_and(|u| Instant::now() >= u)
+    }
+
+    /// The wait for one read.
+    fn limit(&self) -> Duration {
+        self.until.map_or(self.idle, |u| {
+            u.saturating_duration_since(Instant::now()).min(self.idle)
+        })
+    }
+
+    /// A read that waited [`Wait::limit`] in vain: `Ok` ends the receive
+    /// early, `Err` fails it.
+    fn expired(&self) -> Result<(), XferError> {
+        if self.due() {
+            Ok(())
+        } else {
+            Err(XferError::Peer(timed_out()))
+        }
+    }
+}
+
+/// Receives up to `len` bytes into `file` at `pos` as [`recv_buffered`]
+/// does, ending early — with no error — at `until`; returns how many bytes
+/// it received (all in the file by then). A server holding memory for a
+/// receive uses it to give the memory back from a peer that sends slowly or
+/// not at all, then waits (up to its own deadline) for more.
+///
+/// # Errors
+/// As [`recv_file`].
+pub async fn recv_buffered_until(
+    rd: &mut tokio::io::BufReader<TcpStream>,
+    file: &File,
+    pos: u64,
+    len: u64,
+    idle: Duration,
+    until: Instant,
+) -> Result<u64, XferError> {
+    let wait = Wait {
+        idle,
+        until: Some(until),
+    };
+    recv_buffered_into(rd, Sink::inline(file), pos, len, wait).await
 }
 
 async fn recv_into(
@@ -248,19 +311,23 @@ async fn recv_into(
     mut sink: Sink<'_>,
     mut pos: u64,
     len: u64,
-    idle: Duration,
-) -> Result<(), XferError> {
+    wait: Wait,
+) -> Result<u64, XferError> {
     let head = &head[..usize::try_from(len).map_or(head.len(), |l| l.min(head.len()))];
     sink.file.write_all_at(head, pos).map_err(XferError::Disk)?;
     pos += head.len() as u64;
     let mut left = len - head.len() as u64;
     while left > 0 {
+        if wait.due() {
+            break;
+        }
         let Some(p) = sink.pipe()? else {
-            return recv_copy(sock, sink.file, pos, left, idle).await;
+            let got = recv_copy(sock, sink.file, pos, left, wait).await?;
+            return Ok(len - left + got);
         };
         let want = usize::try_from(left).unwrap_or(usize::MAX).min(PIPE_BYTES);
         let res = timeout(
-            idle,
+            wait.limit(),
             sock.async_io(Interest::READABLE, || {
                 splice(
                     sock,
@@ -275,14 +342,20 @@ async fn recv_into(
         )
         .await;
         let n = match res {
-            Err(_) => return Err(XferError::Peer(timed_out())),
+            Err(_) => {
+                wait.expired()?;
+                sink.free.push(p);
+                sink.write_held(true)?;
+                return Ok(len - left);
+            }
             Ok(Ok(0)) => return Err(XferError::Peer(io::ErrorKind::UnexpectedEof.into())),
             Ok(Ok(n)) => n,
             // Nothing is in the pipe yet: a kernel that cannot splice this
             // socket falls back to copying.
             Ok(Err(e)) if e.raw_os_error() == Some(rustix::io::Errno::INVAL.raw_os_error()) => {
                 sink.write_held(true)?;
-                return recv_copy(sock, sink.file, pos, left, idle).await;
+                let got = recv_copy(sock, sink.file, pos, left, wait).await?;
+                return Ok(len - left + got);
             }
             Ok(Err(e)) => return Err(XferError::Peer(e)),
         };
@@ -290,7 +363,8 @@ async fn recv_into(
         pos += n as u64;
         left -= n as u64;
     }
-    sink.write_held(true)
+    sink.write_held(true)?;
+    Ok(len - left)
 }
 
 /// [`recv_file`] on a buffered socket: bytes the reader already holds (they
@@ -305,7 +379,9 @@ pub async fn recv_buffered(
     len: u64,
     idle: Duration,
 ) -> Result<(), XferError> {
-    recv_buffered_into(rd, Sink::inline(file), pos, len, idle).await
+    recv_buffered_into(rd, Sink::inline(file), pos, len, Wait::idle(idle))
+        .await
+        .map(drop)
 }
 
 /// [`recv_buffered`] into a file other receives write at the same time,
@@ -342,7 +418,9 @@ pub async fn recv_shared(
     len: u64,
     idle: Duration,
 ) -> Result<(), XferError> {
-    recv_buffered_into(rd, Sink::shared(file, gate), pos, len, idle).await
+    recv_buffered_into(rd, Sink::shared(file, gate), pos, len, Wait::idle(idle))
+        .await
+        .map(drop)
 }
 
 async fn recv_buffered_into(
@@ -350,14 +428,14 @@ async fn recv_buffered_into(
     sink: Sink<'_>,
     pos: u64,
     len: u64,
-    idle: Duration,
-) -> Result<(), XferError> {
+    wait: Wait,
+) -> Result<u64, XferError> {
     use tokio::io::AsyncBufRead;
     let head = rd
         .buffer()
         .len()
         .min(usize::try_from(len).unwrap_or(usize::MAX));
-    let r = recv_into(rd.get_ref(), &rd.buffer()[..head], sink, pos, len, idle).await;
+    let r = recv_into(rd.get_ref(), &rd.buffer()[..head], sink, pos, len, wait).await;
     std::pin::Pin::new(rd).consume(head);
     r
 }
@@ -395,26 +473,31 @@ fn drain_by_copy(pr: &OwnedFd, file: &File, pos: &mut u64, mut n: usize) -> Resu
     Ok(())
 }
 
-/// The read + pwrite path, for kernels or sockets that cannot splice.
+/// The read + pwrite path, for kernels or sockets that cannot splice;
+/// returns the bytes received (fewer than `left` only when a hold ended it).
 async fn recv_copy(
     sock: &TcpStream,
     file: &File,
     mut pos: u64,
     mut left: u64,
-    idle: Duration,
-) -> Result<(), XferError> {
+    wait: Wait,
+) -> Result<u64, XferError> {
+    let all = left;
     let mut buf = vec![0u8; usize::try_from(left).unwrap_or(usize::MAX).min(PIPE_BYTES)];
-    while left > 0 {
+    while left > 0 && !wait.due() {
         let want = usize::try_from(left).unwrap_or(usize::MAX).min(buf.len());
         let res = timeout(
-            idle,
+            wait.limit(),
             sock.async_io(Interest::READABLE, || {
                 rustix::io::read(sock, &mut buf[..want]).map_err(io::Error::from)
             }),
         )
         .await;
         let n = match res {
-            Err(_) => return Err(XferError::Peer(timed_out())),
+            Err(_) => {
+                wait.expired()?;
+                return Ok(all - left);
+            }
             Ok(Ok(0)) => return Err(XferError::Peer(io::ErrorKind::UnexpectedEof.into())),
             Ok(Ok(n)) => n,
             Ok(Err(e)) => return Err(XferError::Peer(e)),
@@ -423,7 +506,7 @@ async fn recv_copy(
         pos += n as u64;
         left -= n as u64;
     }
-    Ok(())
+    Ok(all - left)
 }
 
 #[cfg(test)]

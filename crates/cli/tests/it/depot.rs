@@ -145,14 +145,15 @@ async fn allocate_accepts_both_forms_and_enforces_policy() {
         r.send(line.as_bytes()).await;
         assert_eq!(r.line().await, want, "{line}");
     }
-    // Fill the resource, then one more byte does not fit.
+    // Fill the resource (each allocation is charged its 4 KiB header
+    // besides its size), then one more byte does not fit.
     let mut c2 = d.connect().await;
     c2.allocate(
         "1",
         Reliability::Hard,
         AllocType::ByteArray,
         60,
-        (1 << 20) - 2000,
+        (1 << 20) - 2000 - 3 * 4096,
     )
     .await
     .unwrap();
@@ -718,9 +719,22 @@ async fn serves_256_concurrent_clients() {
 async fn busy_depot_answers_out_of_sockets() {
     let dir = tempdir();
     let d = DepotProc::start(dir.path(), &["--max-connections", "2"]);
-    let _a = d.connect().await;
-    let _b = d.connect().await;
+    // Two connections in data phases (an idle one would make room).
+    let mut setup = d.connect().await;
+    let caps = setup
+        .allocate("1", Reliability::Hard, AllocType::ByteArray, 60, 100)
+        .await
+        .unwrap();
+    drop(setup);
     tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut busy = Vec::new();
+    for _ in 0..2 {
+        let mut r = Raw::connect(&d.addr).await;
+        let key = format!("{} {}", caps.write.key_token(), caps.write.typekey);
+        r.send(format!("1 13 {key} 0 10 30\n").as_bytes()).await;
+        busy.push(r);
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
     let mut r = Raw::connect(&d.addr).await;
     assert_eq!(r.line().await, "-66 1.0\n");
 }

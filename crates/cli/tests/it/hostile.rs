@@ -116,6 +116,9 @@ fn bytes_on_disk(dir: &Path) -> u64 {
 
 const HEADER: u64 = 4096;
 
+/// What the quota charges each allocation besides its size: its header.
+const CHARGE: u64 = HEADER;
+
 #[tokio::test]
 async fn truncate_cannot_grow_an_allocation_past_the_resource() {
     let dir = tempdir();
@@ -133,7 +136,10 @@ async fn truncate_cannot_grow_an_allocation_past_the_resource() {
         );
     }
     assert_eq!(probe(&mut r, &a).await, (0, 1000));
-    assert_eq!(usage(&mut r).await, (1000, 100 * MIB - 1000, 1));
+    assert_eq!(
+        usage(&mut r).await,
+        (1000 + CHARGE, 100 * MIB - 1000 - CHARGE, 1)
+    );
     // Within the resource, but more than is free: refused as no space.
     let b = allocate(&mut r, 60 * MIB).await;
     r.send(format!("1 9 {} 45 {} 10\n", a.manage, 40 * MIB + 1).as_bytes())
@@ -149,11 +155,12 @@ async fn truncate_cannot_grow_an_allocation_past_the_resource() {
     assert!(r.closed().await, "STORE refusals close: data may follow");
     let mut r = Raw::connect(&d.addr).await;
     // Growth that fits is allowed and accounted.
-    r.send(format!("1 9 {} 45 {} 10\n", a.manage, 10 * MIB - 1000).as_bytes())
+    let grown = 10 * MIB - 1000 - 3 * CHARGE;
+    r.send(format!("1 9 {} 45 {grown} 10\n", a.manage).as_bytes())
         .await;
     assert_eq!(r.line().await, "1 \n");
     store(&mut r, &a, &pattern(5 * MIB as usize, 1)).await;
-    assert_eq!(probe(&mut r, &a).await, (5 * MIB, 10 * MIB - 1000));
+    assert_eq!(probe(&mut r, &a).await, (5 * MIB, grown));
     assert_eq!(usage(&mut r).await, (100 * MIB - 1000, 1000, 3));
     // Shrinking below the data cuts it, on disk too.
     r.send(format!("1 9 {} 45 {} 10\n", a.manage, MIB).as_bytes())
@@ -183,17 +190,21 @@ async fn chng_to_u64_max_does_not_wrap_the_usage() {
             );
         }
     }
-    assert_eq!(usage(&mut r).await, (2000, 100 * MIB - 2000, 2));
+    assert_eq!(
+        usage(&mut r).await,
+        (2000 + 2 * CHARGE, 100 * MIB - 2000 - 2 * CHARGE, 2)
+    );
     assert_eq!(probe(&mut r, &a).await, (0, 1000));
     // Exactly what is free, and not a byte more.
+    let rest = 100 * MIB - 2000 - 3 * CHARGE;
     assert_eq!(
-        try_allocate(&mut r, 100 * MIB - 1999).await,
+        try_allocate(&mut r, rest + 1).await,
         err(StatusCode::WOULD_EXCEED_LIMIT)
     );
     r.send(format!("1 9 {} 43 0 {} -1 -1 10\n", b.manage, 100 * MIB - 999).as_bytes())
         .await;
     assert_eq!(r.line().await, err(StatusCode::WOULD_EXCEED_LIMIT));
-    let c = allocate(&mut r, 100 * MIB - 2000).await;
+    let c = allocate(&mut r, rest).await;
     assert_eq!(usage(&mut r).await, (100 * MIB, 0, 3));
     r.send(format!("1 9 {} 43 0 1001 -1 -1 10\n", a.manage).as_bytes())
         .await;
@@ -212,7 +223,8 @@ async fn chng_to_u64_max_does_not_wrap_the_usage() {
     r.send(format!("1 9 {} 43 0 {} -1 -1 10\n", c.manage, MIB).as_bytes())
         .await;
     assert_eq!(r.line().await, "1 \n");
-    assert_eq!(usage(&mut r).await, (2000 + MIB, 100 * MIB - 2000 - MIB, 3));
+    let used = 2000 + MIB + 3 * CHARGE;
+    assert_eq!(usage(&mut r).await, (used, 100 * MIB - used, 3));
 }
 
 #[tokio::test]
@@ -242,7 +254,8 @@ async fn empty_stores_and_crashes_after_a_go_ahead_survive_restarts() {
     let mut r = Raw::connect(&d.addr).await;
     store_and_check(&mut r, &[&empty, &cut], 0).await;
     assert_eq!(load(&mut r, &hurt, 0, 15).await, b"will be damaged");
-    assert_eq!(usage(&mut r).await, (3000, 100 * MIB - 3000, 3));
+    let used = 3000 + 3 * CHARGE;
+    assert_eq!(usage(&mut r).await, (used, 100 * MIB - used, 3));
     assert_eq!(bytes_on_disk(dir.path()), 3 * HEADER + 15 + 200);
     d.terminate();
 
@@ -256,7 +269,8 @@ async fn empty_stores_and_crashes_after_a_go_ahead_survive_restarts() {
     std::os::unix::fs::FileExt::write_all_at(&f, b"XX", 30).unwrap();
     let mut d = DepotProc::start(dir.path(), &["--size", "100M", "--listen", &listen]);
     let mut r = Raw::connect(&d.addr).await;
-    assert_eq!(usage(&mut r).await, (2000, 100 * MIB - 2000, 2));
+    let used = 2000 + 2 * CHARGE;
+    assert_eq!(usage(&mut r).await, (used, 100 * MIB - used, 2));
     r.send(format!("1 9 {} 40 0 0 0 0 10\n", hurt.manage).as_bytes())
         .await;
     assert_eq!(r.line().await, err(StatusCode::CAP_NOT_FOUND));
@@ -547,7 +561,8 @@ async fn wire_numbers_at_their_extremes() {
     assert_eq!(&all[..10], b"0123456789");
     assert!(all[10..999].iter().all(|&b| b == 0));
     assert_eq!(all[999], b'!');
-    assert_eq!(usage(&mut r).await, (1100, 100 * MIB - 1100, 2));
+    let used = 1100 + 2 * CHARGE;
+    assert_eq!(usage(&mut r).await, (used, 100 * MIB - used, 2));
     // The byte array's header and bytes, and the queue's header (its ring
     // was never written).
     assert_eq!(bytes_on_disk(dir.path()), 2 * HEADER + 1000);

@@ -3,12 +3,13 @@
 //! merely greedy — cannot take the whole depot from everyone else
 //! (`THREAT-MODEL.md`, "Per-client limits").
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::timeout;
 
 use super::CHUNK_BYTES;
@@ -29,12 +30,17 @@ struct Client {
     connections: usize,
     transfers: Arc<Semaphore>,
     buffers: Arc<Semaphore>,
+    /// Its connections waiting for a command, oldest first, each with the
+    /// signal that closes it.
+    idle: BTreeMap<u64, Arc<Notify>>,
 }
 
 /// The table of connected clients, by address.
 pub(crate) struct Clients {
     limits: ClientLimits,
     table: Mutex<HashMap<IpAddr, Client>>,
+    /// Orders idle connections.
+    seq: AtomicU64,
 }
 
 /// One admitted connection's hold on its client's entry; dropping it
@@ -53,6 +59,7 @@ impl Clients {
         Arc::new(Clients {
             limits,
             table: Mutex::new(HashMap::new()),
+            seq: AtomicU64::new(0),
         })
     }
 
@@ -71,6 +78,7 @@ impl Clients {
             connections: 0,
             transfers: Arc::new(Semaphore::new(self.limits.transfers)),
             buffers: Arc::new(Semaphore::new(self.limits.buffer_permits as usize)),
+            idle: BTreeMap::new(),
         });
         if c.connections >= self.limits.connections {
             return None;
@@ -82,6 +90,27 @@ impl Clients {
             transfers: c.transfers.clone(),
             buffers: c.buffers.clone(),
         })
+    }
+
+    /// Closes one connection that waits for a command, to make room for a
+    /// new one when the depot is at `max_connections`: the oldest idle
+    /// connection of the address holding the most connections, so a host
+    /// that parks hundreds of idle connections loses them before anyone
+    /// else loses one. `false`: no connection is idle.
+    pub(crate) fn evict_idle(&self) -> bool {
+        let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(c) = t
+            .values_mut()
+            .filter(|c| !c.idle.is_empty())
+            .max_by_key(|c| c.connections)
+        else {
+            return false;
+        };
+        let Some((_, close)) = c.idle.pop_first() else {
+            return false;
+        };
+        close.notify_one();
+        true
     }
 
     /// Connections `ip` has open now.
@@ -111,7 +140,48 @@ pub(crate) enum Wait {
     TimedOut,
 }
 
+/// A connection waiting for its next command, listed as one the depot may
+/// close under pressure ([`Clients::evict_idle`]); dropped once a command
+/// arrives.
+pub(crate) struct Idle<'a> {
+    slot: &'a ClientSlot,
+    seq: u64,
+    close: Arc<Notify>,
+}
+
+impl Idle<'_> {
+    /// Resolves when the depot closes this connection to make room.
+    pub(crate) async fn evicted(&self) {
+        self.close.notified().await;
+    }
+}
+
+impl Drop for Idle<'_> {
+    fn drop(&mut self) {
+        let c = &self.slot.clients;
+        let mut t = c.table.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(entry) = t.get_mut(&self.slot.ip) {
+            entry.idle.remove(&self.seq);
+        }
+    }
+}
+
 impl ClientSlot {
+    /// Lists this connection as idle until the returned guard drops.
+    pub(crate) fn idle(&self) -> Idle<'_> {
+        let seq = self.clients.seq.fetch_add(1, Relaxed);
+        let close = Arc::new(Notify::new());
+        let mut t = self.clients.table.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(entry) = t.get_mut(&self.ip) {
+            entry.idle.insert(seq, close.clone());
+        }
+        Idle {
+            slot: self,
+            seq,
+            close,
+        }
+    }
+
     /// Takes one of the client's data-phase slots, waiting at most `limit`.
     pub(crate) async fn transfer(&self, limit: Duration) -> Result<OwnedSemaphorePermit, Wait> {
         acquire(&self.transfers, 1, limit).await
@@ -191,6 +261,43 @@ mod tests {
         assert!(b.transfer(Duration::from_millis(10)).await.is_ok());
         drop(held);
         assert!(a2.transfer(Duration::from_millis(10)).await.is_ok());
+    }
+
+    async fn soon(i: &Idle<'_>) -> bool {
+        tokio::time::timeout(Duration::from_millis(200), i.evicted())
+            .await
+            .is_ok()
+    }
+
+    #[tokio::test]
+    async fn the_busiest_address_loses_its_oldest_idle_connection_first() {
+        let clients = Clients::new(ClientLimits {
+            connections: 8,
+            transfers: 1,
+            buffer_permits: 4,
+        });
+        let many: Vec<ClientSlot> = (0..3)
+            .map(|_| clients.admit("127.0.0.6".parse().unwrap()).unwrap())
+            .collect();
+        let one = clients.admit("127.0.0.7".parse().unwrap()).unwrap();
+        assert!(!clients.evict_idle(), "nobody is idle");
+        let mine = one.idle();
+        let first = many[0].idle();
+        let second = many[1].idle();
+        assert!(clients.evict_idle());
+        assert!(
+            soon(&first).await,
+            "the busiest address's oldest goes first"
+        );
+        assert!(!soon(&second).await && !soon(&mine).await);
+        assert!(clients.evict_idle());
+        assert!(soon(&second).await);
+        assert!(clients.evict_idle());
+        assert!(soon(&mine).await, "then the others' connections");
+        // A connection that got a command is no longer listed.
+        let again = one.idle();
+        drop(again);
+        assert!(!clients.evict_idle());
     }
 
     #[test]

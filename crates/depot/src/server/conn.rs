@@ -7,10 +7,10 @@ use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use lors_ibp::caps::{CapKind, CapSet, Capability};
-use lors_ibp::proto::chksum::{NetChksum, frame};
+use lors_ibp::proto::chksum::NetChksum;
 use lors_ibp::proto::{
     AliasOp, AliasProbeInfo, Allocate, MAX_LINE_BYTES, ManageOp, ParseError, Reliability, Reply,
     Request, StatusCode, StatusOp, StatusV13, Timeout, Version, cmd,
@@ -24,8 +24,8 @@ use tokio::time::timeout;
 use super::clients::ClientSlot;
 use super::fail::{Fail, Flow, blocking, log_failure, verified};
 use super::transfer::{
-    Checked, CheckedError, XferError, read_checked, read_exact_idle, recv_checked, recv_to_file,
-    send_checked, send_file,
+    Checked, CheckedError, XferError, recv_checked, recv_to_file, send_checked, send_file,
+    send_framed,
 };
 use super::{Budget, CHUNK_BYTES, Depot, copy};
 use crate::metrics::command_index;
@@ -48,6 +48,21 @@ pub(super) struct Conn {
 /// gives its budget back between rounds and waits for the client's next
 /// bytes without it.
 const RECV_ROUND_BYTES: u64 = 8 * CHUNK_BYTES as u64;
+
+/// The slowest a client may send while it holds transfer budget.
+const HOLD_RATE: u64 = 1 << 20;
+
+/// How long a round of `n` bytes may hold budget: the time [`HOLD_RATE`]
+/// takes to move them, and never less than a second.
+fn round_hold(n: u64) -> Duration {
+    Duration::from_secs(1).max(Duration::from_millis(n.saturating_mul(1000) / HOLD_RATE))
+}
+
+/// The bytes a slow client must have waiting before it gets budget again.
+const SLOW_BATCH: u64 = 64 << 10;
+
+/// How often a slow client's waiting bytes are counted.
+const SLOW_POLL: Duration = Duration::from_millis(50);
 
 /// Why a receive stopped.
 enum RecvFail {
@@ -87,10 +102,16 @@ pub(super) async fn serve(
         if *shutdown.borrow() {
             return;
         }
+        let waiting = c.slot.idle();
         let got = tokio::select! {
             r = timeout(idle, read_line(&mut c.rd, MAX_LINE_BYTES, &mut line)) => r,
             _ = shutdown.changed() => return,
+            () = waiting.evicted() => {
+                tracing::debug!(peer = %c.peer, "idle connection closed to make room");
+                return;
+            }
         };
+        drop(waiting);
         match got {
             Err(_) | Ok(Err(_)) | Ok(Ok(Line::Eof | Line::Truncated)) => return,
             Ok(Ok(Line::TooLong)) => {
@@ -198,7 +219,13 @@ impl Conn {
     }
 
     /// Receives `len` bytes into `file` at byte `pos`, in rounds that each
-    /// hold transfer budget only while the client's bytes flow.
+    /// hold transfer budget only while the client's bytes flow: a round
+    /// ends when its bytes are in or when it has held the budget for
+    /// longer than [`round_hold`] allows. A client that ran out a round's
+    /// time is slow: its next round waits, holding nothing, until
+    /// [`SLOW_BATCH`] bytes (or the rest) wait in the socket. So a client
+    /// that trickles bytes holds budget for no more than a moment per
+    /// batch, however many data phases it opens from however many hosts.
     async fn receive(
         &mut self,
         file: &Arc<std::fs::File>,
@@ -209,25 +236,81 @@ impl Conn {
     ) -> Result<(), RecvFail> {
         let mut checked = ncs.map(Checked::new);
         let mut done = 0u64;
+        let mut slow = false;
         while done < len {
             let n = (len - done).min(RECV_ROUND_BYTES);
+            if slow {
+                self.queued(n.min(SLOW_BATCH), idle).await?;
+            }
             let budget = self
                 .budget_when_ready(n.min(2 * CHUNK_BYTES as u64), idle)
                 .await?;
+            let until = Instant::now() + round_hold(n);
             let at = pos + done;
-            match &mut checked {
-                None => recv_to_file(&mut self.rd, file.clone(), at, n, idle)
+            let got = match &mut checked {
+                None => recv_to_file(&mut self.rd, file.clone(), at, n, idle, until)
                     .await
                     .map_err(RecvFail::Xfer)?,
                 Some(st) => {
                     let last = done + n == len;
-                    recv_checked(&mut self.rd, file, at, n, last, idle, st).await?;
+                    recv_checked(&mut self.rd, file, at, n, last, idle, until, st).await?
                 }
-            }
+            };
             drop(budget);
-            done += n;
+            done += got;
+            slow = got < n;
         }
         Ok(())
+    }
+
+    /// Waits, holding nothing, until `want` bytes of the client's wait to be
+    /// read (in our buffer or the socket's); fails when none arrive for
+    /// `idle`.
+    async fn queued(&mut self, want: u64, idle: Duration) -> Result<(), RecvFail> {
+        let timed_out = || {
+            RecvFail::Xfer(XferError::Peer(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "no data within the I/O timeout",
+            )))
+        };
+        let want = usize::try_from(want).unwrap_or(usize::MAX);
+        let mut peek = vec![0u8; want.saturating_sub(self.rd.buffer().len())];
+        let mut seen = 0;
+        let mut since = Instant::now();
+        loop {
+            let buffered = self.rd.buffer().len();
+            if buffered >= want {
+                return Ok(());
+            }
+            let room = want - buffered;
+            let queued = rustix::net::recv(
+                self.rd.get_ref(),
+                &mut peek[..room],
+                rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT,
+            );
+            let have = match queued {
+                Ok((0, _)) => {
+                    // The client closed with less than we wait for: the
+                    // data phase cannot finish.
+                    return Err(RecvFail::Xfer(XferError::Peer(
+                        std::io::ErrorKind::UnexpectedEof.into(),
+                    )));
+                }
+                Ok((n, _)) => buffered + n,
+                Err(rustix::io::Errno::AGAIN) => buffered,
+                Err(e) => return Err(RecvFail::Xfer(XferError::Peer(e.into()))),
+            };
+            if have >= want {
+                return Ok(());
+            }
+            if have > seen {
+                seen = have;
+                since = Instant::now();
+            } else if since.elapsed() >= idle {
+                return Err(timed_out());
+            }
+            tokio::time::sleep(SLOW_POLL).await;
+        }
     }
 
     async fn answer(&mut self, r: Reply) -> std::io::Result<()> {
@@ -477,8 +560,8 @@ impl Conn {
     }
 
     /// The data phase of a STORE into a FIFO or circular queue: the bytes
-    /// are gathered in memory (queues are bounded by `max_queue_size`), then
-    /// written into the ring at commit.
+    /// are received into a staging file as a byte array's are (budget held
+    /// only while they flow), then written into the ring at commit.
     async fn enqueue(
         &mut self,
         q: QueueIn,
@@ -487,32 +570,14 @@ impl Conn {
         ncs: Option<NetChksum>,
     ) -> Res {
         let _slot = self.transfer_slot().await?;
+        let q = blocking(move || q.start()).await.map_err(closing)?;
         self.go_ahead().await?;
-        // The budget is taken once the bytes start to arrive, and held
-        // until they are in.
-        let _budget = if length == 0 {
-            None // nothing will arrive, so there is nothing to wait for
-        } else {
-            match self.budget_when_ready(length, idle).await {
-                Ok(b) => Some(b),
-                Err(e) => return self.data_failed(e),
-            }
-        };
-        // `enqueue` refused lengths that do not fit in memory.
-        let mut buf = vec![0u8; usize::try_from(length).unwrap_or(0)];
-        let got = match ncs {
-            None => read_exact_idle(&mut self.rd, &mut buf, idle)
-                .await
-                .map_err(|e| RecvFail::Xfer(XferError::Peer(e))),
-            Some(c) => read_checked(&mut self.rd, &mut buf, idle, c)
-                .await
-                .map_err(RecvFail::from),
-        };
-        if let Err(e) = got {
+        let stage = q.stage().clone();
+        if let Err(e) = self.receive(&stage, 0, length, idle, ncs).await {
             return self.data_failed(e);
         }
         self.depot.metrics.bytes_in.fetch_add(length, Relaxed);
-        match blocking(move || q.commit(&buf)).await {
+        match blocking(move || q.commit()).await {
             Ok(()) => self.ok(Reply::Count(length)).await,
             Err(e) => Err(closing(e)),
         }
@@ -591,18 +656,15 @@ impl Conn {
         if self.answer(Reply::Count(length)).await.is_err() {
             return Ok(Flow::Close);
         }
-        let framed;
-        let wire = match ncs {
-            None => out.bytes(),
-            Some(c) => {
-                framed = frame(&c, out.bytes());
-                &framed
-            }
+        let sent = match ncs {
+            None => timeout(idle, self.rd.get_mut().write_all(out.bytes()))
+                .await
+                .is_ok_and(|r| r.is_ok()),
+            Some(c) => send_framed(self.rd.get_mut(), out.bytes(), idle, c)
+                .await
+                .is_ok(),
         };
-        if timeout(idle, self.rd.get_mut().write_all(wire))
-            .await
-            .map_or(true, |r| r.is_err())
-        {
+        if !sent {
             return Ok(Flow::Close); // not consumed: the reader never got it
         }
         self.depot.metrics.bytes_out.fetch_add(length, Relaxed);
@@ -695,25 +757,37 @@ impl Conn {
     /// binary digests unless `info_only`.
     async fn get_chksum(&mut self, key: &lors_ibp::proto::KeyToken, info_only: bool) -> Res {
         let a = self.checksummed(key)?;
-        let (cs, blocks, digests) = {
-            let w = a.writer().await;
-            blocking(move || w.chksums()).await?
-        };
+        // The turn is held while the digests go out a run at a time, so
+        // they describe one state of the data, and memory stays bounded.
+        let mut w = a.writer().await;
+        let (cs, blocks) = w.chksums()?;
+        let dlen = cs.kind.hex_len() as u64 / 2;
         let head = Reply::Chksum {
             kind: cs.kind,
             block_size: cs.block_size,
             blocks,
-            bytes: digests.len() as u64,
+            bytes: blocks * dlen,
         };
-        if info_only {
+        if info_only || blocks == 0 {
             return self.ok(head).await;
         }
         let mut out = head.encode().into_bytes();
-        out.extend_from_slice(&digests);
-        match self.reply_bytes(&out).await {
-            Ok(()) => Ok(Flow::Continue),
-            Err(_) => Ok(Flow::Close),
+        let mut next = 0;
+        while next < blocks {
+            let (back, run) = blocking(move || {
+                let run = w.chksum_run(next..blocks)?;
+                Ok((w, run))
+            })
+            .await?;
+            w = back;
+            next += run.len() as u64 / dlen;
+            out.extend_from_slice(&run);
+            if self.reply_bytes(&out).await.is_err() || run.is_empty() {
+                return Ok(Flow::Close);
+            }
+            out.clear();
         }
+        Ok(Flow::Continue)
     }
 
     async fn alias_allocate(

@@ -6,7 +6,7 @@ use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use lors_ibp::proto::chksum::{BlockHasher, NetChksum};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
@@ -43,18 +43,20 @@ pub(crate) async fn read_exact_idle(
     Ok(())
 }
 
-/// Streams `len` bytes from the socket into `file` at byte `pos`, spliced
-/// through a pipe (no copy through user space; see `lors_ibp::zerocopy`).
-/// Bytes the reader already buffered go first. On error the caller rolls the
-/// file back.
+/// Streams up to `len` bytes from the socket into `file` at byte `pos`,
+/// spliced through a pipe (no copy through user space; see
+/// `lors_ibp::zerocopy`), ending early at `until`; returns how many came.
+/// Bytes the reader already buffered go first. On error the caller rolls
+/// the file back.
 pub(crate) async fn recv_to_file(
     rd: &mut BufReader<TcpStream>,
     file: Arc<File>,
     pos: u64,
     len: u64,
     idle: Duration,
-) -> Result<(), XferError> {
-    lors_ibp::zerocopy::recv_buffered(rd, &file, pos, len, idle).await
+    until: Instant,
+) -> Result<u64, XferError> {
+    lors_ibp::zerocopy::recv_buffered_until(rd, &file, pos, len, idle, until).await
 }
 
 /// Where a checksummed data phase stands between rounds (LStore's network
@@ -123,10 +125,13 @@ impl Checked {
     }
 }
 
-/// Receives `len` bytes of a checksummed data phase into `file` at `pos`,
-/// checking each block's digest as it arrives; `last` says the phase ends
-/// with these bytes, so a short final block is checked here. The bytes reach
-/// the file before their digest is checked: the caller rolls back on error.
+/// Receives up to `len` bytes of a checksummed data phase into `file` at
+/// `pos`, checking each block's digest as it arrives, ending early at
+/// `until`; returns how many data bytes came. `last` says the phase ends
+/// with these `len` bytes, so a short final block is checked here. The
+/// bytes reach the file before their digest is checked: the caller rolls
+/// back on error.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn recv_checked(
     rd: &mut BufReader<TcpStream>,
     file: &Arc<File>,
@@ -134,8 +139,9 @@ pub(crate) async fn recv_checked(
     len: u64,
     last: bool,
     idle: Duration,
+    until: Instant,
     st: &mut Checked,
-) -> Result<(), CheckedError> {
+) -> Result<u64, CheckedError> {
     let peer = |e| CheckedError::Xfer(XferError::Peer(e));
     // A round may start mid-block, so later blocks can need more room than
     // the first: size for the largest piece the phase can read at once.
@@ -143,50 +149,41 @@ pub(crate) async fn recv_checked(
     let mut buf = vec![0u8; usize::try_from(most).unwrap_or(CHUNK_BYTES)];
     let mut done = 0u64;
     while done < len {
-        let n = st.room(len - done);
-        let k = usize::try_from(n).unwrap_or(CHUNK_BYTES);
-        read_exact_idle(rd, &mut buf[..k], idle)
-            .await
-            .map_err(peer)?;
-        st.hasher.update(&buf[..k]);
+        let k = usize::try_from(st.room(len - done)).unwrap_or(CHUNK_BYTES);
+        let mut got = 0;
+        while got < k {
+            let now = Instant::now();
+            if now >= until {
+                break;
+            }
+            match timeout((until - now).min(idle), rd.read(&mut buf[got..k])).await {
+                Err(_) if Instant::now() >= until => break,
+                Err(_) => return Err(peer(timed_out())),
+                Ok(Ok(0)) => return Err(peer(io::ErrorKind::UnexpectedEof.into())),
+                Ok(Ok(n)) => got += n,
+                Ok(Err(e)) => return Err(peer(e)),
+            }
+        }
+        if got == 0 {
+            break;
+        }
+        st.hasher.update(&buf[..got]);
         let f = file.clone();
         let at = pos + done;
-        buf = tokio::task::spawn_blocking(move || f.write_all_at(&buf[..k], at).map(|()| buf))
+        buf = tokio::task::spawn_blocking(move || f.write_all_at(&buf[..got], at).map(|()| buf))
             .await
             .map_err(io::Error::other)
             .and_then(|r| r)
             .map_err(|e| CheckedError::Xfer(XferError::Disk(e)))?;
-        done += n;
-        if st.advance(n, last && done == len) {
+        done += got as u64;
+        if st.advance(got as u64, last && done == len) {
             st.check_digest(rd, idle).await?;
         }
-    }
-    Ok(())
-}
-
-/// Reads a whole checksummed data phase of `buf.len()` bytes into memory
-/// (queue STOREs, staged whole).
-pub(crate) async fn read_checked(
-    rd: &mut BufReader<TcpStream>,
-    buf: &mut [u8],
-    idle: Duration,
-    ncs: NetChksum,
-) -> Result<(), CheckedError> {
-    let mut st = Checked::new(ncs);
-    let mut done = 0usize;
-    while done < buf.len() {
-        let n = usize::try_from(st.room((buf.len() - done) as u64)).unwrap_or(CHUNK_BYTES);
-        let part = &mut buf[done..done + n];
-        read_exact_idle(rd, part, idle)
-            .await
-            .map_err(|e| CheckedError::Xfer(XferError::Peer(e)))?;
-        st.hasher.update(part);
-        done += n;
-        if st.advance(n as u64, done == buf.len()) {
-            st.check_digest(rd, idle).await?;
+        if got < k {
+            break; // ended early, mid-piece
         }
     }
-    Ok(())
+    Ok(done)
 }
 
 /// Sends `len` bytes of `file` from `pos` as a checksummed data phase: each
@@ -218,6 +215,41 @@ pub(crate) async fn send_checked(
         if st.advance(n, done == len) {
             write_idle(sock, st.hasher.finish_hex().as_bytes(), idle).await?;
         }
+    }
+    Ok(())
+}
+
+/// Sends `data` (in memory: a queue's bytes) as a checksummed data phase,
+/// framed a batch at a time: the framed form can be many times the data
+/// (SHA-512 over 1-byte blocks is 129 bytes a byte), so it is never built
+/// whole.
+pub(crate) async fn send_framed(
+    sock: &mut TcpStream,
+    data: &[u8],
+    idle: Duration,
+    ncs: NetChksum,
+) -> Result<(), XferError> {
+    const BATCH: usize = 256 << 10;
+    let bs = usize::try_from(ncs.block_size).unwrap_or(usize::MAX);
+    let mut out = Vec::with_capacity(BATCH + ncs.kind.hex_len());
+    for block in data.chunks(bs) {
+        for piece in block.chunks(BATCH) {
+            if out.len() + piece.len() > BATCH {
+                write_idle(sock, &out, idle).await?;
+                out.clear();
+            }
+            out.extend_from_slice(piece);
+        }
+        let mut h = BlockHasher::new(ncs.kind);
+        h.update(block);
+        out.extend_from_slice(h.finish_hex().as_bytes());
+        if out.len() >= BATCH {
+            write_idle(sock, &out, idle).await?;
+            out.clear();
+        }
+    }
+    if !out.is_empty() {
+        write_idle(sock, &out, idle).await?;
     }
     Ok(())
 }

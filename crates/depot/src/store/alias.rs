@@ -19,6 +19,22 @@ use super::{
 /// without a bound a client could grow the metadata without limit.
 pub const MAX_ALIASES_PER_ALLOC: usize = 1024;
 
+/// Most aliases a `max_size`-byte allocation may have: one per KiB of the
+/// quota it takes, at least 4 and at most [`MAX_ALIASES_PER_ALLOC`], so
+/// the memory aliases hold grows with the quota, not with how many tiny
+/// allocations a client makes.
+///
+/// ```
+/// use lors_depot::store::alias::alias_limit;
+/// assert_eq!(alias_limit(1), 4);
+/// assert_eq!(alias_limit(60 << 10), 64);
+/// assert_eq!(alias_limit(1 << 30), 1024);
+/// ```
+pub fn alias_limit(max_size: u64) -> usize {
+    let per_kib = max_size.saturating_add(super::ALLOC_CHARGE) >> 10;
+    usize::try_from(per_kib).map_or(MAX_ALIASES_PER_ALLOC, |n| n.clamp(4, MAX_ALIASES_PER_ALLOC))
+}
+
 /// The part of an allocation a key reaches: all of it for the allocation's
 /// own keys, an alias's window for an alias's keys.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -218,7 +234,7 @@ impl Store {
         if !st.allocs.contains_key(&master.id) {
             return Err(StoreError::NotFound);
         }
-        if st.aliases_of.get(&master.id).map_or(0, |s| s.len()) >= MAX_ALIASES_PER_ALLOC {
+        if st.aliases_of.get(&master.id).map_or(0, |s| s.len()) >= alias_limit(max_size) {
             return Err(StoreError::Policy("too many aliases of this allocation"));
         }
         let id = st.fresh_id()?;
@@ -241,12 +257,15 @@ impl Store {
         let now = now_secs();
         let st = lock(&self.state);
         let (_, rec) = st.alias_by_manage_key(token, now)?;
+        // An alias lives no longer than its allocation, whose lease may
+        // have been shortened since the alias was made.
+        let master_ends = st.allocs.get(&rec.master).map_or(now, |e| e.expires_at);
         Ok(AliasProbe {
             read_refs: rec.read_refs,
             write_refs: rec.write_refs,
             offset: rec.offset,
             length: rec.length,
-            seconds_left: rec.expires_at - now,
+            seconds_left: rec.expires_at.min(master_ends).saturating_sub(now),
         })
     }
 

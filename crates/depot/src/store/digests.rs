@@ -35,6 +35,36 @@ pub const MAX_DISK_CHKSUM_BLOCK: u64 = 16 << 20;
 const SLOT: u64 = 72;
 const FULL_AT: u64 = 2 * SLOT;
 
+/// Blocks whose digests are read in one go (1 MiB of SHA-256 digests).
+pub const RUN_BLOCKS: u64 = 32 * 1024;
+
+/// Digest bytes any allocation may have, however small.
+const DIGEST_ALLOWANCE: u64 = 4096;
+
+/// Whether the digests of a `size`-byte allocation kept per `cs` fit the
+/// bound on overhead: a sixteenth of the allocation, or 4 KiB for small
+/// ones. Digests are disk the quota does not count, and GET_CHKSUM and
+/// VALIDATE_CHKSUM read them: without a bound, SHA-512 over 1-byte blocks
+/// made 64 bytes of digest (and of memory) per byte allocated.
+///
+/// ```
+/// use lors_depot::store::digests::overhead_fits;
+/// use lors_ibp::proto::chksum::{ChksumType, NetChksum};
+/// let cs = |block_size| NetChksum { kind: ChksumType::Sha512, block_size };
+/// assert!(overhead_fits(cs(65536), 1 << 30));
+/// assert!(overhead_fits(cs(4), 64)); // 16 digests: small enough
+/// assert!(!overhead_fits(cs(1), 8 << 20));
+/// assert!(overhead_fits(cs(2048), 8 << 20));
+/// ```
+pub fn overhead_fits(cs: NetChksum, size: u64) -> bool {
+    let dlen = cs.kind.hex_len() as u64 / 2;
+    let bytes = size
+        .div_ceil(cs.block_size.max(1))
+        .saturating_mul(dlen)
+        .saturating_add(FULL_AT);
+    bytes <= (size / 16).max(DIGEST_ALLOWANCE)
+}
+
 /// The digest file of the data file at `data`.
 pub fn path_for(data: &Path) -> PathBuf {
     let mut p = data.as_os_str().to_owned();
@@ -44,7 +74,8 @@ pub fn path_for(data: &Path) -> PathBuf {
 
 /// One allocation's digest file, open.
 pub struct Digests {
-    file: File,
+    /// `None`: no digest file yet (nothing was ever committed).
+    file: Option<File>,
     cs: NetChksum,
     dlen: usize,
 }
@@ -68,9 +99,43 @@ impl Digests {
             .truncate(false)
             .open(path_for(data))?;
         Ok(Digests {
-            file,
+            file: Some(file),
             cs,
             dlen: cs.kind.hex_len() / 2,
+        })
+    }
+
+    /// Opens the digest file for `data` if there is one (`None`: there is
+    /// none yet), never creating it.
+    pub fn open_existing(data: &Path, cs: NetChksum) -> io::Result<Option<Digests>> {
+        match OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path_for(data))
+        {
+            Ok(file) => Ok(Some(Digests {
+                file: Some(file),
+                cs,
+                dlen: cs.kind.hex_len() / 2,
+            })),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The digests of an allocation nothing was committed to: none.
+    pub fn empty(cs: NetChksum) -> Digests {
+        Digests {
+            file: None,
+            cs,
+            dlen: cs.kind.hex_len() / 2,
+        }
+    }
+
+    /// The digest file, to change it.
+    fn writable(&self) -> io::Result<&File> {
+        self.file.as_ref().ok_or_else(|| {
+            io::Error::new(io::ErrorKind::NotFound, "the digest file was never made")
         })
     }
 
@@ -105,7 +170,7 @@ impl Digests {
 
     fn slots(&self) -> io::Result<[(u64, Vec<u8>); 2]> {
         let mut b = [0u8; FULL_AT as usize];
-        let got = read_up_to(&self.file, &mut b, 0)?;
+        let got = read_up_to(self.file.as_ref(), &mut b, 0)?;
         b[got..].fill(0);
         let slot = |i: usize| {
             let at = i * SLOT as usize;
@@ -123,7 +188,7 @@ impl Digests {
             usize::try_from(blocks.end.min(full_end) - blocks.start).map_err(io::Error::other)?;
         let mut full = vec![0u8; n * self.dlen];
         let got = read_up_to(
-            &self.file,
+            self.file.as_ref(),
             &mut full,
             FULL_AT + blocks.start * self.dlen as u64,
         )?;
@@ -138,6 +203,7 @@ impl Digests {
         };
         Ok(Stored {
             first: blocks.start,
+            end: blocks.end,
             full,
             full_end,
             tail,
@@ -178,14 +244,14 @@ impl Digests {
             run.extend_from_slice(&d);
         }
         if !run.is_empty() {
-            self.file
+            self.writable()?
                 .write_all_at(&run, FULL_AT + first * self.dlen as u64)?;
         }
         if new_len != old_len || end > full_end * bs {
             self.write_tail(data, old_len, new_len, &mut buf)?;
         }
         if sync {
-            self.file.sync_data()?;
+            self.writable()?.sync_data()?;
         }
         Ok(())
     }
@@ -217,7 +283,7 @@ impl Digests {
         b.extend_from_slice(&new_len.to_le_bytes());
         b.extend_from_slice(&d);
         b.resize(SLOT as usize, 0);
-        self.file.write_all_at(&b, i as u64 * SLOT)
+        self.writable()?.write_all_at(&b, i as u64 * SLOT)
     }
 
     /// Checks every block overlapping `[off, off+n)` of data whose committed
@@ -240,10 +306,15 @@ impl Digests {
     /// Counts the blocks of `[0, len)` that fail their digest; with
     /// `correct`, stores fresh digests for them.
     pub fn validate(&self, data: &File, len: u64, correct: bool, sync: bool) -> io::Result<u64> {
-        let stored = self.stored(0..self.blocks(len), len)?;
         let mut buf = Vec::new();
         let mut bad = 0;
+        let mut stored = self.stored(0..0, len)?;
         for k in 0..self.blocks(len) {
+            if k >= stored.end {
+                // The stored digests a run at a time: memory stays bounded
+                // however many blocks there are.
+                stored = self.stored(k..(k + RUN_BLOCKS).min(self.blocks(len)), len)?;
+            }
             let have = self.compute(data, k, len, &mut buf)?;
             if stored.get(k) == Some(&have[..]) {
                 continue;
@@ -251,7 +322,7 @@ impl Digests {
             bad += 1;
             if correct {
                 if (k + 1) * self.bs() <= len {
-                    self.file
+                    self.writable()?
                         .write_all_at(&have, FULL_AT + k * self.dlen as u64)?;
                 } else {
                     self.write_tail(data, len, len, &mut buf)?;
@@ -259,17 +330,19 @@ impl Digests {
             }
         }
         if correct && bad > 0 && sync {
-            self.file.sync_data()?;
+            self.writable()?.sync_data()?;
         }
         Ok(bad)
     }
 
-    /// The stored digests of every block of `[0, len)`, in order (a block
-    /// with none stored reads as zeros).
-    pub fn all(&self, len: u64) -> io::Result<Vec<u8>> {
-        let stored = self.stored(0..self.blocks(len), len)?;
+    /// The stored digests of `blocks` of `[0, len)`, in order (a block
+    /// with none stored reads as zeros). Ask for at most [`RUN_BLOCKS`] at
+    /// once to keep memory bounded.
+    pub fn range(&self, len: u64, blocks: Range<u64>) -> io::Result<Vec<u8>> {
+        let blocks = blocks.start..blocks.end.min(self.blocks(len));
+        let stored = self.stored(blocks.clone(), len)?;
         let mut out = Vec::new();
-        for k in 0..self.blocks(len) {
+        for k in blocks {
             match stored.get(k) {
                 Some(d) => out.extend_from_slice(d),
                 None => out.resize(out.len() + self.dlen, 0),
@@ -280,7 +353,7 @@ impl Digests {
 
     /// Drops the full-block digests past `len` (after TRUNCATE).
     pub fn cut(&self, len: u64) -> io::Result<()> {
-        self.file
+        self.writable()?
             .set_len(FULL_AT + (len / self.bs()) * self.dlen as u64)
     }
 }
@@ -288,6 +361,8 @@ impl Digests {
 /// Stored digests of a run of blocks (`Digests::stored`).
 struct Stored {
     first: u64,
+    /// The end of the run asked for.
+    end: u64,
     /// Full blocks' digests from `first`, as far as the file had them.
     full: Vec<u8>,
     /// Blocks below this are full.
@@ -307,7 +382,10 @@ impl Stored {
     }
 }
 
-fn read_up_to(f: &File, buf: &mut [u8], at: u64) -> io::Result<usize> {
+fn read_up_to(f: Option<&File>, buf: &mut [u8], at: u64) -> io::Result<usize> {
+    let Some(f) = f else {
+        return Ok(0);
+    };
     let mut got = 0;
     while got < buf.len() {
         match f.read_at(&mut buf[got..], at + got as u64) {
@@ -374,7 +452,7 @@ mod tests {
         put(&data, 20, b"xyz");
         d.update(&data, (20, 23), 0, 23, false).unwrap();
         assert_eq!(d.validate(&data, 23, false, false).unwrap(), 0);
-        assert_eq!(d.all(23).unwrap().len(), 6 * 20);
+        assert_eq!(d.range(23, 0..u64::MAX).unwrap().len(), 6 * 20);
         put(&data, 9, b"!");
         assert_eq!(d.verify(&data, 0, 8, 23).unwrap(), Verified::Good);
         assert_eq!(d.verify(&data, 0, 23, 23).unwrap(), Verified::Bad(2));

@@ -18,6 +18,7 @@
 //! [`Incoming::target`].
 
 use std::fs::File;
+use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
@@ -26,7 +27,7 @@ use tokio::sync::OwnedMutexGuard;
 
 use super::datafile::{self, Extent, HEADER_BYTES};
 use super::{Alloc, Result, StoreError, Window};
-use crate::store::digests::Verified;
+use crate::store::digests::{self, Verified};
 
 /// Distinct names for staging files (opened with `create_new`, never shared).
 static STAGE_SEQ: AtomicU64 = AtomicU64::new(0);
@@ -145,7 +146,11 @@ impl Writer {
         if !fits || usize::try_from(length).is_err() {
             return Err(StoreError::NoSpace);
         }
-        Ok(QueueIn { w: self, length })
+        Ok(QueueIn {
+            w: self,
+            length,
+            stage: None,
+        })
     }
 
     /// LOAD from a queue: the oldest `length` bytes (`offset` must be 0),
@@ -192,15 +197,26 @@ impl Writer {
         }
     }
 
-    /// GET_CHKSUM: the algorithm and block size, the number of blocks, and
-    /// their digests (binary, in order). Blocking.
-    pub fn chksums(&self) -> Result<(lors_ibp::proto::chksum::NetChksum, u64, Vec<u8>)> {
+    /// GET_CHKSUM's head: the algorithm and block size, and the number of
+    /// blocks (each of `cs.kind`'s digest length). Blocking.
+    pub fn chksums(&self) -> Result<(lors_ibp::proto::chksum::NetChksum, u64)> {
         let a = &self.alloc;
         let cs = a.disk_chksum.ok_or(StoreError::NoChksum)?;
         let d = a.digests()?.ok_or(StoreError::NoChksum)?;
-        let len = a.extent().len;
-        let all = d.all(len).map_err(StoreError::Read)?;
-        Ok((cs, d.blocks(len), all))
+        Ok((cs, d.blocks(a.extent().len)))
+    }
+
+    /// The stored digests of `blocks` (binary, in order), for GET_CHKSUM to
+    /// send a run at a time: at most [`digests::RUN_BLOCKS`] are read.
+    /// Blocking.
+    pub fn chksum_run(&self, blocks: std::ops::Range<u64>) -> Result<Vec<u8>> {
+        let a = &self.alloc;
+        let d = a.digests()?.ok_or(StoreError::NoChksum)?;
+        let end = blocks
+            .end
+            .min(blocks.start.saturating_add(digests::RUN_BLOCKS));
+        d.range(a.extent().len, blocks.start..end)
+            .map_err(StoreError::Read)
     }
 
     /// VALIDATE_CHKSUM: how many blocks fail their digest (0 without
@@ -247,16 +263,22 @@ impl Planned {
 
     /// A scratch file, unlinked at once: it is gone even after a crash.
     fn stage_file(&self) -> Result<File> {
-        let path = self.w.alloc.res.temp_path(STAGE_SEQ.fetch_add(1, Relaxed));
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&path)
-            .map_err(StoreError::Write)?;
-        let _ = std::fs::remove_file(&path);
-        Ok(f)
+        stage_file(&self.w.alloc)
     }
+}
+
+/// A scratch file on `a`'s resource, unlinked at once: it is gone even
+/// after a crash.
+fn stage_file(a: &Alloc) -> Result<File> {
+    let path = a.res.temp_path(STAGE_SEQ.fetch_add(1, Relaxed));
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(&path)
+        .map_err(StoreError::Write)?;
+    let _ = std::fs::remove_file(&path);
+    Ok(f)
 }
 
 /// Bytes being received into a byte array: write them to
@@ -295,6 +317,13 @@ impl Incoming {
     /// digests brought up to date, the committed length moved. On failure
     /// nothing a reader sees has changed. Blocking.
     pub fn commit(mut self) -> Result<()> {
+        if self.length == 0 {
+            // No bytes, no change: a zero-length WRITE past the end must
+            // not move the committed length over bytes the file never got
+            // (through an alias it would cut the owner's data at restart).
+            self.done = true;
+            return Ok(());
+        }
         let end = self.offset + self.length;
         if let Some(s) = &self.stage {
             datafile::copy_range(s, 0, &self.file, HEADER_BYTES + self.offset, self.length)
@@ -314,24 +343,70 @@ impl Drop for Incoming {
     }
 }
 
-/// A queue's STORE under way: the bytes are gathered in memory (queues are
-/// bounded by `max_queue_size`) and written into the ring at commit, so a
-/// data phase cut short leaves the queue as it was.
+/// A queue's STORE, checked: [`start`](QueueIn::start) it, receive the
+/// bytes into [`QueueIn::stage`], then [`commit`](QueueIn::commit) them
+/// into the ring, so a data phase cut short leaves the queue as it was.
 pub struct QueueIn {
     w: Writer,
     length: u64,
+    stage: Option<Arc<File>>,
 }
 
 impl QueueIn {
-    /// Writes `data` at the queue's tail, dropping the oldest bytes of a
-    /// full circular queue first (committed before they are overwritten, so
-    /// a crash never exposes half-overwritten bytes). Blocking.
-    pub fn commit(self, data: &[u8]) -> Result<()> {
-        let a = &self.w.alloc;
-        let length = data.len() as u64;
-        if length != self.length {
+    /// Begins the data phase: an unlinked staging file for the bytes, so a
+    /// queue STORE holds no memory while its client sends. Blocking.
+    pub fn start(mut self) -> Result<QueueIn> {
+        self.stage = Some(Arc::new(stage_file(&self.w.alloc)?));
+        Ok(self)
+    }
+
+    /// Where the received bytes go (from offset 0). Panics before
+    /// [`start`](QueueIn::start).
+    pub fn stage(&self) -> &Arc<File> {
+        self.stage.as_ref().expect("QueueIn::start was called")
+    }
+
+    /// Writes the staged bytes at the queue's tail, dropping the oldest
+    /// bytes of a full circular queue first (committed before they are
+    /// overwritten, so a crash never exposes half-overwritten bytes).
+    /// Blocking.
+    pub fn commit(self) -> Result<()> {
+        let stage = self
+            .stage
+            .clone()
+            .ok_or(StoreError::Invalid("data phase not started"))?;
+        let mut at = 0u64;
+        self.commit_with(|ring, capacity, tail| {
+            let mut buf = vec![0u8; usize::try_from(self.length.min(1 << 20)).unwrap_or(1 << 20)];
+            while at < self.length {
+                let n = usize::try_from((self.length - at).min(buf.len() as u64))
+                    .expect("at most the buffer");
+                stage
+                    .read_exact_at(&mut buf[..n], at)
+                    .map_err(StoreError::Read)?;
+                datafile::ring_write(ring, capacity, (tail + at) % capacity, &buf[..n])
+                    .map_err(StoreError::Write)?;
+                at += n as u64;
+            }
+            Ok(())
+        })
+    }
+
+    /// Writes `data`, the whole STORE, at the queue's tail, as
+    /// [`commit`](QueueIn::commit) does with staged bytes. Blocking.
+    #[cfg(test)]
+    fn commit_bytes(self, data: &[u8]) -> Result<()> {
+        if data.len() as u64 != self.length {
             return Err(StoreError::Invalid("not the length the STORE announced"));
         }
+        self.commit_with(|ring, capacity, tail| {
+            datafile::ring_write(ring, capacity, tail, data).map_err(StoreError::Write)
+        })
+    }
+
+    fn commit_with(&self, write: impl FnOnce(&File, u64, u64) -> Result<()>) -> Result<()> {
+        let a = &self.w.alloc;
+        let length = self.length;
         let file = a.file_for_write()?;
         let ext = a.extent();
         let capacity = ext.capacity;
@@ -348,7 +423,7 @@ impl QueueIn {
             };
             a.commit(&file, kept)?;
         }
-        datafile::ring_write(&file, capacity, tail, data).map_err(StoreError::Write)?;
+        write(&file, capacity, tail)?;
         a.commit(
             &file,
             Extent {
@@ -574,7 +649,8 @@ mod tests {
         inc.commit().unwrap();
         let w = a.writer_now();
         w.verify(0, 10).unwrap();
-        let (_, blocks, digests) = w.chksums().unwrap();
+        let (_, blocks) = w.chksums().unwrap();
+        let digests = w.chksum_run(0..blocks).unwrap();
         assert_eq!((blocks, digests.len()), (3, 3 * 32));
         drop(w);
 
@@ -601,7 +677,7 @@ mod tests {
         let ring = fx.alloc(AllocType::Circular, 8, None);
         for chunk in [&b"abcde"[..], b"fghij"] {
             let q = ring.writer_now().enqueue(chunk.len() as u64).unwrap();
-            q.commit(chunk).unwrap();
+            q.commit_bytes(chunk).unwrap();
         }
         assert_eq!(ring.extent().len, 8);
         let mut out = ring.writer_now().dequeue(0, 8).unwrap();
@@ -631,7 +707,7 @@ mod tests {
         fifo.writer_now()
             .enqueue(6)
             .unwrap()
-            .commit(b"123456")
+            .commit_bytes(b"123456")
             .unwrap();
         assert!(matches!(
             fifo.writer_now().enqueue(3),
@@ -639,7 +715,7 @@ mod tests {
         ));
         // The bytes must be the ones announced.
         let q = fifo.writer_now().enqueue(2).unwrap();
-        assert!(matches!(q.commit(b"1"), Err(StoreError::Invalid(_))));
+        assert!(matches!(q.commit_bytes(b"1"), Err(StoreError::Invalid(_))));
         assert_eq!(fifo.extent().len, 6);
         // Byte-array operations do not apply to queues, nor queue ones to
         // byte arrays.
