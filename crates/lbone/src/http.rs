@@ -238,6 +238,14 @@ impl Response {
 
     /// Serializes with `Connection: close`.
     pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = self.head();
+        out.extend_from_slice(&self.body);
+        out
+    }
+
+    /// The status line and headers, to send before [`Response::body`]
+    /// without copying the body beside them.
+    pub fn head(&self) -> Vec<u8> {
         let reason = match self.status {
             200 => "OK",
             204 => "No Content",
@@ -246,6 +254,7 @@ impl Response {
             403 => "Forbidden",
             404 => "Not Found",
             405 => "Method Not Allowed",
+            429 => "Too Many Requests",
             408 => "Request Timeout",
             413 => "Payload Too Large",
             431 => "Request Header Fields Too Large",
@@ -255,15 +264,13 @@ impl Response {
             505 => "HTTP Version Not Supported",
             _ => "Status",
         };
-        let mut out = format!(
+        format!(
             "HTTP/1.1 {} {reason}\r\nContent-Type: {}\r\nContent-Length: {}\r\nCache-Control: no-store\r\nX-Content-Type-Options: nosniff\r\nConnection: close\r\n\r\n",
             self.status,
             self.content_type,
             self.body.len()
         )
-        .into_bytes();
-        out.extend_from_slice(&self.body);
-        out
+        .into_bytes()
     }
 }
 

@@ -16,6 +16,8 @@ pub mod forecast;
 pub mod http;
 pub mod legacy;
 pub mod model;
+#[cfg(feature = "server")]
+mod peers;
 pub mod rank;
 #[cfg(feature = "server")]
 pub mod server;

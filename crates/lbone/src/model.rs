@@ -107,13 +107,7 @@ impl Registration {
     /// Checks the bounds and that the host is usable; the message says what
     /// is wrong.
     pub fn validate(&self) -> Result<(), String> {
-        let host_ok = !self.host.is_empty()
-            && self.host.len() <= MAX_TEXT
-            && self
-                .host
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"-._:".contains(&b));
-        if !host_ok {
+        if !valid_host(&self.host) {
             return Err(format!("bad host {:?}", self.host));
         }
         if self.port == 0 {
@@ -236,4 +230,36 @@ impl Departure {
         }
         .addr()
     }
+}
+
+/// Whether `host` is something a client can connect to: an IPv4 or IPv6
+/// address, or a DNS name (dot-separated labels of letters, digits, `-`
+/// and `_`, none empty or starting or ending with `-`).
+///
+/// ```
+/// use lors_lbone::model::valid_host;
+/// assert!(valid_host("depot1.example.org"));
+/// assert!(valid_host("127.0.0.1") && valid_host("::1") && valid_host("fe80::1"));
+/// for bad in [":", "..", "a:b:c", "", "-a.org", "a..b", "a b"] {
+///     assert!(!valid_host(bad), "{bad:?}");
+/// }
+/// ```
+pub fn valid_host(host: &str) -> bool {
+    if host.is_empty() || host.len() > MAX_TEXT {
+        return false;
+    }
+    if host.parse::<std::net::IpAddr>().is_ok() {
+        return true;
+    }
+    let name = host.strip_suffix('.').unwrap_or(host);
+    !name.is_empty()
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        })
 }

@@ -1,9 +1,10 @@
 //! The L-Bone server: the HTTP/JSON API and dashboard, the legacy 512-byte
 //! protocol, and the sweeper that marks silent depots offline and drops them.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -12,9 +13,26 @@ use tokio::sync::{Semaphore, watch};
 use crate::forecast::client_net;
 use crate::http::{self, Request, Response};
 use crate::legacy::{self, LegacyRequest};
-use crate::model::{Departure, RateReports, Registration};
+use crate::model::{Departure, DepotRecord, DepotView, RateReports, Registration};
+use crate::peers::{Peers, Slot};
 use crate::rank::{self, Query};
 use crate::store::Store;
+
+/// How long a listing read from the store serves queries before it is read
+/// again (registrations and departures refresh it at once).
+const LISTING_FRESH: Duration = Duration::from_secs(1);
+
+/// Listings ranked and encoded at once: each holds a copy of the directory.
+const LISTING_WORKERS: usize = 4;
+
+/// Response bytes being sent at once, across all connections.
+const BODY_BUDGET: usize = 64 << 20;
+
+/// Response bytes one permit of the body budget stands for.
+const BODY_UNIT: usize = 64 << 10;
+
+/// Rate-report requests one client network may make per minute.
+const RATE_POSTS_PER_MINUTE: u32 = 60;
 
 /// The dashboard page (self-contained: no external scripts, fonts or tiles).
 const DASHBOARD: &str = include_str!("dashboard.html");
@@ -36,6 +54,8 @@ pub struct Config {
     pub io_timeout: Duration,
     /// Most connections served at once.
     pub max_connections: usize,
+    /// Most connections one client address may hold at once.
+    pub max_connections_per_client: usize,
 }
 
 impl Default for Config {
@@ -48,6 +68,7 @@ impl Default for Config {
             sweep_every: Duration::from_secs(60),
             io_timeout: Duration::from_secs(10),
             max_connections: 256,
+            max_connections_per_client: 32,
         }
     }
 }
@@ -59,6 +80,17 @@ pub struct LBone {
     token_hash: blake3::Hash,
     /// Depots this instance has logged as offline, to log each transition once.
     offline: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// Connections by client address.
+    peers: Arc<Peers>,
+    /// The directory as last read from the store, shared by every query
+    /// until it is [`LISTING_FRESH`] old or a depot comes or goes.
+    listing: tokio::sync::Mutex<Option<(Instant, Arc<Vec<DepotRecord>>)>>,
+    /// Turns to rank and encode a listing.
+    workers: Semaphore,
+    /// Response bytes in flight, in [`BODY_UNIT`]s.
+    bodies: Arc<Semaphore>,
+    /// Rate-report requests per client network in the current minute.
+    reporters: std::sync::Mutex<(Instant, HashMap<String, u32>)>,
 }
 
 /// Unix seconds now.
@@ -78,6 +110,11 @@ impl LBone {
         Arc::new(LBone {
             token_hash: blake3::hash(cfg.token.as_bytes()),
             offline: std::sync::Mutex::new(std::collections::HashSet::new()),
+            peers: Peers::new(cfg.max_connections_per_client),
+            listing: tokio::sync::Mutex::new(None),
+            workers: Semaphore::new(LISTING_WORKERS),
+            bodies: Arc::new(Semaphore::new(BODY_BUDGET / BODY_UNIT)),
+            reporters: std::sync::Mutex::new((Instant::now(), HashMap::new())),
             store,
             cfg,
         })
@@ -107,16 +144,30 @@ impl LBone {
             .map_err(|e| e.to_string())
     }
 
+    /// Every depot, as read from the store at most [`LISTING_FRESH`] ago:
+    /// concurrent queries share one read and one copy.
+    async fn depots(&self) -> Result<Arc<Vec<DepotRecord>>, String> {
+        let mut cached = self.listing.lock().await;
+        if let Some((at, l)) = cached.as_ref() {
+            if at.elapsed() < LISTING_FRESH {
+                return Ok(l.clone());
+            }
+        }
+        let l = Arc::new(self.blocking(|s| s.list()).await?);
+        *cached = Some((Instant::now(), l.clone()));
+        Ok(l)
+    }
+
+    /// Forgets the shared listing: a depot came or went.
+    async fn listing_changed(&self) {
+        *self.listing.lock().await = None;
+    }
+
     /// Ranks depots for a client on `peer`'s network.
-    pub async fn query(
-        &self,
-        q: Query,
-        peer: std::net::IpAddr,
-    ) -> Result<Vec<crate::model::DepotView>, String> {
+    pub async fn query(&self, q: Query, peer: std::net::IpAddr) -> Result<Vec<DepotView>, String> {
         let net = client_net(peer);
-        let (depots, fc) = self
-            .blocking(move |s| Ok((s.list()?, s.forecasts(&net)?)))
-            .await?;
+        let depots = self.depots().await?;
+        let fc = self.blocking(move |s| s.forecasts(&net)).await?;
         let fc = fc
             .into_iter()
             .filter_map(|(d, f)| Some((d, f.predict()?)))
@@ -128,6 +179,48 @@ impl LBone {
             secs(self.cfg.offline_after),
             &fc,
         ))
+    }
+
+    /// `GET /api/v1/depots`: ranked and encoded on one of a few turns, so
+    /// however many clients ask at once, few copies of the directory exist.
+    async fn listing(&self, q: Query, peer: std::net::IpAddr) -> Response {
+        #[derive(serde::Serialize)]
+        struct Listing<'a> {
+            depots: &'a [DepotView],
+            offline_after: i64,
+            now: i64,
+        }
+        let Ok(_turn) = tokio::time::timeout(self.cfg.io_timeout, self.workers.acquire()).await
+        else {
+            return Response::error(503, "the directory is busy: retry in a second");
+        };
+        match self.query(q, peer).await {
+            Ok(v) => {
+                let body = serde_json::to_vec(&Listing {
+                    depots: &v,
+                    offline_after: secs(self.cfg.offline_after),
+                    now: now(),
+                })
+                .unwrap_or_default();
+                Response {
+                    status: 200,
+                    content_type: "application/json",
+                    body,
+                }
+            }
+            Err(e) => Response::error(503, &e),
+        }
+    }
+
+    /// Whether `net` may post another rate report this minute.
+    fn may_report(&self, net: &str) -> bool {
+        let mut r = self.reporters.lock().unwrap_or_else(|e| e.into_inner());
+        if r.0.elapsed() >= Duration::from_secs(60) {
+            *r = (Instant::now(), HashMap::new());
+        }
+        let n = r.1.entry(net.to_owned()).or_insert(0);
+        *n += 1;
+        *n <= RATE_POSTS_PER_MINUTE
     }
 
     /// One sweep: note depots that went offline (silent longer than
@@ -142,6 +235,9 @@ impl LBone {
                 Ok((s.list()?, gone))
             })
             .await?;
+        if !gone.is_empty() {
+            self.listing_changed().await;
+        }
         let mut offline = self.offline_lock();
         for d in listed.iter().filter(|d| d.last_seen < offline_cutoff) {
             let addr = d.reg.addr();
@@ -175,17 +271,7 @@ impl LBone {
                     Ok(q) => q,
                     Err(e) => return Response::error(400, &e),
                 };
-                match self.query(q, peer.ip()).await {
-                    Ok(v) => api(
-                        200,
-                        serde_json::json!({
-                            "depots": v,
-                            "offline_after": secs(self.cfg.offline_after),
-                            "now": now(),
-                        }),
-                    ),
-                    Err(e) => Response::error(503, &e),
-                }
+                self.listing(q, peer.ip()).await
             }
             ("POST", "/api/v1/register" | "/api/v1/deregister") if !self.token_ok(req.bearer()) => {
                 tracing::warn!(peer = %peer.ip(), path = %req.path, "refused: wrong or missing token");
@@ -203,6 +289,7 @@ impl LBone {
                 let a = addr.clone();
                 match self.blocking(move |s| s.remove(&a)).await {
                     Ok(known) => {
+                        self.listing_changed().await;
                         self.offline_lock().remove(&addr);
                         tracing::info!(depot = %addr, known, "deregistered");
                         api(200, serde_json::json!({"ok": true, "removed": known}))
@@ -222,6 +309,9 @@ impl LBone {
                 let t = now();
                 match self.blocking(move |s| s.upsert(&reg, t)).await {
                     Ok(before) => {
+                        if before.is_none() {
+                            self.listing_changed().await;
+                        }
                         let was_offline = self.offline_lock().remove(&addr);
                         match before {
                             None => tracing::info!(depot = %addr, "registered"),
@@ -250,18 +340,35 @@ impl LBone {
                     return Response::error(400, "at most 1024 reports of known depots");
                 }
                 let net = client_net(peer.ip());
+                if !self.may_report(&net) {
+                    return Response::error(
+                        429,
+                        "too many rate reports from your network: at most 60 a minute",
+                    );
+                }
+                // Only depots the directory lists get a forecast: checked
+                // against the shared listing first, then by the store.
+                let listed: std::collections::HashSet<String> = match self.depots().await {
+                    Ok(l) => l.iter().map(|d| d.reg.addr()).collect(),
+                    Err(e) => return Response::error(503, &e),
+                };
+                let known: Vec<_> = r
+                    .rates
+                    .into_iter()
+                    .filter(|x| listed.contains(&x.depot))
+                    .collect();
                 let t = now();
-                let n = r.rates.len();
                 match self
                     .blocking(move |s| {
-                        for x in &r.rates {
-                            s.record_rate(&net, &x.depot, x.bytes_per_sec, t)?;
+                        let mut n = 0;
+                        for x in &known {
+                            n += usize::from(s.record_rate(&net, &x.depot, x.bytes_per_sec, t)?);
                         }
-                        Ok(())
+                        Ok(n)
                     })
                     .await
                 {
-                    Ok(()) => api(200, serde_json::json!({"ok": true, "recorded": n})),
+                    Ok(n) => api(200, serde_json::json!({"ok": true, "recorded": n})),
                     Err(e) => Response::error(503, &e),
                 }
             }
@@ -277,12 +384,45 @@ impl LBone {
         }
     }
 
-    async fn serve_http(self: Arc<Self>, mut s: TcpStream, peer: SocketAddr) {
-        let resp = match http::read_request(&mut s, self.cfg.io_timeout).await {
+    async fn serve_http(self: Arc<Self>, mut s: TcpStream, peer: SocketAddr, slot: Slot) {
+        let read = tokio::select! {
+            r = http::read_request(&mut s, self.cfg.io_timeout) => r,
+            () = slot.evicted() => return,
+        };
+        slot.served();
+        let resp = match read {
             Ok(req) => self.handle(req, peer).await,
             Err(e) => Response::error(e.status, &e.reason),
         };
-        let _ = tokio::time::timeout(self.cfg.io_timeout, s.write_all(&resp.to_bytes())).await;
+        // Large bodies wait for room in the budget, so slow readers of big
+        // listings cannot pile up memory.
+        let units = u32::try_from(
+            resp.body
+                .len()
+                .div_ceil(BODY_UNIT)
+                .min(BODY_BUDGET / BODY_UNIT),
+        )
+        .unwrap_or(u32::MAX);
+        let _room = if resp.body.len() > BODY_UNIT {
+            let wait = self.bodies.clone().acquire_many_owned(units);
+            match tokio::time::timeout(self.cfg.io_timeout, wait).await {
+                Ok(Ok(p)) => Some(p),
+                _ => {
+                    let busy = Response::error(503, "the directory is busy: retry in a second");
+                    let _ =
+                        tokio::time::timeout(self.cfg.io_timeout, s.write_all(&busy.to_bytes()))
+                            .await;
+                    return;
+                }
+            }
+        } else {
+            None
+        };
+        let send = async {
+            s.write_all(&resp.head()).await?;
+            s.write_all(&resp.body).await
+        };
+        let _ = tokio::time::timeout(self.cfg.io_timeout, send).await;
         let _ = s.shutdown().await;
     }
 
@@ -336,12 +476,17 @@ impl LBone {
         }
     }
 
-    async fn serve_legacy(self: Arc<Self>, mut s: TcpStream, peer: SocketAddr) {
+    async fn serve_legacy(self: Arc<Self>, mut s: TcpStream, peer: SocketAddr, slot: Slot) {
         let mut msg = [0u8; legacy::MESSAGE_LEN];
-        match tokio::time::timeout(self.cfg.io_timeout, s.read_exact(&mut msg)).await {
+        let read = tokio::select! {
+            r = tokio::time::timeout(self.cfg.io_timeout, s.read_exact(&mut msg)) => r,
+            () = slot.evicted() => return,
+        };
+        match read {
             Ok(Ok(_)) => {}
             _ => return, // cut short or too slow: nothing to answer
         }
+        slot.served();
         let reply = self.legacy_reply(&msg, peer.ip()).await;
         let _ = tokio::time::timeout(self.cfg.io_timeout, s.write_all(&reply)).await;
         let _ = s.shutdown().await;
@@ -393,6 +538,10 @@ fn query_from(req: &Request) -> Result<Query, String> {
     })
 }
 
+/// How long a connection admitted by closing a waiting one waits for the
+/// room that frees.
+const EVICT_WAIT: Duration = Duration::from_secs(2);
+
 async fn accept_loop(
     l: TcpListener,
     lb: Arc<LBone>,
@@ -412,18 +561,33 @@ async fn accept_loop(
             },
             _ = shutdown.changed() => return,
         };
-        // At the limit, refuse rather than queue without bound.
-        let Ok(permit) = slots.clone().try_acquire_owned() else {
+        // An address past its share is refused; at the overall limit a
+        // connection still waiting for its request makes room, else the new
+        // one is refused rather than queued without bound.
+        let Some(slot) = lb.peers.admit(peer.ip()) else {
+            tracing::debug!(%peer, "per-client connection limit reached");
             drop(s);
             continue;
         };
+        let permit = match slots.clone().try_acquire_owned() {
+            Ok(p) => Some(p),
+            Err(_) if lb.peers.evict_waiting() => None,
+            Err(_) => continue,
+        };
         let lb = lb.clone();
+        let slots = slots.clone();
         tokio::spawn(async move {
-            let _permit = permit;
+            let _permit = match permit {
+                Some(p) => p,
+                None => match tokio::time::timeout(EVICT_WAIT, slots.acquire_owned()).await {
+                    Ok(Ok(p)) => p,
+                    _ => return,
+                },
+            };
             if legacy {
-                lb.serve_legacy(s, peer).await;
+                lb.serve_legacy(s, peer, slot).await;
             } else {
-                lb.serve_http(s, peer).await;
+                lb.serve_http(s, peer, slot).await;
             }
         });
     }

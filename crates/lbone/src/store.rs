@@ -50,14 +50,25 @@ pub trait Store: Send + Sync {
     /// Registers a depot or refreshes its heartbeat and figures. Returns
     /// its previous heartbeat time, `None` for a depot new to the directory.
     fn upsert(&self, reg: &Registration, now: i64) -> Result<Option<i64>, StoreError>;
-    /// Removes a depot (it left on its own); whether it was listed.
+    /// Removes a depot (it left on its own) and the rates reported for it;
+    /// whether it was listed.
     fn remove(&self, addr: &str) -> Result<bool, StoreError>;
     /// Every depot.
     fn list(&self) -> Result<Vec<DepotRecord>, StoreError>;
-    /// Drops depots silent since before `cutoff`; returns their addresses.
+    /// Drops depots silent since before `cutoff`, and rates of depots no
+    /// longer listed or not reported since `cutoff`; returns the dropped
+    /// depots' addresses.
     fn drop_silent(&self, cutoff: i64) -> Result<Vec<String>, StoreError>;
-    /// Folds a measured rate into the (client network, depot) forecast.
-    fn record_rate(&self, client: &str, depot: &str, bps: f64, now: i64) -> Result<(), StoreError>;
+    /// Folds a measured rate into the (client network, depot) forecast;
+    /// `false` (nothing stored) when `depot` is not registered, so reports
+    /// cannot grow the directory with made-up names.
+    fn record_rate(
+        &self,
+        client: &str,
+        depot: &str,
+        bps: f64,
+        now: i64,
+    ) -> Result<bool, StoreError>;
     /// Forecast state for a client network, by depot address.
     fn forecasts(&self, client: &str) -> Result<HashMap<String, Forecaster>, StoreError>;
     /// For logs: which backend and where.
@@ -148,10 +159,12 @@ impl Store for SqliteStore {
     }
 
     fn remove(&self, addr: &str) -> Result<bool, StoreError> {
-        Ok(self
-            .db()
-            .execute("DELETE FROM depots WHERE addr = ?1", [addr])?
-            > 0)
+        let mut db = self.db();
+        let tx = db.transaction()?;
+        tx.execute("DELETE FROM rates WHERE depot = ?1", [addr])?;
+        let known = tx.execute("DELETE FROM depots WHERE addr = ?1", [addr])? > 0;
+        tx.commit()?;
+        Ok(known)
     }
 
     fn list(&self) -> Result<Vec<DepotRecord>, StoreError> {
@@ -187,13 +200,29 @@ impl Store for SqliteStore {
                 .collect::<Result<_, _>>()?
         };
         tx.execute("DELETE FROM depots WHERE last_seen < ?1", [cutoff])?;
+        tx.execute(
+            "DELETE FROM rates WHERE updated < ?1 OR depot NOT IN (SELECT addr FROM depots)",
+            [cutoff],
+        )?;
         tx.commit()?;
         Ok(gone)
     }
 
-    fn record_rate(&self, client: &str, depot: &str, bps: f64, now: i64) -> Result<(), StoreError> {
+    fn record_rate(
+        &self,
+        client: &str,
+        depot: &str,
+        bps: f64,
+        now: i64,
+    ) -> Result<bool, StoreError> {
         let mut db = self.db();
         let tx = db.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+        let listed = tx
+            .query_row("SELECT 1 FROM depots WHERE addr = ?1", [depot], |_| Ok(()))
+            .optional()?;
+        if listed.is_none() {
+            return Ok(false);
+        }
         let old: Option<String> = tx
             .query_row(
                 "SELECT state FROM rates WHERE client = ?1 AND depot = ?2",
@@ -212,7 +241,7 @@ impl Store for SqliteStore {
             rusqlite::params![client, depot, encode(&f), now],
         )?;
         tx.commit()?;
-        Ok(())
+        Ok(true)
     }
 
     fn forecasts(&self, client: &str) -> Result<HashMap<String, Forecaster>, StoreError> {
@@ -288,10 +317,12 @@ impl Store for PostgresStore {
     }
 
     fn remove(&self, addr: &str) -> Result<bool, StoreError> {
-        Ok(self
-            .db()
-            .execute("DELETE FROM depots WHERE addr = $1", &[&addr])?
-            > 0)
+        let mut db = self.db();
+        let mut tx = db.transaction()?;
+        tx.execute("DELETE FROM rates WHERE depot = $1", &[&addr])?;
+        let known = tx.execute("DELETE FROM depots WHERE addr = $1", &[&addr])? > 0;
+        tx.commit()?;
+        Ok(known)
     }
 
     fn list(&self) -> Result<Vec<DepotRecord>, StoreError> {
@@ -313,8 +344,9 @@ impl Store for PostgresStore {
     }
 
     fn drop_silent(&self, cutoff: i64) -> Result<Vec<String>, StoreError> {
-        let mut gone: Vec<String> = self
-            .db()
+        let mut db = self.db();
+        let mut tx = db.transaction()?;
+        let mut gone: Vec<String> = tx
             .query(
                 "DELETE FROM depots WHERE last_seen < $1 RETURNING addr",
                 &[&cutoff],
@@ -322,24 +354,40 @@ impl Store for PostgresStore {
             .iter()
             .map(|r| r.get(0))
             .collect();
+        tx.execute(
+            "DELETE FROM rates WHERE updated < $1 OR depot NOT IN (SELECT addr FROM depots)",
+            &[&cutoff],
+        )?;
+        tx.commit()?;
         gone.sort();
         Ok(gone)
     }
 
-    fn record_rate(&self, client: &str, depot: &str, bps: f64, now: i64) -> Result<(), StoreError> {
+    fn record_rate(
+        &self,
+        client: &str,
+        depot: &str,
+        bps: f64,
+        now: i64,
+    ) -> Result<bool, StoreError> {
         let mut db = self.db();
         let mut tx = db.transaction()?;
-        // Make the row exist, then lock it: concurrent reports from other
-        // instances queue up instead of overwriting each other.
+        // Make the row exist (for a listed depot only), then lock it:
+        // concurrent reports from other instances queue up instead of
+        // overwriting each other.
         tx.execute(
-            "INSERT INTO rates (client, depot, state, updated) VALUES ($1, $2, $3, $4)
+            "INSERT INTO rates (client, depot, state, updated)
+             SELECT $1, $2, $3, $4 WHERE EXISTS (SELECT 1 FROM depots WHERE addr = $2)
              ON CONFLICT (client, depot) DO NOTHING",
             &[&client, &depot, &encode(&Forecaster::default()), &now],
         )?;
-        let row = tx.query_one(
+        let Some(row) = tx.query_opt(
             "SELECT state FROM rates WHERE client = $1 AND depot = $2 FOR UPDATE",
             &[&client, &depot],
-        )?;
+        )?
+        else {
+            return Ok(false);
+        };
         let mut f = decode_fc(depot, row.get(0))?;
         f.update(bps);
         tx.execute(
@@ -347,7 +395,7 @@ impl Store for PostgresStore {
             &[&client, &depot, &encode(&f), &now],
         )?;
         tx.commit()?;
-        Ok(())
+        Ok(true)
     }
 
     fn forecasts(&self, client: &str) -> Result<HashMap<String, Forecaster>, StoreError> {

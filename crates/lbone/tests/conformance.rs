@@ -85,8 +85,20 @@ fn suite(s: &dyn Store) {
             .unwrap();
         want.update(x);
     }
-    s.record_rate("10.9.9.0/24", "a.example.org:6714", 5.0, 200)
-        .unwrap();
+    assert!(
+        s.record_rate("10.9.9.0/24", "a.example.org:6714", 5.0, 200)
+            .unwrap()
+    );
+    // Reports of depots the directory does not list store nothing.
+    assert!(
+        !s.record_rate("10.9.9.0/24", "made-up.example.org:6714", 5.0, 200)
+            .unwrap()
+    );
+    assert!(
+        !s.forecasts("10.9.9.0/24")
+            .unwrap()
+            .contains_key("made-up.example.org:6714")
+    );
     let fc = s.forecasts("10.0.0.0/24").unwrap();
     assert_eq!(fc.len(), 1);
     assert_eq!(fc["a.example.org:6714"], want);
@@ -96,16 +108,37 @@ fn suite(s: &dyn Store) {
     );
     assert!(s.forecasts("192.168.0.0/24").unwrap().is_empty());
     assert!(!s.describe().is_empty());
+
+    // A depot that goes takes its forecasts with it, and forecasts not
+    // reported since the cutoff go at the next sweep.
+    s.upsert(&reg("d.example.org", 1, "Brno"), 210).unwrap();
+    assert!(
+        s.record_rate("10.0.0.0/24", "d.example.org:6714", 1.0, 210)
+            .unwrap()
+    );
+    assert!(s.remove("d.example.org:6714").unwrap());
+    assert!(
+        !s.forecasts("10.0.0.0/24")
+            .unwrap()
+            .contains_key("d.example.org:6714")
+    );
+    s.upsert(&reg("a.example.org", 50, "Brno"), 400).unwrap();
+    assert!(s.drop_silent(300).unwrap().is_empty());
+    assert!(
+        s.forecasts("10.0.0.0/24").unwrap().is_empty(),
+        "stale forecasts swept"
+    );
 }
 
 /// Concurrent rate reports lose nothing.
 fn concurrent_reports(stores: Vec<Arc<dyn Store>>) {
+    stores[0].upsert(&reg("c", 1, "Brno"), 300).unwrap();
     let threads: Vec<_> = (0..8)
         .map(|i| {
             let s = stores[i % stores.len()].clone();
             std::thread::spawn(move || {
                 for _ in 0..25 {
-                    s.record_rate("10.1.1.0/24", "c:6714", 1e6, 300).unwrap();
+                    assert!(s.record_rate("10.1.1.0/24", "c:6714", 1e6, 300).unwrap());
                 }
             })
         })

@@ -1,0 +1,155 @@
+//! Connections by client address, so that no one host — or handful of
+//! hosts — can take the directory from everyone else: each address holds
+//! at most a share of the connections, and at the overall limit the
+//! server closes a connection still waiting for its request, the oldest of
+//! the address holding the most, to make room (`THREAT-MODEL.md`).
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::Notify;
+
+/// The table of connected addresses.
+pub(crate) struct Peers {
+    per_client: usize,
+    table: Mutex<HashMap<IpAddr, Peer>>,
+    seq: AtomicU64,
+}
+
+#[derive(Default)]
+struct Peer {
+    open: usize,
+    /// Its connections still reading their request, oldest first, each with
+    /// the signal that closes it.
+    waiting: BTreeMap<u64, Arc<Notify>>,
+}
+
+/// One admitted connection; dropping it releases its place.
+pub(crate) struct Slot {
+    peers: Arc<Peers>,
+    ip: IpAddr,
+    seq: u64,
+    close: Arc<Notify>,
+}
+
+impl Peers {
+    pub(crate) fn new(per_client: usize) -> Arc<Peers> {
+        Arc::new(Peers {
+            per_client: per_client.max(1),
+            table: Mutex::new(HashMap::new()),
+            seq: AtomicU64::new(0),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<IpAddr, Peer>> {
+        self.table.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Admits a connection from `ip`, listed as waiting for its request;
+    /// `None` when the address holds its share already.
+    pub(crate) fn admit(self: &Arc<Self>, ip: IpAddr) -> Option<Slot> {
+        let ip = ip.to_canonical();
+        let seq = self.seq.fetch_add(1, Relaxed);
+        let close = Arc::new(Notify::new());
+        let mut t = self.lock();
+        let p = t.entry(ip).or_default();
+        if p.open >= self.per_client {
+            return None;
+        }
+        p.open += 1;
+        p.waiting.insert(seq, close.clone());
+        Some(Slot {
+            peers: self.clone(),
+            ip,
+            seq,
+            close,
+        })
+    }
+
+    /// Closes the oldest connection still waiting for its request of the
+    /// address holding the most connections; `false` if none waits.
+    pub(crate) fn evict_waiting(&self) -> bool {
+        let mut t = self.lock();
+        let Some(p) = t
+            .values_mut()
+            .filter(|p| !p.waiting.is_empty())
+            .max_by_key(|p| p.open)
+        else {
+            return false;
+        };
+        match p.waiting.pop_first() {
+            Some((_, close)) => {
+                close.notify_one();
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+impl Slot {
+    /// The request is in: this connection is no longer one to close under
+    /// pressure.
+    pub(crate) fn served(&self) {
+        if let Some(p) = self.peers.lock().get_mut(&self.ip) {
+            p.waiting.remove(&self.seq);
+        }
+    }
+
+    /// Resolves when the server closes this connection to make room.
+    pub(crate) async fn evicted(&self) {
+        self.close.notified().await;
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut t = self.peers.lock();
+        if let Some(p) = t.get_mut(&self.ip) {
+            p.waiting.remove(&self.seq);
+            p.open = p.open.saturating_sub(1);
+            if p.open == 0 {
+                t.remove(&self.ip);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    async fn closed(s: &Slot) -> bool {
+        tokio::time::timeout(Duration::from_millis(100), s.evicted())
+            .await
+            .is_ok()
+    }
+
+    #[tokio::test]
+    async fn shares_per_address_and_the_busiest_waits_lose_first() {
+        let peers = Peers::new(3);
+        let a: IpAddr = "127.0.9.1".parse().unwrap();
+        let b: IpAddr = "127.0.0.1".parse().unwrap();
+        let flood: Vec<Slot> = (0..3).map(|_| peers.admit(a).unwrap()).collect();
+        assert!(peers.admit(a).is_none(), "a fourth from one address");
+        let mine = peers.admit(b).unwrap();
+        assert!(peers.evict_waiting());
+        assert!(closed(&flood[0]).await);
+        assert!(!closed(&mine).await);
+        // Served connections are never closed to make room.
+        mine.served();
+        for s in &flood[1..] {
+            s.served();
+        }
+        assert!(!peers.evict_waiting());
+        drop(flood);
+        drop(mine);
+        assert!(
+            peers.lock().is_empty(),
+            "entries go with their last connection"
+        );
+    }
+}
