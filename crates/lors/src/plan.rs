@@ -19,9 +19,36 @@ pub struct Segment {
     pub sources: Vec<usize>,
 }
 
+/// The largest allocation a mapping may claim (16 TiB): more than any depot
+/// rents in one piece. An exNode claiming more is damaged or hostile, and
+/// believing it would make the planner cut the claim into pieces by the
+/// billion.
+pub const MAX_MAPPING_BYTES: u64 = 1 << 44;
+
+/// The farthest byte an exNode may claim (8 PiB: 2^53).
+pub const MAX_FILE_BYTES: u64 = 1 << 53;
+
+/// Most pieces one download plans (each costs the scheduler ~100 bytes):
+/// a larger range gets larger pieces, up to [`MAX_PIECE_BYTES`].
+pub const MAX_SEGMENTS: u64 = 1 << 20;
+
+/// The largest piece the planner makes to stay within [`MAX_SEGMENTS`]
+/// (a piece may be held in memory whole).
+pub const MAX_PIECE_BYTES: u64 = 64 << 20;
+
 /// Why a range cannot be planned.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PlanError {
+    /// The range would take more than [`MAX_SEGMENTS`] pieces of at most
+    /// [`MAX_PIECE_BYTES`].
+    #[error(
+        "{len} bytes are more than one download can plan ({} at most): read the file in parts (-O/--length)",
+        MAX_SEGMENTS * MAX_PIECE_BYTES
+    )]
+    TooLarge {
+        /// Bytes asked for.
+        len: u64,
+    },
     /// Bytes in the range that no readable mapping covers.
     #[error(
         "bytes {start}..{end} are not held by any readable mapping (trimmed or never uploaded)"
@@ -56,6 +83,21 @@ pub fn check_geometry(mappings: &[Mapping]) -> Result<(), PlanError> {
             let number = lors_exnode::Numbering::of(mappings).number(index);
             Err(PlanError::Geometry { number, what })
         };
+        if m.alloc_length > MAX_MAPPING_BYTES || m.logical_length > MAX_MAPPING_BYTES {
+            return bad(format!(
+                "claims {} logical / {} allocated bytes, more than the {MAX_MAPPING_BYTES} one allocation can hold",
+                m.logical_length, m.alloc_length
+            ));
+        }
+        if m.exnode_offset
+            .checked_add(m.logical_length)
+            .is_none_or(|end| end > MAX_FILE_BYTES)
+        {
+            return bad(format!(
+                "ends past byte {MAX_FILE_BYTES} (offset {} + length {})",
+                m.exnode_offset, m.logical_length
+            ));
+        }
         match Codec::from_mapping(m) {
             Err(e) => return bad(format!("has an unusable function: {e}")),
             // A missing alloc_length (0) is not checked: old writers omit it.
@@ -80,7 +122,26 @@ pub fn check_geometry(mappings: &[Mapping]) -> Result<(), PlanError> {
     Ok(())
 }
 
-/// Plans `[start, start+len)` into segments of at most `max_seg` bytes.
+/// The piece size for planning `len` bytes in pieces of `piece`: larger
+/// when `len` would take more than [`MAX_SEGMENTS`] pieces.
+///
+/// ```
+/// use lors::plan::{piece_for, MAX_SEGMENTS};
+/// assert_eq!(piece_for(1 << 30, 2 << 20), Ok(2 << 20));
+/// assert_eq!(piece_for(MAX_SEGMENTS * (4 << 20), 2 << 20), Ok(4 << 20));
+/// assert!(piece_for(u64::MAX, 2 << 20).is_err());
+/// ```
+pub fn piece_for(len: u64, piece: u64) -> Result<u64, PlanError> {
+    let piece = piece.max(1).max(len.div_ceil(MAX_SEGMENTS));
+    if piece > MAX_PIECE_BYTES && len > MAX_SEGMENTS * MAX_PIECE_BYTES {
+        return Err(PlanError::TooLarge { len });
+    }
+    Ok(piece)
+}
+
+/// Plans `[start, start+len)` into segments of at most `max_seg` bytes
+/// (never more than [`MAX_SEGMENTS`] of them split for size: see
+/// [`piece_for`]).
 pub fn plan(
     mappings: &[Mapping],
     start: u64,
@@ -88,7 +149,11 @@ pub fn plan(
     max_seg: u64,
 ) -> Result<Vec<Segment>, PlanError> {
     let end = start.saturating_add(len);
-    let max_seg = max_seg.max(1);
+    let max_seg = if max_seg == u64::MAX {
+        max_seg
+    } else {
+        piece_for(len, max_seg)?
+    };
     let readable: Vec<(usize, &Mapping)> = mappings
         .iter()
         .enumerate()
@@ -208,6 +273,35 @@ mod tests {
         let mut unreadable = m(100, 100, "b");
         unreadable.read = None;
         assert!(plan(&[m(0, 100, "a"), unreadable], 0, 200, 10).is_err());
+    }
+
+    #[test]
+    fn hostile_claims_are_refused_before_any_plan() {
+        // One 551-byte mapping claiming 2^63 bytes.
+        let huge = Mapping {
+            alloc_length: i64::MAX as u64,
+            logical_length: i64::MAX as u64,
+            ..m(0, 1, "a")
+        };
+        assert!(matches!(
+            check_geometry(&[huge]),
+            Err(PlanError::Geometry { number: 0, .. })
+        ));
+        // In bounds each, but ending past the farthest byte.
+        let far = m(MAX_FILE_BYTES - 10, 11, "a");
+        assert!(check_geometry(&[far]).is_err());
+        let wraps = m(u64::MAX, 2, "a");
+        assert!(check_geometry(&[wraps]).is_err());
+        // The largest claim that passes plans in at most MAX_SEGMENTS pieces.
+        let big = m(0, MAX_MAPPING_BYTES, "a");
+        check_geometry(std::slice::from_ref(&big)).unwrap();
+        let segs = plan(std::slice::from_ref(&big), 0, MAX_MAPPING_BYTES, 256 << 10).unwrap();
+        assert_eq!(segs.len() as u64, MAX_SEGMENTS);
+        // Mappings side by side up to 8 PiB: too much for one download.
+        assert!(matches!(
+            plan(&[big], 0, MAX_FILE_BYTES, 256 << 10),
+            Err(PlanError::TooLarge { .. })
+        ));
     }
 
     #[test]

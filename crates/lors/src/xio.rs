@@ -76,6 +76,10 @@ pub const DEFAULT_READAHEAD: usize = 32 << 20;
 /// What a read away from the read-ahead fetches, from the start of its
 /// aligned stretch.
 const FETCH: u64 = 1 << 20;
+/// The most a sequential read-ahead plans at once (64K pieces); a reader
+/// that reaches its end starts the next. The rest of a file whose exNode
+/// claims terabytes is not planned for a read of its first megabyte.
+const STREAM_SPAN: u64 = 16 << 30;
 /// Buffers being stored at once by one writer: memory is at most this many
 /// buffers plus the one filling.
 const MAX_INFLIGHT: usize = 4;
@@ -1245,7 +1249,7 @@ impl Shared {
                     // Sequential: the rest of the file; random: this
                     // stretch alone.
                     let len = if sequential {
-                        end.saturating_sub(start)
+                        end.saturating_sub(start).min(STREAM_SPAN)
                     } else {
                         stretch
                     };

@@ -287,6 +287,9 @@ pub async fn download(
     } else {
         (opts.block_size, opts.window.max(1))
     };
+    // However long the range, no more than MAX_SEGMENTS pieces: larger
+    // pieces for very large ranges, a refusal past what that allows.
+    let piece = crate::plan::piece_for(len, piece)?;
     let planned = plan(
         &x.mappings,
         start,
