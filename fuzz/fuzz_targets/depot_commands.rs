@@ -3,10 +3,15 @@
 //! commands built from the input — ALLOCATE, STORE, WRITE, LOAD (plain and
 //! with LStore's network checksums, right or wrong), SEND, MANAGE, STATUS,
 //! LStore's alias ALLOCATE and MANAGE and disk-checksummed ALLOCATE (whose
-//! keys are then used everywhere), GET and VALIDATE checksum, with numbers at their extremes, data phases cut short, and raw lines.
-//! After every input:
+//! keys are then used everywhere), GET and VALIDATE checksum, with numbers
+//! at their extremes, zero-length and past-the-end WRITEs, tiny checksum
+//! blocks, checksummed queues, data phases cut short or raced by a DECR that
+//! deletes their allocation, and raw lines. After every input:
 //!
 //! * every reply came within its deadline (no hang), and the depot answers;
+//! * the bytes an owner stored before handing out an alias for the window
+//!   after them are intact, and the whole allocation reads back, whatever
+//!   was done through the alias's keys;
 //! * the space the depot accounts equals the sum of its live allocations and
 //!   stays within the resource, and no allocation holds more than its max
 //!   size;
@@ -184,9 +189,60 @@ fn parse_caps(reply: &str) -> Option<Caps> {
     Some(Caps([r, w, m]))
 }
 
-fn run(u: &mut Unstructured<'_>, h: &Harness) -> ArbResult<()> {
+/// The owner's bytes of the guarded allocation, before its alias's window.
+const GUARDED: usize = 1000;
+
+fn guarded_bytes() -> Vec<u8> {
+    (0..GUARDED).map(|i| (i % 251) as u8).collect()
+}
+
+/// An allocation whose owner stored [`GUARDED`] bytes and handed out an
+/// alias for the 4096 bytes after them: the alias's keys join the pool, the
+/// owner's do not.
+fn guard(c: &mut Client) -> (Caps, Caps) {
+    assert!(c.send(b"1 1 1 2 1 600 65536 10\n"));
+    let reply = c.line().expect("ALLOCATE reply");
+    let owner = parse_caps(&reply).unwrap_or_else(|| panic!("ALLOCATE: {reply:?}"));
+    assert!(c.send(format!("1 2 {} {GUARDED} 10\n", owner.0[1]).as_bytes()));
+    assert_eq!(c.line().as_deref(), Some("1 \n"));
+    assert!(c.send(&guarded_bytes()));
+    assert_eq!(c.line(), Some(format!("1 {GUARDED} \n")));
+    assert!(c.send(format!("1 14 {} {GUARDED} 4096 0 10\n", owner.0[2]).as_bytes()));
+    let reply = c.line().expect("ALIAS_ALLOCATE reply");
+    let alias = parse_caps(&reply).unwrap_or_else(|| panic!("ALIAS_ALLOCATE: {reply:?}"));
+    (owner, alias)
+}
+
+/// The owner's bytes are intact and every byte the allocation says it holds
+/// is there to read.
+fn check_guard(h: &Harness, owner: &Caps) {
     let mut c = Client::connect(&h.addr);
-    let mut caps: Vec<Caps> = Vec::new();
+    assert!(c.send(format!("1 9 {} 40 0 0 0 0 10\n", owner.0[2]).as_bytes()));
+    let probe = c.line().expect("PROBE reply");
+    let f: Vec<u64> = probe
+        .split_whitespace()
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    assert!(f.len() == 8 && f[0] == 1, "the owner's PROBE: {probe:?}");
+    let size = f[3];
+    assert!(size >= GUARDED as u64, "the owner's bytes were cut: {probe:?}");
+    assert!(c.send(format!("1 8 {} 0 {size} 10\n", owner.0[0]).as_bytes()));
+    assert_eq!(c.line(), Some(format!("1 {size} \n")), "LOAD of {size}");
+    let mut all = vec![0u8; usize::try_from(size).unwrap()];
+    c.rd.read_exact(&mut all)
+        .unwrap_or_else(|e| panic!("{size} bytes promised, not sent: {e}"));
+    assert_eq!(&all[..GUARDED], &guarded_bytes()[..], "the owner's bytes changed");
+}
+
+fn run(u: &mut Unstructured<'_>, h: &Harness) {
+    let mut c = Client::connect(&h.addr);
+    let (owner, alias) = guard(&mut c);
+    let _ = steps(u, h, c, alias);
+    check_guard(h, &owner);
+}
+
+fn steps(u: &mut Unstructured<'_>, h: &Harness, mut c: Client, alias: Caps) -> ArbResult<()> {
+    let mut caps: Vec<Caps> = vec![alias];
     let mut full_caps: Vec<String> = Vec::new();
     // Start from live allocations of each kind, so the input's commands
     // reach real data phases and accounting at once.
@@ -212,7 +268,7 @@ fn run(u: &mut Unstructured<'_>, h: &Harness) -> ArbResult<()> {
         };
         let ver = if u.ratio(1u8, 8)? { 0 } else { 1 };
         let t = plain(u, 30)?; // the timeout field
-        let op = u.int_in_range(0u8..=13)?;
+        let op = u.int_in_range(0u8..=15)?;
         // LStore's checksummed forms of STORE, WRITE and LOAD, sometimes
         // with types or block sizes the depot must refuse.
         let chk = if u.ratio(1u8, 4)? {
@@ -248,10 +304,18 @@ fn run(u: &mut Unstructured<'_>, h: &Harness) -> ArbResult<()> {
                 let line = if op == 1 {
                     format!("{} {w} {len} {t}", head(2, 28))
                 } else {
-                    let off = plain(u, 1 << 20)?;
+                    // Zero-length and past-the-end WRITEs often: the
+                    // committed length must never move without bytes.
+                    let len = if u.ratio(1u8, 4)? { "0".into() } else { len };
+                    let off = if u.ratio(1u8, 4)? {
+                        (4096 + u64::from(u.arbitrary::<u16>()?)).to_string()
+                    } else {
+                        plain(u, 1 << 20)?
+                    };
                     format!("{} {w} {off} {len} {t}", head(13, 27))
                 };
-                (line, len.parse().ok())
+                let len = line.split_whitespace().nth_back(1).and_then(|x| x.parse().ok());
+                (line, len)
             }
             3 => {
                 let r = pick(u, &caps, 0)?;
@@ -339,7 +403,12 @@ fn run(u: &mut Unstructured<'_>, h: &Harness) -> ArbResult<()> {
                 // ALLOCATE_CHKSUM (its keys join the pool, so STOREs, WRITEs
                 // and LOADs reach digest-keeping allocations).
                 let kind = [0, 1, 2, 3, 4, 9][u.choose_index(6)?];
-                let bs = plain(u, 64 << 10)?;
+                // Tiny blocks often: their digests must stay bounded.
+                let bs = if u.ratio(1u8, 3)? {
+                    u.int_in_range(1u8..=16)?.to_string()
+                } else {
+                    plain(u, 64 << 10)?
+                };
                 let ty = [1, 1, 3][u.choose_index(3)?];
                 let (d, sz) = (plain(u, 3600)?, plain(u, 1 << 20)?);
                 (format!("{ver} 29 {kind} {bs} 1 2 {ty} {d} {sz} {t}"), None)
@@ -349,6 +418,17 @@ fn run(u: &mut Unstructured<'_>, h: &Harness) -> ArbResult<()> {
                 let m = pick(u, &caps, 2)?;
                 let c = if u.ratio(1u8, 2)? { 31 } else { 32 };
                 (format!("{ver} {c} {m} {} {t}", u.int_in_range(0u8..=1)?), None)
+            }
+            14 => {
+                // A STORE whose allocation is deleted (both counts to zero)
+                // on another connection while its bytes arrive.
+                if caps.is_empty() {
+                    continue;
+                }
+                let k = u.choose_index(caps.len())?;
+                let len = u.int_in_range(1u32..=(256 << 10))?;
+                delete_during_store(h, &mut c, &caps[k], len, u.ratio(1u8, 2)?);
+                continue;
             }
             _ => {
                 // A fresh connection, abandoning this one mid-whatever.
@@ -451,6 +531,39 @@ fn run(u: &mut Unstructured<'_>, h: &Harness) -> ArbResult<()> {
     Ok(())
 }
 
+/// STORE `len` bytes through `caps`, and once half are sent, DECR both of
+/// its counts on a second connection (read first or write first); then the
+/// rest. Whatever the STORE's reply, the deletion must leave no file behind
+/// (checked once the input is done).
+fn delete_during_store(h: &Harness, c: &mut Client, caps: &Caps, len: u32, read_first: bool) {
+    let Caps([_, w, m]) = caps;
+    if !c.send(format!("1 2 {w} {len} 10\n").as_bytes()) {
+        *c = Client::connect(&h.addr);
+        return;
+    }
+    if c.line().as_deref() != Some("1 \n") {
+        *c = Client::connect(&h.addr);
+        return;
+    }
+    let body = vec![0xa5u8; len as usize];
+    let half = body.len() / 2;
+    let _ = c.send(&body[..half]);
+    let mut other = Client::connect(&h.addr);
+    let order = if read_first { [1, 2] } else { [2, 1] };
+    for ct in order {
+        if !other.send(format!("1 9 {m} 42 {ct} 10\n").as_bytes()) || other.line().is_none() {
+            break;
+        }
+    }
+    let _ = c.send(&body[half..]);
+    match c.line() {
+        Some(l) if l == format!("1 {len} \n") || l.starts_with('-') => {}
+        Some(l) => panic!("STORE reply {l:?} for {len} bytes"),
+        None => {}
+    }
+    *c = Client::connect(&h.addr);
+}
+
 fn check(h: &Harness) {
     // Wait for the depot to finish with our connections.
     for _ in 0..1000 {
@@ -508,6 +621,6 @@ fuzz_target!(|data: &[u8]| {
     let h = harness();
     let mut u = Unstructured::new(data);
     // Running out of input ends the sequence early; the checks run anyway.
-    let _ = run(&mut u, h);
+    run(&mut u, h);
     check(h);
 });

@@ -209,7 +209,7 @@ fn default_advertise(bound: SocketAddr) -> String {
 pub use lors_ibp::raise_open_file_limit;
 
 /// How long a connection admitted by evicting an idle one waits for the
-/// room that frees.
+/// place that one hands over.
 const EVICT_WAIT: Duration = Duration::from_secs(2);
 
 /// The reference depot's busy reply (`-66 1.0`: retry in a second), sent
@@ -268,25 +268,26 @@ pub async fn run(
             tokio::spawn(refuse_busy(sock));
             continue;
         };
-        let permit = match conns.clone().try_acquire_owned() {
-            Ok(p) => Some(p),
-            // At the cap: an idle connection makes room (its task ends and
-            // gives its permit back), else the reference depot's busy reply.
-            Err(_) if depot.clients.evict_idle() => None,
-            Err(_) => {
-                depot.metrics.connections_rejected.fetch_add(1, Relaxed);
-                tokio::spawn(refuse_busy(sock));
-                continue;
-            }
+        let place = match conns.clone().try_acquire_owned() {
+            Ok(p) => Ok(p),
+            // At the cap: an idle connection makes room and hands over its
+            // place, else the reference depot's busy reply.
+            Err(_) => match depot.clients.evict_idle() {
+                Some(handed) => Err(handed),
+                None => {
+                    depot.metrics.connections_rejected.fetch_add(1, Relaxed);
+                    tokio::spawn(refuse_busy(sock));
+                    continue;
+                }
+            },
         };
         let _ = sock.set_nodelay(true);
         let depot = depot.clone();
         let shutdown = shutdown.clone();
-        let conns = conns.clone();
         tokio::spawn(async move {
-            let permit = match permit {
-                Some(p) => p,
-                None => match tokio::time::timeout(EVICT_WAIT, conns.acquire_owned()).await {
+            let place = match place {
+                Ok(p) => p,
+                Err(handed) => match tokio::time::timeout(EVICT_WAIT, handed).await {
                     Ok(Ok(p)) => p,
                     _ => {
                         depot.metrics.connections_rejected.fetch_add(1, Relaxed);
@@ -297,9 +298,8 @@ pub async fn run(
                 },
             };
             depot.metrics.connections_open.fetch_add(1, Relaxed);
-            conn::serve(depot.clone(), sock, peer, slot, shutdown).await;
+            conn::serve(depot.clone(), sock, peer, slot, place, shutdown).await;
             depot.metrics.connections_open.fetch_sub(1, Relaxed);
-            drop(permit);
         });
     }
     // Drain: connections see the shutdown signal between commands.

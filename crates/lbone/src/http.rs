@@ -217,8 +217,8 @@ pub struct Response {
     pub status: u16,
     /// Content type.
     pub content_type: &'static str,
-    /// Body.
-    pub body: Vec<u8>,
+    /// Body (shared: one listing may answer many requests).
+    pub body: std::sync::Arc<[u8]>,
 }
 
 impl Response {
@@ -227,7 +227,7 @@ impl Response {
         Response {
             status,
             content_type: "application/json",
-            body: body.into_bytes(),
+            body: body.into_bytes().into(),
         }
     }
 

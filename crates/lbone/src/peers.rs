@@ -2,14 +2,15 @@
 //! hosts — can take the directory from everyone else: each address holds
 //! at most a share of the connections, and at the overall limit the
 //! server closes a connection still waiting for its request, the oldest of
-//! the address holding the most, to make room (`THREAT-MODEL.md`).
+//! the address holding the most, which hands its place to the newcomer
+//! (`THREAT-MODEL.md`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::Notify;
+use tokio::sync::{Notify, OwnedSemaphorePermit, oneshot};
 
 /// The table of connected addresses.
 pub(crate) struct Peers {
@@ -23,7 +24,15 @@ struct Peer {
     open: usize,
     /// Its connections still reading their request, oldest first, each with
     /// the signal that closes it.
-    waiting: BTreeMap<u64, Arc<Notify>>,
+    waiting: BTreeMap<u64, Arc<Evict>>,
+}
+
+/// How a connection is closed to make room: a signal, and where its place
+/// goes.
+#[derive(Default)]
+struct Evict {
+    close: Notify,
+    to: Mutex<Option<oneshot::Sender<OwnedSemaphorePermit>>>,
 }
 
 /// One admitted connection; dropping it releases its place.
@@ -31,7 +40,7 @@ pub(crate) struct Slot {
     peers: Arc<Peers>,
     ip: IpAddr,
     seq: u64,
-    close: Arc<Notify>,
+    evict: Arc<Evict>,
 }
 
 impl Peers {
@@ -52,40 +61,39 @@ impl Peers {
     pub(crate) fn admit(self: &Arc<Self>, ip: IpAddr) -> Option<Slot> {
         let ip = ip.to_canonical();
         let seq = self.seq.fetch_add(1, Relaxed);
-        let close = Arc::new(Notify::new());
+        let evict = Arc::new(Evict::default());
         let mut t = self.lock();
         let p = t.entry(ip).or_default();
         if p.open >= self.per_client {
             return None;
         }
         p.open += 1;
-        p.waiting.insert(seq, close.clone());
+        p.waiting.insert(seq, evict.clone());
         Some(Slot {
             peers: self.clone(),
             ip,
             seq,
-            close,
+            evict,
         })
     }
 
     /// Closes the oldest connection still waiting for its request of the
-    /// address holding the most connections; `false` if none waits.
-    pub(crate) fn evict_waiting(&self) -> bool {
+    /// address holding the most connections, other than `newcomer`; its
+    /// place (its permit) arrives on the receiver returned. `None`: no
+    /// other connection waits.
+    pub(crate) fn evict_waiting(
+        &self,
+        newcomer: &Slot,
+    ) -> Option<oneshot::Receiver<OwnedSemaphorePermit>> {
         let mut t = self.lock();
-        let Some(p) = t
-            .values_mut()
-            .filter(|p| !p.waiting.is_empty())
-            .max_by_key(|p| p.open)
-        else {
-            return false;
-        };
-        match p.waiting.pop_first() {
-            Some((_, close)) => {
-                close.notify_one();
-                true
-            }
-            None => false,
-        }
+        let others = |p: &&mut Peer| p.waiting.keys().any(|&s| s != newcomer.seq);
+        let p = t.values_mut().filter(others).max_by_key(|p| p.open)?;
+        let seq = *p.waiting.keys().find(|&&s| s != newcomer.seq)?;
+        let victim = p.waiting.remove(&seq)?;
+        let (tx, rx) = oneshot::channel();
+        *victim.to.lock().unwrap_or_else(|e| e.into_inner()) = Some(tx);
+        victim.close.notify_one();
+        Some(rx)
     }
 }
 
@@ -98,9 +106,23 @@ impl Slot {
         }
     }
 
-    /// Resolves when the server closes this connection to make room.
+    /// Resolves when the server closes this connection to make room; then
+    /// [`hand_over`](Slot::hand_over) its place.
     pub(crate) async fn evicted(&self) {
-        self.close.notified().await;
+        self.evict.close.notified().await;
+    }
+
+    /// Gives this evicted connection's place to the one it makes room for.
+    pub(crate) fn hand_over(&self, place: OwnedSemaphorePermit) {
+        if let Some(tx) = self
+            .evict
+            .to
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            let _ = tx.send(place);
+        }
     }
 }
 
@@ -136,15 +158,21 @@ mod tests {
         let flood: Vec<Slot> = (0..3).map(|_| peers.admit(a).unwrap()).collect();
         assert!(peers.admit(a).is_none(), "a fourth from one address");
         let mine = peers.admit(b).unwrap();
-        assert!(peers.evict_waiting());
+        let place = peers.evict_waiting(&mine).unwrap();
         assert!(closed(&flood[0]).await);
         assert!(!closed(&mine).await);
-        // Served connections are never closed to make room.
-        mine.served();
+        // The closed connection's place goes to the newcomer.
+        let places = Arc::new(tokio::sync::Semaphore::new(1));
+        flood[0].hand_over(places.clone().try_acquire_owned().unwrap());
+        assert!(place.await.is_ok());
+        // Served connections are never closed to make room, nor is the
+        // newcomer itself.
         for s in &flood[1..] {
             s.served();
         }
-        assert!(!peers.evict_waiting());
+        assert!(peers.evict_waiting(&mine).is_none());
+        mine.served();
+        assert!(peers.evict_waiting(&flood[1]).is_none());
         drop(flood);
         drop(mine);
         assert!(

@@ -31,6 +31,15 @@ const BODY_BUDGET: usize = 64 << 20;
 /// Response bytes one permit of the body budget stands for.
 const BODY_UNIT: usize = 64 << 10;
 
+/// A listing's question: the client's network and the query as asked.
+type Question = (String, String);
+
+/// A listing given, and when.
+type Answered = (Instant, Arc<[u8]>);
+
+/// Listings kept for [`LISTING_FRESH`] to answer the same question again.
+const MAX_ANSWERS: usize = 256;
+
 /// Rate-report requests one client network may make per minute.
 const RATE_POSTS_PER_MINUTE: u32 = 60;
 
@@ -87,6 +96,12 @@ pub struct LBone {
     listing: tokio::sync::Mutex<Option<(Instant, Arc<Vec<DepotRecord>>)>>,
     /// Turns to rank and encode a listing.
     workers: Semaphore,
+    /// Listings answered within [`LISTING_FRESH`], by client network and
+    /// query: the same question asked many times at once is encoded once.
+    answers: std::sync::Mutex<HashMap<Question, Answered>>,
+    /// Bytes of the last listing of every depot: the most any listing
+    /// takes, reserved from the body budget before one is made.
+    largest: std::sync::atomic::AtomicUsize,
     /// Response bytes in flight, in [`BODY_UNIT`]s.
     bodies: Arc<Semaphore>,
     /// Rate-report requests per client network in the current minute.
@@ -113,6 +128,8 @@ impl LBone {
             peers: Peers::new(cfg.max_connections_per_client),
             listing: tokio::sync::Mutex::new(None),
             workers: Semaphore::new(LISTING_WORKERS),
+            answers: std::sync::Mutex::new(HashMap::new()),
+            largest: std::sync::atomic::AtomicUsize::new(BODY_UNIT),
             bodies: Arc::new(Semaphore::new(BODY_BUDGET / BODY_UNIT)),
             reporters: std::sync::Mutex::new((Instant::now(), HashMap::new())),
             store,
@@ -158,9 +175,14 @@ impl LBone {
         Ok(l)
     }
 
-    /// Forgets the shared listing: a depot came or went.
+    /// Forgets the shared listing and the answers made from it: a depot
+    /// came or went.
     async fn listing_changed(&self) {
         *self.listing.lock().await = None;
+        self.answers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
     }
 
     /// Ranks depots for a client on `peer`'s network.
@@ -181,34 +203,84 @@ impl LBone {
         ))
     }
 
-    /// `GET /api/v1/depots`: ranked and encoded on one of a few turns, so
-    /// however many clients ask at once, few copies of the directory exist.
-    async fn listing(&self, q: Query, peer: std::net::IpAddr) -> Response {
+    /// `GET /api/v1/depots`: room for the answer is reserved from the body
+    /// budget first (as much as the largest listing took), then the answer
+    /// is taken from those given in the last second to the same question
+    /// from the same network, or ranked and encoded on one of a few turns.
+    /// However many clients ask at once, few copies of the directory exist.
+    async fn listing(&self, req: &Request, peer: std::net::IpAddr) -> Answer {
         #[derive(serde::Serialize)]
         struct Listing<'a> {
             depots: &'a [DepotView],
             offline_after: i64,
             now: i64,
         }
+        let q = match query_from(req) {
+            Ok(q) => q,
+            Err(e) => return Response::error(400, &e).into(),
+        };
+        let busy = || Response::error(503, "the directory is busy: retry in a second").into();
+        let largest = self.largest.load(std::sync::atomic::Ordering::Relaxed);
+        let Some(room) = self.room(largest).await else {
+            return busy();
+        };
+        let key = (client_net(peer), format!("{:?}", req.query));
+        if let Some(body) = self.answered(&key) {
+            return Answer::json(body, room);
+        }
         let Ok(_turn) = tokio::time::timeout(self.cfg.io_timeout, self.workers.acquire()).await
         else {
-            return Response::error(503, "the directory is busy: retry in a second");
+            return busy();
         };
-        match self.query(q, peer).await {
-            Ok(v) => {
-                let body = serde_json::to_vec(&Listing {
-                    depots: &v,
-                    offline_after: secs(self.cfg.offline_after),
-                    now: now(),
-                })
-                .unwrap_or_default();
-                Response {
-                    status: 200,
-                    content_type: "application/json",
-                    body,
-                }
-            }
-            Err(e) => Response::error(503, &e),
+        let all = q.include_offline && req.query.len() == 1;
+        let v = match self.query(q, peer).await {
+            Ok(v) => v,
+            Err(e) => return Response::error(503, &e).into(),
+        };
+        let body: Arc<[u8]> = serde_json::to_vec(&Listing {
+            depots: &v,
+            offline_after: secs(self.cfg.offline_after),
+            now: now(),
+        })
+        .unwrap_or_default()
+        .into();
+        // Every depot's listing is the largest there is; a smaller one may
+        // only raise the estimate (the directory grew since).
+        let size = body.len().max(BODY_UNIT);
+        if all {
+            self.largest
+                .store(size, std::sync::atomic::Ordering::Relaxed);
+        } else {
+            self.largest
+                .fetch_max(size, std::sync::atomic::Ordering::Relaxed);
+        }
+        let mut answers = self.answers.lock().unwrap_or_else(|e| e.into_inner());
+        answers.retain(|_, (at, _)| at.elapsed() < LISTING_FRESH);
+        if answers.len() < MAX_ANSWERS {
+            answers.insert(key, (Instant::now(), body.clone()));
+        }
+        drop(answers);
+        Answer::json(body, room)
+    }
+
+    /// A listing given to the same question within [`LISTING_FRESH`].
+    fn answered(&self, key: &Question) -> Option<Arc<[u8]>> {
+        let answers = self.answers.lock().unwrap_or_else(|e| e.into_inner());
+        answers
+            .get(key)
+            .filter(|(at, _)| at.elapsed() < LISTING_FRESH)
+            .map(|(_, b)| b.clone())
+    }
+
+    /// Room for `bytes` of response in the body budget, waited for up to the
+    /// I/O timeout.
+    async fn room(&self, bytes: usize) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        let units = u32::try_from(bytes.div_ceil(BODY_UNIT).clamp(1, BODY_BUDGET / BODY_UNIT))
+            .unwrap_or(u32::MAX);
+        let wait = self.bodies.clone().acquire_many_owned(units);
+        match tokio::time::timeout(self.cfg.io_timeout, wait).await {
+            Ok(Ok(p)) => Some(p),
+            _ => None,
         }
     }
 
@@ -257,22 +329,22 @@ impl LBone {
         self.offline.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    async fn handle(&self, req: Request, peer: SocketAddr) -> Response {
+    async fn handle(&self, req: Request, peer: SocketAddr) -> Answer {
+        if (req.method.as_str(), req.path.as_str()) == ("GET", "/api/v1/depots") {
+            return self.listing(&req, peer.ip()).await;
+        }
+        self.respond(req, peer).await.into()
+    }
+
+    async fn respond(&self, req: Request, peer: SocketAddr) -> Response {
         let api = |status, v: serde_json::Value| Response::json(status, v.to_string());
         match (req.method.as_str(), req.path.as_str()) {
             ("GET", "/") | ("GET", "/index.html") => Response {
                 status: 200,
                 content_type: "text/html; charset=utf-8",
-                body: DASHBOARD.as_bytes().to_vec(),
+                body: DASHBOARD.as_bytes().into(),
             },
             ("GET", "/healthz") => api(200, serde_json::json!({"ok": true})),
-            ("GET", "/api/v1/depots") => {
-                let q = match query_from(&req) {
-                    Ok(q) => q,
-                    Err(e) => return Response::error(400, &e),
-                };
-                self.listing(q, peer.ip()).await
-            }
             ("POST", "/api/v1/register" | "/api/v1/deregister") if !self.token_ok(req.bearer()) => {
                 tracing::warn!(peer = %peer.ip(), path = %req.path, "refused: wrong or missing token");
                 Response::error(
@@ -384,39 +456,21 @@ impl LBone {
         }
     }
 
-    async fn serve_http(self: Arc<Self>, mut s: TcpStream, peer: SocketAddr, slot: Slot) {
+    async fn serve_http(
+        self: Arc<Self>,
+        mut s: TcpStream,
+        peer: SocketAddr,
+        slot: Slot,
+        place: Place,
+    ) {
         let read = tokio::select! {
             r = http::read_request(&mut s, self.cfg.io_timeout) => r,
-            () = slot.evicted() => return,
+            () = slot.evicted() => return slot.hand_over(place),
         };
         slot.served();
-        let resp = match read {
+        let Answer { resp, room: _room } = match read {
             Ok(req) => self.handle(req, peer).await,
-            Err(e) => Response::error(e.status, &e.reason),
-        };
-        // Large bodies wait for room in the budget, so slow readers of big
-        // listings cannot pile up memory.
-        let units = u32::try_from(
-            resp.body
-                .len()
-                .div_ceil(BODY_UNIT)
-                .min(BODY_BUDGET / BODY_UNIT),
-        )
-        .unwrap_or(u32::MAX);
-        let _room = if resp.body.len() > BODY_UNIT {
-            let wait = self.bodies.clone().acquire_many_owned(units);
-            match tokio::time::timeout(self.cfg.io_timeout, wait).await {
-                Ok(Ok(p)) => Some(p),
-                _ => {
-                    let busy = Response::error(503, "the directory is busy: retry in a second");
-                    let _ =
-                        tokio::time::timeout(self.cfg.io_timeout, s.write_all(&busy.to_bytes()))
-                            .await;
-                    return;
-                }
-            }
-        } else {
-            None
+            Err(e) => Response::error(e.status, &e.reason).into(),
         };
         let send = async {
             s.write_all(&resp.head()).await?;
@@ -476,11 +530,17 @@ impl LBone {
         }
     }
 
-    async fn serve_legacy(self: Arc<Self>, mut s: TcpStream, peer: SocketAddr, slot: Slot) {
+    async fn serve_legacy(
+        self: Arc<Self>,
+        mut s: TcpStream,
+        peer: SocketAddr,
+        slot: Slot,
+        place: Place,
+    ) {
         let mut msg = [0u8; legacy::MESSAGE_LEN];
         let read = tokio::select! {
             r = tokio::time::timeout(self.cfg.io_timeout, s.read_exact(&mut msg)) => r,
-            () = slot.evicted() => return,
+            () = slot.evicted() => return slot.hand_over(place),
         };
         match read {
             Ok(Ok(_)) => {}
@@ -538,8 +598,37 @@ fn query_from(req: &Request) -> Result<Query, String> {
     })
 }
 
+/// A response, with the room it holds in the body budget until it is sent
+/// (listings: the one kind of answer whose size grows with the directory).
+struct Answer {
+    resp: Response,
+    room: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+impl Answer {
+    fn json(body: Arc<[u8]>, room: tokio::sync::OwnedSemaphorePermit) -> Answer {
+        Answer {
+            resp: Response {
+                status: 200,
+                content_type: "application/json",
+                body,
+            },
+            room: Some(room),
+        }
+    }
+}
+
+impl From<Response> for Answer {
+    fn from(resp: Response) -> Answer {
+        Answer { resp, room: None }
+    }
+}
+
+/// A connection's place among the `max_connections`.
+type Place = tokio::sync::OwnedSemaphorePermit;
+
 /// How long a connection admitted by closing a waiting one waits for the
-/// room that frees.
+/// place that one hands over.
 const EVICT_WAIT: Duration = Duration::from_secs(2);
 
 async fn accept_loop(
@@ -569,25 +658,26 @@ async fn accept_loop(
             drop(s);
             continue;
         };
-        let permit = match slots.clone().try_acquire_owned() {
-            Ok(p) => Some(p),
-            Err(_) if lb.peers.evict_waiting() => None,
-            Err(_) => continue,
+        let place = match slots.clone().try_acquire_owned() {
+            Ok(p) => Ok(p),
+            Err(_) => match lb.peers.evict_waiting(&slot) {
+                Some(handed) => Err(handed),
+                None => continue,
+            },
         };
         let lb = lb.clone();
-        let slots = slots.clone();
         tokio::spawn(async move {
-            let _permit = match permit {
-                Some(p) => p,
-                None => match tokio::time::timeout(EVICT_WAIT, slots.acquire_owned()).await {
+            let place = match place {
+                Ok(p) => p,
+                Err(handed) => match tokio::time::timeout(EVICT_WAIT, handed).await {
                     Ok(Ok(p)) => p,
                     _ => return,
                 },
             };
             if legacy {
-                lb.serve_legacy(s, peer, slot).await;
+                lb.serve_legacy(s, peer, slot, place).await;
             } else {
-                lb.serve_http(s, peer, slot).await;
+                lb.serve_http(s, peer, slot, place).await;
             }
         });
     }

@@ -1,5 +1,6 @@
 //! Integration tests: real `lors` processes on 127.0.0.1 with OS-assigned ports.
 
+mod abuse;
 mod bench;
 mod dashboard;
 mod depot;

@@ -233,6 +233,23 @@ impl LboneProc {
     pub fn url(&self) -> String {
         format!("http://{}", self.http)
     }
+
+    /// The L-Bone's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+/// A memory figure of process `pid` from `/proc/PID/status` (`VmRSS`,
+/// `VmHWM` — the peak), in bytes.
+pub fn memory_of(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"));
+    kib * 1024
 }
 
 impl Drop for LboneProc {

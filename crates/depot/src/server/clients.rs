@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, oneshot};
 use tokio::time::timeout;
 
 use super::CHUNK_BYTES;
@@ -32,7 +32,7 @@ struct Client {
     buffers: Arc<Semaphore>,
     /// Its connections waiting for a command, oldest first, each with the
     /// signal that closes it.
-    idle: BTreeMap<u64, Arc<Notify>>,
+    idle: BTreeMap<u64, Arc<Evict>>,
 }
 
 /// The table of connected clients, by address.
@@ -96,21 +96,17 @@ impl Clients {
     /// new one when the depot is at `max_connections`: the oldest idle
     /// connection of the address holding the most connections, so a host
     /// that parks hundreds of idle connections loses them before anyone
-    /// else loses one. `false`: no connection is idle.
-    pub(crate) fn evict_idle(&self) -> bool {
+    /// else loses one. The closed connection hands its place (its permit)
+    /// to the receiver returned, not to whoever waits longest; `None`: no
+    /// connection is idle.
+    pub(crate) fn evict_idle(&self) -> Option<oneshot::Receiver<OwnedSemaphorePermit>> {
         let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(c) = t
+        let c = t
             .values_mut()
             .filter(|c| !c.idle.is_empty())
-            .max_by_key(|c| c.connections)
-        else {
-            return false;
-        };
-        let Some((_, close)) = c.idle.pop_first() else {
-            return false;
-        };
-        close.notify_one();
-        true
+            .max_by_key(|c| c.connections)?;
+        let (_, victim) = c.idle.pop_first()?;
+        Some(victim.evict())
     }
 
     /// Connections `ip` has open now.
@@ -146,13 +142,43 @@ pub(crate) enum Wait {
 pub(crate) struct Idle<'a> {
     slot: &'a ClientSlot,
     seq: u64,
-    close: Arc<Notify>,
+    evict: Arc<Evict>,
 }
 
 impl Idle<'_> {
-    /// Resolves when the depot closes this connection to make room.
+    /// Resolves when the depot closes this connection to make room; then
+    /// [`hand_over`](Idle::hand_over) its place.
     pub(crate) async fn evicted(&self) {
-        self.close.notified().await;
+        self.evict.close.notified().await;
+    }
+
+    /// Gives this evicted connection's place to the one it makes room for.
+    pub(crate) fn hand_over(&self, place: OwnedSemaphorePermit) {
+        self.evict.hand_over(place);
+    }
+}
+
+/// How a connection is closed to make room: a signal, and where its place
+/// goes.
+#[derive(Default)]
+struct Evict {
+    close: Notify,
+    to: Mutex<Option<oneshot::Sender<OwnedSemaphorePermit>>>,
+}
+
+impl Evict {
+    /// Signals the connection; its place arrives on the receiver.
+    fn evict(&self) -> oneshot::Receiver<OwnedSemaphorePermit> {
+        let (tx, rx) = oneshot::channel();
+        *self.to.lock().unwrap_or_else(|e| e.into_inner()) = Some(tx);
+        self.close.notify_one();
+        rx
+    }
+
+    fn hand_over(&self, place: OwnedSemaphorePermit) {
+        if let Some(tx) = self.to.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = tx.send(place);
+        }
     }
 }
 
@@ -170,15 +196,15 @@ impl ClientSlot {
     /// Lists this connection as idle until the returned guard drops.
     pub(crate) fn idle(&self) -> Idle<'_> {
         let seq = self.clients.seq.fetch_add(1, Relaxed);
-        let close = Arc::new(Notify::new());
+        let evict = Arc::new(Evict::default());
         let mut t = self.clients.table.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(entry) = t.get_mut(&self.ip) {
-            entry.idle.insert(seq, close.clone());
+            entry.idle.insert(seq, evict.clone());
         }
         Idle {
             slot: self,
             seq,
-            close,
+            evict,
         }
     }
 
@@ -280,24 +306,28 @@ mod tests {
             .map(|_| clients.admit("127.0.0.6".parse().unwrap()).unwrap())
             .collect();
         let one = clients.admit("127.0.0.7".parse().unwrap()).unwrap();
-        assert!(!clients.evict_idle(), "nobody is idle");
+        assert!(clients.evict_idle().is_none(), "nobody is idle");
         let mine = one.idle();
         let first = many[0].idle();
         let second = many[1].idle();
-        assert!(clients.evict_idle());
+        let place = clients.evict_idle().unwrap();
         assert!(
             soon(&first).await,
             "the busiest address's oldest goes first"
         );
         assert!(!soon(&second).await && !soon(&mine).await);
-        assert!(clients.evict_idle());
+        // The evicted connection's place goes to the one that evicted it.
+        let places = Arc::new(Semaphore::new(1));
+        first.hand_over(places.clone().try_acquire_owned().unwrap());
+        assert!(place.await.is_ok());
+        assert!(clients.evict_idle().is_some());
         assert!(soon(&second).await);
-        assert!(clients.evict_idle());
+        assert!(clients.evict_idle().is_some());
         assert!(soon(&mine).await, "then the others' connections");
         // A connection that got a command is no longer listed.
         let again = one.idle();
         drop(again);
-        assert!(!clients.evict_idle());
+        assert!(clients.evict_idle().is_none());
     }
 
     #[test]

@@ -25,9 +25,9 @@ use super::clients::ClientSlot;
 use super::fail::{Fail, Flow, blocking, log_failure, verified};
 use super::transfer::{
     Checked, CheckedError, XferError, recv_checked, recv_to_file, send_checked, send_file,
-    send_framed,
+    send_framed, timed_out,
 };
-use super::{Budget, CHUNK_BYTES, Depot, copy};
+use super::{CHUNK_BYTES, Depot, copy};
 use crate::metrics::command_index;
 use crate::store::datafile::{Extent, HEADER_BYTES};
 use crate::store::{
@@ -49,19 +49,14 @@ pub(super) struct Conn {
 /// bytes without it.
 const RECV_ROUND_BYTES: u64 = 8 * CHUNK_BYTES as u64;
 
-/// The slowest a client may send while it holds transfer budget.
-const HOLD_RATE: u64 = 1 << 20;
+/// The longest a round of a data phase holds transfer budget.
+const BUDGET_HOLD: Duration = Duration::from_secs(1);
 
-/// How long a round of `n` bytes may hold budget: the time [`HOLD_RATE`]
-/// takes to move them, and never less than a second.
-fn round_hold(n: u64) -> Duration {
-    Duration::from_secs(1).max(Duration::from_millis(n.saturating_mul(1000) / HOLD_RATE))
-}
+/// The bytes a client must have waiting before a round takes budget.
+const READY_BYTES: u64 = 32 << 10;
 
-/// The bytes a slow client must have waiting before it gets budget again.
-const SLOW_BATCH: u64 = 64 << 10;
-
-/// How often a slow client's waiting bytes are counted.
+/// How often, at the longest, the waiting bytes of a client sending too
+/// slowly for a batch are counted.
 const SLOW_POLL: Duration = Duration::from_millis(50);
 
 /// Why a receive stopped.
@@ -88,6 +83,7 @@ pub(super) async fn serve(
     sock: TcpStream,
     peer: SocketAddr,
     slot: ClientSlot,
+    place: tokio::sync::OwnedSemaphorePermit,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut c = Conn {
@@ -108,6 +104,7 @@ pub(super) async fn serve(
             _ = shutdown.changed() => return,
             () = waiting.evicted() => {
                 tracing::debug!(peer = %c.peer, "idle connection closed to make room");
+                waiting.hand_over(place);
                 return;
             }
         };
@@ -197,35 +194,13 @@ impl Conn {
         })
     }
 
-    /// Waits, holding no budget, until the client has bytes for us, then
-    /// takes the budget for `bytes` of them.
-    async fn budget_when_ready(&mut self, bytes: u64, idle: Duration) -> Result<Budget, RecvFail> {
-        if self.rd.buffer().is_empty() {
-            match timeout(idle, self.rd.get_ref().readable()).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => return Err(RecvFail::Xfer(XferError::Peer(e))),
-                Err(_) => {
-                    return Err(RecvFail::Xfer(XferError::Peer(std::io::Error::new(
-                        std::io::ErrorKind::TimedOut,
-                        "no data within the I/O timeout",
-                    ))));
-                }
-            }
-        }
-        self.depot
-            .budget(&self.slot, bytes)
-            .await
-            .map_err(|_| RecvFail::Busy)
-    }
-
     /// Receives `len` bytes into `file` at byte `pos`, in rounds that each
     /// hold transfer budget only while the client's bytes flow: a round
-    /// ends when its bytes are in or when it has held the budget for
-    /// longer than [`round_hold`] allows. A client that ran out a round's
-    /// time is slow: its next round waits, holding nothing, until
-    /// [`SLOW_BATCH`] bytes (or the rest) wait in the socket. So a client
-    /// that trickles bytes holds budget for no more than a moment per
-    /// batch, however many data phases it opens from however many hosts.
+    /// takes budget once [`READY_BYTES`] (or the rest) wait in the socket,
+    /// and gives it back when its bytes are in or after [`BUDGET_HOLD`],
+    /// whichever comes first. A client that trickles bytes so holds no
+    /// budget, however many data phases it opens from however many hosts,
+    /// and a slow one holds it for a second per batch at most.
     async fn receive(
         &mut self,
         file: &Arc<std::fs::File>,
@@ -236,16 +211,15 @@ impl Conn {
     ) -> Result<(), RecvFail> {
         let mut checked = ncs.map(Checked::new);
         let mut done = 0u64;
-        let mut slow = false;
         while done < len {
             let n = (len - done).min(RECV_ROUND_BYTES);
-            if slow {
-                self.queued(n.min(SLOW_BATCH), idle).await?;
-            }
+            self.queued(n.min(READY_BYTES), idle).await?;
             let budget = self
-                .budget_when_ready(n.min(2 * CHUNK_BYTES as u64), idle)
-                .await?;
-            let until = Instant::now() + round_hold(n);
+                .depot
+                .budget(&self.slot, n.min(2 * CHUNK_BYTES as u64))
+                .await
+                .map_err(|_| RecvFail::Busy)?;
+            let until = Instant::now() + BUDGET_HOLD;
             let at = pos + done;
             let got = match &mut checked {
                 None => recv_to_file(&mut self.rd, file.clone(), at, n, idle, until)
@@ -258,7 +232,6 @@ impl Conn {
             };
             drop(budget);
             done += got;
-            slow = got < n;
         }
         Ok(())
     }
@@ -267,49 +240,57 @@ impl Conn {
     /// read (in our buffer or the socket's); fails when none arrive for
     /// `idle`.
     async fn queued(&mut self, want: u64, idle: Duration) -> Result<(), RecvFail> {
-        let timed_out = || {
-            RecvFail::Xfer(XferError::Peer(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                "no data within the I/O timeout",
-            )))
-        };
+        let peer = |e: std::io::Error| RecvFail::Xfer(XferError::Peer(e));
+        // The client closed with less than we wait for: the data phase
+        // cannot finish.
+        let closed = || peer(std::io::ErrorKind::UnexpectedEof.into());
         let want = usize::try_from(want).unwrap_or(usize::MAX);
         let mut peek = vec![0u8; want.saturating_sub(self.rd.buffer().len())];
-        let mut seen = 0;
-        let mut since = Instant::now();
+        let (mut seen, mut since, mut pause) = (0, Instant::now(), Duration::from_millis(1));
         loop {
             let buffered = self.rd.buffer().len();
             if buffered >= want {
                 return Ok(());
             }
-            let room = want - buffered;
-            let queued = rustix::net::recv(
-                self.rd.get_ref(),
-                &mut peek[..room],
-                rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT,
-            );
+            // Through `try_io`, so that "nothing yet" clears the socket's
+            // readiness and `ready` below sleeps.
+            let sock = self.rd.get_ref();
+            let queued = sock.try_io(tokio::io::Interest::READABLE, || {
+                let flags = rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT;
+                rustix::net::recv(sock, &mut peek[..want - buffered], flags)
+                    .map(|(n, _)| n)
+                    .map_err(std::io::Error::from)
+            });
             let have = match queued {
-                Ok((0, _)) => {
-                    // The client closed with less than we wait for: the
-                    // data phase cannot finish.
-                    return Err(RecvFail::Xfer(XferError::Peer(
-                        std::io::ErrorKind::UnexpectedEof.into(),
-                    )));
-                }
-                Ok((n, _)) => buffered + n,
-                Err(rustix::io::Errno::AGAIN) => buffered,
-                Err(e) => return Err(RecvFail::Xfer(XferError::Peer(e.into()))),
+                Ok(0) => return Err(closed()),
+                Ok(n) => buffered + n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => buffered,
+                Err(e) => return Err(peer(e)),
             };
             if have >= want {
                 return Ok(());
             }
             if have > seen {
-                seen = have;
-                since = Instant::now();
-            } else if since.elapsed() >= idle {
-                return Err(timed_out());
+                (seen, since) = (have, Instant::now());
             }
-            tokio::time::sleep(SLOW_POLL).await;
+            let left = idle
+                .checked_sub(since.elapsed())
+                .ok_or_else(|| peer(timed_out()))?;
+            // With nothing in the socket this sleeps until something comes.
+            let ready = match timeout(left, sock.ready(tokio::io::Interest::READABLE)).await {
+                Ok(Ok(r)) => r,
+                Ok(Err(e)) => return Err(peer(e)),
+                Err(_) => return Err(peer(timed_out())),
+            };
+            if ready.is_read_closed() {
+                return Err(closed());
+            }
+            if have > buffered {
+                // Some bytes, not yet a batch: look again soon, less often
+                // the longer it takes.
+                tokio::time::sleep(pause.min(left)).await;
+                pause = (pause * 2).min(SLOW_POLL);
+            }
         }
     }
 

@@ -17,7 +17,7 @@ use super::CHUNK_BYTES;
 
 pub(crate) use lors_ibp::zerocopy::{XferError, send_file};
 
-fn timed_out() -> io::Error {
+pub(crate) fn timed_out() -> io::Error {
     io::Error::new(
         io::ErrorKind::TimedOut,
         "no progress within the I/O timeout",
@@ -143,20 +143,22 @@ pub(crate) async fn recv_checked(
     st: &mut Checked,
 ) -> Result<u64, CheckedError> {
     let peer = |e| CheckedError::Xfer(XferError::Peer(e));
-    // A round may start mid-block, so later blocks can need more room than
-    // the first: size for the largest piece the phase can read at once.
-    let most = len.min(CHUNK_BYTES as u64).min(st.ncs.block_size);
-    let mut buf = vec![0u8; usize::try_from(most).unwrap_or(CHUNK_BYTES)];
+    // Bytes gather here across blocks and go to the file a buffer at a
+    // time: small blocks would otherwise cost a disk write each.
+    let mut buf = vec![0u8; usize::try_from(len.min(CHUNK_BYTES as u64)).unwrap_or(CHUNK_BYTES)];
+    let (mut filled, mut at) = (0usize, pos);
     let mut done = 0u64;
     while done < len {
-        let k = usize::try_from(st.room(len - done)).unwrap_or(CHUNK_BYTES);
+        let room = usize::try_from(st.room(len - done)).unwrap_or(CHUNK_BYTES);
+        let k = room.min(buf.len() - filled);
         let mut got = 0;
         while got < k {
             let now = Instant::now();
             if now >= until {
                 break;
             }
-            match timeout((until - now).min(idle), rd.read(&mut buf[got..k])).await {
+            let into = &mut buf[filled + got..filled + k];
+            match timeout((until - now).min(idle), rd.read(into)).await {
                 Err(_) if Instant::now() >= until => break,
                 Err(_) => return Err(peer(timed_out())),
                 Ok(Ok(0)) => return Err(peer(io::ErrorKind::UnexpectedEof.into())),
@@ -164,23 +166,26 @@ pub(crate) async fn recv_checked(
                 Ok(Err(e)) => return Err(peer(e)),
             }
         }
-        if got == 0 {
-            break;
-        }
-        st.hasher.update(&buf[..got]);
-        let f = file.clone();
-        let at = pos + done;
-        buf = tokio::task::spawn_blocking(move || f.write_all_at(&buf[..got], at).map(|()| buf))
-            .await
-            .map_err(io::Error::other)
-            .and_then(|r| r)
-            .map_err(|e| CheckedError::Xfer(XferError::Disk(e)))?;
+        st.hasher.update(&buf[filled..filled + got]);
+        filled += got;
         done += got as u64;
-        if st.advance(got as u64, last && done == len) {
+        let ended = got < k; // the round's time is up
+        if filled == buf.len() || done == len || ended {
+            let f = file.clone();
+            let n = filled;
+            buf = tokio::task::spawn_blocking(move || f.write_all_at(&buf[..n], at).map(|()| buf))
+                .await
+                .map_err(io::Error::other)
+                .and_then(|r| r)
+                .map_err(|e| CheckedError::Xfer(XferError::Disk(e)))?;
+            at += filled as u64;
+            filled = 0;
+        }
+        if got > 0 && st.advance(got as u64, last && done == len) {
             st.check_digest(rd, idle).await?;
         }
-        if got < k {
-            break; // ended early, mid-piece
+        if ended {
+            break;
         }
     }
     Ok(done)
