@@ -28,13 +28,14 @@ pub const MAX_MAPPING_BYTES: u64 = 1 << 44;
 /// The farthest byte an exNode may claim (8 PiB: 2^53).
 pub const MAX_FILE_BYTES: u64 = 1 << 53;
 
-/// Most pieces one download plans (each costs the scheduler ~100 bytes):
-/// a larger range gets larger pieces, up to [`MAX_PIECE_BYTES`].
-pub const MAX_SEGMENTS: u64 = 1 << 20;
+/// Most pieces one download plans (each costs the plan and the scheduler
+/// some 500 bytes): a larger range gets larger pieces, up to
+/// [`MAX_PIECE_BYTES`].
+pub const MAX_SEGMENTS: u64 = 1 << 17;
 
 /// The largest piece the planner makes to stay within [`MAX_SEGMENTS`]
-/// (a piece may be held in memory whole).
-pub const MAX_PIECE_BYTES: u64 = 64 << 20;
+/// (a piece may be held in memory whole): one plan reaches 16 TiB.
+pub const MAX_PIECE_BYTES: u64 = 128 << 20;
 
 /// Why a range cannot be planned.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -129,6 +130,7 @@ pub fn check_geometry(mappings: &[Mapping]) -> Result<(), PlanError> {
 /// use lors::plan::{piece_for, MAX_SEGMENTS};
 /// assert_eq!(piece_for(1 << 30, 2 << 20), Ok(2 << 20));
 /// assert_eq!(piece_for(MAX_SEGMENTS * (4 << 20), 2 << 20), Ok(4 << 20));
+/// assert_eq!(piece_for(1 << 44, 2 << 20), Ok(128 << 20));
 /// assert!(piece_for(u64::MAX, 2 << 20).is_err());
 /// ```
 pub fn piece_for(len: u64, piece: u64) -> Result<u64, PlanError> {

@@ -76,7 +76,7 @@ pub const DEFAULT_READAHEAD: usize = 32 << 20;
 /// What a read away from the read-ahead fetches, from the start of its
 /// aligned stretch.
 const FETCH: u64 = 1 << 20;
-/// The most a sequential read-ahead plans at once (64K pieces); a reader
+/// The most a sequential read-ahead plans at once (64K pieces of 256 KiB); a reader
 /// that reaches its end starts the next. The rest of a file whose exNode
 /// claims terabytes is not planned for a read of its first megabyte.
 const STREAM_SPAN: u64 = 16 << 30;

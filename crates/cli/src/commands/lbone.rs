@@ -75,6 +75,10 @@ pub struct Args {
     /// A depot silent this long is dropped from the directory.
     #[arg(long, value_name = "DURATION", value_parser = duration_arg, default_value = "1d")]
     drop_after: Duration,
+    /// Connections one client address may hold at once (raise it for
+    /// clients behind one NAT).
+    #[arg(long, value_name = "N", default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..))]
+    max_connections_per_client: u32,
 }
 
 /// The token from the flag, or DIR/token (created with a fresh random one).
@@ -134,6 +138,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         offline_after: a.offline_after,
         drop_after: a.drop_after,
         sweep_every: (a.offline_after / 2).clamp(Duration::from_secs(1), Duration::from_secs(60)),
+        max_connections_per_client: a.max_connections_per_client as usize,
         ..Config::default()
     };
     let legacy_addr = (!a.no_legacy).then(|| {

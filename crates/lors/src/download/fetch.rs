@@ -25,6 +25,9 @@ enum Got {
 enum Fail {
     /// This replica (or its depot, when the flag says it is unreachable).
     Remote(String, bool),
+    /// This replica's allocation ends before the piece: it holds less than
+    /// the exNode claims.
+    Short(String),
     /// The depot is busy: ask again later.
     Busy(String),
     /// Our own output: no replica can help.
@@ -35,6 +38,9 @@ fn ibp_err(e: lors_ibp::Error) -> Fail {
     match e {
         lors_ibp::Error::Local { during, source } => Fail::Local(Error::io(during, source)),
         e if e.is_busy() => Fail::Busy(e.to_string()),
+        e if e.status() == Some(lors_ibp::proto::StatusCode::WOULD_EXCEED_LIMIT) => {
+            Fail::Short(e.to_string())
+        }
         e => {
             let unreachable = e.is_unreachable();
             Fail::Remote(e.to_string(), unreachable)
@@ -103,6 +109,10 @@ pub(super) async fn worker(
             Err(Fail::Local(e)) => return ctx.fatal(e),
             Err(Fail::Remote(why, unreachable)) => {
                 ctx.update(|g| g.sched.failed(piece, m, &why, unreachable));
+                continue;
+            }
+            Err(Fail::Short(why)) => {
+                ctx.update(|g| g.sched.ends_early(piece, m, &why));
                 continue;
             }
             Err(Fail::Busy(why)) => {

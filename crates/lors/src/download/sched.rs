@@ -780,6 +780,23 @@ impl Sched {
         }
     }
 
+    /// The depot of mapping `m` refused a read of `p` as past the end of
+    /// the allocation: the mapping holds less than the exNode claims, so it
+    /// fails at once for every piece from `p` on, not a read at a time (a
+    /// 1 TiB claim on a 1 MiB allocation is one refusal, not a million).
+    pub fn ends_early(&mut self, p: PieceId, m: usize, why: &str) {
+        let from = self.pieces[p].offset;
+        self.failed(p, m, why, false);
+        let d = self.depot_of[m];
+        let later: Vec<PieceId> = (self.depots[d].holds.iter().copied())
+            .filter(|&q| q != p && self.pieces[q].offset >= from)
+            .filter(|&q| self.pieces[q].st != St::Done && self.pieces[q].sources.contains(&m))
+            .collect();
+        for q in later {
+            self.mark_failed(q, m, why, false);
+        }
+    }
+
     fn mark_failed(&mut self, p: PieceId, m: usize, why: &str, this_read: bool) {
         let s = &mut self.pieces[p];
         if s.failed.contains(&m) {

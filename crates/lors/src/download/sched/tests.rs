@@ -701,3 +701,32 @@ fn a_silent_depot_holding_the_whole_stream_window_is_stalled_while_a_replica_wai
         Pick::Fetch { piece: 0, .. }
     ));
 }
+
+/// A mapping whose allocation ends early (the depot answers -19 past its
+/// size) fails at once for every piece from the refused one on: a claim of
+/// a terabyte on a megabyte is one refusal, not a read per piece.
+#[test]
+fn a_mapping_that_ends_early_fails_its_later_pieces_at_once() {
+    // 1,000 pieces on mapping 0 (depot 0), the first 500 also on mapping 1
+    // (depot 1).
+    let layout = |i: usize| if i < 500 { vec![0, 1] } else { vec![0] };
+    let mut sim = Sim::new(
+        fixed(1),
+        &[Kind::Ok(10e6), Kind::Ok(10e6)],
+        plan(1000, MIB, layout),
+    );
+    let now = sim.now;
+    let Pick::Fetch { piece, mapping } = sim.s.pick(0, 0, false, now) else {
+        panic!("a piece to fetch");
+    };
+    assert_eq!(mapping, 0);
+    sim.s
+        .ends_early(piece, 0, "-19 beyond the allocation's size");
+    // The pieces only mapping 0 held are lost; the others wait for depot 1.
+    let from = sim.s.piece(piece).0;
+    let only_here = (500..1000).filter(|&i| i as u64 * MIB >= from).count();
+    assert_eq!(sim.s.lost().len(), only_here);
+    assert!(!sim.s.finished());
+    let d1 = sim.s.pick(1, 0, false, now);
+    assert!(matches!(d1, Pick::Fetch { mapping: 1, .. }), "{d1:?}");
+}
