@@ -516,6 +516,12 @@ impl LBone {
             },
             LegacyRequest::Count => Query::default(),
         };
+        // Ranked on the same few turns as HTTP listings: each ranking holds
+        // a copy of the directory.
+        let Ok(_turn) = tokio::time::timeout(self.cfg.io_timeout, self.workers.acquire()).await
+        else {
+            return legacy::encode_error(legacy::INVALID_PARAMS);
+        };
         match self.query(q, peer).await {
             Ok(v) if req == LegacyRequest::Count => legacy::encode_count(v.len()),
             Ok(v) => legacy::encode_depots(

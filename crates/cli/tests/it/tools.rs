@@ -1137,12 +1137,23 @@ fn a_closed_stdout_ends_every_command_quietly() {
     }
 }
 
-/// Bytes allocated on a depot's resource 1 (STATUS `UT`).
-/// Bytes the depot has allocated (STATUS UT).
+/// Bytes the depot has allocated: the allocations' sizes, without their charge.
 pub fn used(d: &DepotProc) -> u64 {
+    // STATUS counts each allocation's size and its 4 KiB charge; the
+    // version report says how many allocations there are.
     tokio::runtime::Runtime::new().unwrap().block_on(async {
-        let st = d.connect().await.status("1", "ibp").await.unwrap();
-        st.get_u64("UT").expect("STATUS has UT")
+        let mut c = d.connect().await;
+        let st = c.status("1", "ibp").await.unwrap();
+        let charged = st.get_u64("UT").expect("STATUS has UT");
+        let report = c.version().await.unwrap();
+        let count: u64 = report
+            .lines()
+            .find_map(|l| l.strip_prefix("RID: 1 "))
+            .and_then(|l| l.split("Allocations: ").nth(1))
+            .and_then(|l| l.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no allocation count in {report:?}"));
+        charged - count * lors_depot::store::ALLOC_CHARGE
     })
 }
 
