@@ -364,15 +364,10 @@ def delete_during_store(work: Path) -> Result:
             w.line()
             w.close()
 
-    measure(res, lambda a: 0.0, srv.addr, attack, settle=0.0, tries=1)
-    res.baseline = [depot_round_trip(srv.addr)]
+    measure(res, depot_round_trip, srv.addr, attack, settle=0.2)
     time.sleep(0.5)
-    res.under = [depot_round_trip(srv.addr)]
-    # The legitimate round trips' own allocations hold 2 × 1 MiB: count only
-    # what else is there.
-    finish(res, srv, None)
+    finish(res, srv, work / "data")
     leftover = [p for p in (work / "data").rglob("*") if p.is_file() and p.suffix == ".cks"]
-    res.disk = sum(p.stat().st_size for p in leftover) / MiB
     res.check(not leftover, f"{len(leftover)} orphaned digest files")
     srv.stop()
     return res

@@ -274,6 +274,15 @@ async fn checksummed_queue_loads_are_framed_as_they_go() {
     );
 }
 
+/// A STORE of `len` bytes into a fresh allocation of type `ty`, started
+/// from `host`: its go-ahead received, no byte sent.
+async fn started_store(d: &DepotProc, setup: &mut Raw, host: &str, ty: u8, len: u64) -> Raw {
+    let [_, wr, _] = allocate(setup, &format!("1 1 1 2 {ty} 3600 {len} 10")).await;
+    let mut t = Raw::connect_from(&d.addr, host).await;
+    assert_eq!(request(&mut t, &format!("1 2 {wr} {len} 60")).await, "1 \n");
+    t
+}
+
 /// Item 5: hosts trickling one byte at a time into big FIFO and byte-array
 /// STOREs held the whole transfer budget: every other client's STORE waited
 /// out the I/O timeout, then got -66.
@@ -286,26 +295,15 @@ async fn tricklers_on_many_hosts_leave_the_budget_to_others() {
     );
     let mut setup = Raw::connect(&d.addr).await;
     let mut tricklers = Vec::new();
-    // Four hosts, one 64 MiB FIFO STORE each.
+    // Four hosts, one 64 MiB FIFO STORE each; eight hosts, sixteen 4 MiB
+    // byte-array STOREs each.
     for h in 2..6 {
-        let [_, wr, _] = allocate(&mut setup, "1 1 1 2 3 3600 67108864 10").await;
-        let mut t = Raw::connect_from(&d.addr, &format!("127.0.0.{h}")).await;
-        assert_eq!(
-            request(&mut t, &format!("1 2 {wr} 67108864 60")).await,
-            "1 \n"
-        );
-        tricklers.push(t);
+        tricklers.push(started_store(&d, &mut setup, &format!("127.0.0.{h}"), 3, 64 * MIB).await);
     }
-    // Eight hosts, sixteen 4 MiB byte-array STOREs each.
     for h in 10..18 {
         for _ in 0..16 {
-            let [_, wr, _] = allocate(&mut setup, "1 1 1 2 1 3600 4194304 10").await;
-            let mut t = Raw::connect_from(&d.addr, &format!("127.0.0.{h}")).await;
-            assert_eq!(
-                request(&mut t, &format!("1 2 {wr} 4194304 60")).await,
-                "1 \n"
-            );
-            tricklers.push(t);
+            let from = format!("127.0.0.{h}");
+            tricklers.push(started_store(&d, &mut setup, &from, 1, 4 * MIB).await);
         }
     }
     let trickle = async {
