@@ -539,11 +539,9 @@ def rates_flood(work: Path) -> Result:
         for i in range(217):
             s, _ = http(srv.addr, "127.0.4.1", post("/api/v1/rates", body(i)))
             statuses[s] = statuses.get(s, 0) + 1
-            if stop.wait(30 / 217):
-                break
+            time.sleep(30 / 217)
 
     measure(res, lbone_round_trip, srv.addr, attack, settle=5.0)
-    time.sleep(max(0, 30 - 5 - 10))
     finish(res, srv, work)
     res.disk -= base_disk
     res.notes.append(f"answers {dict(sorted(statuses.items()))}")
@@ -594,6 +592,7 @@ def lbone_listings(work: Path, depots: int) -> Result:
     for t in ts:
         t.join()
     _, one = http(srv.addr, "127.0.0.1", "GET /api/v1/depots?all=1 HTTP/1.1\r\nHost: x\r\n\r\n")
+    before = srv.memory()
     sizes = []
 
     def attack(stop):
@@ -610,7 +609,8 @@ def lbone_listings(work: Path, depots: int) -> Result:
 
     measure(res, lbone_round_trip, srv.addr, attack, settle=0.5)
     finish(res, srv, None)
-    res.notes.append(f"listing {len(one) / MiB:.1f} MiB; {sum(1 for s in sizes if s == len(one))}/96 answered whole")
+    res.notes.append(f"listing {len(one) / MiB:.1f} MiB; {sum(1 for s in sizes if s == len(one))}/96 answered whole; "
+                     f"before the attack {before[0]:.0f} MiB (peak {before[1]:.0f})")
     srv.stop()
     return res
 
@@ -668,7 +668,8 @@ def fmt_ms(xs: list[float]) -> str:
         return "–"
     if any(x == float("inf") for x in xs):
         return f"refused {sum(1 for x in xs if x == float('inf'))}/{len(xs)}"
-    return f"{statistics.median(xs) * 1000:.0f} ({max(xs) * 1000:.0f})"
+    ms = lambda x: f"{x * 1000:.1f}" if x < 0.01 else f"{x * 1000:.0f}"
+    return f"{ms(statistics.median(xs))} ({ms(max(xs))})"
 
 
 def report(results: list[Result], args) -> str:

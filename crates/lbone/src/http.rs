@@ -218,7 +218,7 @@ pub struct Response {
     /// Content type.
     pub content_type: &'static str,
     /// Body (shared: one listing may answer many requests).
-    pub body: std::sync::Arc<[u8]>,
+    pub body: std::sync::Arc<Vec<u8>>,
 }
 
 impl Response {
@@ -227,7 +227,7 @@ impl Response {
         Response {
             status,
             content_type: "application/json",
-            body: body.into_bytes().into(),
+            body: std::sync::Arc::new(body.into_bytes()),
         }
     }
 

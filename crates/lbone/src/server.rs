@@ -23,7 +23,7 @@ use crate::store::Store;
 const LISTING_FRESH: Duration = Duration::from_secs(1);
 
 /// Listings ranked and encoded at once: each holds a copy of the directory.
-const LISTING_WORKERS: usize = 4;
+const LISTING_WORKERS: usize = 2;
 
 /// Response bytes being sent at once, across all connections.
 const BODY_BUDGET: usize = 64 << 20;
@@ -35,10 +35,13 @@ const BODY_UNIT: usize = 64 << 10;
 type Question = (String, String);
 
 /// A listing given, and when.
-type Answered = (Instant, Arc<[u8]>);
+type Answered = (Instant, Arc<Vec<u8>>);
 
-/// Listings kept for [`LISTING_FRESH`] to answer the same question again.
+/// Listings kept for [`LISTING_FRESH`] to answer the same question again,
+/// at most so many and so many bytes (distinct questions are not to fill
+/// memory with answers nobody will ask for again).
 const MAX_ANSWERS: usize = 256;
+const ANSWERS_BYTES: usize = 16 << 20;
 
 /// Rate-report requests one client network may make per minute.
 const RATE_POSTS_PER_MINUTE: u32 = 60;
@@ -237,13 +240,19 @@ impl LBone {
             Ok(v) => v,
             Err(e) => return Response::error(503, &e).into(),
         };
-        let body: Arc<[u8]> = serde_json::to_vec(&Listing {
+        // Encoded into room for the largest listing, so the buffer is not
+        // grown by doubling past it; the views go before the body is shared.
+        let mut body = Vec::with_capacity(largest);
+        let listing = Listing {
             depots: &v,
             offline_after: secs(self.cfg.offline_after),
             now: now(),
-        })
-        .unwrap_or_default()
-        .into();
+        };
+        if serde_json::to_writer(&mut body, &listing).is_err() {
+            return Response::error(500, "the listing could not be encoded").into();
+        }
+        drop(v);
+        let body = Arc::new(body);
         // Every depot's listing is the largest there is; a smaller one may
         // only raise the estimate (the directory grew since).
         let size = body.len().max(BODY_UNIT);
@@ -256,7 +265,8 @@ impl LBone {
         }
         let mut answers = self.answers.lock().unwrap_or_else(|e| e.into_inner());
         answers.retain(|_, (at, _)| at.elapsed() < LISTING_FRESH);
-        if answers.len() < MAX_ANSWERS {
+        let kept: usize = answers.values().map(|(_, b)| b.len()).sum();
+        if answers.len() < MAX_ANSWERS && kept + body.len() <= ANSWERS_BYTES {
             answers.insert(key, (Instant::now(), body.clone()));
         }
         drop(answers);
@@ -264,7 +274,7 @@ impl LBone {
     }
 
     /// A listing given to the same question within [`LISTING_FRESH`].
-    fn answered(&self, key: &Question) -> Option<Arc<[u8]>> {
+    fn answered(&self, key: &Question) -> Option<Arc<Vec<u8>>> {
         let answers = self.answers.lock().unwrap_or_else(|e| e.into_inner());
         answers
             .get(key)
@@ -342,7 +352,7 @@ impl LBone {
             ("GET", "/") | ("GET", "/index.html") => Response {
                 status: 200,
                 content_type: "text/html; charset=utf-8",
-                body: DASHBOARD.as_bytes().into(),
+                body: Arc::new(DASHBOARD.as_bytes().to_vec()),
             },
             ("GET", "/healthz") => api(200, serde_json::json!({"ok": true})),
             ("POST", "/api/v1/register" | "/api/v1/deregister") if !self.token_ok(req.bearer()) => {
@@ -612,7 +622,7 @@ struct Answer {
 }
 
 impl Answer {
-    fn json(body: Arc<[u8]>, room: tokio::sync::OwnedSemaphorePermit) -> Answer {
+    fn json(body: Arc<Vec<u8>>, room: tokio::sync::OwnedSemaphorePermit) -> Answer {
         Answer {
             resp: Response {
                 status: 200,
