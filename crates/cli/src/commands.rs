@@ -52,10 +52,28 @@ pub fn size_arg(s: &str) -> Result<u64, String> {
     lors_ibp::units::parse_size(s)
 }
 
+/// [`size_arg`] for sizes that cannot be zero (a memory bound, a file
+/// size to predict for).
+pub fn nonzero_size_arg(s: &str) -> Result<u64, String> {
+    nonzero(size_arg(s)?)
+}
+
 /// Parses block sizes for clap: a bare number is megabytes, as in a
 /// `lors://…?bs=` URI (see [`lors_ibp::units::parse_block_size`]).
 pub fn block_size_arg(s: &str) -> Result<u64, String> {
     lors_ibp::units::parse_block_size(s)
+}
+
+/// [`block_size_arg`] for a block size proper: at least one byte.
+pub fn nonzero_block_size_arg(s: &str) -> Result<u64, String> {
+    nonzero(block_size_arg(s)?)
+}
+
+fn nonzero(n: u64) -> Result<u64, String> {
+    if n == 0 {
+        return Err("give at least 1 byte (0 would mean nothing to do)".into());
+    }
+    Ok(n)
 }
 
 /// The proleptic Gregorian date (year, month, day) of a count of days
@@ -294,9 +312,9 @@ impl PlaceOpts {
 #[derive(clap::Args)]
 pub struct Targets {
     /// Depot HOST or HOST:PORT (port 6714 unless given) for the new replicas
-    /// (repeatable) [default: ask the L-Bone (-H, LBONE_SERVER), else the
+    /// (repeat, or a comma list) [default: ask the L-Bone (-H, LBONE_SERVER), else the
     /// DEPOT lines of ~/.xndrc, else its LBONE_SERVER lines].
-    #[arg(long = "depot", value_name = "HOST[:PORT]", value_parser = depot_arg)]
+    #[arg(long = "depot", value_name = "HOST[:PORT]", value_delimiter = ',', value_parser = depot_arg)]
     pub depots: Vec<String>,
     #[command(flatten)]
     pub lbone: LboneOpts,

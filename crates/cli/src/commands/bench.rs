@@ -75,10 +75,15 @@ struct SweepArgs {
     /// loopback].
     #[arg(long, value_enum)]
     scenario: Option<Scenario>,
-    /// A depot to download from (repeat for several; files are striped
+    /// A depot to download from (repeat, or a comma list; files are striped
     /// over them). Without --depot, `--scenario depots` asks the L-Bone
     /// (-H, LBONE_SERVER, ~/.xndrc) for one, or --max-depots of them.
-    #[arg(long = "depot", value_name = "HOST[:PORT]", value_parser = super::depot_arg)]
+    #[arg(
+        long = "depot",
+        value_name = "HOST[:PORT]",
+        value_delimiter = ',',
+        value_parser = super::depot_arg
+    )]
     depots: Vec<String>,
     #[command(flatten)]
     lbone: super::LboneOpts,
@@ -107,7 +112,7 @@ struct SweepArgs {
     upload: bool,
     /// Block size of the files on the depots (more blocks give streams
     /// something to share).
-    #[arg(short = 'b', long, value_parser = super::block_size_arg, default_value = "1M")]
+    #[arg(short = 'b', long, value_parser = super::nonzero_block_size_arg, default_value = "1M")]
     block_size: u64,
     /// List the planned runs and what staging takes, then stop.
     #[arg(long)]
@@ -131,14 +136,14 @@ struct PredictArgs {
     /// Results directory of `lors bench sweep`.
     dir: PathBuf,
     /// File size.
-    #[arg(long, value_parser = size_arg)]
+    #[arg(long, value_parser = super::nonzero_size_arg)]
     size: u64,
     /// Files moved in parallel.
-    #[arg(long, default_value_t = 1)]
-    parallel: usize,
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=256))]
+    parallel: u16,
     /// Streams per file.
-    #[arg(long, default_value_t = 1)]
-    streams: usize,
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=256))]
+    streams: u16,
     /// Print JSON.
     #[arg(long)]
     json: bool,
@@ -1033,8 +1038,8 @@ fn predict_cmd(p: &PredictArgs) -> anyhow::Result<()> {
     let (_, _, curves) = load(&p.dir)?;
     let q = Config {
         size: p.size,
-        parallel: p.parallel,
-        streams: p.streams,
+        parallel: usize::from(p.parallel),
+        streams: usize::from(p.streams),
     };
     let pred = analysis::predict(&curves, q).map_err(|e| anyhow::anyhow!("{e}"))?;
     if p.json {

@@ -17,7 +17,7 @@ use lors_lbone::http::BaseUrl;
 use lors_lbone::model::Location;
 use lors_lbone::server::LBone;
 
-use super::{block_size_arg, size_arg};
+use super::{nonzero_block_size_arg, size_arg};
 
 /// Start an L-Bone and 4 depots on loopback, upload a generated file striped
 /// with 2 copies on the depots the L-Bone ranks, kill a depot, download,
@@ -31,7 +31,7 @@ pub struct Args {
     #[arg(long, value_parser = size_arg, default_value = "256M")]
     size: u64,
     /// Block size.
-    #[arg(short = 'b', long = "block-size", value_parser = block_size_arg, default_value = "8M")]
+    #[arg(short = 'b', long = "block-size", value_parser = nonzero_block_size_arg, default_value = "8M")]
     block_size: u64,
     /// Keep the L-Bone and the surviving depots up this long afterwards, to
     /// look at the dashboard.

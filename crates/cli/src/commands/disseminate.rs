@@ -40,7 +40,7 @@ pub struct Args {
     /// Block size for a file [default: about 16 blocks per site, 256K to
     /// 8M]: smaller blocks start relaying sooner; each is an allocation on
     /// every site.
-    #[arg(short = 'b', long, value_parser = super::block_size_arg)]
+    #[arg(short = 'b', long, value_parser = super::nonzero_block_size_arg)]
     block_size: Option<u64>,
     /// Give up a copy that takes longer than this (or eight times a
     /// typical copy of its size, if more); three in a row drop the site.

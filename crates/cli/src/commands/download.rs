@@ -9,7 +9,7 @@ use lors::download::{DownloadOptions, Output, download};
 use lors::settings::Layer;
 use lors::uri::ExnodeRef;
 
-use super::{block_size_arg, duration_arg, size_arg};
+use super::{duration_arg, nonzero_block_size_arg, nonzero_size_arg, size_arg};
 use crate::UsageError;
 use crate::report::{ReportOpts, Reporter, Unit};
 
@@ -48,7 +48,7 @@ pub struct Args {
     /// Largest piece fetched in one request [default: bs= of a lors://
     /// URI, else LORS_BLOCKSIZE, else DATA_BLOCKSIZE in ~/.xndrc, else 2M]. Small pieces keep every depot
     /// busy to the end of the transfer.
-    #[arg(short = 'b', long = "block-size", value_parser = block_size_arg)]
+    #[arg(short = 'b', long = "block-size", value_parser = nonzero_block_size_arg)]
     block_size: Option<u64>,
     /// Connections per depot [default: 8, halved for a depot each time it
     /// says it is busy]
@@ -73,7 +73,7 @@ pub struct Args {
     /// Most fetched data held in memory at once, whatever the file size
     /// (encoded blocks while they are verified, stream pieces until
     /// written). More lets more encoded blocks be fetched at once.
-    #[arg(long, value_name = "SIZE", value_parser = size_arg, default_value = "96M")]
+    #[arg(long, value_name = "SIZE", value_parser = nonzero_size_arg, default_value = "96M")]
     memory: u64,
     /// Move a depot's pieces to other replicas once it has sent nothing for
     /// this long while others deliver (`0` = wait for the timeout, -T).

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::Context as _;
 use lors::settings::Layer;
 
-use super::block_size_arg;
+use super::{block_size_arg, nonzero_block_size_arg};
 
 /// Serve a directory of exNodes as ordinary files: NAME.xnd appears as NAME.
 #[derive(clap::Args)]
@@ -25,9 +25,14 @@ pub struct Args {
     dir: PathBuf,
     /// Where to mount it (an empty directory).
     mountpoint: PathBuf,
-    /// Depot HOST or HOST:PORT for new data (repeat for several) [default:
+    /// Depot HOST or HOST:PORT for new data (repeat, or a comma list) [default:
     /// ask the L-Bone, else the DEPOT lines of ~/.xndrc].
-    #[arg(long = "depot", value_name = "HOST[:PORT]", value_parser = super::depot_arg)]
+    #[arg(
+        long = "depot",
+        value_name = "HOST[:PORT]",
+        value_delimiter = ',',
+        value_parser = super::depot_arg
+    )]
     depots: Vec<String>,
     #[command(flatten)]
     lbone: super::LboneOpts,
@@ -37,7 +42,7 @@ pub struct Args {
     copies: Option<usize>,
     /// Block (allocation) size of new data [default: LORS_BLOCKSIZE, else
     /// DATA_BLOCKSIZE, else the write buffer size].
-    #[arg(short = 'b', long = "block-size", value_parser = block_size_arg)]
+    #[arg(short = 'b', long = "block-size", value_parser = nonzero_block_size_arg)]
     block_size: Option<u64>,
     /// Write buffer per open file: written data is stored in pieces of
     /// this size (seed 000's libxio used 10 MB).

@@ -26,7 +26,12 @@ pub struct Args {
     )]
     mappings: Vec<usize>,
     /// Remove every mapping on this depot (repeatable).
-    #[arg(long = "depot", value_name = "HOST[:PORT]", value_parser = super::depot_arg)]
+    #[arg(
+        long = "depot",
+        value_name = "HOST[:PORT]",
+        value_delimiter = ',',
+        value_parser = super::depot_arg
+    )]
     depots: Vec<String>,
     /// Also release the allocations (DECR their read count so the depot frees them now).
     #[arg(long = "decrement")]

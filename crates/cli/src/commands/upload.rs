@@ -10,7 +10,7 @@ use lors::uri::ExnodeRef;
 use lors::xndrc::Xndrc;
 use lors_exnode::functions::{Chain, Codec, LegacyChain, LegacyKind, Step};
 
-use super::block_size_arg;
+use super::{block_size_arg, nonzero_block_size_arg};
 use crate::UsageError;
 use crate::report::{ReportOpts, Reporter, Unit};
 use lors::settings::Layer;
@@ -29,11 +29,16 @@ Every e2e block is checksummed with BLAKE3 unless -n or -k none (MD5 with --zlib
 pub struct Args {
     /// File to upload; `-` reads standard input.
     file: PathBuf,
-    /// Depot HOST or HOST:PORT (port 6714 unless given) to use (repeat for
-    /// several) [default: ask the L-Bone
+    /// Depot HOST or HOST:PORT (port 6714 unless given) to use (repeat, or a
+    /// comma list) [default: ask the L-Bone
     /// (-H, LBONE_SERVER, a lors://HOST URI), else the DEPOT lines of
     /// ~/.xndrc, else its LBONE_SERVER lines].
-    #[arg(long = "depot", value_name = "HOST[:PORT]", value_parser = super::depot_arg)]
+    #[arg(
+        long = "depot",
+        value_name = "HOST[:PORT]",
+        value_delimiter = ',',
+        value_parser = super::depot_arg
+    )]
     depots: Vec<String>,
     #[command(flatten)]
     lbone: super::LboneOpts,
@@ -45,7 +50,7 @@ pub struct Args {
     copies: Option<usize>,
     /// Block (allocation) size, e.g. 10M [default: bs=, else
     /// LORS_BLOCKSIZE, else DATA_BLOCKSIZE, else 10M].
-    #[arg(short = 'b', long = "block-size", value_parser = block_size_arg)]
+    #[arg(short = 'b', long = "block-size", value_parser = nonzero_block_size_arg)]
     block_size: Option<u64>,
     /// Blocks transferred at once [default: threads=, else LORS_THREADS,
     /// else THREADS, else 8].

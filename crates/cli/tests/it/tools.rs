@@ -515,6 +515,60 @@ fn tools_explain_bad_usage() {
     );
     let (ok, _, err) = lors(&["upload", "--deopt", "127.0.0.1", "-o", out, src]);
     assert!(!ok && err.contains("--depot"), "{err}");
+    // Zero where nothing could be done is a usage error, named.
+    for args in [
+        &["download", "-b", "0", "-o", "/tmp/x", "x.xnd"][..],
+        &["download", "--memory", "0", "-o", "/tmp/x", "x.xnd"],
+        &["upload", "-b", "0B", "-o", out, src],
+        &["bench", "predict", "runs", "--size", "0"],
+        &[
+            "bench",
+            "predict",
+            "runs",
+            "--size",
+            "1M",
+            "--parallel",
+            "0",
+        ],
+    ] {
+        let (ok, _, err) = lors(args);
+        assert!(!ok && err.contains("invalid value '0"), "{args:?}: {err}");
+    }
+}
+
+/// Every depot-list option takes a comma list as it takes repetition (a
+/// list was taken for one host name, `[a,b]:6714`).
+#[test]
+fn depot_lists_take_commas_and_repetition_alike() {
+    let dir = tempdir();
+    let d1 = DepotProc::start(&dir.path().join("d1"), &[]);
+    let d2 = DepotProc::start(&dir.path().join("d2"), &[]);
+    let d3 = DepotProc::start(&dir.path().join("d3"), &[]);
+    let src = dir.path().join("f");
+    std::fs::write(&src, pattern(3 << 20, 8)).unwrap();
+    let xnd = dir.path().join("f.xnd");
+    let (x, s) = (xnd.to_str().unwrap(), src.to_str().unwrap());
+    let list = format!("{},{}", d1.addr, d2.addr);
+    let (ok, _, err) = lors(&[
+        "upload", "--depot", &list, "-c", "2", "-b", "1M", "-o", x, s,
+    ]);
+    assert!(ok, "{err}");
+    let (ok, _, err) = lors(&[
+        "augment", "--depot", &d3.addr, "--depot", &list, "-c", "1", x,
+    ]);
+    assert!(ok, "{err}");
+    let got = read_x(&xnd);
+    let on = |d: &DepotProc| {
+        (got.mappings.iter())
+            .filter(|m| m.depot().as_deref() == Some(d.addr.as_str()))
+            .count()
+    };
+    assert!(
+        on(&d1) > 0 && on(&d2) > 0 && on(&d3) > 0,
+        "{:?}",
+        got.mappings
+    );
+    assert_eq!(got.mappings.len(), 9, "three blocks, three copies each");
 }
 
 #[test]
