@@ -91,7 +91,10 @@ async fn demo(a: &Args, dir: &std::path::Path) -> anyhow::Result<()> {
     let mut stops = Vec::new();
     for (i, (city, country, lat, lon)) in (1..=4).zip(PLACES) {
         let mut r = ResourceConfig::new("1", dir.join(format!("depot{i}")));
-        r.size = ByteSize(a.size.max(1 << 20) * 2);
+        // Room for two copies of the file however it is cut: a file smaller
+        // than one block still asks the L-Bone for depots with room for a
+        // block, and each allocation takes 4 KiB more.
+        r.size = ByteSize(a.size.max(a.block_size).max(1 << 20) * 2 + (1 << 20));
         let cfg = Config {
             listen: "127.0.0.1:0".parse()?,
             sync: SyncPolicy::Never,

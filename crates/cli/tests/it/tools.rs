@@ -587,6 +587,10 @@ fn demo_runs_and_verifies() {
         "{out}"
     );
     assert!(out.contains("\"country= CZ\": Brno, "), "{out}");
+    // A file smaller than one block: the depots still have room for it.
+    let (ok, out, err) = lors(&["demo", "--size", "1M"]);
+    let out = String::from_utf8(out).unwrap();
+    assert!(ok && out.contains("demo OK"), "{out}{err}");
 }
 
 #[test]
