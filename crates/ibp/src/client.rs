@@ -188,6 +188,27 @@ impl Connection {
         self.healthy
     }
 
+    /// Whether an idle connection can carry another command: healthy, and
+    /// the depot has neither closed it (a depot closes connections idle
+    /// longer than its limit, 60 s by default) nor sent anything
+    /// unasked. Checked without waiting, before a pooled connection is
+    /// reused, so a command is not lost to a socket closed while idle.
+    pub fn is_reusable(&self) -> bool {
+        if !self.healthy || !self.stream.buffer().is_empty() {
+            return false;
+        }
+        let mut probe = [0u8; 1];
+        let mut buf = tokio::io::ReadBuf::new(&mut probe);
+        let waker = std::task::Waker::noop();
+        let mut cx = std::task::Context::from_waker(waker);
+        // Pending: nothing to read, the peer still there. Anything else
+        // (end of stream, stray bytes, an error) retires the connection.
+        self.stream
+            .get_ref()
+            .poll_peek(&mut cx, &mut buf)
+            .is_pending()
+    }
+
     async fn send_line(&mut self, during: &'static str, line: &str) -> Result<()> {
         io!(
             self,

@@ -21,6 +21,7 @@ pub mod plan;
 pub mod pool;
 pub mod progress;
 pub mod settings;
+pub mod stall;
 pub mod upload;
 pub mod uri;
 pub mod xio;

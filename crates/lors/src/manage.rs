@@ -4,6 +4,7 @@
 //! (augment onto target depots, then trim the rest), and probing for stat.
 
 use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use lors_exnode::{ExNode, Mapping};
@@ -46,36 +47,41 @@ pub async fn augment(
     copies: usize,
     duration: Duration,
     reliability: Reliability,
-    pool: &Pool,
+    pool: &Arc<Pool>,
     progress: &dyn Progress,
 ) -> Result<ExNode> {
     let want = Replicas::More(copies);
     replicate(x, depots, want, duration, reliability, pool, progress).await
 }
 
+/// Blocks copied at once by [`replicate`]: enough to keep several depots
+/// sending, and a hung depot's copy is not the only one in flight, so the
+/// others' pace shows it up ([`crate::stall`]).
+const PARALLEL_BLOCKS: usize = 8;
+
 /// Copies blocks depot-to-depot onto `depots` as `want` says, each new
 /// replica on a depot that does not hold that block yet; `progress` counts
-/// the bytes copied. New mappings are appended; the input exNode is not
-/// changed. When it fails, the replicas it made are released.
+/// the bytes copied. Blocks are copied several at a time, each to the
+/// least-loaded target; a target that cannot be reached or stops answering
+/// (stalled while the others answer) is skipped from then on. New mappings
+/// are appended in block order; the input exNode is not changed. When it
+/// fails, the replicas it made are released (each release bounded by
+/// [`crate::stall::RELEASE_WAIT`]).
 pub async fn replicate(
     x: &ExNode,
     depots: &[String],
     want: Replicas,
     duration: Duration,
     reliability: Reliability,
-    pool: &Pool,
+    pool: &Arc<Pool>,
     progress: &dyn Progress,
 ) -> Result<ExNode> {
     if depots.is_empty() {
         return Err(Error::NoDepots);
     }
-    let mut out = x.clone();
-    let mut load: BTreeMap<String, usize> = depots.iter().map(|d| (d.clone(), 0)).collect();
-    // Per block: its replicas, the depots holding it, the copies it needs.
-    type Plan = ((u64, u64), Vec<usize>, HashSet<String>, usize);
-    let plan: Vec<Plan> = blocks(x)
-        .into_iter()
-        .map(|(range, idx)| {
+    let load: BTreeMap<String, usize> = depots.iter().map(|d| (d.clone(), 0)).collect();
+    let plan: Vec<Block> = (blocks(x).into_iter().enumerate())
+        .map(|(order, (range, idx))| {
             let holders: HashSet<String> =
                 idx.iter().filter_map(|&i| x.mappings[i].depot()).collect();
             let copies = match want {
@@ -84,19 +90,115 @@ pub async fn replicate(
                     n.saturating_sub(holders.iter().filter(|d| load.contains_key(*d)).count())
                 }
             };
-            (range, idx, holders, copies)
+            Block {
+                order,
+                range,
+                idx,
+                holders,
+                copies,
+            }
         })
+        .filter(|b| b.copies > 0)
         .collect();
-    progress.start(Some(
-        plan.iter().map(|((_, len), _, _, n)| len * *n as u64).sum(),
-    ));
-    for ((offset, len), idx, mut holders, copies) in plan {
-        if copies == 0 {
-            continue;
+    progress.start(Some(plan.iter().map(|b| b.range.1 * b.copies as u64).sum()));
+    let run = Replication {
+        x,
+        pool,
+        progress,
+        duration,
+        reliability,
+        watch: crate::stall::Watcher::new(pool.config().io_timeout),
+        state: std::sync::Mutex::new(RepState {
+            load,
+            dead: HashSet::new(),
+            made: Vec::new(),
+            failure: None,
+        }),
+        queue: std::sync::Mutex::new(plan.into_iter().collect()),
+    };
+    let workers = (0..PARALLEL_BLOCKS).map(|_| run.worker()).collect();
+    join_all(workers).await;
+    let st = run.state.into_inner().unwrap_or_else(|e| e.into_inner());
+    let mut made = st.made;
+    if let Some(e) = st.failure {
+        // The replicas made so far are in no exNode the caller keeps:
+        // free them rather than leave them to their lease.
+        pool.release_all(made.into_iter().map(|(_, m)| m).collect())
+            .await;
+        return Err(e);
+    }
+    made.sort_by_key(|(order, _)| *order);
+    let mut out = x.clone();
+    out.mappings.extend(made.into_iter().map(|(_, m)| m));
+    Ok(out)
+}
+
+/// One block of a [`replicate`] run.
+struct Block {
+    /// Its place among the file's blocks: new mappings are appended in it.
+    order: usize,
+    range: (u64, u64),
+    /// Its replicas in the exNode.
+    idx: Vec<usize>,
+    /// Depots holding it.
+    holders: HashSet<String>,
+    /// Copies still to make.
+    copies: usize,
+}
+
+struct RepState {
+    /// Copies placed (or being placed) per target depot.
+    load: BTreeMap<String, usize>,
+    /// Targets given up on: unreachable, or stalled.
+    dead: HashSet<String>,
+    made: Vec<(usize, Mapping)>,
+    failure: Option<Error>,
+}
+
+/// A [`replicate`] run, shared by its workers.
+struct Replication<'a> {
+    x: &'a ExNode,
+    pool: &'a Arc<Pool>,
+    progress: &'a dyn Progress,
+    duration: Duration,
+    reliability: Reliability,
+    watch: crate::stall::Watcher,
+    state: std::sync::Mutex<RepState>,
+    queue: std::sync::Mutex<std::collections::VecDeque<Block>>,
+}
+
+impl Replication<'_> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, RepState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Copies blocks from the queue until it is empty or a block fails.
+    async fn worker(&self) {
+        loop {
+            let next = self
+                .queue
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .pop_front();
+            let Some(mut b) = next else { return };
+            if self.lock().failure.is_some() {
+                return;
+            }
+            while b.copies > 0 {
+                if let Err(e) = self.copy_once(&mut b).await {
+                    self.lock().failure.get_or_insert(e);
+                    return;
+                }
+                b.copies -= 1;
+            }
         }
-        let sources: Vec<&Mapping> = idx
-            .iter()
-            .map(|&i| &x.mappings[i])
+    }
+
+    /// One more replica of block `b`, on the least-loaded live target that
+    /// does not hold it, from any of its readable replicas.
+    async fn copy_once(&self, b: &mut Block) -> Result<()> {
+        let (offset, len) = b.range;
+        let sources: Vec<&Mapping> = (b.idx.iter().map(|&i| &self.x.mappings[i]))
             .filter(|m| m.read.is_some())
             .collect();
         if sources.is_empty() {
@@ -106,71 +208,124 @@ pub async fn replicate(
                 last: "no replica has a read capability".into(),
             });
         }
-        for _ in 0..copies {
-            let mut last = String::from("no depot left that does not already hold this block");
-            let mut done = false;
-            // Least-loaded target first; every source tried before giving up.
-            let mut targets: Vec<String> = load
-                .keys()
-                .filter(|d| !holders.contains(*d))
-                .cloned()
-                .collect();
-            targets.sort_by_key(|d| load[d]);
-            'targets: for t in targets {
-                for src in &sources {
-                    let cap = src.read.as_ref().expect("filtered above");
-                    let size = src.alloc_length.max(1);
-                    let attempt = async {
-                        let caps = pool.allocate(&t, reliability, duration, size).await?;
-                        if let Err(e) = pool
-                            .send(cap, &caps.write, src.alloc_offset, src.alloc_length)
-                            .await
-                        {
-                            // No exNode will name it: free it now.
-                            let _ = pool.release(&caps.manage).await;
-                            return Err(e);
-                        }
-                        Ok::<_, lors_ibp::Error>(caps)
-                    }
-                    .await;
-                    match attempt {
-                        Ok(caps) => {
-                            out.mappings.push(Mapping {
-                                alloc_offset: 0,
-                                read: Some(caps.read),
-                                write: Some(caps.write),
-                                manage: Some(caps.manage),
-                                ..(*src).clone()
-                            });
-                            holders.insert(t.clone());
-                            *load.get_mut(&t).expect("target is in the map") += 1;
-                            progress.advance(&t, len);
-                            done = true;
-                            break 'targets;
-                        }
-                        Err(e) => {
-                            last = e.to_string();
-                            progress.event(&Event::Retry {
-                                depot: t.clone(),
-                                why: format!("copy of the block at byte {offset} failed: {e}"),
-                            });
-                        }
-                    }
+        let mut last = String::from("no depot left that does not already hold this block");
+        let mut tried: HashSet<String> = HashSet::new();
+        loop {
+            let target = {
+                let mut st = self.lock();
+                let t = (st.load.iter())
+                    .filter(|(d, _)| {
+                        !b.holders.contains(*d) && !st.dead.contains(*d) && !tried.contains(*d)
+                    })
+                    .min_by_key(|(_, n)| **n)
+                    .map(|(d, _)| d.clone());
+                if let Some(t) = &t {
+                    *st.load.get_mut(t).expect("a target") += 1;
                 }
-            }
-            if !done {
-                // The replicas made so far are in no exNode the caller
-                // keeps: free them rather than leave them to their lease.
-                for m in &out.mappings[x.mappings.len()..] {
-                    if let Some(cap) = &m.manage {
-                        let _ = pool.release(cap).await;
-                    }
-                }
+                t
+            };
+            let Some(t) = target else {
                 return Err(Error::Store { offset, last });
+            };
+            tried.insert(t.clone());
+            match self.copy_to(&t, b, &sources).await {
+                Ok(m) => {
+                    b.holders.insert(t.clone());
+                    self.progress.advance(&t, len);
+                    self.lock().made.push((b.order, m));
+                    return Ok(());
+                }
+                Err((e, target_down)) => {
+                    let mut st = self.lock();
+                    *st.load.get_mut(&t).expect("a target") -= 1;
+                    last = e.to_string();
+                    if target_down && st.dead.insert(t.clone()) {
+                        drop(st);
+                        self.progress.event(&Event::Failover {
+                            depot: t.clone(),
+                            why: last.clone(),
+                        });
+                    } else {
+                        drop(st);
+                        self.progress.event(&Event::Retry {
+                            depot: t.clone(),
+                            why: format!("copy of the block at byte {offset} failed: {e}"),
+                        });
+                    }
+                }
             }
         }
     }
-    Ok(out)
+
+    /// Allocates on `t` and has each source in turn SEND the block there.
+    /// On failure: the last error, and whether `t` itself is down
+    /// (unreachable, or stalled on ALLOCATE).
+    async fn copy_to(
+        &self,
+        t: &str,
+        b: &Block,
+        sources: &[&Mapping],
+    ) -> std::result::Result<Mapping, (lors_ibp::Error, bool)> {
+        use crate::stall::Kind;
+        let size = sources[0].alloc_length.max(1);
+        let alloc = (self.pool).allocate(t, self.reliability, self.duration, size);
+        let caps = (self.watch.run(t, Kind::Op, alloc).await).map_err(|e| {
+            let down = e.status().is_none() && e.is_retryable();
+            (e, down)
+        })?;
+        let mut last = None;
+        for src in sources {
+            let cap = src.read.as_ref().expect("filtered");
+            let send = (self.pool).send(cap, &caps.write, src.alloc_offset, src.alloc_length);
+            match self
+                .watch
+                .run(&cap.address(), Kind::Bytes(b.range.1), send)
+                .await
+            {
+                Ok(_) => {
+                    return Ok(Mapping {
+                        alloc_offset: 0,
+                        read: Some(caps.read),
+                        write: Some(caps.write),
+                        manage: Some(caps.manage),
+                        ..(*src).clone()
+                    });
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        // No exNode will name it: free it now (bounded: a depot that did
+        // not answer the copy may not answer this either).
+        let _ =
+            tokio::time::timeout(crate::stall::RELEASE_WAIT, self.pool.release(&caps.manage)).await;
+        Err((last.expect("at least one source"), false))
+    }
+}
+
+/// Runs `futs` together on this task; their outputs in order.
+async fn join_all<F: Future>(futs: Vec<F>) -> Vec<F::Output> {
+    let mut futs: Vec<_> = futs.into_iter().map(Box::pin).collect();
+    let mut out: Vec<Option<F::Output>> = futs.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (f, o) in futs.iter_mut().zip(out.iter_mut()) {
+            if o.is_none() {
+                match f.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => *o = Some(v),
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+    out.into_iter()
+        .map(|o| o.expect("every future finished"))
+        .collect()
 }
 
 /// Which mappings to act on.
@@ -368,6 +523,9 @@ pub enum Probe {
     Refused(String),
     /// The depot could not be reached (connection refused, timed out, dropped).
     Unreachable(String),
+    /// The depot stopped answering while the others answered (hung, or a
+    /// path that drops everything): given up after the stall time.
+    NoAnswer(String),
     /// Anything else: a depot error, a malformed reply, no capability.
     Failed(String),
 }
@@ -397,13 +555,15 @@ impl Probe {
         matches!(self, Probe::Live(_))
     }
 
-    /// One word for listings: `live`, `expired`, `refused`, `unreachable`, `failed`.
+    /// One word for listings: `live`, `expired`, `refused`, `unreachable`,
+    /// `no answer`, `failed`.
     pub fn state(&self) -> &'static str {
         match self {
             Probe::Live(_) => "live",
             Probe::Gone => "expired",
             Probe::Refused(_) => "refused",
             Probe::Unreachable(_) => "unreachable",
+            Probe::NoAnswer(_) => "no answer",
             Probe::Failed(_) => "failed",
         }
     }
@@ -415,6 +575,7 @@ impl Probe {
             Probe::Gone => "expired or freed: the depot no longer has this allocation".into(),
             Probe::Refused(e) => format!("capability refused: {e}"),
             Probe::Unreachable(e) => format!("depot unreachable: {e}"),
+            Probe::NoAnswer(e) => e.clone(),
             Probe::Failed(e) => e.clone(),
         }
     }
@@ -443,6 +604,7 @@ pub async fn probe_all(x: &ExNode, pool: &Pool) -> Vec<Probe> {
     {
         out[i] = match r {
             Err(Failure::Skipped(why)) => Probe::Unreachable(why),
+            Err(Failure::Silent(why)) => Probe::NoAnswer(why),
             Err(Failure::Op(e)) => Probe::from_result(Err(e)),
             Ok(p) => Probe::Live(p),
         };
@@ -457,15 +619,28 @@ enum Failure {
     Op(lors_ibp::Error),
     /// Not tried: the depot could not be reached for an earlier job.
     Skipped(String),
+    /// The depot stopped answering while the others answered: given up
+    /// after the stall time, not the network timeout.
+    Silent(String),
 }
 
 impl std::fmt::Display for Failure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Failure::Op(e) => e.fmt(f),
-            Failure::Skipped(why) => f.write_str(why),
+            Failure::Skipped(why) | Failure::Silent(why) => f.write_str(why),
         }
     }
+}
+
+/// One depot's share of a [`by_depot`] run, as the collector sees it.
+struct DepotRun {
+    addr: String,
+    /// Jobs not yet reported.
+    left: std::collections::BTreeSet<usize>,
+    /// Its last progress (a job done), or the start.
+    since: std::time::Instant,
+    task: tokio::task::AbortHandle,
 }
 
 /// Runs `op` on every `(index, capability)` of `jobs`: the depots in
@@ -473,6 +648,9 @@ impl std::fmt::Display for Failure {
 /// after another. Once a
 /// depot cannot be reached (connect refused, timed out, connection lost),
 /// its remaining jobs fail with that error without waiting for it again.
+/// A depot that answers nothing for the stall time ([`crate::stall`], the
+/// typical job as the depots answered them) while another depot answers is
+/// given up the same way: its jobs fail as [`Failure::Silent`] at once.
 /// Each finished job advances `progress` by one on its depot. Results are
 /// in no particular order.
 async fn by_depot<T, F, Fut>(
@@ -486,15 +664,20 @@ where
     F: Fn(Connection, Capability) -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = (Connection, std::result::Result<T, lors_ibp::Error>)> + Send,
 {
+    use std::time::Instant;
     let mut per: BTreeMap<String, Vec<(usize, Capability)>> = BTreeMap::new();
     for (i, c) in jobs {
         per.entry(c.address()).or_default().push((i, c));
     }
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let mut set = tokio::task::JoinSet::new();
-    for (addr, caps) in per {
+    let mut runs = Vec::new();
+    let t0 = Instant::now();
+    for (d, (addr, caps)) in per.into_iter().enumerate() {
         let (cfg, op, tx) = (pool.config().clone(), op.clone(), tx.clone());
-        set.spawn(async move {
+        let left = caps.iter().map(|(i, _)| *i).collect();
+        let name = addr.clone();
+        let task = set.spawn(async move {
             let mut conn: Option<Connection> = None;
             let mut down: Option<String> = None;
             for (i, cap) in caps {
@@ -522,22 +705,73 @@ where
                         r.map_err(Failure::Op)
                     }
                 };
-                let _ = tx.send((i, addr.clone(), r));
+                let _ = tx.send((d, i, r));
             }
+        });
+        runs.push(DepotRun {
+            addr: name,
+            left,
+            since: t0,
+            task,
         });
     }
     drop(tx);
+    let cap = pool.config().io_timeout;
+    let mut typical = crate::stall::Typical::default();
+    let mut last_any = t0;
     let mut out = Vec::new();
-    while let Some((i, addr, r)) = rx.recv().await {
-        progress.advance(&addr, 1);
+    loop {
+        // The depot silent longest, while another has answered since.
+        let next = (runs.iter().enumerate())
+            .filter(|(_, r)| !r.left.is_empty() && last_any > r.since)
+            .map(|(d, r)| (r.since + typical.stall_after(cap), d))
+            .min();
+        let got = tokio::select! {
+            got = rx.recv() => got,
+            () = sleep_until(next.map(|(t, _)| t)) => {
+                let d = next.map(|(_, d)| d).unwrap_or_default();
+                let r = &mut runs[d];
+                r.task.abort();
+                let why = format!(
+                    "no answer from depot {} for {:.0?} while the other depots answered",
+                    r.addr,
+                    r.since.elapsed()
+                );
+                for i in std::mem::take(&mut r.left) {
+                    progress.advance(&r.addr, 1);
+                    out.push((i, Err(Failure::Silent(why.clone()))));
+                }
+                continue;
+            }
+        };
+        let Some((d, i, r)) = got else { break };
+        let now = Instant::now();
+        let run = &mut runs[d];
+        if !run.left.remove(&i) {
+            continue; // already given up
+        }
+        typical.record(now - run.since);
+        run.since = now;
+        last_any = now;
+        progress.advance(&run.addr, 1);
         out.push((i, r));
     }
     while let Some(done) = set.join_next().await {
-        if let Err(e) = done {
+        if let Err(e) = done
+            && !e.is_cancelled()
+        {
             tracing::warn!(error = %e, "a depot's task ended abnormally");
         }
     }
     out
+}
+
+/// Sleeps until `t`, or forever without one.
+async fn sleep_until(t: Option<std::time::Instant>) {
+    match t {
+        Some(t) => tokio::time::sleep_until(t.into()).await,
+        None => std::future::pending().await,
+    }
 }
 
 /// Byte ranges of `[0, logical size)` that no live mapping covers: what a

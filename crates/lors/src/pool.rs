@@ -33,17 +33,20 @@ impl Pool {
         &self.cfg
     }
 
-    /// An idle connection to `addr`, or a new one.
+    /// An idle connection to `addr` the depot has not closed, or a new one.
     pub async fn get(&self, addr: &str) -> Result<Connection> {
-        let reused = self
-            .idle
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get_mut(addr)
-            .and_then(Vec::pop);
-        match reused {
-            Some(c) => Ok(c),
-            None => Connection::connect(addr, &self.cfg).await,
+        loop {
+            let reused = self
+                .idle
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get_mut(addr)
+                .and_then(Vec::pop);
+            match reused {
+                Some(c) if c.is_reusable() => return Ok(c),
+                Some(_) => continue, // closed while idle: try the next
+                None => return Connection::connect(addr, &self.cfg).await,
+            }
         }
     }
 
@@ -112,18 +115,38 @@ impl Pool {
 
     /// Releases the allocations of `mappings`, a few at a time; returns the
     /// mappings whose allocation could not be released (no manage
-    /// capability, or the depot refused or could not be reached).
+    /// capability, or the depot refused or could not be reached). A
+    /// release waits at most [`crate::stall::RELEASE_WAIT`]; a depot that
+    /// does not answer one in that time is not asked again, so a hung
+    /// depot costs seconds, not the network timeout per allocation.
     pub async fn release_all(self: &Arc<Self>, mappings: Vec<Mapping>) -> Vec<Mapping> {
         let limit = Arc::new(tokio::sync::Semaphore::new(16));
+        let hung = Arc::new(Mutex::new(std::collections::HashSet::new()));
         let mut set = tokio::task::JoinSet::new();
         for m in mappings {
-            let (pool, limit) = (self.clone(), limit.clone());
+            let (pool, limit, hung) = (self.clone(), limit.clone(), hung.clone());
             set.spawn(async move {
                 let _slot = limit.acquire_owned().await;
-                let freed = match &m.manage {
-                    Some(cap) => pool.release(cap).await.is_ok(),
-                    None => false,
+                let Some(cap) = &m.manage else {
+                    return (m, false);
                 };
+                let addr = cap.address();
+                if hung
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .contains(&addr)
+                {
+                    return (m, false);
+                }
+                let freed =
+                    match tokio::time::timeout(crate::stall::RELEASE_WAIT, pool.release(cap)).await
+                    {
+                        Ok(r) => r.is_ok(),
+                        Err(_) => {
+                            hung.lock().unwrap_or_else(|e| e.into_inner()).insert(addr);
+                            false
+                        }
+                    };
                 (m, freed)
             });
         }

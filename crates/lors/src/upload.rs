@@ -22,6 +22,7 @@ use tokio::sync::Semaphore;
 use crate::error::{Error, Result};
 use crate::pool::Pool;
 use crate::progress::{Event, Progress};
+use crate::stall::{Kind, Watcher};
 
 /// Upload settings.
 #[derive(Debug, Clone)]
@@ -96,6 +97,8 @@ struct Shared {
     progress: Arc<dyn Progress>,
     /// Every allocation made and not released: what a failed upload frees.
     made: Mutex<Vec<Mapping>>,
+    /// How long depot commands take here: what a hung depot is told apart by.
+    watch: Watcher,
 }
 
 impl Shared {
@@ -107,9 +110,16 @@ impl Shared {
         self.made.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Releases an allocation of ours; it stays in the ledger if that fails.
+    /// Releases an allocation of ours; it stays in the ledger if that fails
+    /// (or takes the stall time: the final sweep tries again, bounded).
     async fn release(&self, caps: &CapSet) {
-        if self.pool.release(&caps.manage).await.is_ok() {
+        let addr = caps.manage.address();
+        if (self
+            .watch
+            .run(&addr, Kind::Op, self.pool.release(&caps.manage))
+            .await)
+            .is_ok()
+        {
             self.made()
                 .retain(|m| m.manage.as_ref() != Some(&caps.manage));
         }
@@ -123,10 +133,9 @@ impl Shared {
         len: u64,
         data: &Data,
     ) -> lors_ibp::Result<CapSet> {
-        let caps = self
-            .pool
-            .allocate(addr, self.opts.reliability, self.opts.duration, data.len())
-            .await?;
+        let alloc =
+            (self.pool).allocate(addr, self.opts.reliability, self.opts.duration, data.len());
+        let caps = self.watch.run(addr, Kind::Op, alloc).await?;
         self.made()
             .push(mapping(offset, len, data.len(), &None, caps.clone()));
         Ok(caps)
@@ -178,10 +187,34 @@ impl Shared {
     }
 
     async fn store(&self, cap: &lors_ibp::Capability, data: &Data) -> lors_ibp::Result<u64> {
-        match data {
-            Data::Mem(b) => self.pool.store(cap, b).await,
-            Data::Range(f, pos, len) => self.pool.store_file(cap, f, *pos, *len).await,
+        let sent = async {
+            match data {
+                Data::Mem(b) => self.pool.store(cap, b).await,
+                Data::Range(f, pos, len) => self.pool.store_file(cap, f, *pos, *len).await,
+            }
+        };
+        self.watch
+            .run(&cap.address(), Kind::Bytes(data.len()), sent)
+            .await
+    }
+
+    /// Stores `data` into a fresh allocation on `addr`, released again if
+    /// the STORE fails — unless the depot stopped answering: it would not
+    /// answer the DECR either, and the ledger keeps it for the final sweep.
+    async fn store_new(
+        &self,
+        addr: &str,
+        (offset, len): (u64, u64),
+        data: &Data,
+    ) -> lors_ibp::Result<CapSet> {
+        let caps = self.allocate(addr, offset, len, data).await?;
+        if let Err(e) = self.store(&caps.write, data).await {
+            if !matches!(e, lors_ibp::Error::Timeout { .. }) {
+                self.release(&caps).await;
+            }
+            return Err(e);
         }
+        Ok(caps)
     }
 
     /// One attempt at `job` for the `len` bytes at `offset` on depot `addr`.
@@ -193,33 +226,23 @@ impl Shared {
         data: &Data,
         job: &Job<'_>,
     ) -> lors_ibp::Result<CapSet> {
+        let Job::CopyFrom(src) = job else {
+            return self.store_new(addr, (offset, len), data).await;
+        };
         let caps = self.allocate(addr, offset, len, data).await?;
-        match job {
-            Job::Store => {
-                if let Err(e) = self.store(&caps.write, data).await {
-                    self.release(&caps).await;
-                    return Err(e);
-                }
-            }
-            Job::CopyFrom(src) => {
-                if let Err(e) = self.pool.send(&src.read, &caps.write, 0, data.len()).await {
-                    // Depot-to-depot failed (the depots cannot reach each
-                    // other, or the source died). Part or all of the copy may
-                    // have landed in `caps` all the same, so we send ours
-                    // into a fresh allocation and release that one.
-                    self.progress.event(&Event::Retry {
-                        depot: src.read.address(),
-                        why: format!("copy to {addr} failed ({e}); sending it from here"),
-                    });
-                    self.release(&caps).await;
-                    let fresh = self.allocate(addr, offset, len, data).await?;
-                    if let Err(e) = self.store(&fresh.write, data).await {
-                        self.release(&fresh).await;
-                        return Err(e);
-                    }
-                    return Ok(fresh);
-                }
-            }
+        let from = src.read.address();
+        let copy = self.pool.send(&src.read, &caps.write, 0, data.len());
+        if let Err(e) = self.watch.run(&from, Kind::Bytes(data.len()), copy).await {
+            // Depot-to-depot failed (the depots cannot reach each other, or
+            // the source died or hung). Part or all of the copy may have
+            // landed in `caps` all the same, so we send ours into a fresh
+            // allocation and release that one.
+            self.progress.event(&Event::Retry {
+                depot: from,
+                why: format!("copy to {addr} failed ({e}); sending it from here"),
+            });
+            self.release(&caps).await;
+            return self.store_new(addr, (offset, len), data).await;
         }
         Ok(caps)
     }
@@ -407,6 +430,7 @@ async fn run<R: AsyncRead + Unpin>(
         });
     }
     let n = addrs.len();
+    let pool_cfg_timeout = pool.config().io_timeout;
     let shared = Arc::new(Shared {
         opts: opts.clone(),
         pool,
@@ -417,6 +441,7 @@ async fn run<R: AsyncRead + Unpin>(
         }),
         progress: progress.clone(),
         made: Mutex::new(Vec::new()),
+        watch: Watcher::new(pool_cfg_timeout),
     });
     progress.start(size);
     let bs = usize::try_from(opts.block_size.max(1)).unwrap_or(usize::MAX);

@@ -42,7 +42,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     // From an L-Bone, the best depots that hold none of the file yet.
     let found = a.targets.find(&rt, &x, &s, a.copies, true)?;
     let y = rt.block_on(async {
-        let pool = Pool::new(s.client());
+        let pool = std::sync::Arc::new(Pool::new(s.client()));
         lors::manage::augment(
             &x,
             &found.depots,

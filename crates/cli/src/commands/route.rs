@@ -46,7 +46,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         .build()?;
     let targets = a.targets.find(&rt, &x, &s, a.copies, false)?.depots;
     let t = rt.block_on(async {
-        let pool = Pool::new(s.client());
+        let pool = std::sync::Arc::new(Pool::new(s.client()));
         let y = lors::manage::replicate(
             &x,
             &targets,

@@ -43,7 +43,14 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         .min();
     // How many mappings are in each state, in a fixed order.
     let mut states: Vec<(&str, usize)> = Vec::new();
-    for st in ["live", "expired", "refused", "unreachable", "failed"] {
+    for st in [
+        "live",
+        "expired",
+        "refused",
+        "unreachable",
+        "no answer",
+        "failed",
+    ] {
         let n = probes.iter().filter(|p| p.state() == st).count();
         if n > 0 {
             states.push((st, n));
@@ -53,7 +60,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         .mappings
         .iter()
         .zip(&probes)
-        .filter(|(_, p)| matches!(p, Probe::Unreachable(_)))
+        .filter(|(_, p)| matches!(p, Probe::Unreachable(_) | Probe::NoAnswer(_)))
         .filter_map(|(m, _)| m.depot())
         .collect();
     down.sort();

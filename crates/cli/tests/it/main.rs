@@ -7,6 +7,7 @@ mod depot;
 mod dissem;
 mod fuse;
 mod hostile;
+mod hung;
 mod lab;
 mod lbone;
 mod lstore;

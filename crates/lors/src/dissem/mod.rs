@@ -65,7 +65,9 @@ pub struct Options {
     /// File name recorded in the exNode of a file input.
     pub filename: String,
     /// The least time a copy may take before it is given up (it may take
-    /// longer: eight times the typical copy of its size).
+    /// longer: eight times the typical copy of its size) — unless it makes
+    /// no progress while the other sites' copies finish: then it is given
+    /// up at [`crate::stall`]'s pace (a few typical copies, at least 2 s).
     pub stall: Duration,
     /// The scheduler's settings (slots, failures, unicast).
     pub sched: sched::Config,
@@ -331,7 +333,11 @@ pub async fn disseminate(
         .sum();
     progress.start(Some(total));
     let lay = Arc::new(lay);
+    // A hung site's copies are given up at the pace of the others
+    // (crate::stall), not after the full per-copy deadline.
+    let watch = Arc::new(crate::stall::Watcher::new(opts.stall));
     let mut set: JoinSet<(Transfer, Copied)> = JoinSet::new();
+    let mut tasks: HashMap<u64, tokio::task::AbortHandle> = HashMap::new();
     let mut relayed_bytes = 0;
     // Allocations of failed copies that could not be released.
     let mut stranded_all: Vec<Mapping> = Vec::new();
@@ -345,8 +351,9 @@ pub async fn disseminate(
             };
             let deadline = s.deadline(lay.blocks[t.block].len(), opts.stall);
             let (pool, lay, site) = (pool.clone(), lay.clone(), sites[t.to].clone());
-            let (rel, dur) = (opts.reliability, opts.duration);
-            set.spawn(async move {
+            let (rel, dur, watch) = (opts.reliability, opts.duration, watch.clone());
+            let id = t.id;
+            let task = set.spawn(async move {
                 let r = copy(
                     &pool,
                     &lay,
@@ -355,10 +362,12 @@ pub async fn disseminate(
                     &site,
                     (rel, dur),
                     deadline,
+                    &watch,
                 )
                 .await;
                 (t, r)
             });
+            tasks.insert(id, task);
         }
         for n in s.take_notes() {
             note(
@@ -369,10 +378,26 @@ pub async fn disseminate(
                 progress.as_ref(),
             );
         }
+        // Copies made void (their site was given up) are not waited for: a
+        // hung site would hold the command to the copy deadline. Whatever
+        // such a copy allocated there, if the site ever answers, is
+        // named by no exNode and ends with its lease.
+        tasks.retain(|&id, task| {
+            let void = !s.is_running(id);
+            if void {
+                task.abort();
+            }
+            !void
+        });
         let Some(joined) = set.join_next().await else {
             break;
         };
-        let (t, r) = joined.map_err(|e| Error::io("a copy task", std::io::Error::other(e)))?;
+        let (t, r) = match joined {
+            Ok(done) => done,
+            Err(e) if e.is_cancelled() => continue,
+            Err(e) => return Err(Error::io("a copy task", std::io::Error::other(e))),
+        };
+        tasks.remove(&t.id);
         let running = s.is_running(t.id);
         match r {
             Ok(m) if running => {
@@ -398,7 +423,7 @@ pub async fn disseminate(
                 // name it.
                 let cap = m.manage.as_ref().expect("copies have every capability");
                 if !matches!(
-                    tokio::time::timeout(RELEASE_WAIT, pool.release(cap)).await,
+                    tokio::time::timeout(crate::stall::RELEASE_WAIT, pool.release(cap)).await,
                     Ok(Ok(()))
                 ) {
                     stranded_all.push(m);
@@ -537,7 +562,9 @@ async fn copy(
     site: &str,
     (rel, dur): (Reliability, Duration),
     deadline: Duration,
+    watch: &crate::stall::Watcher,
 ) -> Copied {
+    use crate::stall::Kind;
     let block = &lay.blocks[b];
     let size = block.template.alloc_length.max(1);
     let until = tokio::time::Instant::now() + deadline;
@@ -547,7 +574,8 @@ async fn copy(
         why,
         stranded: None,
     };
-    let caps = match tokio::time::timeout_at(until, pool.allocate(site, rel, dur, size)).await {
+    let alloc = watch.run(site, Kind::Op, pool.allocate(site, rel, dur, size));
+    let caps = match tokio::time::timeout_at(until, alloc).await {
         Ok(Ok(caps)) => caps,
         Ok(Err(e)) => return Err(failed(Blame::To, e.to_string())),
         Err(_) => return Err(failed(Blame::To, late("the allocation"))),
@@ -556,15 +584,15 @@ async fn copy(
         match src {
             None => {
                 let file = lay.file.as_ref().expect("a file input has its file");
-                (pool
-                    .store_file(&caps.write, file, block.offset(), block.len())
-                    .await)
+                let store = pool.store_file(&caps.write, file, block.offset(), block.len());
+                (watch.run(site, Kind::Bytes(block.len()), store).await)
                     .map_err(|e| (Blame::To, e.to_string()))
             }
             Some(m) => {
                 let read = m.read.as_ref().expect("sources are readable");
-                (pool
-                    .send(read, &caps.write, m.alloc_offset, m.alloc_length)
+                let send = pool.send(read, &caps.write, m.alloc_offset, m.alloc_length);
+                (watch
+                    .run(&read.address(), Kind::Bytes(block.len()), send)
                     .await)
                     .map_err(|e| {
                         // Not even reached: the source is at fault.
@@ -592,13 +620,10 @@ async fn copy(
     // A depot that did not answer the copy may not answer this either:
     // bounded, and what stays is reported.
     let cap = mapping.manage.as_ref().expect("set above");
-    let released = tokio::time::timeout(RELEASE_WAIT, pool.release(cap)).await;
+    let released = tokio::time::timeout(crate::stall::RELEASE_WAIT, pool.release(cap)).await;
     Err(Failed {
         blame,
         why,
         stranded: (!matches!(released, Ok(Ok(())))).then_some(mapping),
     })
 }
-
-/// How long a failed copy waits to release its allocation.
-const RELEASE_WAIT: Duration = Duration::from_secs(5);

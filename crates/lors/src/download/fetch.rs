@@ -67,7 +67,16 @@ pub(super) async fn worker(
         // A file output frees its memory slots by itself: wait for one. A
         // stream's are freed by the writer, which may be waiting for a
         // piece only a worker without a slot can fetch.
+        // A depot's share is taken first: a hung depot's fetches then
+        // cannot hold every slot, and the others' deliveries time the
+        // pieces its stall is judged by.
+        let mut share = match ctx.mem_share.get(d) {
+            Some(s) if ctx.stream => s.clone().try_acquire_owned().ok(),
+            Some(s) => s.clone().acquire_owned().await.ok(),
+            None => None,
+        };
         let mut mem = match &ctx.mem {
+            _ if share.is_none() && !ctx.mem_share.is_empty() => None,
             Some(s) if ctx.stream => s.clone().try_acquire_owned().ok(),
             Some(s) => s.clone().acquire_owned().await.ok(),
             None => None,
@@ -88,7 +97,7 @@ pub(super) async fn worker(
         let (piece, m) = match picked {
             Pick::Exit => return,
             Pick::Wait => {
-                drop((slot, mem));
+                drop((slot, mem, share));
                 notified.await;
                 continue;
             }
@@ -97,10 +106,20 @@ pub(super) async fn worker(
         ctx.started.notify_one();
         if ctx.mem_need[m] == 0 {
             mem = None;
+            drop(share.take());
         }
         let (offset, len) = ctx.lock().sched.piece(piece);
         let began = Instant::now();
-        let fetched = fetch(&ctx, &depot, m, offset, len, out.as_deref()).await;
+        let fetched = tokio::select! {
+            r = fetch(&ctx, &depot, m, offset, len, out.as_deref()) => r,
+            () = cancelled(&ctx, piece, m) => {
+                // Dropped mid-command, its connection is closed, not pooled.
+                tracing::debug!(%depot, conn, offset, len, "fetch no longer needed: stopped");
+                ctx.update(|g| g.sched.abandon(piece, m));
+                continue;
+            }
+        };
+        drop(share);
         // One line per fetch at -vvv: how long each piece took on which
         // connection is what shows a straggling connection.
         tracing::trace!(%depot, conn, offset, len, ms = began.elapsed().as_millis(), ok = fetched.is_ok(), "fetched");
@@ -169,6 +188,20 @@ pub(super) async fn worker(
         }
         ctx.lock().writing -= 1;
         ctx.wake.notify_waiters();
+    }
+}
+
+/// Returns once the scheduler no longer needs the fetch of `piece` through
+/// mapping `m` (moved off a stalled depot, or delivered by a twin).
+async fn cancelled(ctx: &Ctx, piece: usize, m: usize) {
+    loop {
+        let notified = ctx.wake.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        if ctx.lock().sched.is_cancelled(piece, m) {
+            return;
+        }
+        notified.await;
     }
 }
 

@@ -188,6 +188,10 @@ struct Ctx {
     /// Memory slots, each the largest piece that passes through memory;
     /// `None` when no piece does (raw mappings spliced into a file).
     mem: Option<Arc<Semaphore>>,
+    /// Each depot's share of the memory slots: all but one when there are
+    /// several depots and slots, so a hung depot leaves room for the
+    /// others. Empty when there is no such limit.
+    mem_share: Vec<Arc<Semaphore>>,
     /// Bytes in memory per piece of each mapping (0: spliced into the file).
     mem_need: Vec<u64>,
     bufs: Arc<Buffers>,
@@ -385,6 +389,13 @@ pub async fn download(
         stream: stream.is_some(),
         slots: (opts.threads > 0).then(|| Arc::new(Semaphore::new(opts.threads))),
         mem: (largest > 0).then(|| Arc::new(Semaphore::new(slots))),
+        mem_share: if largest > 0 && slots > 1 && depots > 1 {
+            (0..depots)
+                .map(|_| Arc::new(Semaphore::new(slots - 1)))
+                .collect()
+        } else {
+            Vec::new()
+        },
         mem_need,
         bufs: shared_bufs.unwrap_or_else(|| Arc::new(Buffers::new(keep))),
         spliced: spliced.into(),

@@ -96,7 +96,9 @@ pub struct Config {
     /// The last pieces may be cut in two so connections finish together.
     pub split_tail: bool,
     /// A depot that delivers nothing for this long while others deliver is
-    /// stalled. Zero never stalls a depot.
+    /// stalled — or sooner, once pieces have been timed, as
+    /// [`crate::stall`] says for its oldest piece. Zero never stalls a
+    /// depot.
     pub stall: Duration,
     /// Depots read only when a piece has no other replica left.
     pub last_resort: Vec<DepotId>,
@@ -267,6 +269,12 @@ pub struct Sched {
     /// delivered by their only fetch, and how many were timed.
     secs_per_byte: f64,
     timed: u32,
+    /// Fetches in flight (piece, mapping) nobody needs any more: their
+    /// piece moved off a stalled depot, or a twin delivered it first. Their
+    /// connections stop at once (see [`Sched::is_cancelled`]): a fetch
+    /// stuck on a hung depot holds a memory slot and a connection until
+    /// the network timeout otherwise.
+    cancelled: std::collections::HashSet<(PieceId, usize)>,
 }
 
 impl Sched {
@@ -313,6 +321,7 @@ impl Sched {
             scratch: Vec::new(),
             secs_per_byte: 0.0,
             timed: 0,
+            cancelled: std::collections::HashSet::new(),
         };
         for seg in plan {
             let p = s.pieces.len();
@@ -564,6 +573,7 @@ impl Sched {
     }
 
     fn stop_running(&mut self, p: PieceId, m: usize) {
+        self.cancelled.remove(&(p, m));
         let r = &mut self.pieces[p].running_on;
         if let Some(i) = r.iter().position(|&x| x == m) {
             r.swap_remove(i);
@@ -667,11 +677,13 @@ impl Sched {
         let idle_here = self.depots[d].running == 0;
         let mut hedge = None;
         for &(_, p) in &self.running {
-            if p >= limit {
-                continue;
-            }
             if let Some(m) = self.usable(p, d) {
+                // Beyond the window or not, this depot may yet be needed
+                // for it: a stall can move it back to the queue.
                 could_later = true;
+                if p >= limit || last_resort {
+                    continue; // a stalled depot does not hedge
+                }
                 if self.cfg.hedge
                     && self.pieces[p].running_on.len() == 1
                     && (idle_here || self.straggles_since(p).is_some_and(|t| t <= now))
@@ -894,6 +906,9 @@ impl Sched {
             }
         }
         self.pieces[p].st = St::Done;
+        for &twin in &self.pieces[p].running_on {
+            self.cancelled.insert((p, twin));
+        }
         self.done += 1;
         self.counters.bytes += len;
         self.depots[d].bytes += len;
@@ -925,7 +940,7 @@ impl Sched {
                     let x = &self.depots[e];
                     e != d && !x.dead && !x.stalled && x.running == 0
                 });
-            if now.saturating_duration_since(since) < self.cfg.stall
+            if now.saturating_duration_since(since) < self.stall_after(d)
                 || !(others_flow || others_wait)
             {
                 continue;
@@ -947,6 +962,9 @@ impl Sched {
                 .collect();
             let moved = victims.len();
             for p in victims {
+                for &m in &self.pieces[p].running_on {
+                    self.cancelled.insert((p, m));
+                }
                 self.requeue(p);
             }
             self.events.push(Event::Stalled {
@@ -954,6 +972,41 @@ impl Sched {
                 silent: now.saturating_duration_since(since),
                 moved,
             });
+        }
+    }
+
+    /// How long depot `d` may send nothing before it is stalled: the
+    /// configured stall, or sooner once the typical fetch time is known
+    /// ([`crate::stall::scaled`] for the depot's oldest piece in flight).
+    pub fn stall_after(&self, d: DepotId) -> Duration {
+        let cap = self.cfg.stall;
+        // One timed piece is enough: the floor guards against its noise.
+        if self.timed == 0 {
+            return cap;
+        }
+        let oldest = (self.running.iter())
+            .find(|&&(_, p)| (self.pieces[p].running_on.iter()).any(|&m| self.depot_of[m] == d));
+        match oldest {
+            Some(&(_, p)) => {
+                crate::stall::scaled(self.secs_per_byte * self.pieces[p].len as f64, cap)
+            }
+            None => cap,
+        }
+    }
+
+    /// Whether the fetch of piece `p` through mapping `m` is no longer
+    /// needed; its worker then stops it and reports [`Sched::abandon`].
+    pub fn is_cancelled(&self, p: PieceId, m: usize) -> bool {
+        self.cancelled.contains(&(p, m))
+    }
+
+    /// A cancelled fetch stopped: its connection is free, its replica not
+    /// blamed (the piece has moved on or is delivered).
+    pub fn abandon(&mut self, p: PieceId, m: usize) {
+        self.stop_running(p, m);
+        let s = &self.pieces[p];
+        if s.st == St::Running && s.running_on.is_empty() {
+            self.requeue(p);
         }
     }
 
@@ -982,8 +1035,7 @@ impl Sched {
     pub fn next_check(&self, now: Instant) -> Option<Instant> {
         let stall = (!self.cfg.stall.is_zero()).then(|| {
             (0..self.depots.len())
-                .filter_map(|d| self.silent_since(d))
-                .map(|t| t + self.cfg.stall)
+                .filter_map(|d| self.silent_since(d).map(|t| t + self.stall_after(d)))
         });
         let straggle = self.cfg.hedge.then(|| {
             self.running

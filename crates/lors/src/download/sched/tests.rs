@@ -200,9 +200,24 @@ impl Sim {
                     self.s.len()
                 ),
             }
+            self.reap();
             self.offer();
         }
         self.now - self.t0
+    }
+
+    /// Stops the fetches the scheduler no longer needs, as a worker does:
+    /// their connections are free at once.
+    fn reap(&mut self) {
+        let gone: Vec<_> = (self.in_flight.iter())
+            .filter(|(_, (_, p, m, _))| self.s.is_cancelled(*p, *m))
+            .map(|(k, v)| (*k, *v))
+            .collect();
+        for (key, (c, p, m, _)) in gone {
+            self.in_flight.remove(&key);
+            self.busy_conns[c] = false;
+            self.s.abandon(p, m);
+        }
     }
 
     /// Delivered pieces tile the planned range exactly once.
@@ -451,6 +466,32 @@ fn a_silent_depot_is_stalled_its_pieces_move_and_it_recovers_when_it_delivers() 
             .iter()
             .all(|&(_, d, at)| d != 0 || at < stalled_at)
     );
+}
+
+#[test]
+fn a_hung_depot_is_stalled_after_a_few_typical_pieces_not_the_configured_limit() {
+    let kinds = [Kind::Silent, Kind::Ok(10e6)];
+    let cfg = Config {
+        stall: Duration::from_secs(60),
+        ..fixed(2)
+    };
+    let mut sim = Sim::new(cfg, &kinds, plan(100, MIB, two_copies));
+    let t = sim.run();
+    sim.assert_tiles(100 * MIB);
+    // A piece takes 0.1 s: the stall is the 2 s floor, not 60 s.
+    assert!(t < Duration::from_secs(5 + 3), "{t:?}");
+    let silent = (sim.s.take_events().into_iter())
+        .find_map(|e| match e {
+            Event::Stalled {
+                depot: 0, silent, ..
+            } => Some(silent),
+            _ => None,
+        })
+        .expect("the hung depot is named");
+    assert_eq!(silent, crate::stall::FLOOR);
+    // Its stuck fetches were stopped, freeing their connections.
+    assert!(sim.in_flight.is_empty());
+    assert_eq!(sim.s.depots[0].running, 0);
 }
 
 #[test]

@@ -1,0 +1,185 @@
+//! When a depot that makes no progress is *stalled* — hung (a stopped
+//! process, a path that black-holes packets) rather than slow — so its work
+//! can move to other depots instead of waiting out the network timeout.
+//!
+//! The rule is the same everywhere: a depot is stalled once it has made no
+//! progress for [`FACTOR`] times the typical time of one unit of work (a
+//! piece, a probe, a copy) as the depots taking part measure it, never
+//! sooner than [`FLOOR`], and only while some other depot makes progress or
+//! waits to help — a wide-area path that is merely slow keeps its work.
+//! Before anything has been timed the wait is the command's own limit
+//! (`--stall`, or the network timeout).
+//!
+//! ```
+//! //! use std::time::Duration;
+//! use lors::stall::Typical;
+//!
+//! let mut t = Typical::default();
+//! let cap = Duration::from_secs(60);
+//! assert_eq!(t.stall_after(cap), cap); // nothing timed yet
+//! t.record(Duration::from_millis(100));
+//! assert_eq!(t.stall_after(cap), lors::stall::FLOOR);
+//! t.record(Duration::from_secs(5));
+//! assert!(t.stall_after(cap) > Duration::from_secs(4));
+//! ```
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// No progress for this many times the typical unit of work is a stall ...
+pub const FACTOR: f64 = 4.0;
+
+/// ... but never sooner than this: a wide-area path's hiccup (a lost
+/// segment's retransmission, a slow start after idle) is not a hung depot.
+pub const FLOOR: Duration = Duration::from_secs(2);
+
+/// How long releasing an allocation (a DECR) may take before it is left
+/// to its lease: a command that gives up, or is interrupted, does not wait
+/// out the network timeout on a hung depot to tidy up.
+pub const RELEASE_WAIT: Duration = Duration::from_secs(5);
+
+/// The typical time of one unit of work: a moving average, the first
+/// sample taken as it is and later ones moving it by an eighth, so it
+/// follows a path that speeds up or slows down without one sample swinging
+/// it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Typical {
+    secs: f64,
+    samples: u32,
+}
+
+impl Typical {
+    /// Adds one timed unit of work.
+    pub fn record(&mut self, took: Duration) {
+        self.record_per(took, 1);
+    }
+
+    /// Adds `units` of work (bytes, say) that took `took` together.
+    pub fn record_per(&mut self, took: Duration, units: u64) {
+        let t = took.as_secs_f64() / units.max(1) as f64;
+        self.secs = if self.samples == 0 {
+            t
+        } else {
+            self.secs + (t - self.secs) / 8.0
+        };
+        self.samples = self.samples.saturating_add(1);
+    }
+
+    /// Whether anything has been timed.
+    pub fn known(&self) -> bool {
+        self.samples > 0
+    }
+
+    /// How long no progress is a stall, at most `cap`: [`FACTOR`] times the
+    /// typical time, at least [`FLOOR`]; `cap` while nothing is timed.
+    pub fn stall_after(&self, cap: Duration) -> Duration {
+        self.stall_after_for(1, cap)
+    }
+
+    /// [`Typical::stall_after`] for a piece of work of `units` units.
+    pub fn stall_after_for(&self, units: u64, cap: Duration) -> Duration {
+        if !self.known() {
+            return cap;
+        }
+        scaled(self.secs * units as f64, cap)
+    }
+}
+
+/// [`FACTOR`] times `secs`, at least [`FLOOR`], at most `cap`.
+pub fn scaled(secs: f64, cap: Duration) -> Duration {
+    Duration::try_from_secs_f64(secs * FACTOR)
+        .unwrap_or(cap)
+        .max(FLOOR)
+        .min(cap)
+}
+
+/// What a watched depot command is, for its typical time.
+#[derive(Debug, Clone, Copy)]
+pub enum Kind {
+    /// A command with a small reply (ALLOCATE, DECR, PROBE).
+    Op,
+    /// This many bytes moved (STORE, SEND): timed per byte.
+    Bytes(u64),
+}
+
+/// Watches the depot commands of one operation run in parallel (an upload,
+/// an augment): the typical small command and byte moved, and when any
+/// command last finished. A command is stalled once it has taken the stall
+/// time for its kind while others finished; while nothing finishes it waits
+/// on, up to the network timeout `cap`.
+#[derive(Debug)]
+pub struct Watcher {
+    cap: Duration,
+    pace: Mutex<Pace>,
+}
+
+#[derive(Debug)]
+struct Pace {
+    ops: Typical,
+    bytes: Typical,
+    last_done: Instant,
+}
+
+impl Watcher {
+    /// A watcher whose longest wait is `cap` (the network timeout).
+    pub fn new(cap: Duration) -> Self {
+        Watcher {
+            cap,
+            pace: Mutex::new(Pace {
+                ops: Typical::default(),
+                bytes: Typical::default(),
+                last_done: Instant::now(),
+            }),
+        }
+    }
+
+    fn pace(&self) -> std::sync::MutexGuard<'_, Pace> {
+        self.pace.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Runs `fut`, a command on depot `addr`; a stall ends it with
+    /// [`lors_ibp::Error::Timeout`] naming the depot.
+    pub async fn run<T>(
+        &self,
+        addr: &str,
+        kind: Kind,
+        fut: impl std::future::Future<Output = lors_ibp::Result<T>>,
+    ) -> lors_ibp::Result<T> {
+        let start = Instant::now();
+        tokio::pin!(fut);
+        loop {
+            let (after, others_done) = {
+                let p = self.pace();
+                let after = match kind {
+                    Kind::Op => p.ops.stall_after(self.cap),
+                    Kind::Bytes(n) => p.bytes.stall_after_for(n, self.cap),
+                };
+                (after, p.last_done > start)
+            };
+            let waited = start.elapsed();
+            if waited >= after && others_done {
+                return Err(lors_ibp::Error::Timeout {
+                    addr: addr.to_owned(),
+                    during: "a command, while the other depots answered theirs",
+                    secs: waited.as_secs(),
+                });
+            }
+            // Looked at again at least every FLOOR: a command that began
+            // before anything was timed is judged by what is known now.
+            let wait = after
+                .saturating_sub(waited)
+                .clamp(Duration::from_millis(50), FLOOR);
+            if let Ok(r) = tokio::time::timeout(wait, &mut fut).await {
+                if r.is_ok() {
+                    let mut p = self.pace();
+                    match kind {
+                        Kind::Op => p.ops.record(start.elapsed()),
+                        Kind::Bytes(n) => p.bytes.record_per(start.elapsed(), n),
+                    }
+                    p.last_done = Instant::now();
+                }
+                return r;
+            }
+        }
+    }
+}
