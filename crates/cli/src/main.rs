@@ -71,6 +71,19 @@ impl std::fmt::Display for UsageError {
 }
 impl std::error::Error for UsageError {}
 
+/// A command stopped by a signal after tidying up: exits with the status a
+/// shell shows for that signal (130 for SIGINT, 143 for SIGTERM).
+#[derive(Debug)]
+pub struct Interrupted(pub u8);
+
+impl std::fmt::Display for Interrupted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let name = if self.0 == 143 { "SIGTERM" } else { "SIGINT" };
+        write!(f, "interrupted ({name})")
+    }
+}
+impl std::error::Error for Interrupted {}
+
 fn init_logging(verbose: u8, default: &str) {
     use tracing_subscriber::EnvFilter;
     let level = match verbose {
@@ -124,7 +137,9 @@ fn main() -> ExitCode {
         Err(e) => {
             report::clear();
             eprintln!("lors: error: {e:#}");
-            if e.downcast_ref::<UsageError>().is_some() {
+            if let Some(Interrupted(code)) = e.downcast_ref::<Interrupted>() {
+                ExitCode::from(*code)
+            } else if e.downcast_ref::<UsageError>().is_some() {
                 ExitCode::from(2)
             } else {
                 ExitCode::from(1)

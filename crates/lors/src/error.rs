@@ -41,6 +41,18 @@ pub enum Error {
         /// Allocations still held, as mappings with their capabilities.
         stranded: lors_exnode::ExNode,
     },
+    /// The upload was told to stop (SIGINT, SIGTERM) before it finished.
+    #[error("interrupted: {} blocks of the file were stored", stored.mappings.iter().map(|m| m.exnode_offset).collect::<std::collections::BTreeSet<_>>().len())]
+    Interrupted {
+        /// The blocks stored whole, every copy: what a resumed upload
+        /// need not send again.
+        stored: lors_exnode::ExNode,
+        /// Allocations of blocks in flight, released.
+        released: usize,
+        /// Allocations of blocks in flight that could not be released in
+        /// time: incomplete, to be freed (`lors trim --decrement`).
+        stranded: lors_exnode::ExNode,
+    },
     /// Part of the file cannot be read from any replica.
     #[error("bytes {offset}..{end} could not be read from any replica; last error: {last}")]
     Unreadable {

@@ -96,7 +96,12 @@ struct Shared {
     depots: Mutex<Depots>,
     progress: Arc<dyn Progress>,
     /// Every allocation made and not released: what a failed upload frees.
-    made: Mutex<Vec<Mapping>>,
+    made: Arc<Mutex<Vec<Mapping>>>,
+    /// ALLOCATEs sent and not yet answered. Each runs to its reply even when
+    /// the block that asked is cut off (an interrupt, a stall), so that what
+    /// the depot allocates reaches the ledger rather than being left there
+    /// unnamed; the upload waits (bounded) for them before it settles.
+    allocating: Arc<tokio::sync::watch::Sender<usize>>,
     /// How long depot commands take here: what a hung depot is told apart by.
     watch: Watcher,
 }
@@ -133,18 +138,50 @@ impl Shared {
         len: u64,
         data: &Data,
     ) -> lors_ibp::Result<CapSet> {
-        let alloc =
-            (self.pool).allocate(addr, self.opts.reliability, self.opts.duration, data.len());
-        let caps = self.watch.run(addr, Kind::Op, alloc).await?;
-        self.made()
-            .push(mapping(offset, len, data.len(), &None, caps.clone()));
-        Ok(caps)
+        let (pool, made, count) = (
+            self.pool.clone(),
+            self.made.clone(),
+            self.allocating.clone(),
+        );
+        let (rel, dur, size, at) = (
+            self.opts.reliability,
+            self.opts.duration,
+            data.len(),
+            addr.to_owned(),
+        );
+        count.send_modify(|n| *n += 1);
+        let alloc = tokio::spawn(async move {
+            let r = pool.allocate(&at, rel, dur, size).await;
+            if let Ok(caps) = &r {
+                let m = mapping(offset, len, size, &None, caps.clone());
+                made.lock().unwrap_or_else(|e| e.into_inner()).push(m);
+            }
+            count.send_modify(|n| *n -= 1);
+            r
+        });
+        let answer = async {
+            alloc.await.unwrap_or_else(|e| {
+                Err(lors_ibp::Error::Local {
+                    during: "allocating",
+                    source: std::io::Error::other(e.to_string()),
+                })
+            })
+        };
+        self.watch.run(addr, Kind::Op, answer).await
+    }
+
+    /// Waits, at most [`crate::stall::RELEASE_WAIT`], for ALLOCATEs still
+    /// out to be answered, so their allocations are in the ledger.
+    async fn settle(&self) {
+        let mut rx = self.allocating.subscribe();
+        let _ = tokio::time::timeout(crate::stall::RELEASE_WAIT, rx.wait_for(|&n| n == 0)).await;
     }
 
     /// After a failure: releases everything the upload allocated. Returns
     /// `cause`, wrapped with what was released and what could not be (the
     /// depot is down or unreachable), named in an exNode.
     async fn abandon(&self, cause: Error) -> Error {
+        self.settle().await;
         let made = std::mem::take(&mut *self.made());
         if made.is_empty() {
             return cause;
@@ -155,6 +192,31 @@ impl Shared {
             cause: Box::new(cause),
             released: total - x.mappings.len(),
             stranded: x,
+        }
+    }
+
+    /// After an interrupt: the blocks stored whole (`results`), and the
+    /// allocations of blocks cut off, released within a bounded wait or
+    /// named as stranded.
+    async fn interrupted(&self, mut results: Vec<(usize, Vec<Mapping>)>) -> Error {
+        self.settle().await;
+        results.sort_by_key(|(i, _)| *i);
+        let mut stored = ExNode::default();
+        stored.set_meta(Metadata::string("filename", &self.opts.filename));
+        stored.mappings = results.into_iter().flat_map(|(_, m)| m).collect();
+        let used: HashSet<&lors_ibp::Capability> = (stored.mappings.iter())
+            .filter_map(|m| m.manage.as_ref())
+            .collect();
+        let cut: Vec<Mapping> = std::mem::take(&mut *self.made())
+            .into_iter()
+            .filter(|m| m.manage.as_ref().is_some_and(|c| !used.contains(c)))
+            .collect();
+        let total = cut.len();
+        let kept = self.pool.release_all(cut).await;
+        Error::Interrupted {
+            released: total - kept.len(),
+            stranded: self.unreleased(kept),
+            stored,
         }
     }
 
@@ -339,6 +401,39 @@ pub struct Uploaded {
     pub unreleased: ExNode,
 }
 
+/// What an upload is told from outside: when to stop, and what an earlier,
+/// interrupted run of it already stored.
+#[derive(Debug, Clone, Default)]
+pub struct Control {
+    /// Turns `true` when the upload should stop (an interrupt): no block is
+    /// begun after that, blocks in flight are cut off and their
+    /// allocations released, and the upload ends with
+    /// [`Error::Interrupted`] naming the blocks stored whole.
+    pub stop: Option<tokio::sync::watch::Receiver<bool>>,
+    /// Mappings of blocks an earlier run stored whole, every copy (the
+    /// `stored` of its [`Error::Interrupted`]): those blocks are not sent
+    /// again. Only for a regular file with the same block size.
+    pub done: Vec<Mapping>,
+}
+
+impl Control {
+    fn stopped(&self) -> bool {
+        self.stop.as_ref().is_some_and(|s| *s.borrow())
+    }
+
+    /// Returns once told to stop; never without a stop signal.
+    async fn stopping(&self) {
+        match self.stop.clone() {
+            Some(mut s) => {
+                if s.wait_for(|&v| v).await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            }
+            None => std::future::pending().await,
+        }
+    }
+}
+
 /// Uploads everything `input` yields. `size` (when known) is only for progress.
 ///
 /// Blocks are read sequentially; at most `threads` are in memory and in flight.
@@ -353,7 +448,15 @@ pub async fn upload<R: AsyncRead + Unpin>(
     pool: Arc<Pool>,
     progress: Arc<dyn Progress>,
 ) -> Result<Uploaded> {
-    run(Input::Stream(input), size, opts, pool, progress).await
+    run(
+        Input::Stream(input),
+        size,
+        opts,
+        pool,
+        progress,
+        Control::default(),
+    )
+    .await
 }
 
 /// Uploads a whole regular file. Without end-to-end functions each block is
@@ -364,20 +467,34 @@ pub async fn upload_file(
     pool: Arc<Pool>,
     progress: Arc<dyn Progress>,
 ) -> Result<Uploaded> {
+    upload_file_with(file, opts, pool, progress, Control::default()).await
+}
+
+/// [`upload_file`], stopped and resumed as `control` says.
+pub async fn upload_file_with(
+    file: std::fs::File,
+    opts: &UploadOptions,
+    pool: Arc<Pool>,
+    progress: Arc<dyn Progress>,
+    control: Control,
+) -> Result<Uploaded> {
     let size = file
         .metadata()
         .map_err(|e| Error::io("reading the input's size", e))?
         .len();
-    if opts.e2e.is_some() {
-        let f = tokio::fs::File::from_std(file);
-        return upload(f, Some(size), opts, pool, progress).await;
-    }
-    let input: Input<tokio::io::Empty> = Input::File(Arc::new(file), size);
-    run(input, Some(size), opts, pool, progress).await
+    let input = if opts.e2e.is_some() {
+        Input::<tokio::io::Empty>::Read(tokio::fs::File::from_std(file))
+    } else {
+        Input::File(Arc::new(file), size)
+    };
+    run(input, Some(size), opts, pool, progress, control).await
 }
 
 enum Input<R> {
     Stream(R),
+    /// A regular file read through memory (for end-to-end functions): its
+    /// blocks can be skipped by seeking.
+    Read(tokio::fs::File),
     File(Arc<std::fs::File>, u64),
 }
 
@@ -389,24 +506,44 @@ impl<R: AsyncRead + Unpin> Input<R> {
                 let len = (*size - offset).min(bs as u64);
                 Ok((len > 0).then(|| Data::Range(f.clone(), offset, len)))
             }
-            Input::Stream(r) => {
-                let mut buf = vec![0u8; bs];
-                let mut got = 0;
-                while got < bs {
-                    let k = r
-                        .read(&mut buf[got..])
-                        .await
-                        .map_err(|e| Error::io("reading input", e))?;
-                    if k == 0 {
-                        break;
-                    }
-                    got += k;
-                }
-                buf.truncate(got);
-                Ok((got > 0).then_some(Data::Mem(buf)))
-            }
+            Input::Stream(r) => read_block(r, bs).await,
+            Input::Read(f) => read_block(f, bs).await,
         }
     }
+
+    /// Skips the block of `len` bytes at `offset` (stored by an earlier
+    /// run); false when this input cannot skip.
+    async fn skip(&mut self, offset: u64, len: u64) -> Result<bool> {
+        use tokio::io::AsyncSeekExt;
+        match self {
+            Input::File(..) => Ok(true),
+            Input::Read(f) => {
+                f.seek(std::io::SeekFrom::Start(offset + len))
+                    .await
+                    .map_err(|e| Error::io("seeking in the input", e))?;
+                Ok(true)
+            }
+            Input::Stream(_) => Ok(false),
+        }
+    }
+}
+
+/// Reads a block of at most `bs` bytes; `None` at the end.
+async fn read_block<R: AsyncRead + Unpin>(r: &mut R, bs: usize) -> Result<Option<Data>> {
+    let mut buf = vec![0u8; bs];
+    let mut got = 0;
+    while got < bs {
+        let k = r
+            .read(&mut buf[got..])
+            .await
+            .map_err(|e| Error::io("reading input", e))?;
+        if k == 0 {
+            break;
+        }
+        got += k;
+    }
+    buf.truncate(got);
+    Ok((got > 0).then_some(Data::Mem(buf)))
 }
 
 async fn run<R: AsyncRead + Unpin>(
@@ -415,6 +552,7 @@ async fn run<R: AsyncRead + Unpin>(
     opts: &UploadOptions,
     pool: Arc<Pool>,
     progress: Arc<dyn Progress>,
+    control: Control,
 ) -> Result<Uploaded> {
     let mut addrs = opts.depots.clone();
     addrs.sort();
@@ -440,7 +578,8 @@ async fn run<R: AsyncRead + Unpin>(
             dead: vec![false; n],
         }),
         progress: progress.clone(),
-        made: Mutex::new(Vec::new()),
+        made: Arc::new(Mutex::new(Vec::new())),
+        allocating: Arc::new(tokio::sync::watch::channel(0).0),
         watch: Watcher::new(pool_cfg_timeout),
     });
     progress.start(size);
@@ -451,12 +590,20 @@ async fn run<R: AsyncRead + Unpin>(
     let mut offset = 0u64;
     let mut index = 0usize;
     let mut failure = None;
+    let mut interrupted = false;
+    // Blocks an earlier run stored whole, by offset.
+    let mut done: std::collections::BTreeMap<u64, Vec<Mapping>> = Default::default();
+    for m in &control.done {
+        done.entry(m.exnode_offset).or_default().push(m.clone());
+    }
     'blocks: loop {
-        let permit = slots
-            .clone()
-            .acquire_owned()
-            .await
-            .expect("semaphore never closed");
+        let permit = tokio::select! {
+            p = slots.clone().acquire_owned() => p.expect("semaphore never closed"),
+            () = control.stopping() => {
+                interrupted = true;
+                break;
+            }
+        };
         // Surface failures early instead of reading the whole input first.
         while let Some(done) = tasks.try_join_next() {
             match joined(done) {
@@ -464,6 +611,31 @@ async fn run<R: AsyncRead + Unpin>(
                 Err(e) => {
                     failure = Some(e);
                     break 'blocks;
+                }
+            }
+        }
+        if control.stopped() {
+            interrupted = true;
+            break;
+        }
+        if let Some(stored) = done.remove(&offset) {
+            let len = stored[0].logical_length;
+            let whole = stored.len() >= copies && len > 0 && len <= bs as u64;
+            match input.skip(offset, len).await {
+                Ok(true) if whole => {
+                    progress.advance(&stored[0].depot().unwrap_or_default(), len);
+                    results.push((index, stored));
+                    offset += len;
+                    index += 1;
+                    if len < bs as u64 {
+                        break;
+                    }
+                    continue;
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    failure = Some(e);
+                    break;
                 }
             }
         }
@@ -526,13 +698,34 @@ async fn run<R: AsyncRead + Unpin>(
     }
     // Blocks in flight finish or fail before we decide, never cut off: an
     // allocation they make must reach the ledger for a failure to free it.
-    while let Some(done) = tasks.join_next().await {
-        match joined(done) {
-            Ok(r) => results.push(r),
-            Err(e) => {
-                failure.get_or_insert(e);
+    // Unless the upload is told to stop: then they are cut off, and what
+    // they allocated is in the ledger (an ALLOCATE whose reply never came
+    // is not: the depot frees it at the end of its lease).
+    if interrupted {
+        tasks.abort_all();
+    }
+    loop {
+        let next = tokio::select! {
+            d = tasks.join_next() => d,
+            () = control.stopping(), if !interrupted => {
+                interrupted = true;
+                tasks.abort_all();
+                continue;
             }
+        };
+        let Some(done) = next else { break };
+        match done {
+            Err(e) if e.is_cancelled() => {}
+            done => match joined(done) {
+                Ok(r) => results.push(r),
+                Err(e) => {
+                    failure.get_or_insert(e);
+                }
+            },
         }
+    }
+    if interrupted {
+        return Err(shared.interrupted(results).await);
     }
     if let Some(e) = failure {
         return Err(shared.abandon(e).await);
@@ -553,6 +746,7 @@ async fn run<R: AsyncRead + Unpin>(
         .iter()
         .filter_map(|m| m.manage.as_ref())
         .collect();
+    shared.settle().await;
     let leftover: Vec<Mapping> = std::mem::take(&mut *shared.made())
         .into_iter()
         .filter(|m| m.manage.as_ref().is_some_and(|c| !used.contains(c)))

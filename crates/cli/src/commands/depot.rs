@@ -399,15 +399,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 }
 
 pub(crate) async fn wait_for_signal() {
+    wait_for_signal_status().await;
+}
+
+/// Waits for SIGINT or SIGTERM; the exit status a shell shows for it
+/// (130, 143).
+pub(crate) async fn wait_for_signal_status() -> u8 {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate()).ok();
     tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
+        _ = tokio::signal::ctrl_c() => 130,
         _ = async {
             match term.as_mut() {
                 Some(t) => { t.recv().await; }
                 None => std::future::pending::<()>().await,
             }
-        } => {}
+        } => 143,
     }
 }

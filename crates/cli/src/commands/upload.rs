@@ -5,14 +5,14 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use lors::Pool;
-use lors::upload::{UploadOptions, upload, upload_file};
+use lors::upload::{Control, UploadOptions, upload, upload_file_with};
 use lors::uri::ExnodeRef;
 use lors::xndrc::Xndrc;
 use lors_exnode::functions::{Chain, Codec, LegacyChain, LegacyKind, Step};
 
 use super::{block_size_arg, nonzero_block_size_arg};
-use crate::UsageError;
 use crate::report::{ReportOpts, Reporter, Unit};
+use crate::{Interrupted, UsageError};
 use lors::settings::Layer;
 
 /// Store a file on IBP depots, striped and replicated; write its exNode.
@@ -240,6 +240,139 @@ fn failed(e: lors::Error, out: &std::path::Path) -> anyhow::Error {
     (*cause).into()
 }
 
+/// `OUT.partial`: where an upload that could not finish records what it
+/// left on the depots.
+fn partial_path(out: &std::path::Path) -> PathBuf {
+    let mut p = out.as_os_str().to_owned();
+    p.push(".partial");
+    PathBuf::from(p)
+}
+
+/// The metadata item that makes an `OUT.partial` a record an upload can
+/// resume from, and its value: the input (size, modification time) and
+/// the settings that decide the blocks.
+const RESUME_META: &str = "lors_resume";
+
+/// Per-mapping metadata of an allocation cut off mid-block: its bytes are
+/// incomplete, it is recorded only so it can be freed.
+const INCOMPLETE_META: &str = "lors_incomplete";
+
+fn resume_identity(m: &std::fs::Metadata, block: u64, copies: usize, e2e: bool) -> String {
+    let mtime = m
+        .modified()
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .unwrap_or_default();
+    format!(
+        "size={} mtime={}.{:09} block={block} copies={copies} e2e={e2e}",
+        m.len(),
+        mtime.as_secs(),
+        mtime.subsec_nanos()
+    )
+}
+
+/// The blocks an interrupted run of this same upload stored, from its
+/// record in `partial`; none when there is no record. A record of another
+/// input or other settings is refused rather than overwritten: it names
+/// allocations nothing else does.
+fn resumable(
+    partial: &std::path::Path,
+    identity: &str,
+) -> anyhow::Result<Vec<lors_exnode::Mapping>> {
+    if std::fs::symlink_metadata(partial).is_err() {
+        return Ok(Vec::new());
+    }
+    let x = lors::xnd::load(partial)?;
+    let recorded = match x.meta(RESUME_META) {
+        Some(lors_exnode::Value::String(s)) => s.clone(),
+        // A record of allocations a failed upload could not release.
+        _ => return Ok(Vec::new()),
+    };
+    if recorded != identity {
+        return Err(UsageError(format!(
+            "{} records an interrupted upload of another version of this file or with other settings ({recorded}; now {identity}): run it with those again to resume, or free what it names with `lors trim --decrement --allow-holes {}` and delete it",
+            partial.display(),
+            depot_flags(&x, partial)
+        ))
+        .into());
+    }
+    Ok(x.mappings
+        .into_iter()
+        .filter(|m| !m.metadata.iter().any(|d| d.name == INCOMPLETE_META))
+        .collect())
+}
+
+/// `--depot A --depot B … PATH`: the trim arguments that free every
+/// allocation `x` (saved at `path`) names.
+fn depot_flags(x: &lors_exnode::ExNode, path: &std::path::Path) -> String {
+    let mut depots: Vec<String> = x.mappings.iter().filter_map(|m| m.depot()).collect();
+    depots.sort();
+    depots.dedup();
+    let mut s: Vec<String> = depots.iter().map(|d| format!("--depot {d}")).collect();
+    s.push(path.display().to_string());
+    s.join(" ")
+}
+
+/// After an interrupt (or the failure of a resumed upload): records the
+/// stored blocks (and allocations cut off that could not be released) in
+/// `partial`, and says how to resume or free them.
+fn record_partial(
+    how: &str,
+    stored: &lors_exnode::ExNode,
+    released: usize,
+    stranded: &lors_exnode::ExNode,
+    identity: Option<&str>,
+    partial: &std::path::Path,
+) {
+    crate::report::clear();
+    let mut rec = stored.clone();
+    for m in &stranded.mappings {
+        let mut m = m.clone();
+        m.metadata
+            .push(lors_exnode::Metadata::string(INCOMPLETE_META, "1"));
+        rec.mappings.push(m);
+    }
+    if let Some(id) = identity {
+        rec.set_meta(lors_exnode::Metadata::string(RESUME_META, id));
+    }
+    let blocks: std::collections::BTreeSet<u64> =
+        stored.mappings.iter().map(|m| m.exnode_offset).collect();
+    let cut = if released > 0 {
+        format!("; the {released} allocations of blocks in flight were released")
+    } else {
+        String::new()
+    };
+    if rec.mappings.is_empty() {
+        let _ = std::fs::remove_file(partial);
+        eprintln!("lors: upload {how}: nothing is left on the depots{cut}");
+        return;
+    }
+    let resume = if identity.is_some() && !stored.mappings.is_empty() {
+        "; run the same command again to resume"
+    } else {
+        ""
+    };
+    match lors::xnd::save(partial, &rec) {
+        Ok(()) => eprintln!(
+            "lors: upload {how}: {} stored blocks{} are recorded in {}{resume}, or free them with `lors trim --decrement --allow-holes {}`{cut}",
+            blocks.len(),
+            if stranded.mappings.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    " and {} allocations that could not be released",
+                    stranded.mappings.len()
+                )
+            },
+            partial.display(),
+            depot_flags(&rec, partial),
+        ),
+        Err(w) => eprintln!(
+            "lors: upload {how}; what it stored could not be recorded ({w:#}): it expires with its lease{cut}"
+        ),
+    }
+}
+
 /// Writes the allocations in `stranded` (on depots that could not be
 /// reached to release them) to `OUT.partial` and says how to free them.
 pub(crate) fn record_unreleased(stranded: &lors_exnode::ExNode, said: &str, out: &std::path::Path) {
@@ -331,7 +464,6 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         e2e,
     };
     let cfg = s.client();
-    let progress = Reporter::new("upload", Unit::Bytes, &a.report, false);
     let started = std::time::Instant::now();
     let pool = Arc::new(Pool::new(cfg));
     let input = (!stdin)
@@ -339,17 +471,53 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             std::fs::File::open(&a.file).with_context(|| format!("opening {}", a.file.display()))
         })
         .transpose()?;
+    let meta = input.as_ref().and_then(|f| f.metadata().ok());
+    // What identifies this upload in a record for resuming it.
+    let identity = meta
+        .as_ref()
+        .filter(|m| m.is_file())
+        .map(|m| resume_identity(m, block_size, copies, opts.e2e.is_some()));
+    let partial = partial_path(&out);
+    let done = match &identity {
+        Some(id) => resumable(&partial, id)?,
+        None => Vec::new(),
+    };
+    if !done.is_empty() && !a.report.quiet {
+        let blocks: std::collections::BTreeSet<u64> =
+            done.iter().map(|m| m.exnode_offset).collect();
+        eprintln!(
+            "lors: resuming the upload recorded in {}: {} blocks already stored are not sent again",
+            partial.display(),
+            blocks.len()
+        );
+    }
+    let progress = Reporter::new("upload", Unit::Bytes, &a.report, false);
+    // SIGINT/SIGTERM: the upload stops, releases what it cut off and
+    // records what it stored. A second signal ends the process at once.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let signal = Arc::new(std::sync::atomic::AtomicU8::new(0));
+    let sig = signal.clone();
+    rt.spawn(async move {
+        let code = super::depot::wait_for_signal_status().await;
+        sig.store(code, std::sync::atomic::Ordering::SeqCst);
+        let _ = stop_tx.send(true);
+        let again = super::depot::wait_for_signal_status().await;
+        std::process::exit(i32::from(again));
+    });
+    let control = Control {
+        stop: Some(stop_rx.clone()),
+        done: done.clone(),
+    };
     let x = rt.block_on(async {
         let pool = pool.clone();
         match input {
             None => upload(tokio::io::stdin(), None, &opts, pool, progress.clone()).await,
             Some(f) => {
-                let meta = f.metadata().ok();
                 if meta.as_ref().is_some_and(std::fs::Metadata::is_file) {
-                    upload_file(f, &opts, pool, progress.clone()).await
+                    upload_file_with(f, &opts, pool, progress.clone(), control).await
                 } else {
                     // A pipe or device: read it as a stream.
-                    let size = meta.map(|m| m.len()).filter(|&n| n > 0);
+                    let size = meta.as_ref().map(|m| m.len()).filter(|&n| n > 0);
                     let f = tokio::fs::File::from_std(f);
                     upload(f, size, &opts, pool, progress.clone()).await
                 }
@@ -368,6 +536,42 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             }
             up.exnode
         }
+        Err(lors::Error::Interrupted {
+            stored,
+            released,
+            stranded,
+        }) => {
+            let code = signal.load(std::sync::atomic::Ordering::SeqCst);
+            let how = "interrupted";
+            record_partial(
+                how,
+                &stored,
+                released,
+                &stranded,
+                identity.as_deref(),
+                &partial,
+            );
+            return Err(Interrupted(if code == 0 { 130 } else { code }).into());
+        }
+        // A resumed upload that fails keeps the record of what it resumed
+        // from (those allocations are named nowhere else).
+        Err(lors::Error::Abandoned {
+            cause,
+            released,
+            stranded,
+        }) if !done.is_empty() => {
+            let mut kept = lors_exnode::ExNode::default();
+            kept.mappings = done;
+            record_partial(
+                "failed",
+                &kept,
+                released,
+                &stranded,
+                identity.as_deref(),
+                &partial,
+            );
+            return Err((*cause).into());
+        }
         Err(e) => return Err(failed(e, &out)),
     };
     if let Err(e) = lors::xnd::save(&out, &x) {
@@ -378,6 +582,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             "the upload finished but its exNode could not be written; {freed} of {} allocations were released",
             x.mappings.len()
         )));
+    }
+    if !done.is_empty() {
+        // Its blocks are in the exNode now.
+        let _ = std::fs::remove_file(&partial);
     }
     let mut per_depot: std::collections::BTreeMap<String, u64> = Default::default();
     for m in &x.mappings {

@@ -8,6 +8,7 @@ mod dissem;
 mod fuse;
 mod hostile;
 mod hung;
+mod interrupt;
 mod lab;
 mod lbone;
 mod lstore;

@@ -1,0 +1,127 @@
+//! An interrupted upload (SIGINT, SIGTERM at any moment) leaves on the
+//! depots exactly what its exNode or `OUT.xnd.partial` names, and running
+//! it again sends only the blocks not yet stored.
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use crate::tools::used;
+use crate::util::{DepotProc, lors, lors_cmd, pattern, tempdir};
+
+/// Bytes of allocations the exNode at `path` names, if it is there.
+fn named(path: &Path) -> u64 {
+    match lors::xnd::load(path) {
+        Ok(x) => x.mappings.iter().map(|m| m.alloc_length).sum(),
+        Err(_) => 0,
+    }
+}
+
+/// `lors upload` interrupted by `signal` after `after`; its exit status.
+fn interrupted_upload(args: &[&str], signal: &str, after: Duration) -> (i32, String) {
+    let mut child = lors_cmd(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run lors");
+    std::thread::sleep(after);
+    let _ = std::process::Command::new("kill")
+        .args([&format!("-{signal}"), &child.id().to_string()])
+        .status();
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the upload did not stop within 20 s of {signal}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    (status.code().unwrap_or(-1), err)
+}
+
+#[test]
+fn interrupted_uploads_leave_only_what_a_record_names_and_resume() {
+    let dir = tempdir();
+    let ds: Vec<DepotProc> = (0..3)
+        .map(|i| DepotProc::start(&dir.path().join(format!("d{i}")), &["--sync", "never"]))
+        .collect();
+    let depots = ds
+        .iter()
+        .map(|d| d.addr.as_str())
+        .collect::<Vec<_>>()
+        .join(",");
+    let data = pattern(16 << 20, 41);
+    let src = dir.path().join("in.bin");
+    std::fs::write(&src, &data).unwrap();
+    let src = src.to_str().unwrap();
+    let mut outs = Vec::new();
+    let mut interrupted = 0;
+    for i in 0..20u64 {
+        let out = dir.path().join(format!("u{i}.xnd"));
+        let out_s = out.to_str().unwrap().to_owned();
+        // Raw blocks sent from the file, and checksummed ones through memory.
+        let mut args = vec!["upload", "-c", "2", "-b", "256K", "--depot", &depots];
+        if i % 3 == 0 {
+            args.push("-n");
+        }
+        args.extend(["-o", &out_s, src]);
+        let signal = if i % 2 == 0 { "INT" } else { "TERM" };
+        let (code, err) = interrupted_upload(&args, signal, Duration::from_millis(20 + 13 * i));
+        let partial = dir.path().join(format!("u{i}.xnd.partial"));
+        match code {
+            0 => assert!(out.exists()),
+            130 | 143 => {
+                interrupted += 1;
+                assert_eq!(code, if signal == "INT" { 130 } else { 143 }, "{err}");
+                assert!(!out.exists(), "an interrupted upload wrote {out_s}");
+                assert!(err.contains("upload interrupted"), "{err}");
+                if partial.exists() {
+                    assert!(
+                        err.contains("run the same command again to resume"),
+                        "{err}"
+                    );
+                }
+            }
+            c => panic!("exit {c} after SIG{signal}: {err}"),
+        }
+        // Whatever the moment, the depots hold what the records name.
+        let held: u64 = ds.iter().map(used).sum();
+        outs.push((
+            out,
+            partial,
+            args.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
+        ));
+        let recorded: u64 = (outs.iter()).map(|(o, p, _)| named(o) + named(p)).sum();
+        assert_eq!(held, recorded, "run {i} (SIG{signal}): {err}");
+    }
+    assert!(
+        interrupted >= 10,
+        "only {interrupted} of 20 uploads were cut off"
+    );
+    // Each interrupted upload, run again, completes from its record.
+    for (out, partial, args) in &outs {
+        if out.exists() {
+            continue;
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (ok, _, err) = lors(&args);
+        assert!(ok, "{err}");
+        if named(partial) > 0 {
+            panic!("{} left behind after a resumed upload", partial.display());
+        }
+        let (ok, got, err) = lors(&["download", "-q", "-o", "-", out.to_str().unwrap()]);
+        assert!(ok, "{err}");
+        assert!(got == data, "{} differs", out.display());
+    }
+    let held: u64 = ds.iter().map(used).sum();
+    let recorded: u64 = outs.iter().map(|(o, _, _)| named(o)).sum();
+    assert_eq!(
+        held, recorded,
+        "after resuming, every allocation is in an exNode"
+    );
+}
