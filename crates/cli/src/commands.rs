@@ -328,32 +328,44 @@ impl Targets {
         self.place.layer(self.lbone.layer())
     }
 
-    /// Depots for `copies` new replicas of `x`'s blocks (with `skip_held`,
-    /// none that already holds part of `x`); see [`Placement::find`].
+    /// Depots for `copies` new replicas of each of `x`'s blocks; see
+    /// [`Placement::find`]. With `beside_held` the new replicas go beside
+    /// the ones there (augment): the directory is asked for enough depots
+    /// that every block finds `copies` that do not hold it yet, leaving out
+    /// only depots that hold every block — each block's own holders are
+    /// left out when it is copied, as with `--depot`.
     pub fn find(
         &self,
         rt: &tokio::runtime::Runtime,
         x: &ExNode,
         s: &Settings,
         copies: usize,
-        skip_held: bool,
+        beside_held: bool,
     ) -> anyhow::Result<lors::directory::Found> {
-        let exclude = if skip_held {
-            depots_of(x).into_iter().collect()
+        let (held, exclude) = if beside_held {
+            let holders: Vec<std::collections::BTreeSet<String>> = (lors::manage::blocks(x))
+                .values()
+                .map(|idx| idx.iter().filter_map(|&i| x.mappings[i].depot()).collect())
+                .collect();
+            // A depot holding every block can take none of the copies.
+            let everywhere: Vec<String> = (holders.first().into_iter().flatten())
+                .filter(|d| holders.iter().all(|h| h.contains(*d)))
+                .cloned()
+                .collect();
+            let most = (holders.iter())
+                .map(|h| h.iter().filter(|d| !everywhere.contains(d)).count())
+                .max()
+                .unwrap_or(0);
+            (most, everywhere)
         } else {
-            Vec::new()
+            (0, Vec::new())
         };
         Placement {
             depots: &self.depots,
             settings: s,
         }
-        .find(rt, copies, largest_allocation(x), exclude)
+        .find(rt, copies + held, largest_allocation(x), exclude)
     }
-}
-
-/// The depots an exNode's mappings are on.
-pub fn depots_of(x: &ExNode) -> std::collections::BTreeSet<String> {
-    x.mappings.iter().filter_map(|m| m.depot()).collect()
 }
 
 /// The largest allocation an exNode's mappings use (what a new replica of

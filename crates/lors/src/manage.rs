@@ -79,7 +79,12 @@ pub async fn replicate(
     if depots.is_empty() {
         return Err(Error::NoDepots);
     }
-    let load: BTreeMap<String, usize> = depots.iter().map(|d| (d.clone(), 0)).collect();
+    let mut load: Vec<(String, usize)> = Vec::new();
+    for d in depots {
+        if !load.iter().any(|(e, _)| e == d) {
+            load.push((d.clone(), 0));
+        }
+    }
     let plan: Vec<Block> = (blocks(x).into_iter().enumerate())
         .map(|(order, (range, idx))| {
             let holders: HashSet<String> =
@@ -87,7 +92,7 @@ pub async fn replicate(
             let copies = match want {
                 Replicas::More(n) => n,
                 Replicas::OnTargets(n) => {
-                    n.saturating_sub(holders.iter().filter(|d| load.contains_key(*d)).count())
+                    n.saturating_sub(holders.iter().filter(|d| depots.contains(*d)).count())
                 }
             };
             Block {
@@ -147,8 +152,9 @@ struct Block {
 }
 
 struct RepState {
-    /// Copies placed (or being placed) per target depot.
-    load: BTreeMap<String, usize>,
+    /// Copies placed (or being placed) per target depot, in the order the
+    /// depots were given (a directory's ranking): ties go to the first.
+    load: Vec<(String, usize)>,
     /// Targets given up on: unreachable, or stalled.
     dead: HashSet<String>,
     made: Vec<(usize, Mapping)>,
@@ -213,16 +219,18 @@ impl Replication<'_> {
         loop {
             let target = {
                 let mut st = self.lock();
+                let dead = &st.dead;
                 let t = (st.load.iter())
-                    .filter(|(d, _)| {
-                        !b.holders.contains(*d) && !st.dead.contains(*d) && !tried.contains(*d)
+                    .enumerate()
+                    .filter(|(_, (d, _))| {
+                        !b.holders.contains(d) && !dead.contains(d) && !tried.contains(d)
                     })
-                    .min_by_key(|(_, n)| **n)
-                    .map(|(d, _)| d.clone());
-                if let Some(t) = &t {
-                    *st.load.get_mut(t).expect("a target") += 1;
-                }
-                t
+                    .min_by_key(|(_, (_, n))| *n)
+                    .map(|(i, _)| i);
+                t.map(|i| {
+                    st.load[i].1 += 1;
+                    st.load[i].0.clone()
+                })
             };
             let Some(t) = target else {
                 return Err(Error::Store { offset, last });
@@ -237,7 +245,9 @@ impl Replication<'_> {
                 }
                 Err((e, target_down)) => {
                     let mut st = self.lock();
-                    *st.load.get_mut(&t).expect("a target") -= 1;
+                    if let Some(l) = st.load.iter_mut().find(|(d, _)| *d == t) {
+                        l.1 -= 1;
+                    }
                     last = e.to_string();
                     if target_down && st.dead.insert(t.clone()) {
                         drop(st);

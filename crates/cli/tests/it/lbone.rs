@@ -532,3 +532,78 @@ fn depots_leave_on_a_clean_stop_tokens_come_from_files_and_the_lbone_logs_it() {
         "{err}"
     );
 }
+
+/// augment through the L-Bone leaves out, for each block, the depots that
+/// hold it — as `--depot` does — not every depot holding any block.
+#[test]
+fn augment_through_the_lbone_chooses_per_block() {
+    let dir = tempdir();
+    let lb = LboneProc::start(&dir.path().join("lb"), &["--heartbeat", "1s"]);
+    let mut ds: Vec<DepotProc> = (0..4)
+        .map(|i| located_depot(&dir.path().join(format!("d{i}")), &lb, "1G", &[]))
+        .collect();
+    wait_for("four depots listed", Duration::from_secs(10), || {
+        cities(&lb, "").len() == 4
+    });
+    let depots = ds
+        .iter()
+        .map(|d| d.addr.as_str())
+        .collect::<Vec<_>>()
+        .join(",");
+    let data = crate::util::pattern(3 << 20, 5);
+    let src = dir.path().join("f.bin");
+    std::fs::write(&src, &data).unwrap();
+    let xnd = dir.path().join("f.xnd");
+    let x_s = xnd.to_str().unwrap();
+    let (ok, _, err) = crate::util::lors(&[
+        "upload",
+        "-q",
+        "-c",
+        "2",
+        "-b",
+        "256K",
+        "--depot",
+        &depots,
+        "-o",
+        x_s,
+        src.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let url = lb.url();
+    let home = dir.path().join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    let env = [
+        ("LBONE_SERVER", url.as_str()),
+        ("HOME", home.to_str().unwrap()),
+    ];
+    let per_block = |x: &lors_exnode::ExNode| {
+        let mut n: std::collections::BTreeMap<u64, std::collections::BTreeSet<String>> =
+            Default::default();
+        for m in &x.mappings {
+            n.entry(m.exnode_offset)
+                .or_default()
+                .insert(m.depot().unwrap());
+        }
+        n.values().map(|s| s.len()).collect::<Vec<_>>()
+    };
+    // Every depot holds some block: the L-Bone's four are all candidates.
+    let (ok, _, err) = lors_env(&["augment", "-q", "-c", "1", x_s], &env);
+    assert!(ok, "{err}");
+    let x = lors::xnd::load(&xnd).unwrap();
+    assert!(per_block(&x).iter().all(|&n| n == 3), "{:?}", per_block(&x));
+    // A fifth depot: two more copies of every block, on the two of the
+    // five that lack it.
+    ds.push(located_depot(&dir.path().join("d4"), &lb, "1G", &[]));
+    wait_for("five depots listed", Duration::from_secs(10), || {
+        cities(&lb, "").len() == 5
+    });
+    let (ok, _, err) = lors_env(
+        &["augment", "-q", "-c", "2", "--max-depots", "5", x_s],
+        &env,
+    );
+    assert!(ok, "{err}");
+    let x = lors::xnd::load(&xnd).unwrap();
+    assert!(per_block(&x).iter().all(|&n| n == 5), "{:?}", per_block(&x));
+    let (ok, got, err) = crate::util::lors(&["download", "-q", "-o", "-", x_s]);
+    assert!(ok && got == data, "{err}");
+}
