@@ -7,7 +7,7 @@ plots under OUT, and a summary in Markdown. Needs root for the lab.
     python3 bench/characterize.py --only loopback --reps 3
 
 Scenarios (each a `lors bench sweep`):
-  cp        plain cp between local files (seed 002 scenario 1)
+  cp        plain cp between local files ("Simulations of Distributed Systems in a Computing Centre" scenario 1)
   gridftp   globus-url-copy through a GridFTP server on 127.0.0.1 (scenario 2)
   loopback  lors download from a depot on 127.0.0.1
   lab       lors download from a depot host behind a --rate Mbit/s link,

@@ -1,5 +1,5 @@
 //! From a sweep's points to curves (throughput against one variable with
-//! the other two fixed), their ranked fits, the fit table (seed 002 Table
+//! the other two fixed), their ranked fits, the fit table ("Simulations of Distributed Systems in a Computing Centre" Table
 //! III) and predictions of sustainable transfers per minute.
 
 use std::collections::BTreeMap;

@@ -1,6 +1,6 @@
 //! Fitting the candidate models to a curve by weighted least squares
 //! (Levenberg–Marquardt, from the `levenberg-marquardt` crate) and ranking
-//! them by R² (seed 002 eq. 4).
+//! them by R² ("Simulations of Distributed Systems in a Computing Centre" eq. 4).
 //!
 //! The fit works on data scaled to about 1 (x by its largest value, y by
 //! its largest), with positive parameters fitted as `e^φ`, from a few
@@ -330,7 +330,7 @@ mod tests {
         (a - b).abs() <= rel * b.abs()
     }
 
-    /// Throughput against parallel files as in seed 002's Fig. 3: a fast
+    /// Throughput against parallel files as in "Simulations of Distributed Systems in a Computing Centre"'s Fig. 3: a fast
     /// decay then a slow one (eq. 5). With 1 % noise the fit recovers the
     /// parameters and ranks the true model first.
     #[test]

@@ -1,4 +1,4 @@
-//! Performance characterization of data movers, after seed 002: sweep file
+//! Performance characterization of data movers, after "Simulations of Distributed Systems in a Computing Centre": sweep file
 //! sizes, files moved in parallel and streams per file with repetitions;
 //! reduce the timings to mean throughput per file and its error; fit model
 //! functions to throughput against each variable and rank them by R²;

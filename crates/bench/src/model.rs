@@ -1,4 +1,4 @@
-//! The candidate model functions of seed 002 §III: the sum (eq. 5) and the
+//! The candidate model functions of "Simulations of Distributed Systems in a Computing Centre" §III: the sum (eq. 5) and the
 //! difference (eq. 6) of two exponentials, one exponential, a power law, a
 //! gaussian and polynomials of degree 1–3 (the MATLAB toolbox's `exp2`,
 //! `exp1`, `power2`, `gauss1`, `poly1`–`poly3`).
@@ -9,9 +9,9 @@ use serde::{Deserialize, Serialize};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Model {
-    /// `a·e^(−b·x) + c·e^(−d·x)`, a, b, c, d > 0 (seed 002 eq. 5).
+    /// `a·e^(−b·x) + c·e^(−d·x)`, a, b, c, d > 0 ("Simulations of Distributed Systems in a Computing Centre" eq. 5).
     Exp2Sum,
-    /// `a·e^(−b·x) − c·e^(−d·x)`, a, b, c, d > 0 (seed 002 eq. 6).
+    /// `a·e^(−b·x) − c·e^(−d·x)`, a, b, c, d > 0 ("Simulations of Distributed Systems in a Computing Centre" eq. 6).
     Exp2Diff,
     /// `a·e^(b·x)`, a > 0.
     Exp1,

@@ -1,4 +1,4 @@
-//! The statistics of seed 002 §II-D: the mean throughput of one file and its
+//! The statistics of "Simulations of Distributed Systems in a Computing Centre" §II-D: the mean throughput of one file and its
 //! error from repeated timings (eq. 1), the weighted mean over files moved in
 //! parallel and its error (eqs. 2–3), and the weighted R² of a fit (eq. 4).
 //!

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::stats::{FileStat, combine, file_stat};
 
-/// One configuration of the dynamic variables (seed 002 Table II).
+/// One configuration of the dynamic variables ("Simulations of Distributed Systems in a Computing Centre" Table II).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct Config {
     /// Size of each file, bytes.
@@ -294,7 +294,7 @@ pub fn append_runs(path: &Path, runs: &[Run]) -> Result<(), SweepError> {
         .map_err(io_err(path))
 }
 
-/// One configuration's runs, reduced: seed 002's data point.
+/// One configuration's runs, reduced: "Simulations of Distributed Systems in a Computing Centre"'s data point.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Point {
     /// The configuration.
@@ -307,7 +307,7 @@ pub struct Point {
     /// Its error, bytes/s (eq. 3), when there were two repetitions or more.
     pub error: Option<f64>,
     /// Throughput of all the parallel files together, bytes/s: `mean ·
-    /// parallel` (seed 002 Table IV).
+    /// parallel` ("Simulations of Distributed Systems in a Computing Centre" Table IV).
     pub total: f64,
 }
 
@@ -339,7 +339,7 @@ pub fn summarize(runs: &[Run]) -> Vec<Point> {
         .collect()
 }
 
-/// The mean over configurations of the total throughput (seed 002 Table
+/// The mean over configurations of the total throughput ("Simulations of Distributed Systems in a Computing Centre" Table
 /// IV), bytes/s.
 pub fn mean_total(points: &[Point]) -> Option<f64> {
     (!points.is_empty()).then(|| points.iter().map(|p| p.total).sum::<f64>() / points.len() as f64)

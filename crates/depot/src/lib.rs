@@ -1,5 +1,5 @@
 //! The LoRS IBP depot: a storage server that rents out disk as time-limited,
-//! capability-protected allocations (seed 000 §3.1).
+//! capability-protected allocations ("IBP Deployment Tests and Integration with DiDaS Project" §3.1).
 //!
 //! * [`store`] — resources, allocations, key index, space, expiry; no sockets.
 //! * [`server`] — `run(listener, depot, shutdown)`: the IBP protocol handler.

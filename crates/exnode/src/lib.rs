@@ -1,6 +1,6 @@
 //! exNodes: a network file as a set of *mappings*, each saying "logical bytes
 //! `[exnode_offset, exnode_offset + logical_length)` live in this IBP
-//! allocation, after these end-to-end functions" (seed 000 §3.2.2).
+//! allocation, after these end-to-end functions" ("IBP Deployment Tests and Integration with DiDaS Project" §3.2.2).
 //!
 //! * [`model`] — [`ExNode`], [`Mapping`], [`Function`], [`Metadata`]; no I/O.
 //! * [`numbering`] — [`Numbering`]: mapping numbers as the LoRS tools show

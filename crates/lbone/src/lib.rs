@@ -1,4 +1,4 @@
-//! The L-Bone (seed 000 §3.2.1, seed 001 §2.2): a directory of IBP depots.
+//! The L-Bone ("IBP Deployment Tests and Integration with DiDaS Project" §3.2.1, the LoCI iGrid 2002 paper (Video IBPster) §2.2): a directory of IBP depots.
 //!
 //! Depots register and heartbeat over an HTTP/JSON API with a token; clients
 //! ask for depots with enough space and lease length, ordered by proximity to

@@ -1,5 +1,5 @@
 //! LoRS operations over IBP depots: files become exNodes of striped,
-//! replicated, time-limited allocations (seed 000 §5, seed 001 §3).
+//! replicated, time-limited allocations ("IBP Deployment Tests and Integration with DiDaS Project" §5, the LoCI iGrid 2002 paper (Video IBPster) §3).
 //!
 //! * [`upload`] — cut input into blocks, place each on the least-busy depot,
 //!   make extra copies depot-to-depot (SEND), return the exNode.
@@ -7,7 +7,7 @@
 //!   scheduler ([`download::sched`]) for the next block their depot holds;
 //!   failures go to another replica; stragglers are fetched again
 //!   elsewhere, first finisher wins.
-//! * [`dissem`] — one file to many sites (seed 004): the sites relay to
+//! * [`dissem`] — one file to many sites ("DDMG: A Data Dissemination Mechanism for Grid Environments"): the sites relay to
 //!   each other depot to depot, as a sans-I/O scheduler decides.
 //! * [`plan`] — cutting a byte range into servable segments.
 //! * [`pool`] — reused depot connections.

@@ -1,7 +1,7 @@
 //! Settings every tool resolves the same way, once, before it starts:
 //! command-line flag > `lors://` URI > environment > `~/.xndrc` > default.
 //!
-//! The environment variables are those of seed 000 §5 (`LORS_BLOCKSIZE` in
+//! The environment variables are those of "IBP Deployment Tests and Integration with DiDaS Project" §5 (`LORS_BLOCKSIZE` in
 //! megabytes, `LORS_DURATION` and `LORS_TIMEOUT` in seconds unless a unit is
 //! given, `LORS_COPIES`, `LORS_THREADS`, `LBONE_SERVER`, `LBONE_PORT`) plus
 //! `LORS_LOCATION` and `LORS_MAXDEPOTS` for the `.xndrc` keywords of the
@@ -169,7 +169,7 @@ impl Layer {
         }
     }
 
-    /// What the environment sets. Numbers without a unit mean what seed 000
+    /// What the environment sets. Numbers without a unit mean what "IBP Deployment Tests and Integration with DiDaS Project"
     /// says: megabytes for `LORS_BLOCKSIZE`, seconds for the durations.
     pub fn from_env(env: &Env) -> Result<Layer, SettingsError> {
         fn parse<T>(
@@ -260,7 +260,7 @@ pub enum LboneAt {
     /// [`Directory::parse`].
     Named(String),
     /// The authority of a `lors://HOST[:PORT]` URI: the legacy protocol,
-    /// as seed 000's tools speak it.
+    /// as "IBP Deployment Tests and Integration with DiDaS Project"'s tools speak it.
     Legacy(String, u16),
 }
 

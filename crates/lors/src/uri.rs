@@ -1,4 +1,4 @@
-//! `lors://` URIs (seed 000 §3.3): an exNode file name plus, optionally, the
+//! `lors://` URIs ("IBP Deployment Tests and Integration with DiDaS Project" §3.3): an exNode file name plus, optionally, the
 //! L-Bone to find depots through and transfer settings.
 //!
 //! `lors://HOST[:PORT]/PATH?bs=&duration=&copies=&threads=&timeout=` or the

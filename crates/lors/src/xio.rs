@@ -1,13 +1,13 @@
-//! xio: an exNode as a file ordinary programs read and write (seed 000 §6–§7).
+//! xio: an exNode as a file ordinary programs read and write ("IBP Deployment Tests and Integration with DiDaS Project" §6–§7).
 //!
 //! [`File`] implements [`Read`], [`Write`] and [`Seek`] over the blocks an
 //! exNode names, on the same engine as `lors upload` and `lors download`:
 //!
-//! * **Writes** land in a buffer ([`DEFAULT_BUFFER`], 10 MiB as in seed 000)
+//! * **Writes** land in a buffer ([`DEFAULT_BUFFER`], 10 MiB as in "IBP Deployment Tests and Integration with DiDaS Project")
 //!   that is stored, when full, by [`crate::upload`] — placement, copies
 //!   and retries as the tool does them — while the next one fills: the
 //!   exNode grows by a block per buffer, not by a mapping per `write` call
-//!   (seed 000 §7 saw ~400 bytes of exNode per call). Overwrites add new
+//!   ("IBP Deployment Tests and Integration with DiDaS Project" §7 saw ~400 bytes of exNode per call). Overwrites add new
 //!   mappings that supersede the old ranges; an old allocation no mapping
 //!   still uses is released once the exNode that no longer names it is
 //!   saved, so a crash never leaves an exNode naming freed data.
@@ -66,7 +66,7 @@ use crate::xnd::{self, XndError};
 use crate::{Error, NoProgress, Pool};
 use lors_ibp::spliced::Spliced;
 
-/// Bytes a writer collects before storing them (seed 000 §7: 10 MB).
+/// Bytes a writer collects before storing them ("IBP Deployment Tests and Integration with DiDaS Project" §7: 10 MB).
 pub const DEFAULT_BUFFER: usize = 10 << 20;
 /// Bytes of file data a reader keeps cached.
 pub const DEFAULT_CACHE: u64 = 64 << 20;

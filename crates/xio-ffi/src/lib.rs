@@ -1,4 +1,4 @@
-//! libxio: the C API of seed 000 §6 over [`lors::xio`].
+//! libxio: the C API of "IBP Deployment Tests and Integration with DiDaS Project" §6 over [`lors::xio`].
 //!
 //! Paths starting with `lors://` name exNodes (`lors:///run42.xnd` is
 //! `run42.xnd` in the current directory, `lors:////data/run42.xnd` an

@@ -1,4 +1,4 @@
-//! The generated `xio.h` declares the calls of seed 000 §6 with the C
+//! The generated `xio.h` declares the calls of "IBP Deployment Tests and Integration with DiDaS Project" §6 with the C
 //! types a program expects.
 
 #[test]

@@ -1,4 +1,4 @@
-/* A C program using libxio as seed 000 §6 describes: local paths and
+/* A C program using libxio as "IBP Deployment Tests and Integration with DiDaS Project" §6 describes: local paths and
  * lors:// exNodes through the same calls. Run by the test suite
  * (crates/cli/tests/it/xio.rs) with depots from ~/.xndrc in a temporary
  * HOME; argv[1] is a scratch directory. Prints "xio_test: ok" on success. */

@@ -1,4 +1,4 @@
-//! `lors bench`: characterize a data mover as seed 002 does — sweep file
+//! `lors bench`: characterize a data mover as "Simulations of Distributed Systems in a Computing Centre" does — sweep file
 //! sizes, parallel files and streams; fit; report; predict.
 
 use std::path::{Path, PathBuf};
@@ -14,7 +14,7 @@ use super::size_arg;
 use crate::UsageError;
 
 /// Measure, fit and predict the throughput of a data mover (after "Simulations
-/// of Distributed Systems in a Computing Centre", seed 002).
+/// of Distributed Systems in a Computing Centre", "Simulations of Distributed Systems in a Computing Centre").
 #[derive(clap::Args)]
 #[command(after_help = "EXAMPLES:
   lors bench sweep -o cp-run --scenario cp --sizes 16M,64M,256M --parallel 1,2,4,8
@@ -44,14 +44,14 @@ enum Cmd {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 enum Scenario {
-    /// Plain `cp` between local paths (seed 002 scenario 1).
+    /// Plain `cp` between local paths ("Simulations of Distributed Systems in a Computing Centre" scenario 1).
     Cp,
     /// `lors download` from a depot started for the sweep on 127.0.0.1.
     Loopback,
     /// `lors download` from the depots given with --depot.
     Depots,
     /// `globus-url-copy` from a GridFTP server started on 127.0.0.1
-    /// (seed 002 scenario 2).
+    /// ("Simulations of Distributed Systems in a Computing Centre" scenario 2).
     Gridftp,
     /// Your own command (--command).
     Command,
@@ -752,7 +752,7 @@ fn start_depot(
 }
 
 /// Starts an anonymous GridFTP server on 127.0.0.1 serving the stage
-/// directory, as seed 002's scenario 2 ran one on the node itself.
+/// directory, as "Simulations of Distributed Systems in a Computing Centre"'s scenario 2 ran one on the node itself.
 fn start_gridftp(stage: &Path, guards: &mut Guards) -> anyhow::Result<u16> {
     use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
     // As root the server serves anonymous users as `nobody`: the staged

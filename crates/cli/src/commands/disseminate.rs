@@ -1,5 +1,5 @@
 //! `lors disseminate`: one file to many sites, each ending with a full
-//! replica; the sites relay to each other (seed 004).
+//! replica; the sites relay to each other ("DDMG: A Data Dissemination Mechanism for Grid Environments").
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -45,7 +45,7 @@ pub struct Args {
     #[arg(short = 'b', long = "block-size", value_parser = nonzero_block_size_arg)]
     block_size: Option<u64>,
     /// Write buffer per open file: written data is stored in pieces of
-    /// this size (seed 000's libxio used 10 MB).
+    /// this size ("IBP Deployment Tests and Integration with DiDaS Project"'s libxio used 10 MB).
     #[arg(short = 'B', long = "buffer", value_parser = block_size_arg, default_value = "10M")]
     buffer: u64,
     /// Read cache per open file.

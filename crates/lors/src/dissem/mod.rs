@@ -1,4 +1,4 @@
-//! Dissemination (seed 004, DDMG): one file to many sites, each ending with
+//! Dissemination ("DDMG: A Data Dissemination Mechanism for Grid Environments", DDMG): one file to many sites, each ending with
 //! a full replica, in about the time of one transfer. The client stores
 //! distinct blocks at the sites and the sites copy what they lack from each
 //! other, depot to depot (SEND), as the sans-I/O [`sched`] decides: pulled
