@@ -270,7 +270,7 @@ pub fn html(title: &str, meta: &[(String, String)], points: &[Point], curves: &[
     }
     h.push_str("</ul>\n");
 
-    h.push_str("<h2>Throughput</h2>\n<p>Mean throughput per file ("Simulations of Distributed Systems in a Computing Centre" eqs. 1–3) and the total of the files moved in parallel.</p>\n<table><tr><th>size</th><th>parallel</th><th>streams</th><th>repetitions</th><th>per file (MiB/s)</th><th>± error</th><th>total (MiB/s)</th></tr>");
+    h.push_str("<h2>Throughput</h2>\n<p>Mean throughput per file (<i>Simulations of Distributed Systems in a Computing Centre</i>, eqs. 1–3) and the total of the files moved in parallel.</p>\n<table><tr><th>size</th><th>parallel</th><th>streams</th><th>repetitions</th><th>per file (MiB/s)</th><th>± error</th><th>total (MiB/s)</th></tr>");
     for p in points {
         let reps = p.files.iter().map(|f| f.reps).min().unwrap_or(0);
         let _ = write!(
@@ -290,12 +290,12 @@ pub fn html(title: &str, meta: &[(String, String)], points: &[Point], curves: &[
     if let Some(t) = mean_total(points) {
         let _ = writeln!(
             h,
-            "<p>Total throughput, mean over all configurations ("Simulations of Distributed Systems in a Computing Centre" Table IV): <b>{:.2} MiB/s</b>.</p>",
+            "<p>Total throughput, mean over all configurations (<i>Simulations of Distributed Systems in a Computing Centre</i>, Table IV): <b>{:.2} MiB/s</b>.</p>",
             t / MIB
         );
     }
 
-    h.push_str("<h2>Fits</h2>\n<p>Every model fitted to every curve by weighted least squares; mean R² (eq. 4) over a variable's curves, best first ("Simulations of Distributed Systems in a Computing Centre" Table III). The adjusted R² charges each parameter: a model with nearly as many parameters as a curve has points fits any shape, and only the adjusted figure shows it.</p>\n<table><tr><th class=\"l\">variable</th><th class=\"l\">model</th><th class=\"l\">function</th><th>curves fitted</th><th>mean R²</th><th>mean adjusted R²</th></tr>");
+    h.push_str("<h2>Fits</h2>\n<p>Every model fitted to every curve by weighted least squares; mean R² (eq. 4) over a variable's curves, best first (<i>Simulations of Distributed Systems in a Computing Centre</i>, Table III). The adjusted R² charges each parameter: a model with nearly as many parameters as a curve has points fits any shape, and only the adjusted figure shows it.</p>\n<table><tr><th class=\"l\">variable</th><th class=\"l\">model</th><th class=\"l\">function</th><th>curves fitted</th><th>mean R²</th><th>mean adjusted R²</th></tr>");
     for r in &rows {
         let _ = write!(
             h,

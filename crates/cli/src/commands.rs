@@ -277,6 +277,14 @@ pub fn settings(
     uri: Option<&lors::uri::ExnodeRef>,
 ) -> anyhow::Result<Settings> {
     let rc = lors::xndrc::load(net.xndrc.as_deref()).map_err(UsageError)?;
+    if let Some(path) = lors::xndrc::default_path(net.xndrc.as_deref()) {
+        for u in &rc.unknown {
+            eprintln!(
+                "lors: warning: {}, {u}: unknown keyword, ignored",
+                path.display()
+            );
+        }
+    }
     let flags = Layer {
         timeout: net.timeout,
         ..flags

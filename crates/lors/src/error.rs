@@ -53,6 +53,16 @@ pub enum Error {
         /// time: incomplete, to be freed (`lors trim --decrement`).
         stranded: lors_exnode::ExNode,
     },
+    /// A trim would remove every replica of a block.
+    #[error(
+        "trimming would remove the last replica of bytes {offset}..{end} (pass --allow-holes to do it anyway)"
+    )]
+    LastReplica {
+        /// First byte.
+        offset: u64,
+        /// One past the last byte.
+        end: u64,
+    },
     /// Part of the file cannot be read from any replica.
     #[error("bytes {offset}..{end} could not be read from any replica; last error: {last}")]
     Unreadable {

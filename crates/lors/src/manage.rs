@@ -389,10 +389,9 @@ pub async fn trim(
     if !allow_holes {
         for ((offset, len), idx) in blocks(x) {
             if idx.iter().all(|&i| sel.contains(i, &x.mappings[i])) {
-                return Err(Error::Unreadable {
+                return Err(Error::LastReplica {
                     offset,
                     end: offset + len,
-                    last: "trimming would remove its last replica (pass --allow-holes to do it anyway)".into(),
                 });
             }
         }

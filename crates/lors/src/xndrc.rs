@@ -42,14 +42,29 @@ pub struct Xndrc {
     pub max_depots: Option<usize>,
     /// `TIMEOUT`.
     pub timeout: Option<Duration>,
+    /// Lines with a keyword neither we nor the original tools know (a
+    /// typo, most likely): `line N: KEYWORD`, for a warning.
+    pub unknown: Vec<String>,
 }
+
+/// Keywords of the original tools' files that these tools do not use:
+/// accepted without a warning.
+const THEIRS: [&str; 6] = [
+    "VERBOSE",
+    "E2E_ORDER",
+    "DEMO",
+    "FRAGMENTS_PER_FILE",
+    "MAX_INTERNAL_BUFFER",
+    "RESOLUTION_FILE",
+];
 
 /// Most lines a settings file may have (it is ours, but still input).
 const MAX_LINES: usize = 10_000;
 
-/// Parses the text of a `.xndrc`. Unknown keywords are ignored (the original
-/// tools have many we do not use: `VERBOSE`, `DEMO`, `E2E_ORDER`, …); a known
-/// keyword with a bad value is an error naming the line.
+/// Parses the text of a `.xndrc`. Keywords of the original tools we do not
+/// use (`VERBOSE`, `DEMO`, …) are ignored; others we do not know are listed
+/// in [`Xndrc::unknown`] for a warning; a known keyword with a bad value is
+/// an error naming the line.
 pub fn parse(text: &str) -> Result<Xndrc, String> {
     let mut x = Xndrc::default();
     for (n, raw) in text.lines().enumerate().take(MAX_LINES) {
@@ -104,7 +119,8 @@ pub fn parse(text: &str) -> Result<Xndrc, String> {
                 x.max_depots = Some(one()?.parse().map_err(|_| bad("must be a number"))?)
             }
             "TIMEOUT" => x.timeout = Some(parse_duration(one()?).map_err(|e| bad(&e))?),
-            _ => {}
+            k if THEIRS.contains(&k) => {}
+            _ => x.unknown.push(format!("line {}: {key}", n + 1)),
         }
     }
     Ok(x)
@@ -137,6 +153,13 @@ mod tests {
     use super::*;
 
     #[test]
+    fn unknown_keywords_are_named_by_line() {
+        let x = parse("COPIES 2\nCOPIESS 3\n# DEPOTT in a comment\nTIMOUT 30\n").unwrap();
+        assert_eq!(x.unknown, ["line 2: COPIESS", "line 4: TIMOUT"]);
+        assert_eq!(x.copies, Some(2));
+    }
+
+    #[test]
     fn reads_what_lors_setup_writes() {
         let x = parse(
             "# written by lors_setup.sh\nLBONE_SERVER lbone.example.org 6767\nDEPOT d1 6714\nDEPOT d2:6715\n\
@@ -145,6 +168,11 @@ mod tests {
         )
         .unwrap();
         assert_eq!(x.depots, ["d1:6714", "d2:6715"]);
+        assert!(
+            x.unknown.is_empty(),
+            "the original tools' keywords: {:?}",
+            x.unknown
+        );
         assert_eq!(x.lbone_servers, ["lbone.example.org:6767"]);
         assert_eq!(x.location.as_deref(), Some("zip= 37996 state= TN"));
         assert_eq!(x.duration, Some(Duration::from_secs(2 * 86_400)));

@@ -108,6 +108,14 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     };
     let s = super::settings(&a.net, flags, Some(&a.exnode))?;
     let x = lors::xnd::load(&a.exnode.path)?;
+    let size = x.logical_size();
+    if a.offset > size || (a.offset == size && size > 0) {
+        return Err(UsageError(format!(
+            "-O {} is past the end of the file ({size} bytes)",
+            a.offset
+        ))
+        .into());
+    }
     let recorded = || -> Result<PathBuf, UsageError> {
         x.filename()
             .filter(|f| !f.is_empty() && !f.contains('/') && *f != "." && *f != "..")

@@ -6,6 +6,7 @@ use anyhow::Context as _;
 use lors::settings::Layer;
 
 use super::{block_size_arg, nonzero_block_size_arg};
+use crate::UsageError;
 
 /// Serve a directory of exNodes as ordinary files: NAME.xnd appears as NAME.
 #[derive(clap::Args)]
@@ -67,6 +68,20 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
+    // Named plainly, before FUSE is tried: its error would blame FUSE.
+    for (what, dir) in [("exNode directory", &a.dir), ("mount point", &a.mountpoint)] {
+        match std::fs::metadata(dir) {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => {
+                return Err(
+                    UsageError(format!("the {what} {} is not a directory", dir.display())).into(),
+                );
+            }
+            Err(e) => {
+                return Err(UsageError(format!("the {what} {}: {e}", dir.display())).into());
+            }
+        }
+    }
     let flags = Layer {
         copies: a.copies,
         block_size: a.block_size,

@@ -88,15 +88,42 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 depots.insert(depot);
             }
             Err(e) => {
-                if !json {
-                    super::outln!("{n:>3} {depot:<22} not refreshed: {e}");
-                }
                 failures.push(Failure {
                     mapping: n,
                     depot,
                     error: e,
                 });
             }
+        }
+    }
+    if !json {
+        // One line per depot and cause, not per mapping: a lease past a
+        // depot's limit is refused for every allocation there alike.
+        let mut groups: Vec<((&str, &str), Vec<usize>)> = Vec::new();
+        for f in &failures {
+            let key = (f.depot.as_str(), f.error);
+            match groups.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, ns)) => ns.push(f.mapping),
+                None => groups.push((key, vec![f.mapping])),
+            }
+        }
+        for ((depot, e), ns) in groups {
+            let which = match ns.as_slice() {
+                [n] => format!("mapping {n}"),
+                _ => format!(
+                    "mappings {}",
+                    ns.iter()
+                        .map(usize::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            };
+            let hint = if e.contains("IBP_E_WOULD_EXCEED_POLICY") {
+                " (longer than the depot allows: ask for less, or --max for the most it gives)"
+            } else {
+                ""
+            };
+            super::outln!("{depot}: {which} not refreshed: {e}{hint}");
         }
     }
     let ok = res.len() - failures.len();

@@ -2235,3 +2235,58 @@ fn transfer_commands_stream_json_events_and_plain_progress() {
     assert!(ok, "{err}");
     assert!(got == data);
 }
+
+/// Errors a new user met: each says its cause once, in words that fit.
+#[test]
+fn errors_say_their_cause_once() {
+    let dir = tempdir();
+    let ds = depots(1, dir.path());
+    let data = pattern(300_000, 9);
+    let xnd = upload_cli(&ds, dir.path(), "e.bin", &data, &["-c", "1", "-b", "100K"]);
+    let x = xnd.to_str().unwrap();
+    let (ok, _, err) = lors(&["trim", "-m", "0", "-o", "/dev/null", x]);
+    assert!(
+        !ok && err.contains("would remove the last replica of bytes 0..102400"),
+        "{err}"
+    );
+    assert!(!err.contains("could not be read"), "{err}");
+    let out = dir.path().join("o.bin");
+    let (ok, _, err) = lors(&["download", "-O", "300000", "-o", out.to_str().unwrap(), x]);
+    assert!(
+        !ok && err.contains("-O 300000 is past the end of the file (300000 bytes)"),
+        "{err}"
+    );
+    // A lease past the depot's 30 d limit: said once for the depot.
+    let (ok, stdout, _) = lors(&["refresh", "--to", "1000d", x]);
+    let stdout = String::from_utf8_lossy(&stdout);
+    assert!(!ok);
+    assert_eq!(stdout.matches("not refreshed").count(), 1, "{stdout}");
+    assert!(
+        stdout.contains("mappings 0, 1, 2 not refreshed") && stdout.contains("--max"),
+        "{stdout}"
+    );
+    // A misspelt keyword in the settings file is named with its line.
+    let rc = dir.path().join("xndrc");
+    std::fs::write(&rc, "COPIES 1\nTIMOUT 30\nVERBOSE 1\n").unwrap();
+    let (ok, _, err) = lors(&["ls", "--xndrc", rc.to_str().unwrap(), x]);
+    assert!(ok, "{err}");
+    assert!(err.contains("line 2: TIMOUT: unknown keyword"), "{err}");
+    assert!(
+        !err.contains("VERBOSE"),
+        "the original tools' keywords are fine: {err}"
+    );
+    // A missing directory is named as such, not blamed on FUSE.
+    let (ok, _, err) = lors(&[
+        "mount",
+        "/nonexistent-xnd-dir",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert!(
+        !ok && err.contains("the exNode directory /nonexistent-xnd-dir"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("fuse") && err.matches("No such file").count() == 1,
+        "{err}"
+    );
+}
