@@ -28,6 +28,27 @@ pub fn blocks(x: &ExNode) -> BTreeMap<(u64, u64), Vec<usize>> {
     b
 }
 
+/// The exNode metadata item recording how many replicas of each block the
+/// file keeps: set by upload, kept by writes through xio and the mount.
+pub const COPIES_META: &str = "lors_copies";
+
+/// How many replicas of each block the file keeps: its recorded policy
+/// ([`COPIES_META`]), else — an exNode from before it was recorded, or from
+/// another tool — the most any of its blocks has on distinct depots. `None`
+/// for an exNode with neither.
+pub fn copies_policy(x: &ExNode) -> Option<usize> {
+    if let Some(lors_exnode::model::Value::Integer(n)) = x.meta(COPIES_META) {
+        return usize::try_from(*n).ok().filter(|&n| n >= 1);
+    }
+    (blocks(x).values())
+        .map(|idx| {
+            let on: HashSet<String> = idx.iter().filter_map(|&i| x.mappings[i].depot()).collect();
+            on.len()
+        })
+        .max()
+        .filter(|&n| n >= 1)
+}
+
 /// How many replicas [`replicate`] makes of each block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Replicas {

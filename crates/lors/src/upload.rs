@@ -737,6 +737,9 @@ async fn run<R: AsyncRead + Unpin>(
         "lorsversion",
         lors_exnode::xml::LORS_VERSION,
     ));
+    // The policy writes through xio and the mount keep.
+    let n = i64::try_from(copies).unwrap_or(i64::MAX);
+    x.set_meta(Metadata::integer(crate::manage::COPIES_META, n));
     x.mappings = results.into_iter().flat_map(|(_, m)| m).collect();
     // The ledger still holds allocations of attempts that failed and could
     // not be released then (their depot was down): try again now that the

@@ -277,6 +277,18 @@ impl OpenOptions {
                     .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
             }
         }
+        // Writes keep the file's redundancy: its recorded policy, else what
+        // its blocks have; a new file takes the settings' and records it.
+        let copies = (crate::manage::copies_policy(&x))
+            .or(settings.copies)
+            .unwrap_or(1);
+        if writable && crate::manage::copies_policy(&x).is_none() {
+            let n = i64::try_from(copies).unwrap_or(i64::MAX);
+            x.set_meta(lors_exnode::Metadata::integer(
+                crate::manage::COPIES_META,
+                n,
+            ));
+        }
         let truncated = writable && self.truncate && !x.mappings.is_empty();
         let to_release = if truncated {
             std::mem::take(&mut x.mappings)
@@ -294,6 +306,7 @@ impl OpenOptions {
             writable,
             append: self.append,
             settings,
+            copies,
             pool,
             depots: (!self.depots.is_empty()).then(|| self.depots.clone()),
             dirty: created || truncated,
@@ -323,6 +336,10 @@ impl OpenOptions {
 pub struct File {
     path: PathBuf,
     x: ExNode,
+    /// Replicas every block written gets: the file's policy
+    /// ([`crate::manage::copies_policy`]). A write that cannot have them
+    /// fails rather than store fewer.
+    copies: usize,
     /// Logical size, with what is buffered or being stored.
     size: u64,
     pos: u64,
@@ -647,11 +664,18 @@ impl File {
         }
         let named = self.directory();
         let s = &self.settings;
-        let copies = s.copies.unwrap_or(1);
+        let copies = self.copies;
         let bytes = s.block_size.unwrap_or(DEFAULT_BUFFER as u64);
         let found = runtime()
             .block_on(s.find_depots(&[], named, copies, bytes, Vec::new()))
-            .map_err(|e| io::Error::new(ErrorKind::StorageFull, format!("no depots: {e}")))?;
+            .map_err(|e| {
+                let e = io::Error::new(
+                    ErrorKind::StorageFull,
+                    format!("no depots for the {copies} copies of each block this file keeps: {e}"),
+                );
+                tracing::error!(file = %self.path.display(), "write refused: {e}");
+                e
+            })?;
         self.depots = Some(found.depots.clone());
         Ok(found.depots)
     }
@@ -672,7 +696,7 @@ impl File {
         let opts = UploadOptions {
             depots,
             block_size: self.settings.block_size.unwrap_or(DEFAULT_BUFFER as u64),
-            copies: self.settings.copies.unwrap_or(1),
+            copies: self.copies,
             threads: self.settings.threads.unwrap_or(8),
             duration: s.duration,
             reliability: s.reliability,
@@ -747,6 +771,13 @@ impl File {
                 Ok(())
             }
             Err(e) => {
+                // Never fewer copies than the file keeps: the write fails,
+                // and says why where a mount's user looks.
+                tracing::error!(
+                    file = %self.path.display(),
+                    copies = self.copies,
+                    "write failed: {e}"
+                );
                 self.broken.get_or_insert_with(|| e.to_string());
                 Err(e)
             }

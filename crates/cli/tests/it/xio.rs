@@ -641,3 +641,84 @@ fn a_second_writer_never_overwrites_the_first_nor_strands_its_blocks() {
     // Every block on the depot is named by one of the two exNodes.
     assert_eq!(used(&d), 2 * MIB as u64);
 }
+
+/// A write through xio (and so the mount) gives the bytes it writes as
+/// many replicas as the file keeps, or fails: never fewer, silently.
+#[test]
+fn writes_keep_the_files_copies_or_fail() {
+    let dir = tempdir();
+    let ds: Vec<DepotProc> = (0..3)
+        .map(|i| DepotProc::start(&dir.path().join(format!("d{i}")), &["--sync", "never"]))
+        .collect();
+    let mut model = pattern(2 * MIB, 17);
+    let src = dir.path().join("m.dat");
+    std::fs::write(&src, &model).unwrap();
+    let path = dir.path().join("m.xnd");
+    let p = path.to_str().unwrap();
+    let depots = ds
+        .iter()
+        .map(|d| d.addr.as_str())
+        .collect::<Vec<_>>()
+        .join(",");
+    let (ok, _, err) = lors(&[
+        "upload",
+        "-q",
+        "-c",
+        "2",
+        "-b",
+        "1M",
+        "--depot",
+        &depots,
+        "-o",
+        p,
+        src.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    // Five bytes written at 1000 by a program that says nothing of copies
+    // (no -c, no COPIES): they get the file's two.
+    let rdwr = |depots: &[&DepotProc]| {
+        let mut o = OpenOptions::new();
+        o.read(true)
+            .write(true)
+            .depots(depots.iter().map(|d| d.addr.clone()).collect())
+            .settings(settings(Layer::default()));
+        o
+    };
+    let mut f = rdwr(&[&ds[0], &ds[1], &ds[2]]).open(p).unwrap();
+    f.seek(SeekFrom::Start(1000)).unwrap();
+    f.write_all(b"PATCH").unwrap();
+    f.close().unwrap();
+    model[1000..1005].copy_from_slice(b"PATCH");
+    let x = lors::xnd::load(&path).unwrap();
+    let holders: std::collections::BTreeSet<String> = (x.mappings.iter())
+        .filter(|m| m.exnode_offset <= 1000 && m.exnode_offset + m.logical_length >= 1005)
+        .filter_map(|m| m.depot())
+        .collect();
+    assert_eq!(holders.len(), 2, "{:#?}", x.mappings);
+    // Either copy alone serves the patched bytes.
+    for gone in &holders {
+        let d = ds.iter().find(|d| &d.addr == gone).unwrap();
+        d.signal("STOP");
+        let mut o = reader();
+        o.settings(settings(Layer {
+            timeout: Some(std::time::Duration::from_secs(3)),
+            ..Layer::default()
+        }));
+        let mut got = Vec::new();
+        o.open(p).unwrap().read_to_end(&mut got).unwrap();
+        d.signal("CONT");
+        assert!(
+            got == model,
+            "with {gone} stopped the file reads differently"
+        );
+    }
+    // Only one depot to write to: the write fails with ENOSPC, and the
+    // file on disk is as it was.
+    let mut f = rdwr(&[&ds[0]]).open(p).unwrap();
+    f.seek(SeekFrom::Start(50)).unwrap();
+    f.write_all(b"LOST").unwrap();
+    let e = f.close().unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::StorageFull, "{e}");
+    assert!(e.to_string().contains("2 copies"), "{e}");
+    assert!(read_all(&path) == model);
+}
