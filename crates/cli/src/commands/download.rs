@@ -31,6 +31,10 @@ pub struct Args {
     /// The exNode.
     #[arg(value_parser = super::exnode_arg, value_name = "FILE.xnd|lors://…")]
     exnode: ExnodeRef,
+    /// Where the data goes, as with -o (`lors download X.xnd OUT`, as cp
+    /// and rclone take it).
+    #[arg(value_name = "OUT", conflicts_with_all = ["output", "auto_name"])]
+    dest: Option<PathBuf>,
     /// Output file; `-` writes standard output; a directory (or a path
     /// ending in `/`) gets the exNode's recorded file name. Data goes to
     /// OUT.lors-part and is renamed to OUT once complete.
@@ -122,8 +126,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             .map(PathBuf::from)
             .ok_or_else(|| UsageError("the exNode records no usable file name; use -o FILE".into()))
     };
+    let output = a.output.clone().or_else(|| a.dest.clone());
     let out =
-        match (&a.output, a.auto_name) {
+        match (&output, a.auto_name) {
             (Some(o), _)
                 if o.as_os_str() != "-"
                     && (o.is_dir() || o.as_os_str().to_string_lossy().ends_with('/')) =>

@@ -29,6 +29,9 @@ Every e2e block is checksummed with BLAKE3 unless -n or -k none (MD5 with --zlib
 pub struct Args {
     /// File to upload; `-` reads standard input.
     file: PathBuf,
+    /// Where the exNode goes, as with -o (`lors upload FILE OUT.xnd`).
+    #[arg(value_name = "OUT.xnd", conflicts_with_all = ["output", "auto_name"], value_parser = super::exnode_arg)]
+    dest: Option<ExnodeRef>,
     /// Depot HOST or HOST:PORT (port 6714 unless given) to use (repeat, or a
     /// comma list) [default: ask the L-Bone
     /// (-H, LBONE_SERVER, a lors://HOST URI), else the DEPOT lines of
@@ -404,7 +407,8 @@ pub(crate) fn record_unreleased(stranded: &lors_exnode::ExNode, said: &str, out:
 
 pub fn run(a: Args) -> anyhow::Result<()> {
     let stdin = a.file.as_os_str() == "-";
-    let uri = match (&a.output, a.auto_name) {
+    let output = a.output.clone().or_else(|| a.dest.clone());
+    let uri = match (&output, a.auto_name) {
         (Some(o), _) => o.clone(),
         (None, true) if !stdin => {
             let mut s = a.file.clone().into_os_string();

@@ -2290,3 +2290,32 @@ fn errors_say_their_cause_once() {
         "{err}"
     );
 }
+
+/// `lors upload FILE OUT.xnd` and `lors download X.xnd OUT`, as cp and
+/// rclone take a destination.
+#[test]
+fn destinations_may_be_positional() {
+    let dir = tempdir();
+    let ds = depots(1, dir.path());
+    let src = dir.path().join("p.bin");
+    let data = pattern(200_000, 3);
+    std::fs::write(&src, &data).unwrap();
+    let (xnd, out) = (dir.path().join("p.xnd"), dir.path().join("p.out"));
+    let (x, o) = (xnd.to_str().unwrap(), out.to_str().unwrap());
+    let (ok, _, err) = lors(&[
+        "upload",
+        "-q",
+        "-c",
+        "1",
+        "--depot",
+        &ds[0].addr,
+        src.to_str().unwrap(),
+        x,
+    ]);
+    assert!(ok, "{err}");
+    let (ok, _, err) = lors(&["download", "-q", x, o]);
+    assert!(ok, "{err}");
+    assert!(std::fs::read(&out).unwrap() == data);
+    let (ok, _, err) = lors(&["download", "-q", x, o, "-o", o]);
+    assert!(!ok && err.contains("cannot be used with"), "{err}");
+}
