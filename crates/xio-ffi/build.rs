@@ -1,5 +1,6 @@
 //! Writes `xio.h` (from the `extern "C"` functions of `src/lib.rs`) to
-//! `OUT_DIR` and to `include/` beside `libxio.so` in the target directory.
+//! `OUT_DIR` and to `include/` beside `libxio.so` in the target directory,
+//! and `xio.pc` for pkg-config beside it.
 
 use std::path::PathBuf;
 
@@ -20,5 +21,16 @@ fn main() {
         if std::fs::create_dir_all(&inc).is_ok() {
             header.write_to_file(inc.join("xio.h"));
         }
+        // `pkg-config --cflags --libs xio` with PKG_CONFIG_PATH set to the
+        // profile directory: the flags to build against this build.
+        let pc = format!(
+            "prefix={}\nlibdir=${{prefix}}\nincludedir=${{prefix}}/include\n\n\
+             Name: xio\nDescription: LoRS xio: exNodes read and written as files\n\
+             Version: {}\nLibs: -L${{libdir}} -Wl,-rpath,${{libdir}} -lxio\n\
+             Cflags: -I${{includedir}}\n",
+            profile_dir.display(),
+            std::env::var("CARGO_PKG_VERSION").unwrap_or_default()
+        );
+        let _ = std::fs::write(profile_dir.join("xio.pc"), pc);
     }
 }
