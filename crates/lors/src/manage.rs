@@ -133,7 +133,7 @@ pub async fn replicate(
         progress,
         duration,
         reliability,
-        watch: crate::stall::Watcher::new(pool.config().io_timeout),
+        watch: crate::stall::Watcher::new(pool.config().io_timeout, pool.config()),
         state: std::sync::Mutex::new(RepState {
             load,
             dead: HashSet::new(),
@@ -300,7 +300,7 @@ impl Replication<'_> {
         use crate::stall::Kind;
         let size = sources[0].alloc_length.max(1);
         let alloc = (self.pool).allocate(t, self.reliability, self.duration, size);
-        let caps = (self.watch.run(t, Kind::Op, alloc).await).map_err(|e| {
+        let caps = (self.watch.run(&[t], Kind::Op, alloc).await).map_err(|e| {
             let down = e.status().is_none() && e.is_retryable();
             (e, down)
         })?;
@@ -310,7 +310,7 @@ impl Replication<'_> {
             let send = (self.pool).send(cap, &caps.write, src.alloc_offset, src.alloc_length);
             match self
                 .watch
-                .run(&cap.address(), Kind::Bytes(b.range.1), send)
+                .run(&[&cap.address(), t], Kind::Bytes(b.range.1), send)
                 .await
             {
                 Ok(_) => {

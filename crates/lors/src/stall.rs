@@ -107,9 +107,17 @@ pub enum Kind {
 /// command last finished. A command is stalled once it has taken the stall
 /// time for its kind while others finished; while nothing finishes it waits
 /// on, up to the network timeout `cap`.
+///
+/// A command that has taken the stall time is not given up at once: each
+/// depot it involves is first asked for its version on a fresh connection,
+/// with [`FLOOR`] to answer. A depot that answers is slow, not hung (a
+/// site on a narrow link, a copy behind many others): the command waits
+/// another stall time. One that does not answer is hung, and the command
+/// ends.
 #[derive(Debug)]
 pub struct Watcher {
     cap: Duration,
+    client: lors_ibp::ClientConfig,
     pace: Mutex<Pace>,
 }
 
@@ -121,10 +129,16 @@ struct Pace {
 }
 
 impl Watcher {
-    /// A watcher whose longest wait is `cap` (the network timeout).
-    pub fn new(cap: Duration) -> Self {
+    /// A watcher whose longest wait is `cap` (the network timeout); its
+    /// liveness checks connect as `client` says.
+    pub fn new(cap: Duration, client: &lors_ibp::ClientConfig) -> Self {
         Watcher {
             cap,
+            client: lors_ibp::ClientConfig {
+                connect_timeout: FLOOR,
+                io_timeout: FLOOR,
+                server_timeout: client.server_timeout.clone(),
+            },
             pace: Mutex::new(Pace {
                 ops: Typical::default(),
                 bytes: Typical::default(),
@@ -137,15 +151,26 @@ impl Watcher {
         self.pace.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Runs `fut`, a command on depot `addr`; a stall ends it with
-    /// [`lors_ibp::Error::Timeout`] naming the depot.
+    /// Whether depot `addr` answers a STATUS VERSION within [`FLOOR`].
+    async fn answers(&self, addr: &str) -> bool {
+        let ask = async {
+            let mut c = lors_ibp::Connection::connect(addr, &self.client).await?;
+            c.version().await
+        };
+        matches!(tokio::time::timeout(FLOOR, ask).await, Ok(Ok(_)))
+    }
+
+    /// Runs `fut`, a command involving the depots `addrs` (the first is the
+    /// one it was sent to); a stall ends it with
+    /// [`lors_ibp::Error::Timeout`] naming the depot that does not answer.
     pub async fn run<T>(
         &self,
-        addr: &str,
+        addrs: &[&str],
         kind: Kind,
         fut: impl std::future::Future<Output = lors_ibp::Result<T>>,
     ) -> lors_ibp::Result<T> {
-        let start = Instant::now();
+        let mut start = Instant::now();
+        let began = start;
         tokio::pin!(fut);
         loop {
             let (after, others_done) = {
@@ -158,11 +183,25 @@ impl Watcher {
             };
             let waited = start.elapsed();
             if waited >= after && others_done {
-                return Err(lors_ibp::Error::Timeout {
-                    addr: addr.to_owned(),
-                    during: "a command, while the other depots answered theirs",
-                    secs: waited.as_secs(),
-                });
+                let mut hung = None;
+                for a in addrs {
+                    if !self.answers(a).await {
+                        hung = Some(*a);
+                        break;
+                    }
+                }
+                match hung {
+                    Some(a) => {
+                        return Err(lors_ibp::Error::Timeout {
+                            addr: a.to_owned(),
+                            during: "a command, while the other depots answered theirs",
+                            secs: began.elapsed().as_secs(),
+                        });
+                    }
+                    // Slow, not hung: judged again after another stall time.
+                    None => start = Instant::now(),
+                }
+                continue;
             }
             // Looked at again at least every FLOOR: a command that began
             // before anything was timed is judged by what is known now.
@@ -173,8 +212,8 @@ impl Watcher {
                 if r.is_ok() {
                     let mut p = self.pace();
                     match kind {
-                        Kind::Op => p.ops.record(start.elapsed()),
-                        Kind::Bytes(n) => p.bytes.record_per(start.elapsed(), n),
+                        Kind::Op => p.ops.record(began.elapsed()),
+                        Kind::Bytes(n) => p.bytes.record_per(began.elapsed(), n),
                     }
                     p.last_done = Instant::now();
                 }

@@ -101,7 +101,7 @@ struct Shared {
     /// the block that asked is cut off (an interrupt, a stall), so that what
     /// the depot allocates reaches the ledger rather than being left there
     /// unnamed; the upload waits (bounded) for them before it settles.
-    allocating: Arc<tokio::sync::watch::Sender<usize>>,
+    allocating: Arc<tokio::sync::watch::Sender<Vec<String>>>,
     /// How long depot commands take here: what a hung depot is told apart by.
     watch: Watcher,
 }
@@ -121,7 +121,7 @@ impl Shared {
         let addr = caps.manage.address();
         if (self
             .watch
-            .run(&addr, Kind::Op, self.pool.release(&caps.manage))
+            .run(&[&addr], Kind::Op, self.pool.release(&caps.manage))
             .await)
             .is_ok()
         {
@@ -149,14 +149,18 @@ impl Shared {
             data.len(),
             addr.to_owned(),
         );
-        count.send_modify(|n| *n += 1);
+        count.send_modify(|v| v.push(at.clone()));
         let alloc = tokio::spawn(async move {
             let r = pool.allocate(&at, rel, dur, size).await;
             if let Ok(caps) = &r {
                 let m = mapping(offset, len, size, &None, caps.clone());
                 made.lock().unwrap_or_else(|e| e.into_inner()).push(m);
             }
-            count.send_modify(|n| *n -= 1);
+            count.send_modify(|v| {
+                if let Some(i) = v.iter().position(|a| *a == at) {
+                    v.swap_remove(i);
+                }
+            });
             r
         });
         let answer = async {
@@ -167,14 +171,21 @@ impl Shared {
                 })
             })
         };
-        self.watch.run(addr, Kind::Op, answer).await
+        self.watch.run(&[addr], Kind::Op, answer).await
     }
 
     /// Waits, at most [`crate::stall::RELEASE_WAIT`], for ALLOCATEs still
-    /// out to be answered, so their allocations are in the ledger.
+    /// out to be answered, so their allocations are in the ledger — but
+    /// not for those to depots given up on (hung: they would not answer).
     async fn settle(&self) {
         let mut rx = self.allocating.subscribe();
-        let _ = tokio::time::timeout(crate::stall::RELEASE_WAIT, rx.wait_for(|&n| n == 0)).await;
+        let settled = |v: &Vec<String>| {
+            let d = self.lock();
+            v.iter().all(|a| {
+                (d.addrs.iter().position(|x| x == a)).is_some_and(|i| d.dead[i])
+            })
+        };
+        let _ = tokio::time::timeout(crate::stall::RELEASE_WAIT, rx.wait_for(settled)).await;
     }
 
     /// After a failure: releases everything the upload allocated. Returns
@@ -256,7 +267,7 @@ impl Shared {
             }
         };
         self.watch
-            .run(&cap.address(), Kind::Bytes(data.len()), sent)
+            .run(&[&cap.address()], Kind::Bytes(data.len()), sent)
             .await
     }
 
@@ -294,7 +305,7 @@ impl Shared {
         let caps = self.allocate(addr, offset, len, data).await?;
         let from = src.read.address();
         let copy = self.pool.send(&src.read, &caps.write, 0, data.len());
-        if let Err(e) = self.watch.run(&from, Kind::Bytes(data.len()), copy).await {
+        if let Err(e) = self.watch.run(&[&from, addr], Kind::Bytes(data.len()), copy).await {
             // Depot-to-depot failed (the depots cannot reach each other, or
             // the source died or hung). Part or all of the copy may have
             // landed in `caps` all the same, so we send ours into a fresh
@@ -568,7 +579,7 @@ async fn run<R: AsyncRead + Unpin>(
         });
     }
     let n = addrs.len();
-    let pool_cfg_timeout = pool.config().io_timeout;
+    let watch = Watcher::new(pool.config().io_timeout, pool.config());
     let shared = Arc::new(Shared {
         opts: opts.clone(),
         pool,
@@ -579,8 +590,8 @@ async fn run<R: AsyncRead + Unpin>(
         }),
         progress: progress.clone(),
         made: Arc::new(Mutex::new(Vec::new())),
-        allocating: Arc::new(tokio::sync::watch::channel(0).0),
-        watch: Watcher::new(pool_cfg_timeout),
+        allocating: Arc::new(tokio::sync::watch::channel(Vec::new()).0),
+        watch,
     });
     progress.start(size);
     let bs = usize::try_from(opts.block_size.max(1)).unwrap_or(usize::MAX);

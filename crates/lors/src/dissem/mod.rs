@@ -335,7 +335,7 @@ pub async fn disseminate(
     let lay = Arc::new(lay);
     // A hung site's copies are given up at the pace of the others
     // (crate::stall), not after the full per-copy deadline.
-    let watch = Arc::new(crate::stall::Watcher::new(opts.stall));
+    let watch = Arc::new(crate::stall::Watcher::new(opts.stall, pool.config()));
     let mut set: JoinSet<(Transfer, Copied)> = JoinSet::new();
     let mut tasks: HashMap<u64, tokio::task::AbortHandle> = HashMap::new();
     let mut relayed_bytes = 0;
@@ -574,7 +574,8 @@ async fn copy(
         why,
         stranded: None,
     };
-    let alloc = watch.run(site, Kind::Op, pool.allocate(site, rel, dur, size));
+    let at = [site];
+    let alloc = watch.run(&at, Kind::Op, pool.allocate(site, rel, dur, size));
     let caps = match tokio::time::timeout_at(until, alloc).await {
         Ok(Ok(caps)) => caps,
         Ok(Err(e)) => return Err(failed(Blame::To, e.to_string())),
@@ -585,14 +586,14 @@ async fn copy(
             None => {
                 let file = lay.file.as_ref().expect("a file input has its file");
                 let store = pool.store_file(&caps.write, file, block.offset(), block.len());
-                (watch.run(site, Kind::Bytes(block.len()), store).await)
+                (watch.run(&[site], Kind::Bytes(block.len()), store).await)
                     .map_err(|e| (Blame::To, e.to_string()))
             }
             Some(m) => {
                 let read = m.read.as_ref().expect("sources are readable");
                 let send = pool.send(read, &caps.write, m.alloc_offset, m.alloc_length);
                 (watch
-                    .run(&read.address(), Kind::Bytes(block.len()), send)
+                    .run(&[&read.address(), site], Kind::Bytes(block.len()), send)
                     .await)
                     .map_err(|e| {
                         // Not even reached: the source is at fault.
