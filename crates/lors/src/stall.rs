@@ -137,7 +137,7 @@ impl Watcher {
             client: lors_ibp::ClientConfig {
                 connect_timeout: FLOOR,
                 io_timeout: FLOOR,
-                server_timeout: client.server_timeout.clone(),
+                server_timeout: client.server_timeout,
             },
             pace: Mutex::new(Pace {
                 ops: Typical::default(),

@@ -181,9 +181,8 @@ impl Shared {
         let mut rx = self.allocating.subscribe();
         let settled = |v: &Vec<String>| {
             let d = self.lock();
-            v.iter().all(|a| {
-                (d.addrs.iter().position(|x| x == a)).is_some_and(|i| d.dead[i])
-            })
+            v.iter()
+                .all(|a| (d.addrs.iter().position(|x| x == a)).is_some_and(|i| d.dead[i]))
         };
         let _ = tokio::time::timeout(crate::stall::RELEASE_WAIT, rx.wait_for(settled)).await;
     }
@@ -305,7 +304,11 @@ impl Shared {
         let caps = self.allocate(addr, offset, len, data).await?;
         let from = src.read.address();
         let copy = self.pool.send(&src.read, &caps.write, 0, data.len());
-        if let Err(e) = self.watch.run(&[&from, addr], Kind::Bytes(data.len()), copy).await {
+        if let Err(e) = self
+            .watch
+            .run(&[&from, addr], Kind::Bytes(data.len()), copy)
+            .await
+        {
             // Depot-to-depot failed (the depots cannot reach each other, or
             // the source died or hung). Part or all of the copy may have
             // landed in `caps` all the same, so we send ours into a fresh

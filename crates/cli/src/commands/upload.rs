@@ -564,8 +564,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             released,
             stranded,
         }) if !done.is_empty() => {
-            let mut kept = lors_exnode::ExNode::default();
-            kept.mappings = done;
+            let kept = lors_exnode::ExNode {
+                mappings: done,
+                ..Default::default()
+            };
             record_partial(
                 "failed",
                 &kept,

@@ -361,8 +361,7 @@ pub async fn disseminate(
                     src.as_ref(),
                     &site,
                     (rel, dur),
-                    deadline,
-                    &watch,
+                    (deadline, &watch),
                 )
                 .await;
                 (t, r)
@@ -552,7 +551,8 @@ struct Failed {
 type Copied = std::result::Result<Mapping, Failed>;
 
 /// One copy of block `b` onto `site`: stored from the file (`src: None`)
-/// or sent depot to depot from `src`, all within `deadline`. The new
+/// or sent depot to depot from `src`, all within `deadline` (and given up
+/// sooner when `watch` finds a depot hung). The new
 /// allocation is released when the copy fails.
 async fn copy(
     pool: &Pool,
@@ -561,8 +561,7 @@ async fn copy(
     src: Option<&Mapping>,
     site: &str,
     (rel, dur): (Reliability, Duration),
-    deadline: Duration,
-    watch: &crate::stall::Watcher,
+    (deadline, watch): (Duration, &crate::stall::Watcher),
 ) -> Copied {
     use crate::stall::Kind;
     let block = &lay.blocks[b];
