@@ -275,6 +275,10 @@ pub async fn deregister(
     post_with_token(base, "/api/v1/deregister", token, &body, timeout).await
 }
 
+/// What [`register`] and [`deregister`] say when the L-Bone refuses the
+/// token: a setting to fix, not a failure to wait out.
+pub const TOKEN_REFUSED: &str = "the L-Bone refused the registration token";
+
 async fn post_with_token(
     base: &BaseUrl,
     path: &str,
@@ -285,7 +289,7 @@ async fn post_with_token(
     let (status, resp) = http::fetch(base, "POST", path, Some(token), Some(body), timeout).await?;
     match status {
         200 => Ok(()),
-        401 => Err("the L-Bone refused the registration token".into()),
+        401 => Err(TOKEN_REFUSED.into()),
         _ => Err(format!(
             "the L-Bone answered {status}: {}",
             String::from_utf8_lossy(&resp)
@@ -303,21 +307,23 @@ pub async fn heartbeat(
     every: Duration,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) {
-    let mut failing = false;
+    // While it fails the depot is not listed: said at once, then once a
+    // minute, so an operator reading the log sees it is still unlisted.
+    let mut warned: Option<std::time::Instant> = None;
     loop {
         tokio::select! {
             _ = tokio::time::sleep(every) => {}
             _ = shutdown.changed() => return,
         }
         match register(&base, &token, &make(), every.max(Duration::from_secs(5))).await {
-            Ok(()) if failing => {
+            Ok(()) if warned.is_some() => {
                 tracing::info!("L-Bone heartbeat working again");
-                failing = false;
+                warned = None;
             }
             Ok(()) => {}
-            Err(e) if !failing => {
-                tracing::warn!("L-Bone heartbeat failed: {e}");
-                failing = true;
+            Err(e) if warned.is_none_or(|t| t.elapsed() >= Duration::from_secs(60)) => {
+                tracing::warn!("L-Bone heartbeat failed, the depot is not listed: {e}");
+                warned = Some(std::time::Instant::now());
             }
             Err(e) => tracing::debug!("L-Bone heartbeat failed: {e}"),
         }

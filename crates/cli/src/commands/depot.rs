@@ -349,7 +349,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         let heartbeat = match &args.lbone.lbone {
             Some(url) => {
-                let base = lors_lbone::http::BaseUrl::parse(url).map_err(UsageError)?;
+                // HOST:PORT as the clients take it: the HTTP API there.
+                let url = if url.contains("://") {
+                    url.clone()
+                } else {
+                    format!("http://{url}")
+                };
+                let base = lors_lbone::http::BaseUrl::parse(&url).map_err(UsageError)?;
                 let token = args.lbone.token()?;
                 let loc = args.lbone.location();
                 registration(&depot, &loc)
@@ -366,11 +372,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 .await;
                 match first {
                     Ok(()) => println!("lors depot: registered with L-Bone {url}"),
-                    // Serving matters more than being listed: keep trying.
-                    Err(e) => eprintln!(
-                        "lors depot: L-Bone registration failed (will retry): {e} \
-                         (check --lbone-token, --lbone-token-file or LORS_LBONE_TOKEN)"
-                    ),
+                    // A wrong token never comes right by itself: stop, and
+                    // say what to fix.
+                    Err(e) if e == lors_lbone::client::TOKEN_REFUSED => {
+                        task.abort();
+                        return Err(UsageError(format!(
+                            "{e} at {url}: check --lbone-token, --lbone-token-file or LORS_LBONE_TOKEN (the L-Bone's is in its data directory, file `token`)"
+                        ))
+                        .into());
+                    }
+                    // Serving matters more than being listed: keep trying,
+                    // and say so every minute while it fails.
+                    Err(e) => eprintln!("lors depot: L-Bone registration failed (will retry): {e}"),
                 }
                 Some((task, base, token))
             }

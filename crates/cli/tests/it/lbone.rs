@@ -531,6 +531,43 @@ fn depots_leave_on_a_clean_stop_tokens_come_from_files_and_the_lbone_logs_it() {
         err.contains("is empty: put the token on its first line"),
         "{err}"
     );
+
+    // A wrong token stops the depot at once, saying what to fix, rather
+    // than serving unlisted.
+    let data = dir.path().join("w").display().to_string();
+    let args = [
+        "depot",
+        "--listen",
+        "127.0.0.1:0",
+        "--data",
+        &data,
+        "--lbone",
+        &url,
+    ];
+    let (ok, _, err) = lors_env(&[&args[..], &["--lbone-token", "wrong"]].concat(), &[]);
+    assert!(!ok);
+    assert!(
+        err.contains("refused the registration token") && err.contains("--lbone-token"),
+        "{err}"
+    );
+    // HOST:PORT, as the clients take it: the HTTP API there.
+    let bare = url.trim_start_matches("http://").to_owned();
+    let d = DepotProc::start(
+        &dir.path().join("bare"),
+        &[
+            "--lbone",
+            &bare,
+            "--lbone-token-file",
+            &token_arg,
+            "--heartbeat",
+            "1s",
+        ],
+    );
+    wait_for(
+        "the depot given HOST:PORT listed",
+        Duration::from_secs(10),
+        || listed().contains(&d.addr),
+    );
 }
 
 /// augment through the L-Bone leaves out, for each block, the depots that
