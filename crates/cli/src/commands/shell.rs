@@ -35,13 +35,43 @@ pub fn completions(a: CompletionsArgs, mut cmd: clap::Command) -> anyhow::Result
 }
 
 /// Writes the manual pages: one for `lors`, one per command.
+/// What a rendered page needs besides clap's rendering: example lines (the
+/// indented lines of a command's notes) kept as written, not filled into
+/// one paragraph; no entry for `lors help`, which has no page.
+fn fix_page(roff: &str) -> String {
+    let mut out = String::with_capacity(roff.len() + 64);
+    let mut lines = roff.lines().peekable();
+    let mut literal = false;
+    while let Some(line) = lines.next() {
+        if line == ".TP" && lines.peek() == Some(&"lors\\-help(1)") {
+            lines.next();
+            lines.next(); // its one-line description
+            continue;
+        }
+        let example = line.starts_with("  ");
+        if example && !literal {
+            out.push_str(".nf\n");
+            literal = true;
+        } else if !example && literal {
+            out.push_str(".fi\n");
+            literal = false;
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    if literal {
+        out.push_str(".fi\n");
+    }
+    out
+}
+
 pub fn man(a: ManArgs, mut cmd: clap::Command) -> anyhow::Result<()> {
     // Built, so each command carries what its arguments add (examples).
     cmd.build();
     let Some(dir) = a.out_dir else {
         let mut out = Vec::new();
         clap_mangen::Man::new(cmd).render(&mut out)?;
-        return super::write_stdout(&out);
+        return super::write_stdout(fix_page(&String::from_utf8_lossy(&out)).as_bytes());
     };
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let mut pages = vec![("lors".to_owned(), cmd.clone())];
@@ -60,6 +90,7 @@ pub fn man(a: ManArgs, mut cmd: clap::Command) -> anyhow::Result<()> {
         clap_mangen::Man::new(page)
             .title(name.as_str())
             .render(&mut out)?;
+        let out = fix_page(&String::from_utf8_lossy(&out));
         std::fs::write(&path, out).with_context(|| format!("writing {}", path.display()))?;
     }
     eprintln!("lors: wrote manual pages to {}", dir.display());

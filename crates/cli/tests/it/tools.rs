@@ -429,6 +429,22 @@ fn completions_and_man_pages_come_from_the_commands() {
         trim.contains("decrement") && trim.contains("EXAMPLES"),
         "{trim}"
     );
+    // Every page lors(1) names is there; examples keep their lines.
+    let main = std::fs::read_to_string(dir.path().join("lors.1")).unwrap();
+    for named in main.split("lors\\-").skip(1) {
+        let Some((cmd, _)) = named.split_once("(1)") else {
+            continue;
+        };
+        assert!(
+            pages.contains(&format!("lors-{cmd}.1")),
+            "lors(1) names lors-{cmd}(1), which has no page"
+        );
+    }
+    let download = std::fs::read_to_string(dir.path().join("lors-download.1")).unwrap();
+    assert!(
+        download.contains(".nf\n  lors download \\-o run42.dat run42.xnd\n"),
+        "{download}"
+    );
     // Without a directory, lors(1) goes to stdout (`lors man | man -l -`).
     let (ok, out, _) = lors(&["man"]);
     let page = String::from_utf8(out).unwrap();
