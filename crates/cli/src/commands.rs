@@ -268,6 +268,34 @@ pub struct NetOpts {
     pub xndrc: Option<PathBuf>,
 }
 
+/// SIGINT/SIGTERM turn the returned flag `true` and record which (the exit
+/// status a shell shows for it: 130, 143), so a command can stop, tidy up
+/// and say what it left; a second signal ends the process at once.
+pub fn stop_on_signal(
+    rt: &tokio::runtime::Runtime,
+) -> (
+    tokio::sync::watch::Receiver<bool>,
+    std::sync::Arc<std::sync::atomic::AtomicU8>,
+) {
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    let which = std::sync::Arc::new(std::sync::atomic::AtomicU8::new(0));
+    let w = which.clone();
+    rt.spawn(async move {
+        let code = depot::wait_for_signal_status().await;
+        w.store(code, std::sync::atomic::Ordering::SeqCst);
+        let _ = tx.send(true);
+        let again = depot::wait_for_signal_status().await;
+        std::process::exit(i32::from(again));
+    });
+    (rx, which)
+}
+
+/// The [`crate::Interrupted`] error for the signal [`stop_on_signal`] saw.
+pub fn interrupted(which: &std::sync::atomic::AtomicU8) -> anyhow::Error {
+    let code = which.load(std::sync::atomic::Ordering::SeqCst);
+    crate::Interrupted(if code == 0 { 130 } else { code }).into()
+}
+
 /// A command's settings: its `flags` (with `net`'s timeout) over the
 /// `uri`'s, the environment's and the settings file's
 /// ([`lors::settings`]).

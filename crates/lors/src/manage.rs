@@ -66,13 +66,25 @@ pub async fn augment(
     x: &ExNode,
     depots: &[String],
     copies: usize,
-    duration: Duration,
-    reliability: Reliability,
+    opts: &CopyOptions,
     pool: &Arc<Pool>,
     progress: &dyn Progress,
 ) -> Result<ExNode> {
     let want = Replicas::More(copies);
-    replicate(x, depots, want, duration, reliability, pool, progress).await
+    replicate(x, depots, want, opts, pool, progress).await
+}
+
+/// How [`replicate`] makes its copies.
+#[derive(Debug, Clone)]
+pub struct CopyOptions {
+    /// Lease of the new allocations.
+    pub duration: Duration,
+    /// Hard or soft storage.
+    pub reliability: Reliability,
+    /// Turns `true` when the copying should stop (an interrupt): copies in
+    /// flight finish, none is begun, the replicas made are released and
+    /// the run ends with [`Error::Interrupted`].
+    pub stop: Option<tokio::sync::watch::Receiver<bool>>,
 }
 
 /// Blocks copied at once by [`replicate`]: enough to keep several depots
@@ -92,11 +104,11 @@ pub async fn replicate(
     x: &ExNode,
     depots: &[String],
     want: Replicas,
-    duration: Duration,
-    reliability: Reliability,
+    opts: &CopyOptions,
     pool: &Arc<Pool>,
     progress: &dyn Progress,
 ) -> Result<ExNode> {
+    let (duration, reliability) = (opts.duration, opts.reliability);
     if depots.is_empty() {
         return Err(Error::NoDepots);
     }
@@ -141,17 +153,30 @@ pub async fn replicate(
             failure: None,
         }),
         queue: std::sync::Mutex::new(plan.into_iter().collect()),
+        stop: opts.stop.clone(),
     };
     let workers = (0..PARALLEL_BLOCKS).map(|_| run.worker()).collect();
     join_all(workers).await;
+    let stopped = run.stopped();
     let st = run.state.into_inner().unwrap_or_else(|e| e.into_inner());
     let mut made = st.made;
-    if let Some(e) = st.failure {
+    if stopped || st.failure.is_some() {
         // The replicas made so far are in no exNode the caller keeps:
         // free them rather than leave them to their lease.
-        pool.release_all(made.into_iter().map(|(_, m)| m).collect())
-            .await;
-        return Err(e);
+        let all: Vec<Mapping> = made.into_iter().map(|(_, m)| m).collect();
+        let total = all.len();
+        let kept = pool.release_all(all).await;
+        if stopped {
+            return Err(Error::Interrupted {
+                stored: ExNode::default(),
+                released: total - kept.len(),
+                stranded: ExNode {
+                    mappings: kept,
+                    ..ExNode::default()
+                },
+            });
+        }
+        return Err(st.failure.expect("checked above"));
     }
     made.sort_by_key(|(order, _)| *order);
     let mut out = x.clone();
@@ -192,6 +217,7 @@ struct Replication<'a> {
     watch: crate::stall::Watcher,
     state: std::sync::Mutex<RepState>,
     queue: std::sync::Mutex<std::collections::VecDeque<Block>>,
+    stop: Option<tokio::sync::watch::Receiver<bool>>,
 }
 
 impl Replication<'_> {
@@ -199,7 +225,12 @@ impl Replication<'_> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Copies blocks from the queue until it is empty or a block fails.
+    fn stopped(&self) -> bool {
+        self.stop.as_ref().is_some_and(|s| *s.borrow())
+    }
+
+    /// Copies blocks from the queue until it is empty, a block fails or
+    /// the run is told to stop (the copy in flight finishes first).
     async fn worker(&self) {
         loop {
             let next = self
@@ -212,6 +243,9 @@ impl Replication<'_> {
                 return;
             }
             while b.copies > 0 {
+                if self.stopped() {
+                    return;
+                }
                 if let Err(e) = self.copy_once(&mut b).await {
                     self.lock().failure.get_or_insert(e);
                     return;

@@ -41,21 +41,27 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         .build()?;
     // From an L-Bone, the best depots that hold none of the file yet.
     let found = a.targets.find(&rt, &x, &s, a.copies, true)?;
+    let (stop, signal) = super::stop_on_signal(&rt);
+    let opts = lors::manage::CopyOptions {
+        duration: s.duration,
+        reliability: s.reliability,
+        stop: Some(stop),
+    };
+    let out = a.output.map_or(a.exnode.path, |o| o.path);
     let y = rt.block_on(async {
         let pool = std::sync::Arc::new(Pool::new(s.client()));
-        lors::manage::augment(
-            &x,
-            &found.depots,
-            a.copies,
-            s.duration,
-            s.reliability,
-            &pool,
-            progress.as_ref(),
-        )
-        .await
-    })?;
+        lors::manage::augment(&x, &found.depots, a.copies, &opts, &pool, progress.as_ref()).await
+    });
     progress.finish();
-    let out = a.output.map_or(a.exnode.path, |o| o.path);
+    let y = match y {
+        Err(lors::Error::Interrupted {
+            released, stranded, ..
+        }) => {
+            super::upload::copies_interrupted("augment", released, &stranded, &out);
+            return Err(super::interrupted(&signal));
+        }
+        r => r?,
+    };
     lors::xnd::save(&out, &y)?;
     let added = y.mappings.len() - x.mappings.len();
     if progress.is_json() {

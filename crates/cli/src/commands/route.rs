@@ -45,18 +45,18 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     let targets = a.targets.find(&rt, &x, &s, a.copies, false)?.depots;
+    let (stop, signal) = super::stop_on_signal(&rt);
+    let opts = lors::manage::CopyOptions {
+        duration: s.duration,
+        reliability: s.reliability,
+        stop: Some(stop),
+    };
+    let out = a.output.clone().map_or(a.exnode.path.clone(), |o| o.path);
     let t = rt.block_on(async {
         let pool = std::sync::Arc::new(Pool::new(s.client()));
-        let y = lors::manage::replicate(
-            &x,
-            &targets,
-            Replicas::OnTargets(a.copies),
-            s.duration,
-            s.reliability,
-            &pool,
-            progress.as_ref(),
-        )
-        .await?;
+        let want = Replicas::OnTargets(a.copies);
+        let y =
+            lors::manage::replicate(&x, &targets, want, &opts, &pool, progress.as_ref()).await?;
         lors::manage::trim(
             &y,
             &Selection::NotOn(targets.clone()),
@@ -66,9 +66,17 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             &lors::NoProgress,
         )
         .await
-    })?;
+    });
     progress.finish();
-    let out = a.output.map_or(a.exnode.path, |o| o.path);
+    let t = match t {
+        Err(lors::Error::Interrupted {
+            released, stranded, ..
+        }) => {
+            super::upload::copies_interrupted("route", released, &stranded, &out);
+            return Err(super::interrupted(&signal));
+        }
+        r => r?,
+    };
     lors::xnd::save(&out, &t.exnode)?;
     // Old mappings keep their place at the front of the augmented exNode,
     // so they are named by the numbers `lors ls` showed for the input.

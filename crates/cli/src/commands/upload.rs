@@ -11,8 +11,8 @@ use lors::xndrc::Xndrc;
 use lors_exnode::functions::{Chain, Codec, LegacyChain, LegacyKind, Step};
 
 use super::{block_size_arg, nonzero_block_size_arg};
+use crate::UsageError;
 use crate::report::{ReportOpts, Reporter, Unit};
-use crate::{Interrupted, UsageError};
 use lors::settings::Layer;
 
 /// Store a file on IBP depots, striped and replicated; write its exNode.
@@ -376,6 +376,30 @@ fn record_partial(
     }
 }
 
+/// After an interrupted augment or route: the exNode is unchanged, the
+/// replicas made were released, and those that could not be are recorded.
+pub(crate) fn copies_interrupted(
+    what: &str,
+    released: usize,
+    stranded: &lors_exnode::ExNode,
+    out: &std::path::Path,
+) {
+    crate::report::clear();
+    if stranded.mappings.is_empty() {
+        eprintln!(
+            "lors: {what} interrupted: the exNode is unchanged; the {released} replicas made were released"
+        );
+    } else {
+        record_unreleased(
+            stranded,
+            &format!(
+                "{what} interrupted: the exNode is unchanged; released {released} replicas made; "
+            ),
+            out,
+        );
+    }
+}
+
 /// Writes the allocations in `stranded` (on depots that could not be
 /// reached to release them) to `OUT.partial` and says how to free them.
 pub(crate) fn record_unreleased(stranded: &lors_exnode::ExNode, said: &str, out: &std::path::Path) {
@@ -497,19 +521,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     }
     let progress = Reporter::new("upload", Unit::Bytes, &a.report, false);
     // SIGINT/SIGTERM: the upload stops, releases what it cut off and
-    // records what it stored. A second signal ends the process at once.
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let signal = Arc::new(std::sync::atomic::AtomicU8::new(0));
-    let sig = signal.clone();
-    rt.spawn(async move {
-        let code = super::depot::wait_for_signal_status().await;
-        sig.store(code, std::sync::atomic::Ordering::SeqCst);
-        let _ = stop_tx.send(true);
-        let again = super::depot::wait_for_signal_status().await;
-        std::process::exit(i32::from(again));
-    });
+    // records what it stored.
+    let (stop_rx, signal) = super::stop_on_signal(&rt);
     let control = Control {
-        stop: Some(stop_rx.clone()),
+        stop: Some(stop_rx),
         done: done.clone(),
     };
     let x = rt.block_on(async {
@@ -545,7 +560,6 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             released,
             stranded,
         }) => {
-            let code = signal.load(std::sync::atomic::Ordering::SeqCst);
             let how = "interrupted";
             record_partial(
                 how,
@@ -555,7 +569,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 identity.as_deref(),
                 &partial,
             );
-            return Err(Interrupted(if code == 0 { 130 } else { code }).into());
+            return Err(super::interrupted(&signal));
         }
         // A resumed upload that fails keeps the record of what it resumed
         // from (those allocations are named nowhere else).

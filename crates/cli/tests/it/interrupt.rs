@@ -125,3 +125,72 @@ fn interrupted_uploads_leave_only_what_a_record_names_and_resume() {
         "after resuming, every allocation is in an exNode"
     );
 }
+
+/// An interrupted augment or route changes no exNode and releases the
+/// replicas it made: the depots hold what the exNodes name.
+#[test]
+fn interrupted_copies_are_released() {
+    let dir = tempdir();
+    let ds: Vec<DepotProc> = (0..3)
+        .map(|i| DepotProc::start(&dir.path().join(format!("d{i}")), &["--sync", "never"]))
+        .collect();
+    let data = pattern(16 << 20, 43);
+    let src = dir.path().join("in.bin");
+    std::fs::write(&src, &data).unwrap();
+    let one = dir.path().join("one.xnd");
+    let one_s = one.to_str().unwrap();
+    let (ok, _, err) = lors(&[
+        "upload",
+        "-q",
+        "-c",
+        "1",
+        "-b",
+        "256K",
+        "--depot",
+        &ds[0].addr,
+        "-o",
+        one_s,
+        src.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let targets = format!("{},{}", ds[1].addr, ds[2].addr);
+    let mut outs = vec![one.clone()];
+    let mut cut = 0;
+    for i in 0..8u64 {
+        let out = dir.path().join(format!("c{i}.xnd"));
+        let out_s = out.to_str().unwrap().to_owned();
+        let cmd = if i % 2 == 0 { "augment" } else { "route" };
+        let mut args = vec![cmd, "-c", "1", "--depot", &targets, "-o", &out_s];
+        if cmd == "route" {
+            args.push("--keep-old"); // the input stays whole for the next runs
+        }
+        args.push(one_s);
+        let signal = if i % 4 < 2 { "INT" } else { "TERM" };
+        let (code, err) = interrupted_upload(&args, signal, Duration::from_millis(30 + 25 * i));
+        match code {
+            0 => outs.push(out.clone()),
+            130 | 143 => {
+                cut += 1;
+                assert!(
+                    err.contains(&format!("{cmd} interrupted: the exNode is unchanged")),
+                    "{err}"
+                );
+                assert!(!out.exists());
+            }
+            c => panic!("{cmd}: exit {c}: {err}"),
+        }
+        let held: u64 = ds.iter().map(used).sum();
+        // A route's output names the input's allocations too: count each once.
+        let mut seen = std::collections::HashSet::new();
+        let mut recorded = 0;
+        for o in &outs {
+            for m in lors::xnd::load(o).unwrap().mappings {
+                if seen.insert(m.manage.clone()) {
+                    recorded += m.alloc_length;
+                }
+            }
+        }
+        assert_eq!(held, recorded, "run {i} ({cmd}, SIG{signal}): {err}");
+    }
+    assert!(cut >= 3, "only {cut} of 8 were cut off");
+}
