@@ -302,7 +302,12 @@ impl Fs {
         let name = self.name(ino)?;
         let m = match self.writer(ino) {
             Some(h) => lock(&h.file).metadata()?,
-            None => xio::stat(&self.target(&name)?)?,
+            None => xio::stat(&self.target(&name)?).inspect_err(|e| {
+                // A malformed exNode: named, with why, where the user looks.
+                if e.kind() == io::ErrorKind::InvalidData {
+                    tracing::warn!(file = %self.xnd(&name).display(), error = %e, "unreadable exNode");
+                }
+            })?,
         };
         let fsm = std::fs::metadata(self.xnd(&name))?;
         Ok(FileAttr {
@@ -434,12 +439,12 @@ impl Filesystem for Fs {
         &self,
         _req: &Request,
         ino: INodeNo,
-        _mode: Option<u32>,
+        mode: Option<u32>,
         _uid: Option<u32>,
         _gid: Option<u32>,
         size: Option<u64>,
-        _atime: Option<fuser::TimeOrNow>,
-        _mtime: Option<fuser::TimeOrNow>,
+        atime: Option<fuser::TimeOrNow>,
+        mtime: Option<fuser::TimeOrNow>,
         _ctime: Option<SystemTime>,
         fh: Option<FileHandle>,
         _crtime: Option<SystemTime>,
@@ -448,9 +453,30 @@ impl Filesystem for Fs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        // Only the size means anything to an exNode; times and modes are
-        // the `.xnd` file's own (and it stays owner-only: it holds keys).
+        // The size changes the exNode; times and modes are recorded in it
+        // (the `.xnd` file itself stays owner-only: it holds keys), so
+        // `touch`, `chmod`, `tar` and `rsync -a` find them after a remount.
+        let when = |t: fuser::TimeOrNow| match t {
+            fuser::TimeOrNow::SpecificTime(t) => t,
+            fuser::TimeOrNow::Now => SystemTime::now(),
+        };
+        let (mtime, atime) = (mtime.map(when), atime.map(when));
         let r = (|| {
+            if ino.0 == ROOT {
+                // The exNode directory's own times and mode.
+                set_dir_attrs(&self.dir, mtime, atime, mode)?;
+                return self.attr(ino.0);
+            }
+            if mtime.is_some() || atime.is_some() || mode.is_some() {
+                match self.writer(ino.0) {
+                    // Saved with the open file, after its data.
+                    Some(h) => lock(&h.file).set_attributes(mtime, atime, mode),
+                    None => {
+                        let name = self.name(ino.0)?;
+                        xio::set_attributes(&self.target(&name)?, mtime, atime, mode)?;
+                    }
+                }
+            }
             if let Some(n) = size {
                 let open = fh.and_then(|f| self.handle(f).ok()).filter(|h| h.writable);
                 match open.or_else(|| self.writer(ino.0)) {
@@ -487,6 +513,23 @@ impl Filesystem for Fs {
             }
             Err(e) => reply.error(errno(&e)),
         }
+    }
+
+    fn mkdir(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        reply: ReplyEntry,
+    ) {
+        // One directory of exNodes: a tree would need a layout of its own.
+        tracing::warn!(
+            dir = %name.to_string_lossy(),
+            "mkdir refused (ENOTSUP): a lors mount serves one flat directory of exNodes"
+        );
+        reply.error(Errno::from_i32(libc::ENOTSUP));
     }
 
     fn rename(
@@ -726,4 +769,29 @@ impl Filesystem for Fs {
         }
         reply.ok();
     }
+}
+
+/// Sets a directory's times and mode, as `utimensat` and `chmod` would;
+/// `None` keeps one.
+fn set_dir_attrs(
+    dir: &Path,
+    mtime: Option<SystemTime>,
+    atime: Option<SystemTime>,
+    mode: Option<u32>,
+) -> io::Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    if let Some(m) = mode {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(m & 0o7777))?;
+    }
+    let mut times = std::fs::FileTimes::new();
+    if let Some(t) = mtime {
+        times = times.set_modified(t);
+    }
+    if let Some(t) = atime {
+        times = times.set_accessed(t);
+    }
+    if mtime.is_some() || atime.is_some() {
+        std::fs::File::open(dir)?.set_times(times)?;
+    }
+    Ok(())
 }

@@ -307,6 +307,7 @@ impl OpenOptions {
             append: self.append,
             settings,
             copies,
+            times_set: false,
             pool,
             depots: (!self.depots.is_empty()).then(|| self.depots.clone()),
             dirty: created || truncated,
@@ -336,6 +337,9 @@ impl OpenOptions {
 pub struct File {
     path: PathBuf,
     x: ExNode,
+    /// Times were set explicitly ([`File::set_attributes`]) after the last
+    /// write: they, not the write's time, are saved.
+    times_set: bool,
     /// Replicas every block written gets: the file's policy
     /// ([`crate::manage::copies_policy`]). A write that cannot have them
     /// fails rather than store fewer.
@@ -428,6 +432,51 @@ pub fn stat(target: &str) -> io::Result<Metadata> {
     metadata_of(&r.path, &x, x.logical_size(), None)
 }
 
+/// exNode metadata for what a file system keeps beside the data: the
+/// modification and access times (nanoseconds since the epoch) and the
+/// permission bits a program set (`touch`, `chmod`, `tar`, `rsync -a`).
+/// The `.xnd` file itself stays owner-only: it holds keys.
+const MTIME_META: &str = "lors_mtime_ns";
+const ATIME_META: &str = "lors_atime_ns";
+const MODE_META: &str = "lors_mode";
+
+fn meta_int(x: &ExNode, name: &str) -> Option<i64> {
+    match x.meta(name) {
+        Some(lors_exnode::Value::Integer(n)) => Some(*n),
+        _ => None,
+    }
+}
+
+fn time_of(ns: i64) -> Option<SystemTime> {
+    let ns = u64::try_from(ns).ok()?;
+    SystemTime::UNIX_EPOCH.checked_add(std::time::Duration::from_nanos(ns))
+}
+
+fn ns_of(t: SystemTime) -> i64 {
+    let d = t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+    i64::try_from(d.as_nanos()).unwrap_or(i64::MAX)
+}
+
+/// Records in `x` the times and permission bits given (`None` keeps what
+/// is there).
+fn set_attrs(
+    x: &mut ExNode,
+    modified: Option<SystemTime>,
+    accessed: Option<SystemTime>,
+    mode: Option<u32>,
+) {
+    use lors_exnode::Metadata as M;
+    if let Some(t) = modified {
+        x.set_meta(M::integer(MTIME_META, ns_of(t)));
+    }
+    if let Some(t) = accessed {
+        x.set_meta(M::integer(ATIME_META, ns_of(t)));
+    }
+    if let Some(m) = mode {
+        x.set_meta(M::integer(MODE_META, i64::from(m & 0o7777)));
+    }
+}
+
 fn metadata_of(
     path: &Path,
     x: &ExNode,
@@ -438,19 +487,41 @@ fn metadata_of(
     let fs = std::fs::metadata(path)
         .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
     let readonly = x.mappings.iter().any(|m| m.write.is_none());
-    let mut permissions = fs.permissions().mode() & 0o7777;
+    let recorded = |name| meta_int(x, name).and_then(time_of);
+    let mut permissions = (meta_int(x, MODE_META))
+        .and_then(|m| u32::try_from(m).ok())
+        .unwrap_or(fs.permissions().mode())
+        & 0o7777;
     if readonly {
         permissions &= !0o222;
     }
     Ok(Metadata {
         len,
         modified: modified
+            .or(recorded(MTIME_META))
             .or(fs.modified().ok())
             .unwrap_or(SystemTime::UNIX_EPOCH),
-        accessed: fs.accessed().unwrap_or(SystemTime::UNIX_EPOCH),
+        accessed: (recorded(ATIME_META))
+            .or(fs.accessed().ok())
+            .unwrap_or(SystemTime::UNIX_EPOCH),
         permissions,
         readonly,
     })
+}
+
+/// Sets the modification and access times and permission bits of the
+/// exNode at `target` (`None` keeps one), as `utimensat` and `chmod` do
+/// for a file: kept in the exNode, so they survive a remount.
+pub fn set_attributes(
+    target: &str,
+    modified: Option<SystemTime>,
+    accessed: Option<SystemTime>,
+    mode: Option<u32>,
+) -> io::Result<()> {
+    let r = ExnodeRef::parse(target).map_err(|e| io::Error::new(ErrorKind::InvalidInput, e))?;
+    let mut x = xnd::load(&r.path).map_err(xnd_error)?;
+    set_attrs(&mut x, modified, accessed, mode);
+    xnd::save(&r.path, &x).map_err(xnd_error)
 }
 
 impl File {
@@ -483,6 +554,23 @@ impl File {
         metadata_of(&self.path, &self.x, self.size, self.modified)
     }
 
+    /// [`set_attributes`] through this open file: saved with its next
+    /// [`File::sync_all`] (or close), after the data written so far, so a
+    /// time set after writing (`rsync -a`, `tar -x`) is the one kept.
+    pub fn set_attributes(
+        &mut self,
+        modified: Option<SystemTime>,
+        accessed: Option<SystemTime>,
+        mode: Option<u32>,
+    ) {
+        set_attrs(&mut self.x, modified, accessed, mode);
+        if modified.is_some() {
+            self.modified = modified;
+            self.times_set = true;
+        }
+        self.dirty = true;
+    }
+
     /// Stores everything written and writes the exNode (atomically: the
     /// old `.xnd` or the new one, never a mix), then releases allocations
     /// nothing names any more.
@@ -491,6 +579,11 @@ impl File {
         if self.dirty {
             if stamp(&self.path) != self.disk {
                 return Err(self.conflict());
+            }
+            // The data's modification time goes with it, unless a program
+            // set one after writing.
+            if let (Some(t), false) = (self.modified, self.times_set) {
+                set_attrs(&mut self.x, Some(t), None, None);
             }
             xnd::save(&self.path, &self.x).map_err(xnd_error)?;
             self.disk = stamp(&self.path);
@@ -624,6 +717,7 @@ impl File {
     fn touch(&mut self) {
         self.dirty = true;
         self.modified = Some(SystemTime::now());
+        self.times_set = false;
         self.reader.lock().invalidate();
         // Readers waiting for a stream that is gone look again.
         self.reader.arrived.notify_all();
@@ -980,6 +1074,7 @@ impl File {
         self.size = self.size.max(off + data.len() as u64);
         self.dirty = true;
         self.modified = Some(SystemTime::now());
+        self.times_set = false;
         Ok(())
     }
 

@@ -374,3 +374,51 @@ fn mount_reads_raw_blocks_through_pipes_and_with_few_descriptors() {
     assert!(pipes_of(m.child.id()) < 64);
     assert!(m.stop().success());
 }
+
+/// Times and modes set through the mount are kept in the exNode: after a
+/// remount they are still there, and a second `rsync -a` sends nothing.
+/// `mkdir` is refused as unsupported.
+#[test]
+fn mount_keeps_times_and_modes_across_a_remount() {
+    let dir = tempdir();
+    let d = DepotProc::start(&dir.path().join("d"), &[]);
+    let (xnds, mnt) = one_file_on(&d, dir.path(), pattern(300_000, 8), &[]);
+    let mut m = Mount::start(&xnds, &mnt, &["--depot", &d.addr]);
+    sh("touch -m -d '2001-02-03 04:05:06' f && chmod 0640 f", &mnt);
+    let src = dir.path().join("tree");
+    std::fs::create_dir(&src).unwrap();
+    std::fs::write(src.join("a.bin"), pattern(100_000, 1)).unwrap();
+    std::fs::write(src.join("b.bin"), pattern(50_000, 2)).unwrap();
+    sh(
+        "touch -d '2010-01-01 00:00:00' tree/a.bin tree/b.bin",
+        dir.path(),
+    );
+    sh(&format!("rsync -a tree/ {}/", mnt.display()), dir.path());
+    let stat = |f: &str| sh(&format!("stat -c '%a %Y' {f}"), &mnt);
+    assert_eq!(stat("f").trim(), "640 981173106");
+    // mkdir: refused, the log says why.
+    let out = Command::new("mkdir").arg(mnt.join("sub")).output().unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("not supported"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(m.stop().code(), Some(0));
+    let _m = Mount::start(&xnds, &mnt, &["--depot", &d.addr]);
+    assert_eq!(stat("f").trim(), "640 981173106", "after a remount");
+    for f in ["a.bin", "b.bin"] {
+        assert!(stat(f).ends_with(" 1262304000\n"), "{f}: {}", stat(f));
+    }
+    // Everything is as rsync left it: a second run sends no file.
+    let again = sh(
+        &format!("rsync -a --itemize-changes tree/ {}/", mnt.display()),
+        dir.path(),
+    );
+    assert!(
+        !again
+            .lines()
+            .any(|l| l.starts_with(">f") || l.starts_with("<f")),
+        "a second rsync -a sent files: {again}"
+    );
+}
