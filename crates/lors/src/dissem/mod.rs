@@ -338,6 +338,7 @@ pub async fn disseminate(
     let watch = Arc::new(crate::stall::Watcher::new(opts.stall, pool.config()));
     let mut set: JoinSet<(Transfer, Copied)> = JoinSet::new();
     let mut tasks: HashMap<u64, tokio::task::AbortHandle> = HashMap::new();
+    let mut void_since: Option<tokio::time::Instant> = None;
     let mut relayed_bytes = 0;
     // Allocations of failed copies that could not be released.
     let mut stranded_all: Vec<Mapping> = Vec::new();
@@ -377,18 +378,32 @@ pub async fn disseminate(
                 progress.as_ref(),
             );
         }
-        // Copies made void (their site was given up) are not waited for: a
-        // hung site would hold the command to the copy deadline. Whatever
-        // such a copy allocated there, if the site ever answers, is
-        // named by no exNode and ends with its lease.
-        tasks.retain(|&id, task| {
-            let void = !s.is_running(id);
-            if void {
-                task.abort();
+        // Once only copies made void (their site was given up) are left,
+        // they get RELEASE_WAIT to end — a site that answers finishes them
+        // and they are released below — then are cut off: a hung site
+        // would hold the command to the copy deadline. Whatever a cut-off
+        // copy allocated there, if the site ever answers, is named by no
+        // exNode and ends with its lease.
+        let all_void = !tasks.is_empty() && tasks.keys().all(|&id| !s.is_running(id));
+        if !all_void {
+            void_since = None;
+        }
+        let joined = if all_void {
+            let until = *void_since
+                .get_or_insert_with(|| tokio::time::Instant::now() + crate::stall::RELEASE_WAIT);
+            match tokio::time::timeout_at(until, set.join_next()).await {
+                Ok(j) => j,
+                Err(_) => {
+                    for (_, task) in tasks.drain() {
+                        task.abort();
+                    }
+                    continue;
+                }
             }
-            !void
-        });
-        let Some(joined) = set.join_next().await else {
+        } else {
+            set.join_next().await
+        };
+        let Some(joined) = joined else {
             break;
         };
         let (t, r) = match joined {
