@@ -20,6 +20,7 @@ pub mod manage;
 pub mod plan;
 pub mod pool;
 pub mod progress;
+pub mod rate;
 pub mod settings;
 pub mod stall;
 pub mod upload;

@@ -17,6 +17,8 @@ const MAX_IDLE_PER_DEPOT: usize = 16;
 pub struct Pool {
     cfg: ClientConfig,
     idle: Mutex<HashMap<String, Vec<Connection>>>,
+    /// `--bwlimit`: every byte of data moved through this pool pays here.
+    limit: Option<crate::rate::Limiter>,
 }
 
 impl Pool {
@@ -25,6 +27,22 @@ impl Pool {
         Pool {
             cfg,
             idle: Mutex::new(HashMap::new()),
+            limit: None,
+        }
+    }
+
+    /// Holds the data this pool moves (STOREs, SENDs it asks for, and the
+    /// LOADs a download pays for through [`Pool::throttle`]) to
+    /// `bytes_per_sec` in all.
+    pub fn with_limit(mut self, bytes_per_sec: Option<u64>) -> Self {
+        self.limit = bytes_per_sec.map(crate::rate::Limiter::new);
+        self
+    }
+
+    /// Waits until `n` bytes of data may move under the limit, if any.
+    pub async fn throttle(&self, n: u64) {
+        if let Some(l) = &self.limit {
+            l.take(n).await;
         }
     }
 
@@ -82,6 +100,7 @@ impl Pool {
 
     /// STORE `data` into `cap` over a pooled connection.
     pub async fn store(&self, cap: &Capability, data: &[u8]) -> Result<u64> {
+        self.throttle(data.len() as u64).await;
         let mut c = self.get(&cap.address()).await?;
         let n = c.store(cap, data).await?;
         self.put(c);
@@ -97,6 +116,7 @@ impl Pool {
         pos: u64,
         len: u64,
     ) -> Result<u64> {
+        self.throttle(len).await;
         let mut c = self.get(&cap.address()).await?;
         let n = c.store_from_file(cap, file, pos, len).await?;
         self.put(c);
@@ -170,6 +190,7 @@ impl Pool {
         offset: u64,
         len: u64,
     ) -> Result<u64> {
+        self.throttle(len).await;
         let mut c = self.get(&src.address()).await?;
         let n = c.send(src, dest, offset, len).await?;
         self.put(c);

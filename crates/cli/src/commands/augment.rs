@@ -12,6 +12,10 @@ use crate::report::{ReportOpts, Reporter, Unit};
   lors augment --depot d4:6714 --depot d5:6714 -c 2 run42.xnd     # in place
   LBONE_SERVER=lbone.example.org:8767 lors augment -c 1 -l \"city= Tokyo\" run42.xnd")]
 pub struct Args {
+    /// Most bytes per second moved in all, over every connection (e.g.
+    /// `10M` = 10 MiB/s), as rclone's --bwlimit [default: no limit].
+    #[arg(long, value_name = "RATE", value_parser = super::nonzero_size_arg)]
+    bwlimit: Option<u64>,
     /// The exNode.
     #[arg(value_parser = super::exnode_arg, value_name = "FILE.xnd|lors://…")]
     exnode: ExnodeRef,
@@ -49,7 +53,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     };
     let out = a.output.map_or(a.exnode.path, |o| o.path);
     let y = rt.block_on(async {
-        let pool = std::sync::Arc::new(Pool::new(s.client()));
+        let pool = std::sync::Arc::new(Pool::new(s.client()).with_limit(a.bwlimit));
         lors::manage::augment(&x, &found.depots, a.copies, &opts, &pool, progress.as_ref()).await
     });
     progress.finish();

@@ -26,6 +26,10 @@ EXAMPLES:
   lors disseminate run42.dat --to d1,d2 --unicast        # baseline: the client sends all"
 )]
 pub struct Args {
+    /// Most bytes per second moved in all, over every connection (e.g.
+    /// `10M` = 10 MiB/s), as rclone's --bwlimit [default: no limit].
+    #[arg(long, value_name = "RATE", value_parser = super::nonzero_size_arg)]
+    bwlimit: Option<u64>,
     /// A local file, or an exNode whose replicas are the sources.
     #[arg(value_name = "FILE|FILE.xnd")]
     input: PathBuf,
@@ -118,7 +122,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     let done = rt.block_on(async {
-        let pool = Arc::new(Pool::new(s.client()));
+        let pool = Arc::new(Pool::new(s.client()).with_limit(a.bwlimit));
         disseminate(input, to, &opts, pool, progress.clone()).await
     })?;
     progress.finish();

@@ -28,6 +28,10 @@ use crate::report::{ReportOpts, Reporter, Unit};
 -q is --quiet here as in every lors command (lors_download's -q, the
 prebuffer depth, is --prebuffer).")]
 pub struct Args {
+    /// Most bytes per second moved in all, over every connection (e.g.
+    /// `10M` = 10 MiB/s), as rclone's --bwlimit [default: no limit].
+    #[arg(long, value_name = "RATE", value_parser = super::nonzero_size_arg)]
+    bwlimit: Option<u64>,
     /// The exNode.
     #[arg(value_parser = super::exnode_arg, value_name = "FILE.xnd|lors://…")]
     exnode: ExnodeRef,
@@ -176,7 +180,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let cfg = s.client();
     let progress = Reporter::new("download", Unit::Bytes, &a.report, stdout);
     let stats = rt.block_on(async {
-        let pool = Arc::new(Pool::new(cfg));
+        let pool = Arc::new(Pool::new(cfg).with_limit(a.bwlimit));
         let output = if stdout {
             Output::Stream {
                 writer: Box::new(tokio::io::stdout()),

@@ -27,6 +27,10 @@ use lors::settings::Layer;
 
 Every e2e block is checksummed with BLAKE3 unless -n or -k none (MD5 with --zlib).")]
 pub struct Args {
+    /// Most bytes per second moved in all, over every connection (e.g.
+    /// `10M` = 10 MiB/s), as rclone's --bwlimit [default: no limit].
+    #[arg(long, value_name = "RATE", value_parser = super::nonzero_size_arg)]
+    bwlimit: Option<u64>,
     /// File to upload; `-` reads standard input.
     file: PathBuf,
     /// Where the exNode goes, as with -o (`lors upload FILE OUT.xnd`).
@@ -493,7 +497,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     };
     let cfg = s.client();
     let started = std::time::Instant::now();
-    let pool = Arc::new(Pool::new(cfg));
+    let pool = Arc::new(Pool::new(cfg).with_limit(a.bwlimit));
     let input = (!stdin)
         .then(|| {
             std::fs::File::open(&a.file).with_context(|| format!("opening {}", a.file.display()))

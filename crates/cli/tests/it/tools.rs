@@ -2338,3 +2338,69 @@ fn destinations_may_be_positional() {
     let (ok, _, err) = lors(&["download", "-q", x, o, "-o", o]);
     assert!(!ok && err.contains("cannot be used with"), "{err}");
 }
+
+/// `--bwlimit` holds a command's data, over all its connections, to the
+/// rate: 3 MiB at 1 MiB/s cannot take less than about 3 s.
+#[test]
+fn bwlimit_holds_uploads_downloads_and_copies_to_the_rate() {
+    let dir = tempdir();
+    let ds = depots(2, dir.path());
+    let src = dir.path().join("b.bin");
+    let data = pattern(3 << 20, 6);
+    std::fs::write(&src, &data).unwrap();
+    let (xnd, out, aug) = (
+        dir.path().join("b.xnd"),
+        dir.path().join("b.out"),
+        dir.path().join("a.xnd"),
+    );
+    let (x, o, a) = (
+        xnd.to_str().unwrap(),
+        out.to_str().unwrap(),
+        aug.to_str().unwrap(),
+    );
+    let timed = |args: &[&str]| {
+        let t0 = Instant::now();
+        let (ok, _, err) = lors(args);
+        assert!(ok, "{args:?}: {err}");
+        t0.elapsed()
+    };
+    let limited = [
+        timed(&[
+            "upload",
+            "-q",
+            "-c",
+            "1",
+            "-b",
+            "256K",
+            "--bwlimit",
+            "1M",
+            "--depot",
+            &ds[0].addr,
+            src.to_str().unwrap(),
+            x,
+        ]),
+        timed(&["download", "-q", "-b", "256K", "--bwlimit", "1M", x, o]),
+        timed(&[
+            "augment",
+            "-q",
+            "-c",
+            "1",
+            "--bwlimit",
+            "1M",
+            "--depot",
+            &ds[1].addr,
+            "-o",
+            a,
+            x,
+        ]),
+    ];
+    for (what, took) in ["upload", "download", "augment"].iter().zip(limited) {
+        assert!(
+            took >= Duration::from_millis(2500),
+            "{what} took {took:?} at 1 MiB/s"
+        );
+    }
+    assert!(std::fs::read(&out).unwrap() == data);
+    let (ok, _, err) = lors(&["download", "-q", "--bwlimit", "0", x, o]);
+    assert!(!ok && err.contains("--bwlimit"), "{err}");
+}

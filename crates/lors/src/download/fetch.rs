@@ -109,6 +109,12 @@ pub(super) async fn worker(
             drop(share.take());
         }
         let (offset, len) = ctx.lock().sched.piece(piece);
+        // `--bwlimit`: paid before the LOAD (a whole encoded mapping is).
+        let cost = match &ctx.x.mappings[m].function {
+            Some(_) => ctx.x.mappings[m].alloc_length,
+            None => len,
+        };
+        ctx.pool.throttle(cost).await;
         let began = Instant::now();
         let fetched = tokio::select! {
             r = fetch(&ctx, &depot, m, offset, len, out.as_deref()) => r,
