@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import build_lors, free_port, log, machine, make_file, median, save_report, wait_port  # noqa: E402
+from common import build_lors, free_port, log, machine, make_file, median, save_report, stop_all, wait_port  # noqa: E402
 
 STALL = {"upload": 4.0, "augment": 4.0, "route": 4.0, "disseminate": 9.0}
 
@@ -152,12 +152,7 @@ def main() -> int:
     finally:
         for p in procs:
             p.send_signal(signal.SIGCONT)
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_all(procs)
         shutil.rmtree(work, ignore_errors=True)
 
 

@@ -66,10 +66,10 @@ pub(super) async fn worker(
         };
         // A file output frees its memory slots by itself: wait for one. A
         // stream's are freed by the writer, which may be waiting for a
-        // piece only a worker without a slot can fetch.
-        // A depot's share is taken first: a hung depot's fetches then
-        // cannot hold every slot, and the others' deliveries time the
-        // pieces its stall is judged by.
+        // piece only a worker without a slot can fetch. A depot's share of
+        // the slots is taken first: a hung depot's fetches then cannot
+        // hold every slot, and the others' deliveries time the pieces its
+        // stall is judged by.
         let mut share = match ctx.mem_share.get(d) {
             Some(s) if ctx.stream => s.clone().try_acquire_owned().ok(),
             Some(s) => s.clone().acquire_owned().await.ok(),
