@@ -121,6 +121,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
+    let (stop, signal) = super::stop_on_signal(&rt);
+    opts.stop = Some(stop);
     let done = rt.block_on(async {
         let pool = Arc::new(Pool::new(s.client()).with_limit(a.bwlimit));
         disseminate(input, to, &opts, pool, progress.clone()).await
@@ -192,6 +194,21 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             .filter(|r| !r.complete)
             .map(|r| r.depot.as_str())
             .collect();
+        if signal.load(std::sync::atomic::Ordering::SeqCst) != 0 {
+            // Said as for failed sites; the exit status says why.
+            eprintln!(
+                "lors: disseminate interrupted: {} of {} sites did not get a full replica ({}); what they got was released; run the same command on {} to complete them",
+                failed.len(),
+                done.sites.len(),
+                failed.join(", "),
+                if complete > 0 {
+                    out.display().to_string()
+                } else {
+                    a.input.display().to_string()
+                }
+            );
+            return Err(super::interrupted(&signal));
+        }
         anyhow::bail!(
             "{} of {} sites did not get a full replica ({}); run the same command on {} to complete them",
             failed.len(),

@@ -194,3 +194,62 @@ fn interrupted_copies_are_released() {
     }
     assert!(cut >= 3, "only {cut} of 8 were cut off");
 }
+
+/// An interrupted disseminate gives up the sites not yet complete, as it
+/// does failing ones: what they got is released, and only complete sites
+/// are in the exNode.
+#[test]
+fn interrupted_dissemination_keeps_only_complete_sites() {
+    let dir = tempdir();
+    let ds: Vec<DepotProc> = (0..3)
+        .map(|i| DepotProc::start(&dir.path().join(format!("d{i}")), &["--sync", "never"]))
+        .collect();
+    let src = dir.path().join("in.bin");
+    std::fs::write(&src, pattern(24 << 20, 47)).unwrap();
+    let to = ds
+        .iter()
+        .map(|d| d.addr.as_str())
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut cut = 0;
+    for i in 0..4u64 {
+        let out = dir.path().join(format!("s{i}.xnd"));
+        let out_s = out.to_str().unwrap().to_owned();
+        let args = [
+            "disseminate",
+            "-b",
+            "256K",
+            "--to",
+            &to,
+            "-o",
+            &out_s,
+            src.to_str().unwrap(),
+        ];
+        let (code, err) = interrupted_upload(&args, "INT", Duration::from_millis(40 + 60 * i));
+        match code {
+            0 => {}
+            130 => {
+                cut += 1;
+                assert!(err.contains("disseminate interrupted"), "{err}");
+            }
+            c => panic!("exit {c}: {err}"),
+        }
+        // Complete sites are named; nothing else is held.
+        let named: u64 = if out.exists() { named(&out) } else { 0 };
+        let held: u64 = ds.iter().map(used).sum();
+        assert_eq!(held, named, "run {i}: {err}");
+        if out.exists() {
+            let (ok, _, err) = lors(&[
+                "trim",
+                "-q",
+                "--decrement",
+                "--allow-holes",
+                "--depot",
+                &to,
+                &out_s,
+            ]);
+            assert!(ok, "{err}");
+        }
+    }
+    assert!(cut >= 2, "only {cut} of 4 were cut off");
+}

@@ -71,6 +71,11 @@ pub struct Options {
     pub stall: Duration,
     /// The scheduler's settings (slots, failures, unicast).
     pub sched: sched::Config,
+    /// Turns `true` when the run should stop (an interrupt): every site
+    /// not yet complete is given up as a failing one is — its copies in
+    /// flight end (or are cut off after [`crate::stall::RELEASE_WAIT`]),
+    /// what it got is released — and the outcome names the complete ones.
+    pub stop: Option<tokio::sync::watch::Receiver<bool>>,
 }
 
 impl Default for Options {
@@ -82,6 +87,7 @@ impl Default for Options {
             filename: String::new(),
             stall: Duration::from_secs(60),
             sched: sched::Config::default(),
+            stop: None,
         }
     }
 }
@@ -342,7 +348,17 @@ pub async fn disseminate(
     let mut relayed_bytes = 0;
     // Allocations of failed copies that could not be released.
     let mut stranded_all: Vec<Mapping> = Vec::new();
+    let mut stop = opts.stop.clone();
     loop {
+        if stop.as_ref().is_some_and(|st| *st.borrow()) {
+            stop = None; // once
+            for site in 0..sites.len() {
+                if !s.is_complete(site) && !s.is_dropped(site) {
+                    reports[site].error = Some("interrupted".into());
+                    s.drop_site(site);
+                }
+            }
+        }
         let now = Instant::now();
         for t in s.next(now) {
             let src = match t.from {
@@ -388,6 +404,14 @@ pub async fn disseminate(
         if !all_void {
             void_since = None;
         }
+        let stopping = async {
+            match stop.clone() {
+                Some(mut st) => {
+                    let _ = st.wait_for(|&v| v).await;
+                }
+                None => std::future::pending().await,
+            }
+        };
         let joined = if all_void {
             let until = *void_since
                 .get_or_insert_with(|| tokio::time::Instant::now() + crate::stall::RELEASE_WAIT);
@@ -401,7 +425,10 @@ pub async fn disseminate(
                 }
             }
         } else {
-            set.join_next().await
+            tokio::select! {
+                j = set.join_next() => j,
+                () = stopping => continue,
+            }
         };
         let Some(joined) = joined else {
             break;
