@@ -722,3 +722,53 @@ fn writes_keep_the_files_copies_or_fail() {
     assert!(e.to_string().contains("2 copies"), "{e}");
     assert!(read_all(&path) == model);
 }
+
+/// A hung depot (stopped: it accepts and never answers) costs reads and
+/// writes through xio the stall time, not the timeout, when other depots
+/// hold the bytes or can take them.
+#[test]
+fn xio_reads_and_writes_around_a_hung_depot() {
+    let dir = tempdir();
+    let ds: Vec<DepotProc> = (0..4)
+        .map(|i| DepotProc::start(&dir.path().join(format!("d{i}")), &["--sync", "never"]))
+        .collect();
+    let all: Vec<&DepotProc> = ds.iter().collect();
+    let path = dir.path().join("h.xnd");
+    let p = path.to_str().unwrap();
+    let model = pattern(8 * MIB, 29);
+    let mut f = writer(&all, 2).open(p).unwrap();
+    f.write_all(&model).unwrap();
+    f.close().unwrap();
+    ds[1].signal("STOP");
+    let slow = || {
+        settings(Layer {
+            timeout: Some(std::time::Duration::from_secs(60)),
+            ..Layer::default()
+        })
+    };
+    let t0 = std::time::Instant::now();
+    let mut got = Vec::new();
+    let mut o = reader();
+    o.settings(slow());
+    o.open(p).unwrap().read_to_end(&mut got).unwrap();
+    assert!(got == model);
+    let mut w = OpenOptions::new();
+    w.read(true)
+        .write(true)
+        .buffer(MIB)
+        .depots(all.iter().map(|d| d.addr.clone()).collect())
+        .settings(slow());
+    let mut f = w.open(p).unwrap();
+    f.seek(SeekFrom::Start(3 * MIB as u64)).unwrap();
+    f.write_all(&pattern(2 * MIB, 30)).unwrap();
+    f.close().unwrap();
+    let took = t0.elapsed();
+    ds[1].signal("CONT");
+    assert!(
+        took < std::time::Duration::from_secs(30),
+        "a read and a write took {took:?}: the 60 s timeout was waited out"
+    );
+    let mut want = model;
+    want[3 * MIB..5 * MIB].copy_from_slice(&pattern(2 * MIB, 30));
+    assert!(read_all(&path) == want);
+}
