@@ -119,6 +119,8 @@ pub struct Watcher {
     cap: Duration,
     client: lors_ibp::ClientConfig,
     pace: Mutex<Pace>,
+    /// Depots found hung: every other command waiting on one ends at once.
+    hung: Mutex<std::collections::HashSet<String>>,
 }
 
 #[derive(Debug)]
@@ -144,7 +146,13 @@ impl Watcher {
                 bytes: Typical::default(),
                 last_done: Instant::now(),
             }),
+            hung: Mutex::new(std::collections::HashSet::new()),
         }
+    }
+
+    fn known_hung<'a>(&self, addrs: &[&'a str]) -> Option<&'a str> {
+        let hung = self.hung.lock().unwrap_or_else(|e| e.into_inner());
+        addrs.iter().copied().find(|a| hung.contains(*a))
     }
 
     fn pace(&self) -> std::sync::MutexGuard<'_, Pace> {
@@ -182,12 +190,16 @@ impl Watcher {
                 (after, p.last_done > start)
             };
             let waited = start.elapsed();
-            if waited >= after && others_done {
-                let mut hung = None;
-                for a in addrs {
-                    if !self.answers(a).await {
-                        hung = Some(*a);
-                        break;
+            let mut hung = self.known_hung(addrs);
+            if hung.is_some() || (waited >= after && others_done) {
+                if hung.is_none() {
+                    for a in addrs {
+                        if !self.answers(a).await {
+                            let mut known = self.hung.lock().unwrap_or_else(|e| e.into_inner());
+                            known.insert((*a).to_owned());
+                            hung = Some(*a);
+                            break;
+                        }
                     }
                 }
                 match hung {
@@ -203,11 +215,11 @@ impl Watcher {
                 }
                 continue;
             }
-            // Looked at again at least every FLOOR: a command that began
-            // before anything was timed is judged by what is known now.
-            let wait = after
-                .saturating_sub(waited)
-                .clamp(Duration::from_millis(50), FLOOR);
+            // Looked at again often: a command that began before anything
+            // was timed is judged by what is known now, and one waiting on
+            // a depot another command found hung ends soon.
+            let wait = (after.saturating_sub(waited))
+                .clamp(Duration::from_millis(50), Duration::from_millis(250));
             if let Ok(r) = tokio::time::timeout(wait, &mut fut).await {
                 if r.is_ok() {
                     let mut p = self.pace();
