@@ -352,9 +352,9 @@ pub async fn disseminate(
     loop {
         if stop.as_ref().is_some_and(|st| *st.borrow()) {
             stop = None; // once
-            for site in 0..sites.len() {
+            for (site, report) in reports.iter_mut().enumerate() {
                 if !s.is_complete(site) && !s.is_dropped(site) {
-                    reports[site].error = Some("interrupted".into());
+                    report.error = Some("interrupted".into());
                     s.drop_site(site);
                 }
             }
