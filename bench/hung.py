@@ -102,13 +102,14 @@ def main() -> int:
                     keep = one if args[0] == "route" else None
                     if keep is None:
                         subprocess.run([str(lors), "trim", "-q", "--decrement", "--allow-holes", *flags,
-                                        "-o", "/dev/null", str(made)], capture_output=True)
+                                        "-o", str(work / "trimmed.xnd"), str(made)], capture_output=True)
                     else:
                         # A route's output names the input's blocks too: only its new ones go.
                         subprocess.run([str(lors), "trim", "-q", "--decrement", "--allow-holes",
-                                        "--depot", depots[2], "--depot", depots[3], "-o", "/dev/null",
+                                        "--depot", depots[2], "--depot", depots[3], "-o", str(work / "trimmed.xnd"),
                                         str(made)], capture_output=True)
                     made.unlink()
+                    (work / "trimmed.xnd").unlink(missing_ok=True)
             return took
 
         names = [n for n, _ in cases(0)]

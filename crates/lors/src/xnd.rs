@@ -94,6 +94,16 @@ pub fn save(path: &Path, x: &ExNode) -> Result<(), XndError> {
     let name = path
         .file_name()
         .ok_or_else(|| fail(std::io::Error::other("the path names no file")))?;
+    // The save renames a new file over the old: over a device or a FIFO
+    // (`-o /dev/null`) that would replace the node itself, for everyone.
+    if let Ok(m) = std::fs::metadata(path)
+        && !m.is_file()
+    {
+        return Err(fail(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file: an exNode is saved by replacing the file, which this would destroy",
+        )));
+    }
     let tmp = dir.join(format!(
         ".{}.tmp{}",
         name.to_string_lossy(),
@@ -123,6 +133,20 @@ mod tests {
     use std::os::unix::fs::PermissionsExt as _;
 
     use super::*;
+
+    #[test]
+    fn a_device_or_fifo_is_never_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("pipe");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        if !made.is_ok_and(|s| s.success()) {
+            return; // no mkfifo here
+        }
+        let e = save(&fifo, &ExNode::default()).unwrap_err();
+        assert!(format!("{e:?}").contains("not a regular file"), "{e:?}");
+        use std::os::unix::fs::FileTypeExt as _;
+        assert!(std::fs::metadata(&fifo).unwrap().file_type().is_fifo());
+    }
 
     #[test]
     fn saved_files_are_whole_private_when_secret_and_read_back() {

@@ -2270,6 +2270,19 @@ fn errors_say_their_cause_once() {
     );
     assert!(!err.contains("could not be read"), "{err}");
     let out = dir.path().join("o.bin");
+    // An exNode is saved by renaming over the old file: never over a
+    // device or a FIFO (as root, `-o /dev/null` replaced the node itself).
+    let fifo = dir.path().join("fifo");
+    if std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .is_ok_and(|s| s.success())
+    {
+        let (ok, _, err) = lors(&["modify", "-w", "-o", fifo.to_str().unwrap(), x]);
+        use std::os::unix::fs::FileTypeExt as _;
+        assert!(std::fs::metadata(&fifo).unwrap().file_type().is_fifo());
+        assert!(!ok && err.contains("not a regular file"), "{err}");
+    }
     let (ok, _, err) = lors(&["download", "-O", "300000", "-o", out.to_str().unwrap(), x]);
     assert!(
         !ok && err.contains("-O 300000 is past the end of the file (300000 bytes)"),
