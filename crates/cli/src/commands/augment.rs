@@ -57,15 +57,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         lors::manage::augment(&x, &found.depots, a.copies, &opts, &pool, progress.as_ref()).await
     });
     progress.finish();
-    let y = match y {
-        Err(lors::Error::Interrupted {
-            released, stranded, ..
-        }) => {
-            super::upload::copies_interrupted("augment", released, &stranded, &out);
-            return Err(super::interrupted(&signal));
-        }
-        r => r?,
-    };
+    let y = super::upload::copies_outcome("augment", y, &out, &signal)?;
     lors::xnd::save(&out, &y)?;
     let added = y.mappings.len() - x.mappings.len();
     if progress.is_json() {

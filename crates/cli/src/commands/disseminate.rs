@@ -194,22 +194,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             .filter(|r| !r.complete)
             .map(|r| r.depot.as_str())
             .collect();
-        if signal.load(std::sync::atomic::Ordering::SeqCst) != 0 {
-            // Said as for failed sites; the exit status says why.
-            eprintln!(
-                "lors: disseminate interrupted: {} of {} sites did not get a full replica ({}); what they got was released; run the same command on {} to complete them",
-                failed.len(),
-                done.sites.len(),
-                failed.join(", "),
-                if complete > 0 {
-                    out.display().to_string()
-                } else {
-                    a.input.display().to_string()
-                }
-            );
-            return Err(super::interrupted(&signal));
-        }
-        anyhow::bail!(
+        let missing = format!(
             "{} of {} sites did not get a full replica ({}); run the same command on {} to complete them",
             failed.len(),
             done.sites.len(),
@@ -220,6 +205,12 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 a.input.display().to_string()
             }
         );
+        if signal.load(std::sync::atomic::Ordering::SeqCst) != 0 {
+            // Said as for failed sites; the exit status says why.
+            eprintln!("lors: disseminate interrupted (what they got was released): {missing}");
+            return Err(super::interrupted(&signal));
+        }
+        anyhow::bail!(missing);
     }
     Ok(())
 }

@@ -72,15 +72,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         .await
     });
     progress.finish();
-    let t = match t {
-        Err(lors::Error::Interrupted {
-            released, stranded, ..
-        }) => {
-            super::upload::copies_interrupted("route", released, &stranded, &out);
-            return Err(super::interrupted(&signal));
-        }
-        r => r?,
-    };
+    let t = super::upload::copies_outcome("route", t, &out, &signal)?;
     lors::xnd::save(&out, &t.exnode)?;
     // Old mappings keep their place at the front of the augmented exNode,
     // so they are named by the numbers `lors ls` showed for the input.

@@ -380,36 +380,40 @@ fn record_partial(
     }
 }
 
-/// After an interrupted augment or route: the exNode is unchanged, the
-/// replicas made were released, and those that could not be are recorded.
-pub(crate) fn copies_interrupted(
+/// The outcome of an augment or route run under [`super::stop_on_signal`]:
+/// interrupted, the exNode is unchanged, the replicas made were released
+/// (those that could not be are recorded beside `out`), and the error
+/// carries the signal's exit status.
+pub(crate) fn copies_outcome<T>(
     what: &str,
-    released: usize,
-    stranded: &lors_exnode::ExNode,
+    r: lors::Result<T>,
     out: &std::path::Path,
-) {
+    signal: &std::sync::atomic::AtomicU8,
+) -> anyhow::Result<T> {
+    let Err(lors::Error::Interrupted {
+        released, stranded, ..
+    }) = r
+    else {
+        return Ok(r?);
+    };
     crate::report::clear();
+    let said = format!("{what} interrupted: the exNode is unchanged; ");
     if stranded.mappings.is_empty() {
-        eprintln!(
-            "lors: {what} interrupted: the exNode is unchanged; the {released} replicas made were released"
-        );
+        eprintln!("lors: {said}the {released} replicas made were released");
     } else {
         record_unreleased(
-            stranded,
-            &format!(
-                "{what} interrupted: the exNode is unchanged; released {released} replicas made; "
-            ),
+            &stranded,
+            &format!("{said}released {released} replicas made; "),
             out,
         );
     }
+    Err(super::interrupted(signal))
 }
 
 /// Writes the allocations in `stranded` (on depots that could not be
 /// reached to release them) to `OUT.partial` and says how to free them.
 pub(crate) fn record_unreleased(stranded: &lors_exnode::ExNode, said: &str, out: &std::path::Path) {
-    let mut partial = out.as_os_str().to_owned();
-    partial.push(".partial");
-    let partial = std::path::PathBuf::from(partial);
+    let partial = partial_path(out);
     let mut depots: Vec<String> = stranded.mappings.iter().filter_map(|m| m.depot()).collect();
     depots.sort();
     depots.dedup();

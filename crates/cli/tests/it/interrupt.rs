@@ -134,7 +134,7 @@ fn interrupted_copies_are_released() {
     let ds: Vec<DepotProc> = (0..3)
         .map(|i| DepotProc::start(&dir.path().join(format!("d{i}")), &["--sync", "never"]))
         .collect();
-    let data = pattern(16 << 20, 43);
+    let data = pattern(64 << 20, 43);
     let src = dir.path().join("in.bin");
     std::fs::write(&src, &data).unwrap();
     let one = dir.path().join("one.xnd");
