@@ -19,6 +19,10 @@ pub struct Pool {
     idle: Mutex<HashMap<String, Vec<Connection>>>,
     /// `--bwlimit`: every byte of data moved through this pool pays here.
     limit: Option<crate::rate::Limiter>,
+    /// The pace of the uploads run through this pool: an xio file's
+    /// flushes, each an upload of its own, judge a hung depot by what the
+    /// earlier ones timed.
+    watch: std::sync::OnceLock<Arc<crate::stall::Watcher>>,
 }
 
 impl Pool {
@@ -28,7 +32,16 @@ impl Pool {
             cfg,
             idle: Mutex::new(HashMap::new()),
             limit: None,
+            watch: std::sync::OnceLock::new(),
         }
+    }
+
+    /// The watcher of the uploads through this pool (see [`crate::stall`]).
+    pub fn watcher(&self) -> Arc<crate::stall::Watcher> {
+        (self
+            .watch
+            .get_or_init(|| Arc::new(crate::stall::Watcher::new(self.cfg.io_timeout, &self.cfg))))
+        .clone()
     }
 
     /// Holds the data this pool moves (STOREs, SENDs it asks for, and the

@@ -103,7 +103,7 @@ struct Shared {
     /// unnamed; the upload waits (bounded) for them before it settles.
     allocating: Arc<tokio::sync::watch::Sender<Vec<String>>>,
     /// How long depot commands take here: what a hung depot is told apart by.
-    watch: Watcher,
+    watch: Arc<Watcher>,
 }
 
 impl Shared {
@@ -582,7 +582,7 @@ async fn run<R: AsyncRead + Unpin>(
         });
     }
     let n = addrs.len();
-    let watch = Watcher::new(pool.config().io_timeout, pool.config());
+    let watch = pool.watcher();
     let shared = Arc::new(Shared {
         opts: opts.clone(),
         pool,
