@@ -25,6 +25,17 @@ fn tok(c: &Capability) -> String {
     format!("{} {}", c.key_token(), c.typekey)
 }
 
+/// The reference depot's PROBE reply for the session below: the lease's
+/// seconds left may have ticked down on a loaded machine, the rest is exact.
+fn assert_probe_shape(l: &str) {
+    let f: Vec<&str> = l.split(' ').collect();
+    assert_eq!(f.len(), 9, "{l:?}");
+    assert_eq!(&f[..5], ["1", "1", "0", "11", "1024"], "{l:?}");
+    let left: u64 = f[5].parse().unwrap();
+    assert!((3590..=3600).contains(&left), "{l:?}");
+    assert_eq!(&f[6..], ["2", "1", "\n"], "{l:?}");
+}
+
 #[tokio::test]
 async fn worked_session_reply_shapes_match_the_reference_depot() {
     let dir = tempdir();
@@ -58,10 +69,10 @@ async fn worked_session_reply_shapes_match_the_reference_depot() {
     assert_eq!(r.bytes(11).await, b"hello world");
     // Connection reuse, and PROBE in the reference depot's shape.
     r.send(format!("1 9 {mg} 40 0 0 0 0 10\n").as_bytes()).await;
-    assert_eq!(r.line().await, "1 1 0 11 1024 3600 2 1 \n");
+    assert_probe_shape(&r.line().await);
     // LoRS 0.82's forms: version 0, trailing space, PROBE with the read key, timeout 0.
     r.send(format!("0 9 {rd} 40 0 0 0 0 0\n").as_bytes()).await;
-    assert_eq!(r.line().await, "1 1 0 11 1024 3600 2 1 \n");
+    assert_probe_shape(&r.line().await);
     r.send(format!("0 8 {rd} 6 5 0.5 \n").as_bytes()).await;
     assert_eq!(r.line().await, "1 5 \n");
     assert_eq!(r.bytes(5).await, b"world");

@@ -65,13 +65,25 @@ fn interrupted_uploads_leave_only_what_a_record_names_and_resume() {
         let out = dir.path().join(format!("u{i}.xnd"));
         let out_s = out.to_str().unwrap().to_owned();
         // Raw blocks sent from the file, and checksummed ones through memory.
-        let mut args = vec!["upload", "-c", "2", "-b", "256K", "--depot", &depots];
+        // The rate limit makes a run last ~0.4 s however fast the machine,
+        // so the signals, 20 ms to 0.5 s in, land in every phase of it.
+        let mut args = vec![
+            "upload",
+            "-c",
+            "2",
+            "-b",
+            "256K",
+            "--bwlimit",
+            "40M",
+            "--depot",
+            &depots,
+        ];
         if i % 3 == 0 {
             args.push("-n");
         }
         args.extend(["-o", &out_s, src]);
         let signal = if i % 2 == 0 { "INT" } else { "TERM" };
-        let (code, err) = interrupted_upload(&args, signal, Duration::from_millis(20 + 13 * i));
+        let (code, err) = interrupted_upload(&args, signal, Duration::from_millis(20 + 23 * i));
         let partial = dir.path().join(format!("u{i}.xnd.partial"));
         match code {
             0 => assert!(out.exists()),
@@ -160,7 +172,18 @@ fn interrupted_copies_are_released() {
         let out = dir.path().join(format!("c{i}.xnd"));
         let out_s = out.to_str().unwrap().to_owned();
         let cmd = if i % 2 == 0 { "augment" } else { "route" };
-        let mut args = vec![cmd, "-c", "1", "--depot", &targets, "-o", &out_s];
+        // 64 MiB at 128 MiB/s: each run lasts ~0.5 s on any machine.
+        let mut args = vec![
+            cmd,
+            "-c",
+            "1",
+            "--bwlimit",
+            "128M",
+            "--depot",
+            &targets,
+            "-o",
+            &out_s,
+        ];
         if cmd == "route" {
             args.push("--keep-old"); // the input stays whole for the next runs
         }
@@ -219,6 +242,8 @@ fn interrupted_dissemination_keeps_only_complete_sites() {
             "disseminate",
             "-b",
             "256K",
+            "--bwlimit", // 24 MiB to 3 sites: ~0.7 s on any machine
+            "100M",
             "--to",
             &to,
             "-o",
