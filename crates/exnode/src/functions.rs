@@ -11,7 +11,9 @@
 //! Decoding detects corruption (checksum mismatch, failed AEAD tag, bad
 //! frame) and never inflates a block beyond its logical size.
 
+use std::borrow::Cow;
 use std::fmt::Write as _;
+use std::ops::Range;
 
 use aes_gcm::aead::{Aead, KeyInit};
 
@@ -114,6 +116,36 @@ impl Step {
         }
     }
 
+    /// Whether the step only checks the bytes (they are stored as they are).
+    fn is_checksum(&self) -> bool {
+        matches!(self, Step::Blake3 | Step::Md5 | Step::Md5Rfc1321)
+    }
+
+    /// For a checksum step: checks block `index`'s bytes `cur` and returns
+    /// where in them the data lies. `None` for a step that transforms.
+    fn check(&self, index: u64, cur: &[u8]) -> Result<Option<Range<usize>>, E2eError> {
+        let corrupt = |what| E2eError::Corrupt { block: index, what };
+        match self {
+            Step::Blake3 => {
+                let n = cur.len().checked_sub(32).ok_or(corrupt("short block"))?;
+                if blake3::hash(&cur[..n]).as_bytes()[..] != cur[n..] {
+                    return Err(corrupt("BLAKE3 checksum mismatch"));
+                }
+                Ok(Some(0..n))
+            }
+            Step::Md5 | Step::Md5Rfc1321 => {
+                if cur.len() < 33 || cur[32] != b':' {
+                    return Err(corrupt("malformed MD5 checksum header"));
+                }
+                if !lors_md5::matches(&cur[..32], &cur[33..]) {
+                    return Err(corrupt("MD5 checksum mismatch"));
+                }
+                Ok(Some(33..cur.len()))
+            }
+            _ => Ok(None),
+        }
+    }
+
     /// A fresh random 256-bit key for a cipher step.
     pub fn random_key() -> std::io::Result<[u8; 32]> {
         let mut k = [0u8; 32];
@@ -176,6 +208,18 @@ fn unhex(s: &str) -> Option<Vec<u8>> {
         .collect()
 }
 
+/// The `r` part of `cur`, without a copy when it is borrowed.
+fn narrow(cur: Cow<'_, [u8]>, r: Range<usize>) -> Cow<'_, [u8]> {
+    match cur {
+        Cow::Borrowed(b) => Cow::Borrowed(&b[r]),
+        Cow::Owned(mut v) => {
+            v.truncate(r.end);
+            v.drain(..r.start);
+            Cow::Owned(v)
+        }
+    }
+}
+
 impl Chain {
     fn framed(&self) -> bool {
         self.steps.iter().any(|s| s.overhead().is_none())
@@ -231,51 +275,47 @@ impl Chain {
         out
     }
 
-    fn decode_block(&self, index: u64, stored: &[u8], logical: usize) -> Result<Vec<u8>, E2eError> {
+    /// Decodes block `index` onto the end of `out`. Checksums are checked
+    /// in place: a chain of checksums alone copies each byte once.
+    fn decode_block_into(
+        &self,
+        index: u64,
+        stored: &[u8],
+        logical: usize,
+        out: &mut Vec<u8>,
+    ) -> Result<(), E2eError> {
         let corrupt = |what| E2eError::Corrupt { block: index, what };
-        let mut cur = stored.to_vec();
+        let mut cur = Cow::Borrowed(stored);
         for s in self.steps.iter().rev() {
+            if let Some(r) = s.check(index, &cur)? {
+                cur = narrow(cur, r);
+                continue;
+            }
             cur = match s {
-                Step::Blake3 => {
-                    if cur.len() < 32 {
-                        return Err(corrupt("short block"));
-                    }
-                    let (d, h) = cur.split_at(cur.len() - 32);
-                    if blake3::hash(d).as_bytes() != h {
-                        return Err(corrupt("BLAKE3 checksum mismatch"));
-                    }
-                    d.to_vec()
-                }
-                Step::Md5 | Step::Md5Rfc1321 => {
-                    if cur.len() < 33 || cur[32] != b':' {
-                        return Err(corrupt("malformed MD5 checksum header"));
-                    }
-                    let (h, d) = (&cur[..32], &cur[33..]);
-                    if !lors_md5::matches(h, d) {
-                        return Err(corrupt("MD5 checksum mismatch"));
-                    }
-                    d.to_vec()
-                }
                 Step::Zstd { .. } => {
                     let out = zstd::bulk::decompress(&cur, logical)
                         .map_err(|_| corrupt("zstd data is invalid"))?;
                     if out.len() != logical {
                         return Err(corrupt("decompressed size differs"));
                     }
-                    out
+                    Cow::Owned(out)
                 }
-                Step::Aes256Gcm { key } => open(&aes_gcm::Aes256Gcm::new(key.into()), &cur)
-                    .ok_or(corrupt("AES-GCM authentication failed"))?,
-                Step::ChaCha20Poly1305 { key } => {
+                Step::Aes256Gcm { key } => Cow::Owned(
+                    open(&aes_gcm::Aes256Gcm::new(key.into()), &cur)
+                        .ok_or(corrupt("AES-GCM authentication failed"))?,
+                ),
+                Step::ChaCha20Poly1305 { key } => Cow::Owned(
                     open(&chacha20poly1305::ChaCha20Poly1305::new(key.into()), &cur)
-                        .ok_or(corrupt("ChaCha20-Poly1305 authentication failed"))?
-                }
+                        .ok_or(corrupt("ChaCha20-Poly1305 authentication failed"))?,
+                ),
+                Step::Blake3 | Step::Md5 | Step::Md5Rfc1321 => unreachable!("checked above"),
             };
         }
         if cur.len() != logical {
             return Err(corrupt("decoded size differs"));
         }
-        Ok(cur)
+        out.extend_from_slice(&cur);
+        Ok(())
     }
 
     /// Decodes a mapping's stored bytes back to its `logical_len` bytes.
@@ -293,6 +333,19 @@ impl Chain {
         logical_len: u64,
         out: &mut Vec<u8>,
     ) -> Result<(), E2eError> {
+        self.decode_blocks_into(stored, 0, logical_len, out)
+    }
+
+    /// Decodes the stored bytes of consecutive blocks, the first being
+    /// block `first` of its mapping (what errors name), into their
+    /// `logical_len` bytes.
+    fn decode_blocks_into(
+        &self,
+        stored: &[u8],
+        first: u64,
+        logical_len: u64,
+        out: &mut Vec<u8>,
+    ) -> Result<(), E2eError> {
         let bs = self.block_size.max(1);
         let n_blocks = logical_len.div_ceil(bs);
         out.clear();
@@ -304,7 +357,7 @@ impl Chain {
                 .map_err(|_| E2eError::Malformed("block size"))?;
             let len = if self.framed() {
                 let hdr = stored.get(pos..pos + 4).ok_or(E2eError::Corrupt {
-                    block: i,
+                    block: first + i,
                     what: "truncated frame",
                 })?;
                 pos += 4;
@@ -313,19 +366,19 @@ impl Chain {
                 logical + usize::try_from(fixed).map_err(|_| E2eError::Malformed("overhead"))?
             };
             let end = pos.checked_add(len).ok_or(E2eError::Corrupt {
-                block: i,
+                block: first + i,
                 what: "frame length",
             })?;
             let block = stored.get(pos..end).ok_or(E2eError::Corrupt {
-                block: i,
+                block: first + i,
                 what: "truncated data",
             })?;
-            out.extend_from_slice(&self.decode_block(i, block, logical)?);
+            self.decode_block_into(first + i, block, logical, out)?;
             pos = end;
         }
         if pos != stored.len() {
             return Err(E2eError::Corrupt {
-                block: n_blocks,
+                block: first + n_blocks,
                 what: "trailing bytes",
             });
         }
@@ -549,6 +602,171 @@ impl Codec {
             Codec::Legacy(c) => c.e2e_blocksize,
         }
     }
+
+    /// The chain, when `m`'s blocks can be read and checked a few at a time:
+    /// a native chain of fixed overhead per block (no compression), stored
+    /// bytes adding up to what that layout gives, and no digest of the
+    /// mapping's stored bytes as a whole ([`STORED_BLAKE3`]).
+    fn sliceable(&self, m: &Mapping) -> Option<(&Chain, u64)> {
+        let Codec::Native(c) = self else { return None };
+        if c.framed() || m.metadata.iter().any(|x| x.name == STORED_BLAKE3) {
+            return None;
+        }
+        let bs = c.block_size.max(1);
+        let overhead: u64 = c.steps.iter().filter_map(Step::overhead).sum();
+        let stored = m
+            .logical_length
+            .div_ceil(bs)
+            .checked_mul(overhead)?
+            .checked_add(m.logical_length)?;
+        (stored == m.alloc_length).then_some((c, overhead))
+    }
+
+    /// Whether [`Codec::slice`] can cut `m` into parts read on their own.
+    pub fn is_sliceable(&self, m: &Mapping) -> bool {
+        self.sliceable(m).is_some()
+    }
+
+    /// The whole e2e blocks that hold logical bytes `start..start + len` of
+    /// mapping `m` (offsets within the mapping), when its layout lets them be
+    /// read and verified without the rest of the mapping
+    /// ([`Codec::is_sliceable`]); `None` otherwise, or for a range outside
+    /// the mapping.
+    ///
+    /// ```
+    /// use lors_exnode::functions::{Chain, Codec, Step};
+    /// use lors_exnode::Mapping;
+    /// let codec = Codec::Native(Chain { block_size: 4, steps: vec![Step::Blake3] });
+    /// let data = b"0123456789";
+    /// let (stored, function) = codec.encode(data).unwrap();
+    /// let m = Mapping { logical_length: 10, alloc_length: stored.len() as u64,
+    ///                   e2e_blocksize: 4, function, ..Mapping::default() };
+    /// let s = codec.slice(&m, 5, 2).unwrap(); // in block 1, bytes 4..8
+    /// assert_eq!((s.stored.start, s.stored.end, s.logical.start), (36, 72, 4));
+    /// let part = &stored[s.stored.start as usize..s.stored.end as usize];
+    /// assert_eq!(codec.decode_slice(&s, part).unwrap(), b"4567");
+    /// ```
+    pub fn slice(&self, m: &Mapping, start: u64, len: u64) -> Option<Slice> {
+        let (c, overhead) = self.sliceable(m)?;
+        let end = start
+            .checked_add(len)
+            .filter(|&e| len > 0 && e <= m.logical_length)?;
+        let bs = c.block_size.max(1);
+        let (first, last) = (start / bs, (end - 1) / bs);
+        let logical = first * bs..(end.div_ceil(bs) * bs).min(m.logical_length);
+        let stored =
+            first * (bs + overhead)..last * (bs + overhead) + (logical.end - last * bs) + overhead;
+        Some(Slice {
+            stored,
+            logical,
+            first_block: first,
+        })
+    }
+
+    /// For a chain of checksums alone, whose stored blocks hold the data
+    /// as it is: checks the stored bytes [`Codec::slice`] named and returns
+    /// where in them `slice.logical`'s bytes lie, in order, so they can be
+    /// written out without a copy. `Ok(None)` for a chain that transforms
+    /// the bytes ([`Codec::decode_slice`] then).
+    ///
+    /// ```
+    /// use lors_exnode::functions::{Chain, Codec, Step};
+    /// use lors_exnode::Mapping;
+    /// let codec = Codec::Native(Chain { block_size: 4, steps: vec![Step::Blake3] });
+    /// let (stored, function) = codec.encode(b"0123456789").unwrap();
+    /// let m = Mapping { logical_length: 10, alloc_length: stored.len() as u64,
+    ///                   e2e_blocksize: 4, function, ..Mapping::default() };
+    /// let s = codec.slice(&m, 0, 10).unwrap();
+    /// let parts = codec.check_slice(&s, &stored).unwrap().unwrap();
+    /// let data: Vec<u8> = parts.iter().flat_map(|r| stored[r.clone()].to_vec()).collect();
+    /// assert_eq!(data, b"0123456789");
+    /// ```
+    pub fn check_slice(
+        &self,
+        slice: &Slice,
+        stored: &[u8],
+    ) -> Result<Option<Vec<Range<usize>>>, E2eError> {
+        let Codec::Native(c) = self else {
+            return Ok(None);
+        };
+        if !c.steps.iter().all(Step::is_checksum) {
+            return Ok(None);
+        }
+        let truncated = |block| E2eError::Corrupt {
+            block,
+            what: "truncated data",
+        };
+        if stored.len() as u64 != slice.stored.end - slice.stored.start {
+            return Err(truncated(slice.first_block));
+        }
+        let bs = c.block_size.max(1);
+        let overhead: u64 = c.steps.iter().filter_map(Step::overhead).sum();
+        let mut parts = Vec::new();
+        let (mut at, mut logical) = (0usize, slice.logical.start);
+        while logical < slice.logical.end {
+            let index = logical / bs;
+            let n = (slice.logical.end - logical).min(bs);
+            let len =
+                usize::try_from(n + overhead).map_err(|_| E2eError::Malformed("block size"))?;
+            let mut r = at..at + len;
+            for s in c.steps.iter().rev() {
+                let block = stored.get(r.clone()).ok_or(truncated(index))?;
+                let inner = s.check(index, block)?.expect("a checksum step");
+                r = r.start + inner.start..r.start + inner.end;
+            }
+            if r.len() as u64 != n {
+                return Err(E2eError::Corrupt {
+                    block: index,
+                    what: "decoded size differs",
+                });
+            }
+            parts.push(r);
+            at += len;
+            logical += n;
+        }
+        Ok(Some(parts))
+    }
+
+    /// Decodes the stored bytes [`Codec::slice`] named into
+    /// `slice.logical`'s bytes.
+    pub fn decode_slice(&self, slice: &Slice, stored: &[u8]) -> Result<Vec<u8>, E2eError> {
+        let mut out = Vec::new();
+        self.decode_slice_into(slice, stored, &mut out)?;
+        Ok(out)
+    }
+
+    /// [`Codec::decode_slice`] into `out`, reusing its capacity.
+    pub fn decode_slice_into(
+        &self,
+        slice: &Slice,
+        stored: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<(), E2eError> {
+        let Codec::Native(c) = self else {
+            return Err(E2eError::Malformed("only native chains are read in slices"));
+        };
+        if stored.len() as u64 != slice.stored.end - slice.stored.start {
+            return Err(E2eError::Corrupt {
+                block: slice.first_block,
+                what: "truncated data",
+            });
+        }
+        let logical = slice.logical.end - slice.logical.start;
+        c.decode_blocks_into(stored, slice.first_block, logical, out)
+    }
+}
+
+/// Consecutive whole e2e blocks of a mapping: where they are stored and
+/// the logical bytes they decode to, both as offsets within the mapping.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Slice {
+    /// Stored bytes, from the allocation's start (the mapping's
+    /// `alloc_offset`).
+    pub stored: Range<u64>,
+    /// Logical bytes, from the mapping's start.
+    pub logical: Range<u64>,
+    /// Index of the first block in the mapping.
+    pub first_block: u64,
 }
 
 fn seal<C: Aead>(cipher: &C, data: &[u8]) -> Vec<u8> {

@@ -1,16 +1,17 @@
 //! The fetch worker: one per depot connection, asking the scheduler for
 //! work, reading pieces over IBP and handing them to the output.
 
+use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use lors_exnode::functions::{Codec, MAX_ENCODED_MAPPING};
+use lors_exnode::functions::{Codec, MAX_ENCODED_MAPPING, Slice};
 use tokio::sync::mpsc;
 
 use super::Ctx;
-use super::output::{Data, Held, OutFile};
+use super::output::{Buffers, Data, Held, OutFile};
 use super::sched::{DepotId, Pick};
 use crate::error::Error;
 
@@ -19,6 +20,9 @@ use crate::error::Error;
 enum Got {
     Data(Data),
     Written,
+    /// Stored bytes checked in place: the piece's parts in them, each with
+    /// its offset in the piece.
+    Checked(BytesMut, Vec<(Range<usize>, u64)>),
 }
 
 /// Why a fetch failed.
@@ -109,9 +113,9 @@ pub(super) async fn worker(
             drop(share.take());
         }
         let (offset, len) = ctx.lock().sched.piece(piece);
-        // `--bwlimit`: paid before the LOAD (a whole encoded mapping is).
-        let cost = match &ctx.x.mappings[m].function {
-            Some(_) => ctx.x.mappings[m].alloc_length,
+        // `--bwlimit`: paid before the LOAD, for the stored bytes it reads.
+        let cost = match Encoded::of(&ctx.x.mappings[m], offset, len) {
+            Some(e) => e.stored.end - e.stored.start,
             None => len,
         };
         ctx.pool.throttle(cost).await;
@@ -168,6 +172,20 @@ pub(super) async fn worker(
                 // One short line appended to the record: a hop to a
                 // blocking thread for it would cost more than the write.
                 Got::Written => f.record(offset, len),
+                Got::Checked(stored, parts) => {
+                    let (f, bufs) = (f.clone(), ctx.bufs.clone());
+                    tokio::task::spawn_blocking(move || {
+                        let r = f.write_parts(
+                            pos,
+                            parts.iter().map(|(r, at)| (&stored[r.clone()], *at)),
+                        );
+                        bufs.give(stored);
+                        r.and_then(|()| f.record(offset, len))
+                    })
+                    .await
+                    .map_err(|e| std::io::Error::other(e.to_string()))
+                    .and_then(|r| r)
+                }
                 Got::Data(data) => {
                     let f = f.clone();
                     let bufs = ctx.bufs.clone();
@@ -270,37 +288,122 @@ async fn fetch(
             ),
             false,
         )),
-        Ok(Some(codec)) => {
-            // Encoded mappings are fetched and verified whole, then cut.
-            let mut stored = ctx.bufs.take(map.alloc_length);
+        Ok(Some(_)) => {
+            // The e2e blocks that hold the piece (the whole mapping where
+            // its layout needs it), fetched, verified, then cut.
+            let e = Encoded::of(map, offset, len).expect("an encoded mapping");
+            let mut stored = ctx.bufs.take(e.stored.end - e.stored.start);
             let mut c = ctx.pool.get(depot).await.map_err(ibp_err)?;
-            c.load_buf(cap, map.alloc_offset, map.alloc_length, &mut stored)
-                .await
-                .map_err(ibp_err)?;
+            let (at, n) = (
+                map.alloc_offset + e.stored.start,
+                e.stored.end - e.stored.start,
+            );
+            c.load_buf(cap, at, n, &mut stored).await.map_err(ibp_err)?;
             ctx.pool.put(c);
-            let mapping = map.clone();
+            let piece = offset - map.exnode_offset..offset - map.exnode_offset + len;
             let bufs = ctx.bufs.clone();
-            let plain = tokio::task::spawn_blocking(move || {
-                // A free buffer's memory, not a fresh allocation per block.
-                let mut plain = Vec::from(bufs.take(0));
-                let r = codec.decode_mapping_into(&mapping, &stored, &mut plain);
-                bufs.give(stored);
-                // Without a copy: the Vec's own allocation.
-                r.map(|()| BytesMut::from(Bytes::from(plain)))
-            })
-            .await
-            .map_err(|e| Fail::Remote(e.to_string(), false))?
-            .map_err(|e| Fail::Remote(format!("{e} (from {depot})"), false))?;
-            let from = usize::try_from(offset - map.exnode_offset).unwrap_or(usize::MAX);
-            let to = from.saturating_add(usize::try_from(len).unwrap_or(usize::MAX));
-            if from == 0 && to == plain.len() {
-                return Ok(Got::Data(Data::Mem(plain))); // the usual case: no copy
-            }
-            let piece = plain.get(from..to).map(BytesMut::from);
-            ctx.bufs.give(plain);
-            piece
-                .map(|p| Got::Data(Data::Mem(p)))
-                .ok_or(Fail::Remote("mapping shorter than recorded".into(), false))
+            let to_file = out.is_some();
+            let mapping = map.clone();
+            tokio::task::spawn_blocking(move || e.open(&mapping, stored, piece, to_file, &bufs))
+                .await
+                .map_err(|e| Fail::Remote(e.to_string(), false))?
+                .map_err(|e| Fail::Remote(format!("{e} (from {depot})"), false))
         }
     }
+}
+
+/// How a piece of an encoded mapping is read.
+struct Encoded {
+    codec: Codec,
+    /// The e2e blocks holding the piece; `None`: the whole mapping.
+    slice: Option<Slice>,
+    /// Their stored bytes, within the allocation.
+    stored: Range<u64>,
+    /// Their logical bytes, within the mapping.
+    logical: Range<u64>,
+}
+
+impl Encoded {
+    /// For bytes `offset..offset+len` of the file in `map`; `None` for a
+    /// mapping stored as is.
+    fn of(map: &lors_exnode::Mapping, offset: u64, len: u64) -> Option<Encoded> {
+        let codec = Codec::from_mapping(map).ok().flatten()?;
+        let slice = codec.slice(map, offset - map.exnode_offset, len);
+        let (stored, logical) = match &slice {
+            Some(s) => (s.stored.clone(), s.logical.clone()),
+            None => (0..map.alloc_length, 0..map.logical_length),
+        };
+        Some(Encoded {
+            codec,
+            slice,
+            stored,
+            logical,
+        })
+    }
+
+    /// Checks and decodes `stored` and gives `piece`'s logical bytes (within
+    /// the mapping). Checksums alone, for a file, are checked in place: the
+    /// data is written from where it was received.
+    fn open(
+        self,
+        map: &lors_exnode::Mapping,
+        stored: BytesMut,
+        piece: Range<u64>,
+        to_file: bool,
+        bufs: &Buffers,
+    ) -> Result<Got, lors_exnode::functions::E2eError> {
+        if let (Some(s), true) = (&self.slice, to_file) {
+            match self.codec.check_slice(s, &stored) {
+                Ok(Some(parts)) => {
+                    let parts = clip(&parts, self.logical.start, &piece);
+                    return Ok(Got::Checked(stored, parts));
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    bufs.give(stored);
+                    return Err(e);
+                }
+            }
+        }
+        // A free buffer's memory, not a fresh allocation per block.
+        let mut plain = Vec::from(bufs.take(0));
+        let r = match &self.slice {
+            Some(s) => self.codec.decode_slice_into(s, &stored, &mut plain),
+            None => self.codec.decode_mapping_into(map, &stored, &mut plain),
+        };
+        bufs.give(stored);
+        r?;
+        // Without a copy: the Vec's own allocation.
+        let plain = BytesMut::from(Bytes::from(plain));
+        let from = usize::try_from(piece.start - self.logical.start).unwrap_or(usize::MAX);
+        let to =
+            from.saturating_add(usize::try_from(piece.end - piece.start).unwrap_or(usize::MAX));
+        if from == 0 && to == plain.len() {
+            return Ok(Got::Data(Data::Mem(plain))); // the usual case: no copy
+        }
+        let cut = plain.get(from..to).map(BytesMut::from);
+        bufs.give(plain);
+        cut.map(|p| Got::Data(Data::Mem(p)))
+            .ok_or(lors_exnode::functions::E2eError::Malformed(
+                "mapping shorter than recorded",
+            ))
+    }
+}
+
+/// The parts of `piece` (logical bytes within the mapping) among the
+/// stored ranges `parts`, which hold the logical bytes from `start` on, in
+/// order: each as its stored range and its offset within the piece.
+fn clip(parts: &[Range<usize>], start: u64, piece: &Range<u64>) -> Vec<(Range<usize>, u64)> {
+    let mut at = start;
+    let mut out = Vec::with_capacity(parts.len());
+    for r in parts {
+        let end = at + r.len() as u64;
+        let (lo, hi) = (at.max(piece.start), end.min(piece.end));
+        if lo < hi {
+            let from = r.start + (lo - at) as usize;
+            out.push((from..from + (hi - lo) as usize, lo - piece.start));
+        }
+        at = end;
+    }
+    out
 }

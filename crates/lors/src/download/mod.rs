@@ -12,8 +12,8 @@
 //! sidecar record), or to a writer in order through a bounded reorder window.
 //!
 //! Memory is bounded by [`DownloadOptions::memory`], not by the file: pieces
-//! that pass through memory (encoded mappings, which are verified whole, and
-//! every piece of a stream) each hold a memory slot from fetch until written.
+//! that pass through memory (encoded ones, verified an e2e block at a time,
+//! or whole where their layout needs it; every piece of a stream) each hold a memory slot from fetch until written.
 //! A depot that delivers nothing for [`DownloadOptions::stall`] while others
 //! deliver is *stalled*: its pieces move to other replicas and it is read only
 //! as a last resort until it delivers again.
@@ -24,6 +24,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use lors_exnode::ExNode;
+use lors_exnode::functions::Codec;
 use tokio::io::AsyncWrite;
 use tokio::sync::{Notify, Semaphore, mpsc};
 
@@ -277,8 +278,20 @@ pub async fn download(
     let size = x.logical_size();
     let start = opts.offset.min(size);
     let len = opts.length.unwrap_or(size - start).min(size - start);
-    // Mappings with functions are verified whole: do not cut them smaller.
-    let whole = x.mappings.iter().any(|m| m.function.is_some());
+    // Encoded mappings are read in whole e2e blocks, each verified on its
+    // own, where their layout allows (`Codec::slice`); those whose layout
+    // does not (compression, a digest of all stored bytes) are read whole,
+    // and then nothing is cut smaller than a mapping.
+    let codecs: Vec<Option<Codec>> = (x.mappings.iter())
+        .map(|m| Codec::from_mapping(m).ok().flatten())
+        .collect();
+    let whole = (x.mappings.iter().zip(&codecs))
+        .any(|(m, c)| m.function.is_some() && !c.as_ref().is_some_and(|c| c.is_sliceable(m)));
+    let e2e_block = (codecs.iter().flatten())
+        .map(Codec::e2e_blocksize)
+        .max()
+        .unwrap_or(1)
+        .max(1);
     // A stream is cut finer: it keeps only a few seconds' worth in flight
     // (sched::STREAM_HORIZON), and that should still be many connections,
     // or a lossy narrow link is not filled. The window keeps its size in
@@ -293,7 +306,9 @@ pub async fn download(
     };
     // However long the range, no more than MAX_SEGMENTS pieces: larger
     // pieces for very large ranges, a refusal past what that allows.
-    let piece = crate::plan::piece_for(len, piece)?;
+    // Pieces of whole e2e blocks, so a piece is read with no more blocks
+    // than it needs.
+    let piece = crate::plan::piece_for(len, piece)?.next_multiple_of(e2e_block);
     let planned = plan(
         &x.mappings,
         start,
@@ -329,13 +344,21 @@ pub async fn download(
             (None, Some((Sink::Pieces(tx), name)), Some(buffers))
         }
     };
-    // What a piece of each mapping holds in memory: an encoded mapping its
-    // stored and decoded bytes; a raw one its piece, unless spliced.
-    let mem_need: Vec<u64> = (x.mappings.iter())
-        .map(|m| match (&m.function, stream.is_some()) {
-            (Some(_), _) => m.alloc_length.saturating_add(m.logical_length),
-            (None, true) => m.logical_length.min(piece),
-            (None, false) => 0,
+    // What a piece of each mapping holds in memory: an encoded mapping the
+    // stored and decoded bytes of the blocks it is read in (a piece not on
+    // their edges takes one block more); a raw one its piece, unless
+    // spliced.
+    let mem_need: Vec<u64> = (x.mappings.iter().zip(&codecs))
+        .map(|(m, c)| match (&m.function, c, stream.is_some()) {
+            (Some(_), Some(c), _) if !whole => {
+                let blocks =
+                    (piece.div_ceil(c.e2e_blocksize()) + 1).saturating_mul(c.e2e_blocksize());
+                let stored = blocks.saturating_add(m.alloc_length.saturating_sub(m.logical_length));
+                stored.min(m.alloc_length) + blocks.min(m.logical_length)
+            }
+            (Some(_), _, _) => m.alloc_length.saturating_add(m.logical_length),
+            (None, _, true) => m.logical_length.min(piece),
+            (None, _, false) => 0,
         })
         .collect();
     let largest = (planned.iter().flat_map(|s| s.sources.iter()))
@@ -347,7 +370,8 @@ pub async fn download(
         threads: opts.threads,
         hedge: opts.hedge,
         window: stream.is_some().then_some(window),
-        split_tail: stream.is_none() && !whole,
+        // Halves of an encoded piece would each read its edge block.
+        split_tail: stream.is_none() && codecs.iter().all(Option::is_none),
         stall: opts.stall,
         last_resort: (0..names.len())
             .filter(|&d| opts.last_resort.contains(&names[d]))
