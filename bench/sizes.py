@@ -59,6 +59,8 @@ def main() -> int:
     ap.add_argument("--sizes", default="1M,4M,16M,64M,256M,1G", help="file sizes (default 1M..1G)")
     ap.add_argument("--rounds", type=int, default=5, help="timed rounds per size (default 5)")
     ap.add_argument("--dir", default="/dev/shm/lors-sizes", help="working directory on tmpfs")
+    ap.add_argument("--baseline", help="another lors binary (an earlier commit) whose downloads of the same "
+                    "exNodes run beside, for an A/B")
     ap.add_argument("--out", help="also write the Markdown report here")
     a = ap.parse_args()
     sizes = [parse_size(s) for s in a.sizes.split(",") if s]
@@ -96,6 +98,7 @@ def main() -> int:
         "| lors raw (`upload -n`) | best plain GridFTP | ratio | lors defaults / plain GridFTP |",
         "|---|---|---|---|---|---|---|---|",
     ]
+    ab: list[str] = []
     try:
         for p in (depot_port, ftp_port):
             wait_port("127.0.0.1", p)
@@ -113,8 +116,8 @@ def main() -> int:
                                 "-o", str(xnds[kind]), str(src)], check=True)
             url = f"ftp://127.0.0.1:{ftp_port}{src}"
 
-            def down(label: str, kind: str, xnd: Path) -> Case:
-                return Case(label, kind, [str(lors), "download", "-q", "-o", str(out), str(xnd)], size,
+            def down(label: str, kind: str, xnd: Path, binary: Path = lors) -> Case:
+                return Case(label, kind, [str(binary), "download", "-q", "-o", str(out), str(xnd)], size,
                             before=[rm], after=[rm], verify=(out, src))
 
             cases = [
@@ -129,6 +132,13 @@ def main() -> int:
                      ["globus-url-copy", "-p", "4", "-tcp-bs", "4M", url, f"file://{out}"], size,
                      before=[rm], after=[rm], verify=(out, src)),
             ]
+            if a.baseline:
+                cases += [
+                    down("baseline: lors download (defaults; upload defaults)", "baseline",
+                         xnds["checksummed"], Path(a.baseline)),
+                    down("baseline: lors download (raw blocks, upload -n)", "baseline-raw", xnds["raw"],
+                         Path(a.baseline)),
+                ]
             rounds = a.rounds * 3 if size <= 16 << 20 else a.rounds
             measure(cases, rounds, timeout=600)
             peer_name, peer = best(cases, "peer")
@@ -140,6 +150,10 @@ def main() -> int:
             summary.append(
                 f"| {name} | {ours:.3f} GiB/s | {checked:.3f} GiB/s | **{ours / checked:.2f}x** "
                 f"| {raw:.3f} GiB/s | {peer:.3f} GiB/s ({how}) | **{raw / peer:.2f}x** | {ours / peer:.2f}x |")
+            if a.baseline:
+                was, was_raw = (median(c.rates()) if c.times else float("nan") for c in cases[-2:])
+                ab.append(f"| {name} | {was:.3f} → {ours:.3f} GiB/s | **{ours / was:.2f}x** "
+                          f"| {was_raw:.3f} → {raw:.3f} GiB/s | **{raw / was_raw:.2f}x** |")
             print(report[-1], flush=True)
             print(f"{name}: verified {ours / checked:.2f}x GridFTP -verify-checksum; "
                   f"raw {raw / peer:.2f}x plain GridFTP; defaults {ours / peer:.2f}x plain GridFTP", flush=True)
@@ -149,8 +163,12 @@ def main() -> int:
             src.unlink()
     finally:
         stop_all(procs)
-    report += ["### Summary", "", *summary, ""]
-    print("\n".join(summary), flush=True)
+    tail = ["### Summary", "", *summary, ""]
+    if a.baseline:
+        tail += [f"### This build against {a.baseline}, side by side", "",
+                 "| size | defaults (verified) | ratio | raw blocks | ratio |", "|---|---|---|---|---|", *ab, ""]
+    report += tail
+    print("\n".join(tail), flush=True)
     save_report("\n".join(report), a.out)
     return 0
 

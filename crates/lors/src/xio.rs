@@ -810,7 +810,7 @@ impl File {
     }
 
     /// Grows `[off, off+len)` over every encoded mapping it cuts through
-    /// (those are verified whole, so they cannot be narrowed), reading the
+    /// (a write re-encodes and stores each of those whole), reading the
     /// bytes it adds.
     fn widen(&mut self, off: &mut u64, data: &mut Vec<u8>) -> io::Result<()> {
         loop {

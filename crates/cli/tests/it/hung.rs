@@ -108,10 +108,9 @@ fn downloads_read_around_a_depot_that_hangs_at_any_moment() {
     let ds = four(dir.path());
     let all: Vec<&DepotProc> = ds.iter().collect();
     let data = pattern(96 << 20, 31);
-    // End-to-end checksummed blocks of the default 10 MiB (fetched whole,
-    // through memory slots: four of them in the default 96 MiB, which the
-    // hung depot's fetches once held all of) and raw ones (spliced into
-    // the output file).
+    // End-to-end checksummed blocks of the default 10 MiB (fetched in
+    // pieces through memory slots, which the hung depot's fetches once
+    // held all of) and raw ones (spliced into the output file).
     let e2e = upload(&all, dir.path(), "e.bin", &data, &["-c", "2"]);
     let raw = upload(
         &all,

@@ -413,7 +413,7 @@ fn overwriting_and_truncating_encoded_blocks_of_an_uploaded_file() {
     std::fs::write(&src, &model).unwrap();
     let path = dir.path().join("up.xnd");
     let p = path.to_str().unwrap();
-    // BLAKE3-checksummed 1 MiB blocks: verified whole, cannot be cut.
+    // BLAKE3-checksummed 1 MiB blocks: a write stores each one it touches whole.
     let (ok, _, err) = lors(&[
         "upload",
         "--depot",
