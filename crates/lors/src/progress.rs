@@ -92,7 +92,7 @@ impl std::fmt::Display for Event {
             }
             Event::Failover { depot, why } => write!(
                 f,
-                "depot {depot} given up: {why}; the other depots take over its work"
+                "depot {depot} given up: {why}; its work moves to the other depots, if any"
             ),
             Event::Stalled { depot, silent } => write!(
                 f,
