@@ -109,12 +109,12 @@ pub enum Kind {
 /// time for its kind while others finished; while nothing finishes it waits
 /// on, up to the network timeout `cap`.
 ///
-/// A command that has taken the stall time is not given up at once: each
-/// depot it involves is first asked for its version on a fresh connection,
-/// with [`FLOOR`] to answer. A depot that answers is slow, not hung (a
-/// site on a narrow link, a copy behind many others): the command waits
-/// another stall time. One that does not answer is hung, and the command
-/// ends.
+/// A command is not given up on time alone: once it has taken half the
+/// stall time, each depot it involves is asked for its version on a fresh
+/// connection, with half the stall time (at least a second) to answer. A
+/// depot that answers is slow, not hung (a site on a narrow link, a copy
+/// behind many others): the command waits another stall time. One that
+/// does not answer is hung, and the command ends at the stall time.
 #[derive(Debug)]
 pub struct Watcher {
     cap: Duration,
@@ -160,13 +160,19 @@ impl Watcher {
         self.pace.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Whether depot `addr` answers a STATUS VERSION within [`FLOOR`].
-    async fn answers(&self, addr: &str) -> bool {
-        let ask = async {
-            let mut c = lors_ibp::Connection::connect(addr, &self.client).await?;
-            c.version().await
-        };
-        matches!(tokio::time::timeout(FLOOR, ask).await, Ok(Ok(_)))
+    /// The first of `addrs` that does not answer a STATUS VERSION on a
+    /// fresh connection within `wait`, if any.
+    async fn first_silent(&self, addrs: &[&str], wait: Duration) -> Option<String> {
+        for a in addrs {
+            let ask = async {
+                let mut c = lors_ibp::Connection::connect(a, &self.client).await?;
+                c.version().await
+            };
+            if !matches!(tokio::time::timeout(wait, ask).await, Ok(Ok(_))) {
+                return Some((*a).to_owned());
+            }
+        }
+        None
     }
 
     /// Runs `fut`, a command involving the depots `addrs` (the first is the
@@ -178,9 +184,14 @@ impl Watcher {
         kind: Kind,
         fut: impl std::future::Future<Output = lors_ibp::Result<T>>,
     ) -> lors_ibp::Result<T> {
-        let mut start = Instant::now();
-        let began = start;
+        let began = Instant::now();
+        let mut start = began;
         tokio::pin!(fut);
+        // The liveness check is begun at half the stall time, so its
+        // verdict is in when the stall time is up: a hung depot costs the
+        // stall time, not the stall time and the check's own wait.
+        let mut check = None;
+        let mut verdict: Option<Option<String>> = None;
         loop {
             let (after, others_done) = {
                 let p = self.pace();
@@ -191,47 +202,65 @@ impl Watcher {
                 (after, p.last_done > start)
             };
             let waited = start.elapsed();
-            let mut hung = self.known_hung(addrs);
-            if hung.is_some() || (waited >= after && others_done) {
-                if hung.is_none() {
-                    for a in addrs {
-                        if !self.answers(a).await {
-                            let mut known = self.hung.lock().unwrap_or_else(|e| e.into_inner());
-                            known.insert((*a).to_owned());
-                            hung = Some(*a);
-                            break;
-                        }
-                    }
-                }
-                match hung {
-                    Some(a) => {
-                        return Err(lors_ibp::Error::Timeout {
-                            addr: a.to_owned(),
-                            during: "a command, while the other depots answered theirs",
-                            secs: began.elapsed().as_secs(),
-                        });
+            if let Some(a) = self.known_hung(addrs) {
+                return Err(stalled(a, began));
+            }
+            if others_done && waited >= after / 2 && check.is_none() && verdict.is_none() {
+                let wait = (after / 2).max(Duration::from_secs(1));
+                check = Some(Box::pin(self.first_silent(addrs, wait)));
+            }
+            if others_done && waited >= after {
+                match verdict.take() {
+                    Some(Some(a)) => {
+                        let mut known = self.hung.lock().unwrap_or_else(|e| e.into_inner());
+                        known.insert(a.clone());
+                        return Err(stalled(&a, began));
                     }
                     // Slow, not hung: judged again after another stall time.
-                    None => start = Instant::now(),
+                    Some(None) => {
+                        start = Instant::now();
+                        continue;
+                    }
+                    None => {} // the check is still out
                 }
-                continue;
             }
             // Looked at again often: a command that began before anything
             // was timed is judged by what is known now, and one waiting on
             // a depot another command found hung ends soon.
             let wait = (after.saturating_sub(waited))
                 .clamp(Duration::from_millis(50), Duration::from_millis(250));
-            if let Ok(r) = tokio::time::timeout(wait, &mut fut).await {
-                if r.is_ok() {
-                    let mut p = self.pace();
-                    match kind {
-                        Kind::Op => p.ops.record(began.elapsed()),
-                        Kind::Bytes(n) => p.bytes.record_per(began.elapsed(), n),
-                    }
-                    p.last_done = Instant::now();
+            let checked = async {
+                match check.as_mut() {
+                    Some(c) => c.await,
+                    None => std::future::pending().await,
                 }
-                return r;
+            };
+            tokio::select! {
+                r = tokio::time::timeout(wait, &mut fut) => if let Ok(r) = r {
+                    if r.is_ok() {
+                        let mut p = self.pace();
+                        match kind {
+                            Kind::Op => p.ops.record(began.elapsed()),
+                            Kind::Bytes(n) => p.bytes.record_per(began.elapsed(), n),
+                        }
+                        p.last_done = Instant::now();
+                    }
+                    return r;
+                },
+                v = checked => {
+                    verdict = Some(v);
+                    check = None;
+                }
             }
         }
+    }
+}
+
+/// The error of a command given up on the hung depot `addr`.
+fn stalled(addr: &str, began: Instant) -> lors_ibp::Error {
+    lors_ibp::Error::Timeout {
+        addr: addr.to_owned(),
+        during: "a command, while the other depots answered theirs",
+        secs: began.elapsed().as_secs(),
     }
 }
