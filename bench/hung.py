@@ -80,6 +80,7 @@ def main() -> int:
                 ("disseminate", ["disseminate", "-q", "--to", all4, "-o", o("dis"), str(src)]),
                 ("stat", ["stat", str(two)]),
                 ("ls", ["ls", str(two)]),
+                ("verify", ["verify", "-q", str(two)]),
                 ("refresh", ["refresh", "--by", "1h", str(two)]),
             ]
 

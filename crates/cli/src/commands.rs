@@ -16,6 +16,7 @@ pub mod shell;
 pub mod stat;
 pub mod trim;
 pub mod upload;
+pub mod verify;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -43,6 +43,8 @@ enum Command {
     Trim(commands::trim::Args),
     /// Extend the leases of an exNode's allocations.
     Refresh(commands::refresh::Args),
+    /// Read every replica back and check it against its checksums.
+    Verify(commands::verify::Args),
     /// Strip capabilities to share an exNode safely.
     Modify(commands::modify::Args),
     /// Move a file onto other depots.
@@ -121,6 +123,7 @@ fn main() -> ExitCode {
         Command::Augment(a) => commands::augment::run(a),
         Command::Trim(a) => commands::trim::run(a),
         Command::Refresh(a) => commands::refresh::run(a),
+        Command::Verify(a) => commands::verify::run(a),
         Command::Modify(a) => commands::modify::run(a),
         Command::Route(a) => commands::route::run(a),
         Command::Disseminate(a) => commands::disseminate::run(a),

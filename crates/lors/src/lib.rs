@@ -11,6 +11,7 @@
 //!   each other depot to depot, as a sans-I/O scheduler decides.
 //! * [`plan`] — cutting a byte range into servable segments.
 //! * [`pool`] — reused depot connections.
+//! * [`verify`] — every replica read back and checked (a scrub).
 
 pub mod directory;
 pub mod dissem;
@@ -25,6 +26,7 @@ pub mod settings;
 pub mod stall;
 pub mod upload;
 pub mod uri;
+pub mod verify;
 pub mod xio;
 pub mod xnd;
 pub mod xndrc;

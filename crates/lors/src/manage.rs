@@ -471,7 +471,7 @@ pub async fn trim(
         }
     }
     progress.start(Some(jobs.len() as u64));
-    let done = by_depot(jobs, pool, progress, |mut c, cap| async move {
+    let done = by_depot(jobs, pool, progress, |mut c, _, cap| async move {
         let r = c.decr(&cap, CapKind::Read).await;
         (c, r)
     })
@@ -517,7 +517,7 @@ pub async fn refresh(
         }
     }
     progress.start(Some(jobs.len() as u64));
-    let done = by_depot(jobs, pool, progress, move |mut c, cap| async move {
+    let done = by_depot(jobs, pool, progress, move |mut c, _, cap| async move {
         let r = extend(&mut c, &cap, lease).await;
         (c, r)
     })
@@ -595,7 +595,7 @@ pub enum Probe {
 }
 
 impl Probe {
-    fn from_result(r: std::result::Result<ProbeInfo, lors_ibp::Error>) -> Probe {
+    pub(crate) fn from_result(r: std::result::Result<ProbeInfo, lors_ibp::Error>) -> Probe {
         use lors_ibp::proto::StatusCode as S;
         match r {
             Ok(p) => Probe::Live(p),
@@ -660,7 +660,7 @@ pub async fn probe_all(x: &ExNode, pool: &Pool) -> Vec<Probe> {
         })
         .collect();
     let mut out = vec![Probe::Failed("no capability".into()); x.mappings.len()];
-    for (i, r) in by_depot(jobs, pool, &NoProgress, |mut c, cap| async move {
+    for (i, r) in by_depot(jobs, pool, &NoProgress, |mut c, _, cap| async move {
         let r = c.probe(&cap).await;
         (c, r)
     })
@@ -678,7 +678,7 @@ pub async fn probe_all(x: &ExNode, pool: &Pool) -> Vec<Probe> {
 
 /// Why one job of [`by_depot`] has no result.
 #[derive(Debug)]
-enum Failure {
+pub(crate) enum Failure {
     /// The operation failed.
     Op(lors_ibp::Error),
     /// Not tried: the depot could not be reached for an earlier job.
@@ -707,7 +707,7 @@ struct DepotRun {
     task: tokio::task::AbortHandle,
 }
 
-/// Runs `op` on every `(index, capability)` of `jobs`: the depots in
+/// Runs `op` on every `(index, capability)` of `jobs` (handed both): the depots in
 /// parallel, each over one connection (which `op` hands back), its jobs one
 /// after another. Once a
 /// depot cannot be reached (connect refused, timed out, connection lost),
@@ -717,7 +717,7 @@ struct DepotRun {
 /// given up the same way: its jobs fail as [`Failure::Silent`] at once.
 /// Each finished job advances `progress` by one on its depot. Results are
 /// in no particular order.
-async fn by_depot<T, F, Fut>(
+pub(crate) async fn by_depot<T, F, Fut>(
     jobs: Vec<(usize, Capability)>,
     pool: &Pool,
     progress: &dyn Progress,
@@ -725,7 +725,7 @@ async fn by_depot<T, F, Fut>(
 ) -> Vec<(usize, std::result::Result<T, Failure>)>
 where
     T: Send + 'static,
-    F: Fn(Connection, Capability) -> Fut + Clone + Send + Sync + 'static,
+    F: Fn(Connection, usize, Capability) -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = (Connection, std::result::Result<T, lors_ibp::Error>)> + Send,
 {
     use std::time::Instant;
@@ -753,7 +753,7 @@ where
                                 Some(c) => c,
                                 None => Connection::connect(&addr, &cfg).await?,
                             };
-                            let (c, r) = op(c, cap).await;
+                            let (c, r) = op(c, i, cap).await;
                             if c.is_healthy() {
                                 conn = Some(c);
                             }

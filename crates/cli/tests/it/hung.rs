@@ -236,6 +236,7 @@ fn every_command_finishes_at_the_pace_of_the_healthy_depots() {
         ),
         ("stat", [&["stat"][..], &t, &[two_s]].concat()),
         ("ls", [&["ls"][..], &t, &[two_s]].concat()),
+        ("verify", [&["verify", "-q"][..], &t, &[two_s]].concat()),
         (
             "refresh",
             [&["refresh", "--by", "1h"][..], &t, &[two_s]].concat(),
@@ -272,6 +273,14 @@ fn every_command_finishes_at_the_pace_of_the_healthy_depots() {
             // Reports give its lines as "no answer".
             "stat" => assert!(out.contains("no answer"), "{what}: {out}"),
             "ls" => assert!(out.contains("no answer"), "{what}: {out}"),
+            "verify" => {
+                assert!(!r.ok);
+                assert!(out.contains(": no answer: "), "{what}: {out}");
+                assert!(
+                    out.contains(" good"),
+                    "the healthy replicas are read: {out}"
+                );
+            }
             "refresh" => {
                 assert!(!r.ok);
                 assert!(out.contains("not refreshed: no answer"), "{out}");

@@ -971,6 +971,136 @@ fn stored_file(depot_dir: &Path, m: &lors_exnode::Mapping) -> std::path::PathBuf
         .join(format!("{id:016x}"))
 }
 
+/// `lors verify` reads every replica, not the first good one: a flipped
+/// byte in one copy, a freed allocation, a block with no copy left and a
+/// dead depot are each named with their bytes, and the exit status says
+/// so; a raw upload is read through and reported unchecked.
+#[test]
+fn verify_names_every_bad_replica() {
+    use std::os::unix::fs::FileExt;
+    let dir = tempdir();
+    let mut ds = depots(4, dir.path());
+    let data = pattern((5 << 20) + 777, 23);
+    let flags = ["-c", "2", "-b", "1M", "-E", "256K"];
+    let xnd = upload_cli(&ds[..3], dir.path(), "v.bin", &data, &flags);
+    let x = xnd.to_str().unwrap();
+    let verify = |args: &[&str]| {
+        let (ok, out, err) = lors(&[&["verify", "-q"][..], args].concat());
+        (ok, String::from_utf8(out).unwrap(), err)
+    };
+    let (ok, out, err) = verify(&["--all", x]);
+    assert!(ok, "{err}");
+    assert!(out.contains("12 replicas of 6 blocks: 12 good"), "{out}");
+    assert_eq!(
+        out.lines().filter(|l| l.contains(": good: ")).count(),
+        12,
+        "{out}"
+    );
+    let raw = upload_cli(&ds[3..], dir.path(), "r.bin", &data, &["-c", "1", "-n"]);
+    let (ok, out, err) = verify(&[raw.to_str().unwrap()]);
+    assert!(ok && out.contains(": 1 unchecked"), "{out}{err}");
+
+    let xn = read_x(&xnd);
+    let numbering = lors_exnode::Numbering::of(&xn.mappings);
+    let of_block = |off: u64| -> Vec<usize> {
+        (0..xn.mappings.len())
+            .filter(|&i| xn.mappings[i].exnode_offset == off)
+            .collect()
+    };
+    // A byte of block 2's second e2e block (bytes 2 MiB + 256 KiB ..) flipped
+    // on disk in one of its two copies.
+    let victim = &xn.mappings[of_block(2 << 20)[0]];
+    let di = ds
+        .iter()
+        .position(|d| Some(&d.addr) == victim.depot().as_ref())
+        .unwrap();
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(stored_file(&dir.path().join(format!("d{di}")), victim))
+        .unwrap();
+    let at = 4096 + (256 << 10) + 32 + 100;
+    let mut b = [0u8; 1];
+    f.read_exact_at(&mut b, at).unwrap();
+    f.write_all_at(&[b[0] ^ 0x10], at).unwrap();
+    drop(f);
+    // Both copies of block 4 freed, through another exNode.
+    let both: Vec<String> = (of_block(4 << 20).iter())
+        .map(|&i| numbering.number(i).to_string())
+        .collect();
+    let other = dir.path().join("other.xnd");
+    let (ok, _, err) = lors(&[
+        "trim",
+        "-q",
+        "--decrement",
+        "--allow-holes",
+        "-m",
+        &both.join(","),
+        "-o",
+        other.to_str().unwrap(),
+        x,
+    ]);
+    assert!(ok, "{err}");
+    let (ok, out, err) = verify(&[x]);
+    assert!(!ok, "{out}");
+    let corrupt = format!(
+        "bytes {}..{}: ",
+        (2 << 20) + (256 << 10),
+        (2 << 20) + (512 << 10)
+    );
+    assert!(
+        out.lines()
+            .any(|l| l.contains(&format!("on {}: corrupt: {corrupt}", ds[di].addr))),
+        "{out}"
+    );
+    assert_eq!(
+        out.lines().filter(|l| l.contains(": expired: ")).count(),
+        2,
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!(
+            "LOST: bytes {}..{} have no good replica",
+            4 << 20,
+            5 << 20
+        )),
+        "{out}"
+    );
+    let summary = out.lines().next().unwrap_or_default();
+    for n in [
+        "12 replicas of 6 blocks: ",
+        "9 good",
+        "1 corrupt",
+        "2 expired",
+    ] {
+        assert!(summary.contains(n), "{out}");
+    }
+    assert!(
+        err.contains("3 of 12 replicas are corrupt or cannot be read")
+            && err.contains("1048576 bytes have no good replica"),
+        "{err}"
+    );
+    // A dead depot: its replicas are unreachable, the others still read.
+    let dead = ds[(di + 1) % 3].addr.clone();
+    ds[(di + 1) % 3].kill9();
+    let (ok, out, _) = verify(&[x, raw.to_str().unwrap()]);
+    assert!(!ok);
+    let down = xn
+        .mappings
+        .iter()
+        .filter(|m| m.depot().as_deref() == Some(&dead))
+        .count();
+    assert!(down > 0);
+    assert_eq!(
+        out.lines()
+            .filter(|l| l.contains(&format!("on {dead}: unreachable: ")))
+            .count(),
+        down,
+        "{out}"
+    );
+    assert!(out.contains(": 1 unchecked"), "{out}");
+}
+
 #[test]
 fn a_flipped_byte_on_a_depot_is_detected_and_read_from_the_replica() {
     use std::os::unix::fs::FileExt;

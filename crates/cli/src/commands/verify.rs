@@ -1,0 +1,178 @@
+//! `lors verify`: read every replica back and check it (a scrub).
+
+use lors::Pool;
+use lors::uri::ExnodeRef;
+use lors::verify::Check;
+
+use crate::report::{ReportOpts, Reporter, Unit};
+
+/// Read every replica of each exNode back and check it against its
+/// end-to-end checksums; nothing is written.
+#[derive(clap::Args)]
+#[command(
+    after_help = "A download stops at the first good replica of each block: a damaged or
+expired second copy goes unnoticed until the first is lost too. verify reads
+every replica whole, the depots in parallel, and checks each end-to-end block
+(BLAKE3, MD5, AES-GCM/ChaCha20 tags). Replicas stored without checksums
+(`upload -n`) are read through and reported as unchecked.
+
+Exit status: 0 when every replica is good or unchecked, 1 when any is
+corrupt or cannot be read.
+
+EXAMPLES:
+  lors verify run42.xnd                   # the bad replicas, and a summary
+  lors verify --all data/*.xnd            # a line for every replica
+  lors verify --json run42.xnd | jq 'select(.state? and .state != \"good\")'
+  lors trim -m 3 run42.xnd && lors augment -c 1 run42.xnd   # drop a bad replica, make a new one"
+)]
+pub struct Args {
+    /// The exNodes.
+    #[arg(value_parser = super::exnode_arg, value_name = "FILE.xnd|lors://…", required = true)]
+    exnodes: Vec<ExnodeRef>,
+    /// List every replica, the good ones too [default: only those that are
+    /// not good].
+    #[arg(long)]
+    all: bool,
+    #[command(flatten)]
+    net: super::NetOpts,
+    #[command(flatten)]
+    report: ReportOpts,
+}
+
+pub fn run(a: Args) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let progress = Reporter::new("verify", Unit::Bytes, &a.report, false);
+    let json = progress.is_json();
+    let mut total = Summary::default();
+    let mut report = Vec::new();
+    for r in &a.exnodes {
+        let s = super::settings(&a.net, Default::default(), Some(r))?;
+        let x = lors::xnd::load(&r.path)?;
+        let name = r.path.display().to_string();
+        let checks = rt.block_on(lors::verify::verify(
+            &x,
+            &Pool::new(s.client()),
+            progress.clone(),
+        ))?;
+        let numbering = x.numbering();
+        let mut rows: Vec<(usize, usize)> = (0..x.mappings.len())
+            .map(|i| (numbering.number(i), i))
+            .collect();
+        rows.sort_unstable();
+        let mut lines = Vec::new();
+        for (n, i) in rows {
+            let (m, c) = (&x.mappings[i], &checks[i]);
+            let depot = m.depot().unwrap_or_default();
+            if json {
+                lines.push(super::json_line(&Replica {
+                    event: "replica",
+                    file: &name,
+                    mapping: n,
+                    offset: m.exnode_offset,
+                    length: m.logical_length,
+                    depot: &depot,
+                    state: c.state(),
+                    why: (!matches!(c, Check::Good)).then(|| c.reason()),
+                })?);
+            } else if a.all || !c.is_good() {
+                lines.push(format!(
+                    "  mapping {n}, bytes {}..{} on {depot}: {}: {}",
+                    m.exnode_offset,
+                    m.logical_end(),
+                    c.state(),
+                    c.reason()
+                ));
+            }
+        }
+        let good: Vec<bool> = checks.iter().map(Check::is_good).collect();
+        let lost = lors::manage::uncovered(&x, &good);
+        let mut file = Summary {
+            replicas: checks.len(),
+            good: checks.iter().filter(|c| matches!(c, Check::Good)).count(),
+            unchecked: checks
+                .iter()
+                .filter(|c| matches!(c, Check::Unchecked))
+                .count(),
+            ..Summary::default()
+        };
+        file.bad = file.replicas - file.good - file.unchecked;
+        file.lost_bytes = lost.iter().map(|(s, e)| e - s).sum();
+        if !json {
+            let mut states: Vec<(&str, usize)> = Vec::new();
+            for c in &checks {
+                match states.iter_mut().find(|(s, _)| *s == c.state()) {
+                    Some((_, k)) => *k += 1,
+                    None => states.push((c.state(), 1)),
+                }
+            }
+            let states: Vec<String> = states.iter().map(|(s, k)| format!("{k} {s}")).collect();
+            report.push(format!(
+                "{name}: {} replicas of {} blocks: {}",
+                file.replicas,
+                lors::manage::blocks(&x).len(),
+                states.join(", ")
+            ));
+        }
+        report.append(&mut lines);
+        if !json {
+            for (s, e) in &lost {
+                report.push(format!("  LOST: bytes {s}..{e} have no good replica"));
+            }
+        }
+        total.add(&file);
+    }
+    // Printed once every file is read: progress bars stay out of the way.
+    progress.finish();
+    for l in &report {
+        super::outln!("{l}");
+    }
+    progress.done(&total);
+    anyhow::ensure!(
+        total.bad == 0,
+        "{} of {} replicas are corrupt or cannot be read{}: `lors trim -m N` drops a bad one, `lors augment` makes new replicas from the good ones",
+        total.bad,
+        total.replicas,
+        if total.lost_bytes > 0 {
+            format!(", and {} bytes have no good replica left", total.lost_bytes)
+        } else {
+            String::new()
+        }
+    );
+    Ok(())
+}
+
+/// `--json`: one replica's check.
+#[derive(serde::Serialize)]
+struct Replica<'a> {
+    event: &'static str,
+    file: &'a str,
+    mapping: usize,
+    offset: u64,
+    length: u64,
+    depot: &'a str,
+    state: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    why: Option<String>,
+}
+
+/// `--json`: what a verify found, over every exNode.
+#[derive(serde::Serialize, Default)]
+struct Summary {
+    replicas: usize,
+    good: usize,
+    unchecked: usize,
+    bad: usize,
+    lost_bytes: u64,
+}
+
+impl Summary {
+    fn add(&mut self, o: &Summary) {
+        self.replicas += o.replicas;
+        self.good += o.good;
+        self.unchecked += o.unchecked;
+        self.bad += o.bad;
+        self.lost_bytes += o.lost_bytes;
+    }
+}

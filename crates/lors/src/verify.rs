@@ -1,0 +1,325 @@
+//! Reading every replica back and checking it: a scrub of an exNode.
+//!
+//! A download stops at the first good replica of each block, so a damaged
+//! or vanished second copy goes unnoticed until the first one is lost too.
+//! [`verify`] reads every mapping whole, a few MiB at a time, the depots in
+//! parallel (one connection each), and checks each end-to-end block
+//! against its checksum (BLAKE3, MD5, an AEAD tag). Mappings stored as they
+//! are have nothing to check against: they are read through, which proves
+//! the depot still holds every byte, and reported as unchecked. Nothing is
+//! written anywhere.
+//!
+//! ```no_run
+//! # async fn f(x: lors_exnode::ExNode, pool: lors::Pool) {
+//! use std::sync::Arc;
+//! let report = lors::verify::verify(&x, &pool, Arc::new(lors::NoProgress)).await;
+//! for (m, check) in x.mappings.iter().zip(&report) {
+//!     println!("{} {}: {}", m.exnode_offset, check.state(), check.reason());
+//! }
+//! # }
+//! ```
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use lors_exnode::ExNode;
+use lors_exnode::functions::{Codec, E2eError};
+
+use crate::manage::{Failure, Probe, by_depot};
+use crate::plan::{PlanError, check_geometry};
+use crate::pool::Pool;
+use crate::progress::{NoProgress, Progress};
+
+/// Stored bytes read and checked at a time: enough that a request's round
+/// trip costs little, little enough that every depot's read is in memory
+/// at once.
+pub const CHUNK: u64 = 4 << 20;
+
+/// What reading one replica back found.
+#[derive(Debug, Clone)]
+pub enum Check {
+    /// Every end-to-end block matched its checksum.
+    Good,
+    /// Stored as is: every byte was read, none could be checked.
+    Unchecked,
+    /// Blocks that do not match: each as its byte range in the file and why.
+    Corrupt(Vec<(Range<u64>, String)>),
+    /// The replica could not be read (expired, refused, unreachable, hung…).
+    Unreadable(Probe),
+}
+
+impl Check {
+    /// Whether the replica can be relied on: read whole, and checked where
+    /// it can be.
+    pub fn is_good(&self) -> bool {
+        matches!(self, Check::Good | Check::Unchecked)
+    }
+
+    /// One word or two for listings: `good`, `unchecked`, `corrupt`, or
+    /// the state of an unreadable one (`expired`, `refused`,
+    /// `unreachable`, `no answer`, `failed`).
+    pub fn state(&self) -> &'static str {
+        match self {
+            Check::Good => "good",
+            Check::Unchecked => "unchecked",
+            Check::Corrupt(_) => "corrupt",
+            Check::Unreadable(p) => p.state(),
+        }
+    }
+
+    /// A sentence for a person.
+    pub fn reason(&self) -> String {
+        match self {
+            Check::Good => "every block matches its checksum".into(),
+            Check::Unchecked => "read whole; stored without checksums, nothing to check".into(),
+            Check::Corrupt(bad) => {
+                let (r, why) = &bad[0];
+                let more = match bad.len() {
+                    1 => String::new(),
+                    n => format!(" (and {} more blocks)", n - 1),
+                };
+                format!("bytes {}..{}: {why}{more}", r.start, r.end)
+            }
+            Check::Unreadable(p) => p.reason(),
+        }
+    }
+}
+
+/// One read of a [`verify`] run: part of a mapping.
+#[derive(Debug, Clone)]
+struct Part {
+    mapping: usize,
+    /// Logical bytes, within the mapping; the whole mapping when its
+    /// layout can only be checked whole.
+    logical: Range<u64>,
+}
+
+/// The parts mapping `m` is read in, of about `chunk` bytes.
+fn parts(x: &ExNode, m: usize, chunk: u64) -> Vec<Part> {
+    let map = &x.mappings[m];
+    let len = map.logical_length;
+    let whole = vec![Part {
+        mapping: m,
+        logical: 0..len,
+    }];
+    let step = match Codec::from_mapping(map) {
+        Ok(Some(c)) if c.is_sliceable(map) => chunk.next_multiple_of(c.e2e_blocksize().max(1)),
+        Ok(Some(_)) | Err(_) => return whole,
+        Ok(None) => chunk,
+    };
+    if len == 0 {
+        return whole;
+    }
+    (0..len.div_ceil(step))
+        .map(|k| Part {
+            mapping: m,
+            logical: k * step..((k + 1) * step).min(len),
+        })
+        .collect()
+}
+
+/// Reads every readable mapping of `x` back and checks it; one [`Check`]
+/// per mapping, in the exNode's order (a mapping without a read capability
+/// is unreadable). `progress` counts stored bytes read. An exNode whose
+/// sizes cannot be right is refused before any read, as a download
+/// refuses it.
+pub async fn verify(
+    x: &ExNode,
+    pool: &Pool,
+    progress: Arc<dyn Progress>,
+) -> Result<Vec<Check>, PlanError> {
+    check_geometry(&x.mappings)?;
+    let out: Vec<Check> = (x.mappings.iter())
+        .map(|m| match (&m.read, Codec::from_mapping(m)) {
+            (None, _) => Check::Unreadable(Probe::Failed("no read capability".into())),
+            (_, Err(e)) => Check::Unreadable(Probe::Failed(format!("unusable function: {e}"))),
+            (Some(_), Ok(Some(_))) => Check::Good,
+            (Some(_), Ok(None)) => Check::Unchecked,
+        })
+        .collect();
+    let readable = || (0..x.mappings.len()).filter(|&m| !matches!(out[m], Check::Unreadable(_)));
+    // As a download plans: however much there is, a bounded number of
+    // parts, larger ones for more data.
+    let bytes = readable().fold(0u64, |a, m| a.saturating_add(x.mappings[m].logical_length));
+    let chunk = crate::plan::piece_for(bytes, CHUNK)?;
+    let all: Vec<Part> = readable().flat_map(|m| parts(x, m, chunk)).collect();
+    let jobs = (all.iter().enumerate())
+        .filter_map(|(j, p)| Some((j, x.mappings[p.mapping].read.clone()?)))
+        .collect();
+    let total = (all.iter()).map(|p| stored_len(x, p)).sum::<u64>();
+    progress.start(Some(total));
+    let (shared, table) = (Arc::new(x.clone()), Arc::new(all));
+    let op = {
+        let (x, table, progress) = (shared.clone(), table.clone(), progress.clone());
+        move |mut c: lors_ibp::Connection, j: usize, cap: lors_ibp::caps::Capability| {
+            let (x, table, progress) = (x.clone(), table.clone(), progress.clone());
+            async move {
+                let r = read_part(&mut c, &x, &table[j], &cap).await;
+                if r.is_ok() {
+                    progress.advance(&cap.address(), stored_len(&x, &table[j]));
+                }
+                (c, r)
+            }
+        }
+    };
+    let mut out = out;
+    let mut results = by_depot(jobs, pool, &NoProgress, op).await;
+    // In file order, so a mapping's corrupt blocks are listed in order.
+    results.sort_unstable_by_key(|(j, _)| *j);
+    for (j, r) in results {
+        let part = &table[j];
+        let check = &mut out[part.mapping];
+        if matches!(check, Check::Unreadable(_)) {
+            continue; // its first failure says why
+        }
+        match r {
+            Ok(None) => {}
+            Ok(Some(bad)) => match check {
+                Check::Corrupt(list) => list.push(bad),
+                _ => *check = Check::Corrupt(vec![bad]),
+            },
+            Err(Failure::Op(e)) => *check = Check::Unreadable(Probe::from_result(Err(e))),
+            Err(Failure::Skipped(why)) => *check = Check::Unreadable(Probe::Unreachable(why)),
+            Err(Failure::Silent(why)) => *check = Check::Unreadable(Probe::NoAnswer(why)),
+        }
+    }
+    Ok(out)
+}
+
+/// Stored bytes one part reads.
+fn stored_len(x: &ExNode, p: &Part) -> u64 {
+    let m = &x.mappings[p.mapping];
+    match Codec::from_mapping(m) {
+        Ok(Some(c)) => c
+            .slice(m, p.logical.start, p.logical.end - p.logical.start)
+            .map_or(m.alloc_length, |s| s.stored.end - s.stored.start),
+        _ => p.logical.end - p.logical.start,
+    }
+}
+
+/// Reads part `p` and checks it: `Ok(None)` when it is whole and matches,
+/// `Ok(Some(bad))` naming the first block that does not.
+async fn read_part(
+    c: &mut lors_ibp::Connection,
+    x: &ExNode,
+    p: &Part,
+    cap: &lors_ibp::caps::Capability,
+) -> lors_ibp::Result<Option<(Range<u64>, String)>> {
+    let m = &x.mappings[p.mapping];
+    let len = p.logical.end - p.logical.start;
+    let mut buf = bytes::BytesMut::new();
+    // (Mappings whose functions cannot be undone are not read at all.)
+    let Some(codec) = Codec::from_mapping(m).ok().flatten() else {
+        c.load_buf(cap, m.alloc_offset + p.logical.start, len, &mut buf)
+            .await?;
+        return Ok(None);
+    };
+    let bs = codec.e2e_blocksize().max(1);
+    // The range in the file of block `i` of this mapping, and why.
+    let bad = |e: E2eError| {
+        let i = match e {
+            E2eError::Corrupt { block, .. } => block,
+            _ => 0,
+        };
+        let start = m.exnode_offset + (i * bs).min(m.logical_length);
+        let end = m.exnode_offset + ((i + 1) * bs).min(m.logical_length);
+        Some((
+            start..end.max(start + 1).min(m.logical_end()),
+            e.to_string(),
+        ))
+    };
+    match codec.slice(m, p.logical.start, len) {
+        Some(s) => {
+            c.load_buf(
+                cap,
+                m.alloc_offset + s.stored.start,
+                s.stored.end - s.stored.start,
+                &mut buf,
+            )
+            .await?;
+            let r = tokio::task::spawn_blocking(move || match codec.check_slice(&s, &buf) {
+                Ok(Some(_)) => Ok(()),
+                Ok(None) => codec.decode_slice(&s, &buf).map(drop),
+                Err(e) => Err(e),
+            })
+            .await
+            .map_err(|e| lors_ibp::Error::Local {
+                during: "checking a block",
+                source: std::io::Error::other(e.to_string()),
+            })?;
+            Ok(r.err().and_then(bad))
+        }
+        None => {
+            c.load_buf(cap, m.alloc_offset, m.alloc_length, &mut buf)
+                .await?;
+            let map = m.clone();
+            let r = tokio::task::spawn_blocking(move || codec.decode_mapping(&map, &buf).map(drop))
+                .await
+                .map_err(|e| lors_ibp::Error::Local {
+                    during: "checking a block",
+                    source: std::io::Error::other(e.to_string()),
+                })?;
+            Ok(r.err().and_then(bad))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lors_exnode::Mapping;
+    use lors_exnode::functions::{Chain, Step};
+
+    fn mapping(codec: Option<&Codec>, len: u64) -> Mapping {
+        let data = vec![7u8; usize::try_from(len).unwrap()];
+        let (stored, function, bs) = match codec {
+            Some(c) => {
+                let (s, f) = c.encode(&data).unwrap();
+                (s.len() as u64, f, c.e2e_blocksize())
+            }
+            None => (len, None, 0),
+        };
+        Mapping {
+            logical_length: len,
+            alloc_length: stored,
+            e2e_blocksize: bs,
+            function,
+            ..Mapping::default()
+        }
+    }
+
+    fn ranges(m: Mapping, chunk: u64) -> Vec<Range<u64>> {
+        let x = ExNode {
+            mappings: vec![m],
+            ..ExNode::default()
+        };
+        parts(&x, 0, chunk).into_iter().map(|p| p.logical).collect()
+    }
+
+    #[test]
+    fn parts_are_whole_blocks_where_the_layout_allows() {
+        let blake = Codec::Native(Chain {
+            block_size: 3 << 20,
+            steps: vec![Step::Blake3],
+        });
+        // 4 MiB rounded up to whole 3 MiB e2e blocks: 6 MiB parts.
+        assert_eq!(
+            ranges(mapping(Some(&blake), 10 << 20), CHUNK),
+            vec![0..6 << 20, 6 << 20..10 << 20]
+        );
+        // Stored as is: plain 4 MiB parts.
+        assert_eq!(
+            ranges(mapping(None, 9 << 20), CHUNK),
+            vec![0..4 << 20, 4 << 20..8 << 20, 8 << 20..9 << 20]
+        );
+        // Compressed: only whole.
+        let zstd = Codec::Native(Chain {
+            block_size: 1 << 20,
+            steps: vec![Step::Zstd { level: 1 }],
+        });
+        assert_eq!(
+            ranges(mapping(Some(&zstd), 5 << 20), CHUNK),
+            vec![0..5 << 20]
+        );
+    }
+}
