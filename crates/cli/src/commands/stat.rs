@@ -1,16 +1,30 @@
-//! `lors stat`: a summary of an exNode and its health.
+//! `lors stat`: a summary of an exNode and its health, or a line each for
+//! many.
 
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use lors::manage::Probe;
 use lors::uri::ExnodeRef;
 
-/// Summarize an exNode: size, blocks, replicas, depots, leases, problems.
+/// Summarize an exNode: size, blocks, replicas, depots, leases, problems;
+/// or many exNodes (several files, directories), a line each.
 #[derive(clap::Args)]
+#[command(after_help = "EXAMPLES:
+  lors stat run42.xnd                      # one file in detail
+  lors stat data/                          # every *.xnd under data/, a line each
+  lors stat --expiring 7d data/ || alert   # what expires within a week, is under its
+                                           # copy count or has lost bytes (exit 1 if lost)")]
 pub struct Args {
-    /// The exNode.
-    #[arg(value_parser = super::exnode_arg, value_name = "FILE.xnd|lors://…")]
-    exnode: ExnodeRef,
+    /// The exNodes: files, or directories whose `*.xnd` files (at any
+    /// depth) are summarized a line each.
+    #[arg(value_parser = super::exnode_arg, value_name = "FILE.xnd|DIR|lors://…", required = true)]
+    exnodes: Vec<ExnodeRef>,
+    /// Only the exNodes with an allocation that expires within this long,
+    /// and those under their copy count or with lost bytes.
+    #[arg(long, value_parser = super::duration_arg, value_name = "DURATION")]
+    expiring: Option<Duration>,
     /// Machine-readable output.
     #[arg(long)]
     json: bool,
@@ -19,8 +33,16 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let s = super::settings(&a.net, Default::default(), Some(&a.exnode))?;
-    let x = lors::xnd::load(&a.exnode.path)?;
+    match a.exnodes.as_slice() {
+        [one] if a.expiring.is_none() && !one.path.is_dir() => detail(&a, one),
+        _ => many(&a),
+    }
+}
+
+/// One exNode in detail.
+fn detail(a: &Args, r: &ExnodeRef) -> anyhow::Result<()> {
+    let s = super::settings(&a.net, Default::default(), Some(r))?;
+    let x = lors::xnd::load(&r.path)?;
     let probes = super::probe_all(&x, &s)?;
     let blocks = lors::manage::blocks(&x);
     let live = |i: usize| probes[i].is_live();
@@ -126,6 +148,195 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         }
     }
     super::unreadable(&x, &probes)
+}
+
+/// Most exNodes one run lists: a directory tree larger than this is a
+/// mistake (or an attack) rather than a data set to probe file by file.
+const MAX_FILES: usize = 100_000;
+
+/// The `*.xnd` files under `dir`, at any depth, in name order.
+fn xnd_files(dir: &Path, out: &mut Vec<PathBuf>) -> anyhow::Result<()> {
+    let mut entries: Vec<_> = std::fs::read_dir(dir)
+        .map_err(|e| anyhow::anyhow!("reading directory {}: {e}", dir.display()))?
+        .filter_map(Result::ok)
+        .collect();
+    entries.sort_by_key(|e| e.file_name());
+    for e in entries {
+        let p = e.path();
+        // Not followed: a link loop would never end.
+        let Ok(kind) = e.file_type() else { continue };
+        if kind.is_dir() {
+            xnd_files(&p, out)?;
+        } else if p.extension().is_some_and(|x| x == "xnd") {
+            out.push(p);
+        }
+        anyhow::ensure!(
+            out.len() <= MAX_FILES,
+            "more than {MAX_FILES} exNodes under {}: name fewer at once",
+            dir.display()
+        );
+    }
+    Ok(())
+}
+
+/// Many exNodes, a line each.
+fn many(a: &Args) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let mut total = Totals::default();
+    for r in &a.exnodes {
+        let s = super::settings(&a.net, Default::default(), Some(r))?;
+        let pool = lors::Pool::new(s.client());
+        let mut files = Vec::new();
+        if r.path.is_dir() {
+            xnd_files(&r.path, &mut files)?;
+        } else {
+            files.push(r.path.clone());
+        }
+        for path in files {
+            let name = path.display().to_string();
+            total.files += 1;
+            let x = match lors::xnd::load(&path) {
+                Ok(x) => x,
+                Err(e) => {
+                    total.unreadable += 1;
+                    match a.json {
+                        true => super::outln!(
+                            "{}",
+                            super::json_line(
+                                &serde_json::json!({"file": name, "error": e.to_string()})
+                            )?
+                        ),
+                        false => super::outln!("{name}: cannot be read: {e}"),
+                    }
+                    continue;
+                }
+            };
+            let probes = rt.block_on(lors::manage::probe_all(&x, &pool));
+            let h = Health::of(&x, &probes, &name);
+            let expiring = match (a.expiring, h.soonest_expiry_s) {
+                (Some(within), Some(s)) => u64::try_from(s).unwrap_or(0) <= within.as_secs(),
+                _ => false,
+            };
+            total.expiring += usize::from(expiring);
+            total.under += usize::from(h.min_live_replicas < h.copies && h.lost_bytes == 0);
+            total.lost += usize::from(h.lost_bytes > 0);
+            if a.expiring.is_some() && !expiring && h.min_live_replicas >= h.copies {
+                continue;
+            }
+            if a.json {
+                super::outln!("{}", super::json_line(&h)?);
+                continue;
+            }
+            let mut line = format!(
+                "{name}: {}, {} blocks, {} of {} copies",
+                crate::report::human(h.size),
+                h.blocks,
+                h.min_live_replicas,
+                h.copies
+            );
+            if let Some(s) = h.soonest_expiry_s {
+                line += &format!(
+                    ", expires in {}",
+                    super::human_secs(u64::try_from(s).unwrap_or(0))
+                );
+            }
+            if h.lost_bytes > 0 {
+                line += &format!("; LOST {} bytes", h.lost_bytes);
+            } else if h.min_live_replicas < h.copies {
+                line += "; under its copy count (`lors augment`)";
+            }
+            super::outln!("{line}");
+        }
+    }
+    if a.json {
+        super::outln!("{}", super::json_line(&total)?);
+    } else {
+        let within = a
+            .expiring
+            .map(|d| {
+                format!(
+                    "{} expire within {}, ",
+                    total.expiring,
+                    super::human_secs(d.as_secs())
+                )
+            })
+            .unwrap_or_default();
+        super::outln!(
+            "{} exNodes: {within}{} under their copy count, {} with lost bytes{}",
+            total.files,
+            total.under,
+            total.lost,
+            if total.unreadable > 0 {
+                format!(", {} unreadable", total.unreadable)
+            } else {
+                String::new()
+            }
+        );
+    }
+    anyhow::ensure!(
+        total.lost == 0 && total.unreadable == 0,
+        "{} of {} exNodes have bytes with no live replica{}",
+        total.lost,
+        total.files,
+        if total.unreadable > 0 {
+            format!(" and {} cannot be read", total.unreadable)
+        } else {
+            String::new()
+        }
+    );
+    Ok(())
+}
+
+/// One exNode's health, a line of `stat` over many.
+#[derive(serde::Serialize)]
+struct Health<'a> {
+    file: &'a str,
+    size: u64,
+    blocks: usize,
+    min_live_replicas: usize,
+    /// The copies its policy asks for (`lors_copies`, else what its blocks
+    /// have).
+    copies: usize,
+    soonest_expiry_s: Option<i64>,
+    lost_bytes: u64,
+}
+
+impl<'a> Health<'a> {
+    fn of(x: &lors_exnode::ExNode, probes: &[Probe], file: &'a str) -> Self {
+        let live: Vec<bool> = probes.iter().map(Probe::is_live).collect();
+        let blocks = lors::manage::blocks(x);
+        Health {
+            file,
+            size: x.logical_size(),
+            blocks: blocks.len(),
+            min_live_replicas: (blocks.values())
+                .map(|v| v.iter().filter(|&&i| live[i]).count())
+                .min()
+                .unwrap_or(0),
+            copies: lors::manage::copies_policy(x).unwrap_or(1),
+            soonest_expiry_s: (probes.iter())
+                .filter_map(|p| match p {
+                    Probe::Live(p) => Some(p.seconds_left),
+                    _ => None,
+                })
+                .min(),
+            lost_bytes: (lors::manage::uncovered(x, &live).iter())
+                .map(|(s, e)| e - s)
+                .sum(),
+        }
+    }
+}
+
+/// `--json` over many: the totals.
+#[derive(serde::Serialize, Default)]
+struct Totals {
+    files: usize,
+    expiring: usize,
+    under: usize,
+    lost: usize,
+    unreadable: usize,
 }
 
 /// `--json`: the exNode's health in one object.

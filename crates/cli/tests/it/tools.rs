@@ -971,6 +971,114 @@ fn stored_file(depot_dir: &Path, m: &lors_exnode::Mapping) -> std::path::PathBuf
         .join(format!("{id:016x}"))
 }
 
+/// `lors stat` over a directory: a line per exNode (at any depth), what
+/// expires soon, what is under its copy count, what is lost or cannot be
+/// read, and a non-zero exit when anything is lost.
+#[test]
+fn stat_over_many_exnodes_names_what_expires_is_short_or_lost() {
+    let dir = tempdir();
+    let ds = depots(3, dir.path());
+    let tree = dir.path().join("tree");
+    std::fs::create_dir_all(tree.join("sub")).unwrap();
+    let data = pattern(3 << 20, 5);
+    let up = |name: &str, flags: &[&str]| {
+        let x = upload_cli(&ds, dir.path(), name, &data, flags);
+        let to = if name.starts_with('s') {
+            tree.join("sub").join(format!("{name}.xnd"))
+        } else {
+            tree.join(format!("{name}.xnd"))
+        };
+        std::fs::rename(&x, &to).unwrap();
+        to
+    };
+    up("healthy", &["-c", "2", "-b", "1M", "-d", "2d"]);
+    up("soon", &["-c", "2", "-b", "1M", "-d", "1h"]);
+    let short = up("short", &["-c", "2", "-b", "1M", "-d", "2d"]);
+    let lost = up("lost", &["-c", "1", "-b", "1M", "-d", "2d"]);
+    std::fs::write(tree.join("junk.xnd"), "<exnode").unwrap();
+    std::fs::write(tree.join("notes.txt"), "not an exNode").unwrap();
+    // One copy of a block of "short" freed; the only copy of a block of "lost".
+    let trim_first = |x: &Path, n: &str| {
+        let other = dir.path().join("other.xnd");
+        let (ok, _, err) = lors(&[
+            "trim",
+            "-q",
+            "--decrement",
+            "--allow-holes",
+            "-m",
+            n,
+            "-o",
+            other.to_str().unwrap(),
+            x.to_str().unwrap(),
+        ]);
+        assert!(ok, "{err}");
+    };
+    trim_first(&short, "0");
+    trim_first(&lost, "1");
+    let t = tree.to_str().unwrap();
+    let (ok, out, err) = lors(&["stat", t]);
+    let out = String::from_utf8(out).unwrap();
+    assert!(!ok, "lost bytes fail the run: {out}");
+    assert!(
+        err.contains("1 of 5 exNodes have bytes with no live replica and 1 cannot be read"),
+        "{err}"
+    );
+    let line = |name: &str| {
+        out.lines()
+            .find(|l| l.contains(&format!("{name}.xnd: ")))
+            .unwrap_or_else(|| panic!("no line for {name}: {out}"))
+            .to_owned()
+    };
+    // (A lease just taken may show its whole length or a second less.)
+    let healthy = line("healthy");
+    assert!(
+        healthy.contains("3.0 MiB, 3 blocks, 2 of 2 copies, expires in ")
+            && (healthy.ends_with("2d 0h") || healthy.ends_with("1d 23h")),
+        "{out}"
+    );
+    let soon = line("soon");
+    assert!(
+        soon.contains("2 of 2 copies, expires in ")
+            && (soon.ends_with("1h 0m") || soon.contains("in 59m")),
+        "{out}"
+    );
+    assert!(
+        line("short").contains("1 of 2 copies") && line("short").contains("under its copy count"),
+        "{out}"
+    );
+    assert!(
+        line("lost").contains("0 of 1 copies") && line("lost").contains("LOST 1048576 bytes"),
+        "{out}"
+    );
+    assert!(line("junk").contains("cannot be read"), "{out}");
+    assert!(!out.contains("notes.txt"), "{out}");
+    assert!(
+        out.contains("5 exNodes: 1 under their copy count, 1 with lost bytes, 1 unreadable"),
+        "{out}"
+    );
+    // Within two hours: the lease that ends, and the problems; not the rest.
+    let (_, out, _) = lors(&["stat", "--expiring", "2h", t]);
+    let out = String::from_utf8(out).unwrap();
+    for name in ["soon", "short", "lost", "junk"] {
+        assert!(out.contains(&format!("{name}.xnd: ")), "{name}: {out}");
+    }
+    assert!(!out.contains("healthy.xnd"), "{out}");
+    assert!(out.contains("5 exNodes: 1 expire within 2h 0m,"), "{out}");
+    let (_, out, _) = lors(&["stat", "--json", "--expiring", "2h", t]);
+    let out = String::from_utf8(out).unwrap();
+    assert!(
+        out.lines().any(|l| l.contains("\"lost_bytes\":1048576")),
+        "{out}"
+    );
+    assert!(
+        out.lines()
+            .last()
+            .unwrap()
+            .contains("\"files\":5,\"expiring\":1,\"under\":1,\"lost\":1,\"unreadable\":1"),
+        "{out}"
+    );
+}
+
 /// `lors verify` reads every replica, not the first good one: a flipped
 /// byte in one copy, a freed allocation, a block with no copy left and a
 /// dead depot are each named with their bytes, and the exit status says
