@@ -6,6 +6,7 @@ pub mod demo;
 pub mod depot;
 pub mod disseminate;
 pub mod download;
+pub mod keep;
 pub mod lbone;
 pub mod ls;
 pub mod modify;

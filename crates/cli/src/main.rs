@@ -45,6 +45,8 @@ enum Command {
     Refresh(commands::refresh::Args),
     /// Read every replica back and check it against its checksums.
     Verify(commands::verify::Args),
+    /// Keep exNodes alive and whole: refresh leases, remake lost replicas.
+    Keep(commands::keep::Args),
     /// Strip capabilities to share an exNode safely.
     Modify(commands::modify::Args),
     /// Move a file onto other depots.
@@ -124,6 +126,7 @@ fn main() -> ExitCode {
         Command::Trim(a) => commands::trim::run(a),
         Command::Refresh(a) => commands::refresh::run(a),
         Command::Verify(a) => commands::verify::run(a),
+        Command::Keep(a) => commands::keep::run(a),
         Command::Modify(a) => commands::modify::run(a),
         Command::Route(a) => commands::route::run(a),
         Command::Disseminate(a) => commands::disseminate::run(a),

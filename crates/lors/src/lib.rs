@@ -12,11 +12,13 @@
 //! * [`plan`] — cutting a byte range into servable segments.
 //! * [`pool`] — reused depot connections.
 //! * [`verify`] — every replica read back and checked (a scrub).
+//! * [`keep`] — a keeper cycle: leases refreshed, lost copies remade.
 
 pub mod directory;
 pub mod dissem;
 pub mod download;
 pub mod error;
+pub mod keep;
 pub mod manage;
 pub mod plan;
 pub mod pool;

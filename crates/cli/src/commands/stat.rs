@@ -155,7 +155,7 @@ fn detail(a: &Args, r: &ExnodeRef) -> anyhow::Result<()> {
 const MAX_FILES: usize = 100_000;
 
 /// The `*.xnd` files under `dir`, at any depth, in name order.
-fn xnd_files(dir: &Path, out: &mut Vec<PathBuf>) -> anyhow::Result<()> {
+pub(crate) fn xnd_files(dir: &Path, out: &mut Vec<PathBuf>) -> anyhow::Result<()> {
     let mut entries: Vec<_> = std::fs::read_dir(dir)
         .map_err(|e| anyhow::anyhow!("reading directory {}: {e}", dir.display()))?
         .filter_map(Result::ok)

@@ -9,6 +9,7 @@ mod fuse;
 mod hostile;
 mod hung;
 mod interrupt;
+mod keep;
 mod lab;
 mod lbone;
 mod lstore;

@@ -1,0 +1,286 @@
+//! `lors keep`: leases kept alive, lost replicas remade from live ones,
+//! dead mappings dropped, lost bytes named, a stop that leaves nothing
+//! behind.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use crate::tools::used;
+use crate::util::{DepotProc, lors, lors_cmd, pattern, tempdir};
+
+fn depots(n: usize, dir: &Path) -> Vec<DepotProc> {
+    (0..n)
+        .map(|i| DepotProc::start(&dir.join(format!("d{i}")), &["--sync", "never"]))
+        .collect()
+}
+
+fn list(ds: &[&DepotProc]) -> String {
+    ds.iter()
+        .map(|d| d.addr.as_str())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn upload(to: &[&DepotProc], dir: &Path, name: &str, data: &[u8], flags: &[&str]) -> PathBuf {
+    let src = dir.join(name);
+    std::fs::write(&src, data).unwrap();
+    let xnd = dir.join(format!("{name}.xnd"));
+    let depots = list(to);
+    let mut args = vec![
+        "upload",
+        "-q",
+        "--depot",
+        &depots,
+        "-o",
+        xnd.to_str().unwrap(),
+    ];
+    args.extend_from_slice(flags);
+    args.push(src.to_str().unwrap());
+    let (ok, _, err) = lors(&args);
+    assert!(ok, "{err}");
+    xnd
+}
+
+/// Live replicas per block, on which depots.
+fn holders(x: &Path) -> Vec<Vec<String>> {
+    let x = lors::xnd::load(x).unwrap();
+    lors::manage::blocks(&x)
+        .values()
+        .map(|idx| {
+            idx.iter()
+                .map(|&i| x.mappings[i].depot().unwrap())
+                .collect()
+        })
+        .collect()
+}
+
+/// (a) A depot killed for good: one cycle later every block has its two
+/// copies again on the others, and the file reads with the depot gone.
+#[test]
+fn a_dead_depot_is_replaced_in_one_cycle() {
+    let dir = tempdir();
+    let mut ds = depots(4, dir.path());
+    let data = pattern((6 << 20) + 99, 3);
+    let xnd = upload(
+        &[&ds[0], &ds[1], &ds[2]],
+        dir.path(),
+        "f",
+        &data,
+        &["-c", "2", "-b", "1M"],
+    );
+    let x = xnd.to_str().unwrap();
+    let dead = ds[1].addr.clone();
+    assert!(holders(&xnd).iter().any(|h| h.contains(&dead)));
+    ds[1].kill9();
+    let all = list(&ds.iter().collect::<Vec<_>>());
+    let (ok, out, err) = lors(&["keep", "--once", "--depot", &all, x]);
+    assert!(ok, "{err}");
+    let out = String::from_utf8(out).unwrap();
+    assert!(
+        out.contains("new replicas") && out.contains("dead mappings dropped"),
+        "{out}"
+    );
+    for h in holders(&xnd) {
+        assert_eq!(h.len(), 2, "{h:?}");
+        assert!(!h.contains(&dead), "{h:?}");
+        assert_ne!(h[0], h[1], "two copies on one depot: {h:?}");
+    }
+    let (ok, got, err) = lors(&["download", "-q", "-o", "-", x]);
+    assert!(ok && got == data, "{err}");
+    let (ok, _, err) = lors(&["verify", "-q", x]);
+    assert!(ok, "{err}");
+    // Nothing left to do: a second cycle changes nothing.
+    let before = std::fs::read(&xnd).unwrap();
+    let (ok, _, err) = lors(&["keep", "--once", "--depot", &all, x]);
+    assert!(ok, "{err}");
+    assert!(std::fs::read(&xnd).unwrap() == before);
+}
+
+/// (c) Leases of 10 s kept alive by `lors keep --every 2s` for three times
+/// as long, while the same file without a keeper expires; SIGTERM stops
+/// the service at once.
+#[test]
+fn a_keeper_keeps_short_leases_alive() {
+    let dir = tempdir();
+    let ds = depots(2, dir.path());
+    let to: Vec<&DepotProc> = ds.iter().collect();
+    let data = pattern(3 << 20, 4);
+    let flags = ["-c", "2", "-b", "1M", "-d", "10s"];
+    let kept = upload(&to, dir.path(), "kept", &data, &flags);
+    let control = upload(&to, dir.path(), "control", &data, &flags);
+    let mut keeper = lors_cmd(&[
+        "keep",
+        "--every",
+        "2s",
+        "--lease",
+        "10s",
+        "--margin",
+        "6s",
+        "--depot",
+        &list(&to),
+        kept.to_str().unwrap(),
+    ])
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    std::thread::sleep(Duration::from_secs(30));
+    let (ok, got, err) = lors(&["download", "-q", "-o", "-", kept.to_str().unwrap()]);
+    assert!(ok && got == data, "the kept file: {err}");
+    let (ok, out, _) = lors(&["stat", control.to_str().unwrap()]);
+    assert!(!ok, "the control file expired");
+    assert!(String::from_utf8(out).unwrap().contains("expired"));
+    let t0 = Instant::now();
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &keeper.id().to_string()])
+        .status();
+    let st = loop {
+        if let Some(st) = keeper.try_wait().unwrap() {
+            break st;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "keep did not stop on SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut keeper.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(st.success(), "{err}");
+    assert!(err.contains("keep stopped"), "{err}");
+}
+
+/// (e) A block whose every replica is gone is reported lost with its bytes,
+/// and `--once` exits non-zero; the rest is still kept.
+#[test]
+fn a_block_with_no_replica_left_is_reported_lost() {
+    let dir = tempdir();
+    let ds = depots(3, dir.path());
+    let to: Vec<&DepotProc> = ds.iter().collect();
+    let data = pattern(4 << 20, 6);
+    let xnd = upload(&to, dir.path(), "f", &data, &["-c", "2", "-b", "1M"]);
+    let x = xnd.to_str().unwrap();
+    // Both copies of block 1 freed, through another exNode.
+    let xn = lors::xnd::load(&xnd).unwrap();
+    let nums = lors_exnode::Numbering::of(&xn.mappings);
+    let both: Vec<String> = (0..xn.mappings.len())
+        .filter(|&i| xn.mappings[i].exnode_offset == 1 << 20)
+        .map(|i| nums.number(i).to_string())
+        .collect();
+    let other = dir.path().join("other.xnd");
+    let (ok, _, err) = lors(&[
+        "trim",
+        "-q",
+        "--decrement",
+        "--allow-holes",
+        "-m",
+        &both.join(","),
+        "-o",
+        other.to_str().unwrap(),
+        x,
+    ]);
+    assert!(ok, "{err}");
+    let before = std::fs::read(&xnd).unwrap();
+    let (ok, _, err) = lors(&["keep", "--once", "--depot", &list(&to), x]);
+    assert!(!ok);
+    assert!(
+        err.contains(&format!(
+            "LOST: bytes {}..{} have no live replica",
+            1 << 20,
+            2 << 20
+        )),
+        "{err}"
+    );
+    assert!(err.contains("1048576 bytes lost"), "{err}");
+    // The lost block's mappings stay: the exNode never names less of the
+    // file than before (and here nothing else needed doing).
+    assert!(std::fs::read(&xnd).unwrap() == before);
+}
+
+/// (d) SIGTERM at any moment of a heal: the exNode is the old one or the
+/// new one, and once a cycle completes the depots hold exactly what it
+/// names.
+#[test]
+fn a_stopped_heal_leaves_the_old_or_the_new_exnode_and_nothing_stranded() {
+    let dir = tempdir();
+    let ds = depots(4, dir.path());
+    let to: Vec<&DepotProc> = ds[..3].iter().collect();
+    let all = list(&ds.iter().collect::<Vec<_>>());
+    let data = pattern(24 << 20, 8);
+    let mut cut = 0;
+    // Run 0 is timed whole; the others are stopped at sevenths of its time.
+    let mut whole = Duration::ZERO;
+    for i in 0..7u32 {
+        let xnd = upload(
+            &to,
+            dir.path(),
+            &format!("f{i}"),
+            &data,
+            &["-c", "2", "-b", "1M"],
+        );
+        let x = xnd.to_str().unwrap();
+        // Depot 1's copies freed: every block it held is one short.
+        let other = dir.path().join(format!("other{i}.xnd"));
+        let (ok, _, err) = lors(&[
+            "trim",
+            "-q",
+            "--decrement",
+            "--depot",
+            &ds[1].addr,
+            "-o",
+            other.to_str().unwrap(),
+            x,
+        ]);
+        assert!(ok, "{err}");
+        let before = std::fs::read(&xnd).unwrap();
+        let t0 = Instant::now();
+        let mut child = lors_cmd(&["keep", "--once", "--depot", &all, x])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        if i > 0 {
+            std::thread::sleep(whole * i / 7);
+            let _ = std::process::Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .status();
+        }
+        let st = child.wait().unwrap();
+        if i == 0 {
+            whole = t0.elapsed();
+        }
+        let mut err = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+        assert!(st.success(), "{err}");
+        let now = std::fs::read(&xnd).unwrap();
+        if now == before {
+            cut += 1;
+        } else {
+            assert!(
+                holders(&xnd).iter().all(|h| h.len() == 2),
+                "a half-healed exNode"
+            );
+        }
+        // A full cycle, then every allocation on the depots is named.
+        let (ok, _, err) = lors(&["keep", "--once", "--depot", &all, x]);
+        assert!(ok, "{err}");
+        let (ok, got, err) = lors(&["download", "-q", "-o", "-", x]);
+        assert!(ok && got == data, "{err}");
+    }
+    let held: u64 = ds.iter().map(used).sum();
+    let named: u64 = (0..7)
+        .map(|i| {
+            let x = lors::xnd::load(&dir.path().join(format!("f{i}.xnd"))).unwrap();
+            x.mappings.iter().map(|m| m.alloc_length).sum::<u64>()
+        })
+        .sum();
+    assert_eq!(
+        held, named,
+        "allocations no exNode names ({cut} of 6 runs were stopped mid-heal)"
+    );
+    assert!(
+        cut >= 2,
+        "only {cut} of 6 runs were stopped before they wrote"
+    );
+}

@@ -1,0 +1,264 @@
+//! Keeping stored data alive and whole: one keeper cycle over an exNode.
+//!
+//! Every allocation has a lease, and a depot deletes an allocation nobody
+//! refreshes; a depot that dies leaves its blocks one copy short. [`cycle`]
+//! does what an operator would, in this order:
+//!
+//! 1. probes every mapping (one connection per depot, in parallel);
+//! 2. extends the lease of each live allocation with less than the margin
+//!    left;
+//! 3. gives each block with fewer live replicas than the policy new ones,
+//!    copied depot to depot from a live replica onto depots that do not
+//!    hold it;
+//! 4. drops the mappings that are gone for good (expired, freed, refused)
+//!    from blocks that have a live replica, and those of unreachable or
+//!    hung depots once their block has its copies again elsewhere (their
+//!    allocations are left to their leases: a depot that cannot be reached
+//!    cannot be asked to free them).
+//!
+//! It never drops the last replica of a block it cannot replace, and never
+//! makes a replica from anything but a live one: a block with no live
+//! replica is reported lost, with its bytes. The caller writes the result.
+//!
+//! ```no_run
+//! # async fn f(x: lors_exnode::ExNode, pool: std::sync::Arc<lors::Pool>) -> lors::Result<()> {
+//! use std::time::Duration;
+//! use lors::keep::{Policy, cycle};
+//! let policy = Policy::new(lors::manage::Lease::Max, Duration::from_secs(86_400));
+//! let kept = cycle(&x, &["d4:6714".to_string()], &policy, &pool).await?;
+//! println!("{} refreshed, {} new replicas, lost {:?}", kept.refreshed, kept.healed, kept.lost);
+//! # Ok(()) }
+//! ```
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lors_exnode::ExNode;
+use lors_ibp::proto::Reliability;
+
+use crate::error::{Error, Result};
+use crate::manage::{self, CopyOptions, Lease, Probe, Replicas};
+use crate::pool::Pool;
+use crate::progress::NoProgress;
+
+/// What a keeper keeps.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    /// Live replicas each block keeps; `None`: the exNode's own
+    /// ([`manage::copies_policy`]).
+    pub copies: Option<usize>,
+    /// What a refresh sets.
+    pub lease: Lease,
+    /// An allocation with less than this left is refreshed.
+    pub margin: Duration,
+    /// New replicas: their lease, reliability, and the stop signal.
+    pub copy: CopyOptions,
+}
+
+impl Policy {
+    /// Refreshes to `lease` with `margin`; new replicas of a day, hard; the
+    /// exNode's own copy count.
+    pub fn new(lease: Lease, margin: Duration) -> Self {
+        Policy {
+            copies: None,
+            lease,
+            margin,
+            copy: CopyOptions {
+                duration: Duration::from_secs(86_400),
+                reliability: Reliability::Hard,
+                stop: None,
+            },
+        }
+    }
+}
+
+/// What one cycle did and found.
+#[derive(Debug, Clone)]
+pub struct Kept {
+    /// The exNode as it should now be (the input when nothing changed).
+    pub exnode: ExNode,
+    /// Whether it differs from the input.
+    pub changed: bool,
+    /// Live replicas each block should have.
+    pub copies: usize,
+    /// Leases extended.
+    pub refreshed: usize,
+    /// Leases that could not be extended: mapping index in the input, why.
+    pub not_refreshed: Vec<(usize, String)>,
+    /// New replicas made.
+    pub healed: usize,
+    /// Mappings dropped.
+    pub trimmed: usize,
+    /// Byte ranges with no live replica: lost unless their depot comes back.
+    pub lost: Vec<(u64, u64)>,
+    /// Blocks still short of their copies after the cycle (no depot could
+    /// take them), as byte ranges.
+    pub short: Vec<(u64, u64)>,
+    /// Why healing fell short, if it did.
+    pub heal_error: Option<String>,
+}
+
+/// One keeper cycle over `x`: probe, refresh, heal onto `depots`, trim (see
+/// the module docs). Fails only when stopped ([`Error::Interrupted`]: the
+/// replicas made are released and the exNode is to stay as it was);
+/// everything else that goes wrong is in the result.
+pub async fn cycle(
+    x: &ExNode,
+    depots: &[String],
+    policy: &Policy,
+    pool: &Arc<Pool>,
+) -> Result<Kept> {
+    let probes = manage::probe_all(x, pool).await;
+    let copies = policy
+        .copies
+        .or_else(|| manage::copies_policy(x))
+        .unwrap_or(1)
+        .max(1);
+
+    // Leases first: they are what is lost soonest.
+    let due: Vec<usize> = (0..x.mappings.len())
+        .filter(|&i| match &probes[i] {
+            Probe::Live(p) => u64::try_from(p.seconds_left).unwrap_or(0) < policy.margin.as_secs(),
+            _ => false,
+        })
+        .collect();
+    let mut refreshed = 0;
+    let mut not_refreshed = Vec::new();
+    if !due.is_empty() {
+        let sub = ExNode {
+            metadata: Vec::new(),
+            mappings: due.iter().map(|&i| x.mappings[i].clone()).collect(),
+        };
+        for (j, r) in manage::refresh(&sub, policy.lease, pool, &NoProgress).await {
+            match r {
+                Ok(_) => refreshed += 1,
+                Err(e) => not_refreshed.push((due[j], e)),
+            }
+        }
+    }
+
+    // Blocks short of live replicas, grouped by how many they lack, each
+    // group copied from its live replicas alone.
+    let blocks = manage::blocks(x);
+    let mut by_lack: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+    for idx in blocks.values() {
+        let live: Vec<usize> = idx
+            .iter()
+            .copied()
+            .filter(|&i| probes[i].is_live())
+            .collect();
+        if !live.is_empty() && live.len() < copies {
+            by_lack.entry(copies - live.len()).or_default().extend(live);
+        }
+    }
+    let mut new = Vec::new();
+    let mut heal_error = None;
+    for (lack, sources) in by_lack {
+        let sub = ExNode {
+            metadata: x.metadata.clone(),
+            mappings: sources.iter().map(|&i| x.mappings[i].clone()).collect(),
+        };
+        match manage::replicate(
+            &sub,
+            depots,
+            Replicas::More(lack),
+            &policy.copy,
+            pool,
+            &NoProgress,
+        )
+        .await
+        {
+            Ok(y) => new.extend(y.mappings.into_iter().skip(sub.mappings.len())),
+            Err(e @ Error::Interrupted { .. }) => {
+                // This run's earlier groups were not released by it.
+                release(&new, pool).await;
+                return Err(e);
+            }
+            Err(e) => heal_error = Some(e.to_string()),
+        }
+    }
+    let healed = new.len();
+
+    // What each block has live now, counting the new replicas.
+    let mut kept = ExNode {
+        metadata: x.metadata.clone(),
+        mappings: Vec::new(),
+    };
+    let mut live_now = Vec::new();
+    let live_after = |range: (u64, u64), idx: &[usize]| {
+        idx.iter().filter(|&&i| probes[i].is_live()).count()
+            + (new.iter())
+                .filter(|m| m.exnode_offset == range.0 && m.logical_length == range.1)
+                .count()
+    };
+    let mut trimmed = 0;
+    let mut short = Vec::new();
+    for (range, idx) in &blocks {
+        let alive = live_after(*range, idx);
+        let whole = alive >= copies;
+        if !whole && alive > 0 {
+            short.push((range.0, range.0 + range.1));
+        }
+        for &i in idx {
+            let drop = match &probes[i] {
+                Probe::Live(_) => false,
+                // Gone for good, but a lost block's mappings stay: the
+                // exNode never names less of the file than before.
+                Probe::Gone | Probe::Refused(_) => alive > 0,
+                // Perhaps back tomorrow: kept while the block needs it.
+                Probe::Unreachable(_) | Probe::NoAnswer(_) | Probe::Failed(_) => whole,
+            };
+            if drop {
+                trimmed += 1;
+            } else {
+                live_now.push(probes[i].is_live());
+                kept.mappings.push(x.mappings[i].clone());
+            }
+        }
+    }
+    // Mappings outside any block (none are, but keep them whatever they are).
+    for (i, m) in x.mappings.iter().enumerate() {
+        if !blocks.values().any(|idx| idx.contains(&i)) {
+            live_now.push(probes[i].is_live());
+            kept.mappings.push(m.clone());
+        }
+    }
+    live_now.extend(new.iter().map(|_| true));
+    kept.mappings.extend(new);
+    let lost = manage::uncovered(&kept, &live_now);
+    Ok(Kept {
+        changed: trimmed > 0 || healed > 0,
+        exnode: kept,
+        copies,
+        refreshed,
+        not_refreshed,
+        healed,
+        trimmed,
+        lost,
+        short,
+        heal_error,
+    })
+}
+
+/// Frees the allocations of `made`, each within [`crate::stall::RELEASE_WAIT`].
+pub async fn release(made: &[lors_exnode::Mapping], pool: &Arc<Pool>) {
+    if made.is_empty() {
+        return;
+    }
+    let x = ExNode {
+        metadata: Vec::new(),
+        mappings: made.to_vec(),
+    };
+    let all = manage::Selection::Indices((0..made.len()).collect());
+    let freeing = manage::trim(&x, &all, true, true, pool, &NoProgress);
+    if tokio::time::timeout(crate::stall::RELEASE_WAIT, freeing)
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            allocations = made.len(),
+            "new replicas not released in time: left to their leases"
+        );
+    }
+}
