@@ -4,7 +4,8 @@
 //! refreshes; a depot that dies leaves its blocks one copy short. [`cycle`]
 //! does what an operator would, in this order:
 //!
-//! 1. probes every mapping (one connection per depot, in parallel);
+//! 1. probes every mapping (one connection per depot, in parallel), and
+//!    reads back and checks those the caller's scrub budget names;
 //! 2. extends the lease of each live allocation with less than the margin
 //!    left;
 //! 3. gives each block with fewer live replicas than the policy new ones,
@@ -97,19 +98,67 @@ pub struct Kept {
     pub short: Vec<(u64, u64)>,
     /// Why healing fell short, if it did.
     pub heal_error: Option<String>,
+    /// Stored bytes read back and checked.
+    pub scrubbed: u64,
+    /// Replicas the scrub found corrupt: mapping index in the input, why.
+    pub corrupt: Vec<(usize, String)>,
+    /// The corrupt replicas dropped (their blocks have good ones): to be
+    /// freed once the new exNode is written ([`release`]).
+    pub dropped_corrupt: Vec<lors_exnode::Mapping>,
 }
 
-/// One keeper cycle over `x`: probe, refresh, heal onto `depots`, trim (see
-/// the module docs). Fails only when stopped ([`Error::Interrupted`]: the
-/// replicas made are released and the exNode is to stay as it was);
-/// everything else that goes wrong is in the result.
+/// Reads back and checks the live mappings among `which`: the corrupt ones
+/// with why, and the stored bytes read.
+async fn scrub_some(
+    x: &ExNode,
+    probes: &[Probe],
+    which: &[usize],
+    pool: &Arc<Pool>,
+) -> (Vec<(usize, String)>, u64) {
+    let idx: Vec<usize> = (which.iter().copied())
+        .filter(|&i| probes.get(i).is_some_and(Probe::is_live))
+        .collect();
+    if idx.is_empty() {
+        return (Vec::new(), 0);
+    }
+    let sub = ExNode {
+        metadata: Vec::new(),
+        mappings: idx.iter().map(|&i| x.mappings[i].clone()).collect(),
+    };
+    let bytes = sub.mappings.iter().map(|m| m.alloc_length).sum();
+    match crate::verify::verify(&sub, pool, Arc::new(NoProgress)).await {
+        Ok(checks) => {
+            let bad = (idx.iter().zip(checks))
+                .filter(|(_, c)| matches!(c, crate::verify::Check::Corrupt(_)))
+                .map(|(&i, c)| (i, c.reason()))
+                .collect();
+            (bad, bytes)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "scrub skipped");
+            (Vec::new(), 0)
+        }
+    }
+}
+
+/// One keeper cycle over `x`: probe, scrub the mappings `scrub` names
+/// (read back and checked, [`crate::verify`]), refresh, heal onto
+/// `depots`, trim (see the module docs). A corrupt replica counts as
+/// dead: it is replaced from a good one, then dropped, for the caller to
+/// free ([`Kept::dropped_corrupt`]). Fails only when stopped
+/// ([`Error::Interrupted`]: the replicas made are released and the exNode
+/// is to stay as it was); everything else that goes wrong is in the
+/// result.
 pub async fn cycle(
     x: &ExNode,
     depots: &[String],
     policy: &Policy,
     pool: &Arc<Pool>,
+    scrub: &[usize],
 ) -> Result<Kept> {
     let probes = manage::probe_all(x, pool).await;
+    let (corrupt, scrubbed) = scrub_some(x, &probes, scrub, pool).await;
+    let live = |i: usize| probes[i].is_live() && !corrupt.iter().any(|(c, _)| *c == i);
     let copies = policy
         .copies
         .or_else(|| manage::copies_policy(x))
@@ -143,13 +192,9 @@ pub async fn cycle(
     let blocks = manage::blocks(x);
     let mut by_lack: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
     for idx in blocks.values() {
-        let live: Vec<usize> = idx
-            .iter()
-            .copied()
-            .filter(|&i| probes[i].is_live())
-            .collect();
-        if !live.is_empty() && live.len() < copies {
-            by_lack.entry(copies - live.len()).or_default().extend(live);
+        let good: Vec<usize> = idx.iter().copied().filter(|&i| live(i)).collect();
+        if !good.is_empty() && good.len() < copies {
+            by_lack.entry(copies - good.len()).or_default().extend(good);
         }
     }
     let mut new = Vec::new();
@@ -187,13 +232,14 @@ pub async fn cycle(
     };
     let mut live_now = Vec::new();
     let live_after = |range: (u64, u64), idx: &[usize]| {
-        idx.iter().filter(|&&i| probes[i].is_live()).count()
+        idx.iter().filter(|&&i| live(i)).count()
             + (new.iter())
                 .filter(|m| m.exnode_offset == range.0 && m.logical_length == range.1)
                 .count()
     };
     let mut trimmed = 0;
     let mut short = Vec::new();
+    let mut bad = Vec::new();
     for (range, idx) in &blocks {
         let alive = live_after(*range, idx);
         let whole = alive >= copies;
@@ -202,6 +248,13 @@ pub async fn cycle(
         }
         for &i in idx {
             let drop = match &probes[i] {
+                // Corrupt: replaced above, and freed by the caller.
+                Probe::Live(_) if !live(i) => {
+                    if alive > 0 {
+                        bad.push(x.mappings[i].clone());
+                    }
+                    alive > 0
+                }
                 Probe::Live(_) => false,
                 // Gone for good, but a lost block's mappings stay: the
                 // exNode never names less of the file than before.
@@ -212,7 +265,7 @@ pub async fn cycle(
             if drop {
                 trimmed += 1;
             } else {
-                live_now.push(probes[i].is_live());
+                live_now.push(live(i));
                 kept.mappings.push(x.mappings[i].clone());
             }
         }
@@ -220,7 +273,7 @@ pub async fn cycle(
     // Mappings outside any block (none are, but keep them whatever they are).
     for (i, m) in x.mappings.iter().enumerate() {
         if !blocks.values().any(|idx| idx.contains(&i)) {
-            live_now.push(probes[i].is_live());
+            live_now.push(live(i));
             kept.mappings.push(m.clone());
         }
     }
@@ -229,6 +282,9 @@ pub async fn cycle(
     let lost = manage::uncovered(&kept, &live_now);
     Ok(Kept {
         changed: trimmed > 0 || healed > 0,
+        scrubbed,
+        corrupt,
+        dropped_corrupt: bad,
         exnode: kept,
         copies,
         refreshed,

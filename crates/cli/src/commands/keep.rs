@@ -22,14 +22,16 @@ ones included): probe every allocation; extend the leases with less than
 new ones, copied depot to depot from a live replica (--depot or the L-Bone
 choose where, never beside a replica of the same block); drop mappings that
 are gone for good, and those of unreachable depots once their block has its
-copies again. A block with no live replica is reported LOST with its bytes;
+copies again; with --scrub-rate, read back and check the next replicas in
+turn, replacing a corrupt one. A block with no live replica is reported LOST with its bytes;
 the keeper never makes a replica from anything but a live one. An exNode is
 rewritten atomically, and not at all if it changed while the cycle ran.
 
 EXAMPLES:
   lors keep --once --depot d4:6714,d5:6714 data/     # from cron: exit 1 if anything is lost
   lors keep --every 1h --lease 30d data/ run42.xnd   # a service (see examples/lors-keep.service)
-  lors keep --once -c 3 --json run42.xnd"
+  lors keep --once -c 3 --json run42.xnd
+  lors keep --every 1h --scrub-rate 1200K --state scrub.json data/   # each replica checked weekly"
 )]
 pub struct Args {
     /// The exNodes: files, or directories whose `*.xnd` files (at any
@@ -55,6 +57,16 @@ pub struct Args {
     /// of twice --every and a tenth of --lease (a day for max)].
     #[arg(long, value_parser = super::duration_arg)]
     margin: Option<Duration>,
+    /// Read back and check this many stored bytes per second of --every
+    /// (e.g. `10M`): each cycle verifies the next replicas in turn, so the
+    /// whole data set is checked over (size / rate) seconds. A corrupt
+    /// replica is replaced from a good one and freed [default: no scrub].
+    #[arg(long, value_name = "RATE", value_parser = super::nonzero_size_arg)]
+    scrub_rate: Option<u64>,
+    /// Where the scrub's place is kept between runs (a restart, the next
+    /// `--once`, resumes from it) [default: none: each run starts over].
+    #[arg(long, value_name = "FILE")]
+    state: Option<PathBuf>,
     #[command(flatten)]
     targets: super::Targets,
     #[command(flatten)]
@@ -65,10 +77,43 @@ pub struct Args {
     report: ReportOpts,
 }
 
+/// Where the scrub goes on: the exNode and its first mapping not yet
+/// checked.
+#[derive(Default, Clone, serde::Serialize, serde::Deserialize)]
+struct Cursor {
+    file: PathBuf,
+    mapping: usize,
+}
+
+impl Cursor {
+    fn load(path: Option<&Path>) -> Cursor {
+        path.and_then(|p| std::fs::read(p).ok())
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default()
+    }
+
+    /// Written whole or not at all (a temporary file renamed).
+    fn save(&self, path: Option<&Path>) -> anyhow::Result<()> {
+        let Some(path) = path else { return Ok(()) };
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, serde_json::to_vec(self)?)
+            .and_then(|()| std::fs::rename(&tmp, path))
+            .map_err(|e| anyhow::anyhow!("writing the scrub state {}: {e}", path.display()))
+    }
+}
+
+/// The scrub's share of one cycle: bytes left, and where it is.
+struct Scrub {
+    budget: u64,
+    cursor: Cursor,
+}
+
 /// What a run found, over its cycles' last.
 #[derive(Default, serde::Serialize)]
 struct Totals {
     exnodes: usize,
+    scrubbed_bytes: u64,
+    corrupt: usize,
     refreshed: usize,
     not_refreshed: usize,
     healed: usize,
@@ -94,9 +139,18 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     let (stop, _signal) = super::stop_on_signal(&rt);
+    let mut cursor = Cursor::load(a.state.as_deref());
     loop {
         let began = std::time::Instant::now();
-        let totals = one_cycle(&a, &rt, lease, margin, &stop)?;
+        let mut scrub = Scrub {
+            budget: a
+                .scrub_rate
+                .map_or(0, |r| r.saturating_mul(a.every.as_secs().max(1))),
+            cursor: cursor.clone(),
+        };
+        let totals = one_cycle(&a, &rt, lease, margin, &stop, &mut scrub)?;
+        cursor = scrub.cursor;
+        cursor.save(a.state.as_deref())?;
         let stopped = *stop.borrow();
         if a.once || stopped {
             if stopped {
@@ -149,51 +203,67 @@ fn one_cycle(
     lease: Lease,
     margin: Duration,
     stop: &tokio::sync::watch::Receiver<bool>,
+    scrub: &mut Scrub,
 ) -> anyhow::Result<Totals> {
     let mut totals = Totals::default();
     let json = a.report.json;
+    // Every exNode, each with its settings; the cycle starts at the
+    // scrub's place, so the budget goes to the replicas checked longest ago.
+    let mut all = Vec::new();
     for r in &a.exnodes {
         let flags = a.new_lease.layer(a.targets.layer());
-        let s = super::settings(&a.net, flags, Some(r))?;
+        let s = Arc::new(super::settings(&a.net, flags, Some(r))?);
+        all.extend(files_of(r)?.into_iter().map(|p| (p, s.clone())));
+    }
+    let at = all.iter().position(|(p, _)| *p == scrub.cursor.file);
+    match at {
+        Some(k) => all.rotate_left(k),
+        None => scrub.cursor = Cursor::default(),
+    }
+    for (n, (path, s)) in all.into_iter().enumerate() {
         let pool = Arc::new(Pool::new(s.client()));
-        for path in files_of(r)? {
-            if *stop.borrow() {
-                return Ok(totals);
+        if *stop.borrow() {
+            return Ok(totals);
+        }
+        totals.exnodes += 1;
+        let name = path.display().to_string();
+        let policy = Policy {
+            copies: a.copies.map(|c| c as usize),
+            lease,
+            margin,
+            copy: CopyOptions {
+                duration: s.duration,
+                reliability: s.reliability,
+                stop: Some(stop.clone()),
+            },
+        };
+        let first = match n {
+            0 if scrub.cursor.file == path => scrub.cursor.mapping,
+            _ => 0,
+        };
+        match keep_one(a, rt, &path, &s, &policy, &pool, scrub, first) {
+            Ok(Some(k)) => {
+                totals.scrubbed_bytes += k.scrubbed;
+                totals.corrupt += k.corrupt.len();
+                totals.refreshed += k.refreshed;
+                totals.not_refreshed += k.not_refreshed.len();
+                totals.healed += k.healed;
+                totals.trimmed += k.trimmed;
+                totals.lost_bytes += k.lost.iter().map(|(s, e)| e - s).sum::<u64>();
+                totals.short_blocks += k.short.len();
+                report(&name, &k, json, a.report.quiet)?;
             }
-            totals.exnodes += 1;
-            let name = path.display().to_string();
-            let policy = Policy {
-                copies: a.copies.map(|c| c as usize),
-                lease,
-                margin,
-                copy: CopyOptions {
-                    duration: s.duration,
-                    reliability: s.reliability,
-                    stop: Some(stop.clone()),
-                },
-            };
-            match keep_one(a, rt, &path, &s, &policy, &pool) {
-                Ok(Some(k)) => {
-                    totals.refreshed += k.refreshed;
-                    totals.not_refreshed += k.not_refreshed.len();
-                    totals.healed += k.healed;
-                    totals.trimmed += k.trimmed;
-                    totals.lost_bytes += k.lost.iter().map(|(s, e)| e - s).sum::<u64>();
-                    totals.short_blocks += k.short.len();
-                    report(&name, &k, json, a.report.quiet)?;
-                }
-                Ok(None) => return Ok(totals), // stopped mid-cycle
-                Err(e) => {
-                    totals.failed += 1;
-                    match json {
-                        true => super::outln!(
-                            "{}",
-                            super::json_line(
-                                &serde_json::json!({"event": "failed", "file": name, "error": format!("{e:#}")})
-                            )?
-                        ),
-                        false => eprintln!("lors: {name}: not kept: {e:#}"),
-                    }
+            Ok(None) => return Ok(totals), // stopped mid-cycle
+            Err(e) => {
+                totals.failed += 1;
+                match json {
+                    true => super::outln!(
+                        "{}",
+                        super::json_line(
+                            &serde_json::json!({"event": "failed", "file": name, "error": format!("{e:#}")})
+                        )?
+                    ),
+                    false => eprintln!("lors: {name}: not kept: {e:#}"),
                 }
             }
         }
@@ -220,7 +290,9 @@ fn one_cycle(
     Ok(totals)
 }
 
-/// Keeps one exNode; `None` when a signal stopped it (nothing changed).
+/// Keeps one exNode, scrubbing its mappings from `first` on as far as the
+/// budget goes; `None` when a signal stopped it (nothing changed).
+#[allow(clippy::too_many_arguments)]
 fn keep_one(
     a: &Args,
     rt: &tokio::runtime::Runtime,
@@ -228,10 +300,26 @@ fn keep_one(
     s: &lors::settings::Settings,
     policy: &Policy,
     pool: &Arc<Pool>,
+    scrub: &mut Scrub,
+    first: usize,
 ) -> anyhow::Result<Option<Kept>> {
     let before =
         std::fs::read(path).map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
     let x = lors::xnd::load(path)?;
+    let mut checked = Vec::new();
+    let mut next = first;
+    while next < x.mappings.len() && scrub.budget > 0 {
+        scrub.budget = scrub.budget.saturating_sub(x.mappings[next].alloc_length);
+        checked.push(next);
+        next += 1;
+    }
+    if !checked.is_empty() || scrub.budget > 0 {
+        // The place to go on from: later in this file, or the next file.
+        scrub.cursor = Cursor {
+            file: path.to_owned(),
+            mapping: next,
+        };
+    }
     let copies = policy
         .copies
         .or_else(|| lors::manage::copies_policy(&x))
@@ -242,13 +330,18 @@ fn keep_one(
         Ok(f) => (f.depots, None),
         Err(e) => (Vec::new(), Some(format!("{e:#}"))),
     };
-    let mut k = match rt.block_on(lors::keep::cycle(&x, &depots, policy, pool)) {
+    let mut k = match rt.block_on(lors::keep::cycle(&x, &depots, policy, pool, &checked)) {
         Ok(k) => k,
         Err(lors::Error::Interrupted { .. }) => return Ok(None),
         Err(e) => return Err(e.into()),
     };
     if k.heal_error.is_some() && depots.is_empty() {
         k.heal_error = unplaced;
+    }
+    // Mappings as `lors ls` numbers them.
+    let numbering = x.numbering();
+    for (i, _) in k.corrupt.iter_mut().chain(k.not_refreshed.iter_mut()) {
+        *i = numbering.number(*i);
     }
     if k.changed {
         // A second writer (augment, trim, another keeper) may have changed
@@ -260,6 +353,8 @@ fn keep_one(
             anyhow::bail!("it changed while it was kept: left to the next cycle");
         }
         lors::xnd::save(path, &k.exnode)?;
+        // Named nowhere now: freed (a failure leaves them to their leases).
+        rt.block_on(lors::keep::release(&k.dropped_corrupt, pool));
     }
     Ok(Some(k))
 }
@@ -280,6 +375,8 @@ fn report(name: &str, k: &Kept, json: bool, quiet: bool) -> anyhow::Result<()> {
                 "lost": k.lost,
                 "short": k.short,
                 "heal_error": k.heal_error,
+                "scrubbed_bytes": k.scrubbed,
+                "corrupt": k.corrupt.iter().map(|(i, e)| serde_json::json!({"mapping": i, "error": e})).collect::<Vec<_>>(),
             }))?
         );
         return Ok(());
@@ -294,8 +391,17 @@ fn report(name: &str, k: &Kept, json: bool, quiet: bool) -> anyhow::Result<()> {
     if k.trimmed > 0 {
         did.push(format!("{} dead mappings dropped", k.trimmed));
     }
+    if !k.corrupt.is_empty() {
+        did.push(format!(
+            "{} corrupt replicas replaced",
+            k.dropped_corrupt.len()
+        ));
+    }
     if !did.is_empty() && !quiet {
         super::outln!("{name}: {}", did.join(", "));
+    }
+    for (i, e) in &k.corrupt {
+        eprintln!("lors: {name}: mapping {i} is corrupt: {e}");
     }
     for (i, e) in &k.not_refreshed {
         eprintln!("lors: {name}: mapping {i}: lease not extended: {e}");

@@ -284,3 +284,77 @@ fn a_stopped_heal_leaves_the_old_or_the_new_exnode_and_nothing_stranded() {
         "only {cut} of 6 runs were stopped before they wrote"
     );
 }
+
+/// (b) A byte flipped on a depot's disk: the scrub, a few replicas a run
+/// and resuming from its state file, names the replica, replaces it from
+/// the good copy and frees it.
+#[test]
+fn the_scrub_finds_a_flipped_byte_and_replaces_the_replica() {
+    use std::os::unix::fs::FileExt;
+    let dir = tempdir();
+    let ds = depots(3, dir.path());
+    let data = pattern(4 << 20, 9);
+    let xnd = upload(
+        &[&ds[0], &ds[1]],
+        dir.path(),
+        "f",
+        &data,
+        &["-c", "2", "-b", "1M"],
+    );
+    let x = xnd.to_str().unwrap();
+    let xn = lors::xnd::load(&xnd).unwrap();
+    let victim = (xn.mappings.iter())
+        .find(|m| m.exnode_offset == 2 << 20 && m.depot().as_deref() == Some(&ds[0].addr))
+        .unwrap()
+        .clone();
+    let id: u64 = victim.read.as_ref().unwrap().typekey.parse().unwrap();
+    let file = dir
+        .path()
+        .join("d0/data")
+        .join(format!("{:02x}", id & 0xff))
+        .join(format!("{id:016x}"));
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(file)
+        .unwrap();
+    let mut b = [0u8; 1];
+    f.read_exact_at(&mut b, 4096 + 1000).unwrap();
+    f.write_all_at(&[b[0] ^ 0x10], 4096 + 1000).unwrap();
+    drop(f);
+    let state = dir.path().join("scrub.json");
+    let all = list(&ds.iter().collect::<Vec<_>>());
+    let mut found = String::new();
+    // 3 MiB a run: three of the eight replicas; all of them in three runs.
+    for _ in 0..3 {
+        let (ok, _, err) = lors(&[
+            "keep",
+            "--once",
+            "--every",
+            "1s",
+            "--scrub-rate",
+            "3M",
+            "--state",
+            state.to_str().unwrap(),
+            "--depot",
+            &all,
+            x,
+        ]);
+        assert!(ok, "{err}");
+        found += &err;
+    }
+    assert_eq!(found.matches(" is corrupt: ").count(), 1, "{found}");
+    assert!(found.contains("BLAKE3 checksum mismatch"), "{found}");
+    let h = holders(&xnd);
+    assert!(h.iter().all(|h| h.len() == 2), "{h:?}");
+    let new = lors::xnd::load(&xnd).unwrap();
+    assert!(
+        !new.mappings.iter().any(|m| m.read == victim.read),
+        "the corrupt replica is dropped"
+    );
+    let (ok, _, err) = lors(&["verify", "-q", x]);
+    assert!(ok, "{err}");
+    let held: u64 = ds.iter().map(used).sum();
+    let named: u64 = new.mappings.iter().map(|m| m.alloc_length).sum();
+    assert_eq!(held, named, "the corrupt allocation is freed");
+}
