@@ -26,7 +26,7 @@
 //! use std::time::Duration;
 //! use lors::keep::{Policy, cycle};
 //! let policy = Policy::new(lors::manage::Lease::Max, Duration::from_secs(86_400));
-//! let kept = cycle(&x, &["d4:6714".to_string()], &policy, &pool).await?;
+//! let kept = cycle(&x, &["d4:6714".to_string()], &policy, &pool, &[]).await?;
 //! println!("{} refreshed, {} new replicas, lost {:?}", kept.refreshed, kept.healed, kept.lost);
 //! # Ok(()) }
 //! ```

@@ -145,7 +145,11 @@ pub async fn replicate(
         progress,
         duration,
         reliability,
-        watch: crate::stall::Watcher::new(pool.config().io_timeout, pool.config()),
+        watch: {
+            let w = crate::stall::Watcher::new(pool.config().io_timeout, pool.config());
+            w.know(depots);
+            w
+        },
         state: std::sync::Mutex::new(RepState {
             load,
             dead: HashSet::new(),

@@ -164,10 +164,14 @@ impl Pool {
                     return (m, false);
                 };
                 let addr = cap.address();
-                if hung
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .contains(&addr)
+                // Hung here or, as the uploads through this pool found it,
+                // before: left to its lease at once.
+                let hung_before = pool.watch.get().is_some_and(|w| w.is_hung(&addr));
+                if hung_before
+                    || hung
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .contains(&addr)
                 {
                     return (m, false);
                 }

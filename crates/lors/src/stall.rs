@@ -115,6 +115,13 @@ pub enum Kind {
 /// depot that answers is slow, not hung (a site on a narrow link, a copy
 /// behind many others): the command waits another stall time. One that
 /// does not answer is hung, and the command ends at the stall time.
+///
+/// A command that stalls before any other finished (the first commands of
+/// an operation, all sent to the hung depot) has no pace to be judged by:
+/// it is judged after twice [`FLOOR`], and only when a control — another
+/// depot the operation uses ([`Watcher::know`]) — answers while the
+/// suspect does not. A network that answers nobody keeps every command
+/// waiting, up to the network timeout.
 #[derive(Debug)]
 pub struct Watcher {
     cap: Duration,
@@ -129,7 +136,13 @@ struct Pace {
     ops: Typical,
     bytes: Typical,
     last_done: Instant,
+    /// Depots this operation uses or heard from: controls for a liveness
+    /// check made before any other command finished.
+    known: Vec<String>,
 }
+
+/// Most depots kept as controls.
+const CONTROLS: usize = 64;
 
 impl Watcher {
     /// A watcher whose longest wait is `cap` (the network timeout); its
@@ -146,9 +159,50 @@ impl Watcher {
                 ops: Typical::default(),
                 bytes: Typical::default(),
                 last_done: Instant::now(),
+                known: Vec::new(),
             }),
             hung: Mutex::new(std::collections::HashSet::new()),
         }
+    }
+
+    /// Makes `depots` (the ones an operation may use) known as controls: a
+    /// command that stalls before any other finished is judged against
+    /// them (see [`Watcher::run`]).
+    pub fn know(&self, depots: &[String]) {
+        let mut p = self.pace();
+        for d in depots {
+            if p.known.len() < CONTROLS && !p.known.contains(d) {
+                p.known.push(d.clone());
+            }
+        }
+    }
+
+    /// Whether a command found depot `addr` hung.
+    pub fn is_hung(&self, addr: &str) -> bool {
+        self.hung
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(addr)
+    }
+
+    /// Up to two known depots, none of `addrs` nor hung, to tell a hung
+    /// depot from a network that answers nobody.
+    fn controls(&self, addrs: &[&str]) -> Vec<String> {
+        let known = self.pace().known.clone();
+        (known.into_iter())
+            .filter(|d| !addrs.contains(&d.as_str()) && !self.is_hung(d))
+            .take(2)
+            .collect()
+    }
+
+    /// Whether any of `depots` answers a STATUS VERSION within `wait`.
+    async fn any_answers(&self, depots: &[String], wait: Duration) -> bool {
+        for d in depots {
+            if self.first_silent(&[d.as_str()], wait).await.is_none() {
+                return true;
+            }
+        }
+        false
     }
 
     fn known_hung<'a>(&self, addrs: &[&'a str]) -> Option<&'a str> {
@@ -195,9 +249,16 @@ impl Watcher {
         loop {
             let (after, others_done) = {
                 let p = self.pace();
+                let typical = match kind {
+                    Kind::Op => p.ops,
+                    Kind::Bytes(_) => p.bytes,
+                };
                 let after = match kind {
-                    Kind::Op => p.ops.stall_after(self.cap),
-                    Kind::Bytes(n) => p.bytes.stall_after_for(n, self.cap),
+                    // Nothing timed: judged early, the liveness check
+                    // telling a slow depot from a hung one.
+                    _ if !typical.known() => (FLOOR * 2).min(self.cap),
+                    Kind::Op => typical.stall_after(self.cap),
+                    Kind::Bytes(n) => typical.stall_after_for(n, self.cap),
                 };
                 (after, p.last_done > start)
             };
@@ -205,11 +266,26 @@ impl Watcher {
             if let Some(a) = self.known_hung(addrs) {
                 return Err(stalled(a, began));
             }
-            if others_done && waited >= after / 2 && check.is_none() && verdict.is_none() {
+            // Evidence that the network works: another command finished
+            // since this one began, or a control will be asked too.
+            let controls = if others_done {
+                Vec::new()
+            } else {
+                self.controls(addrs)
+            };
+            let judged = others_done || !controls.is_empty();
+            if judged && waited >= after / 2 && check.is_none() && verdict.is_none() {
                 let wait = (after / 2).max(Duration::from_secs(1));
-                check = Some(Box::pin(self.first_silent(addrs, wait)));
+                check = Some(Box::pin(async move {
+                    let silent = self.first_silent(addrs, wait).await?;
+                    if controls.is_empty() || self.any_answers(&controls, wait).await {
+                        Some(silent)
+                    } else {
+                        None // nobody answers: the network, not the depot
+                    }
+                }));
             }
-            if others_done && waited >= after {
+            if judged && waited >= after {
                 match verdict.take() {
                     Some(Some(a)) => {
                         let mut known = self.hung.lock().unwrap_or_else(|e| e.into_inner());
@@ -244,6 +320,12 @@ impl Watcher {
                             Kind::Bytes(n) => p.bytes.record_per(began.elapsed(), n),
                         }
                         p.last_done = Instant::now();
+                        if let Some(a) = addrs.first()
+                            && p.known.len() < CONTROLS
+                            && !p.known.iter().any(|k| k == a)
+                        {
+                            p.known.push((*a).to_owned());
+                        }
                     }
                     return r;
                 },

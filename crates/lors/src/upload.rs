@@ -583,6 +583,7 @@ async fn run<R: AsyncRead + Unpin>(
     }
     let n = addrs.len();
     let watch = pool.watcher();
+    watch.know(&addrs);
     let shared = Arc::new(Shared {
         opts: opts.clone(),
         pool,

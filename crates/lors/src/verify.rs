@@ -10,13 +10,13 @@
 //! written anywhere.
 //!
 //! ```no_run
-//! # async fn f(x: lors_exnode::ExNode, pool: lors::Pool) {
+//! # async fn f(x: lors_exnode::ExNode, pool: lors::Pool) -> Result<(), lors::plan::PlanError> {
 //! use std::sync::Arc;
-//! let report = lors::verify::verify(&x, &pool, Arc::new(lors::NoProgress)).await;
+//! let report = lors::verify::verify(&x, &pool, Arc::new(lors::NoProgress)).await?;
 //! for (m, check) in x.mappings.iter().zip(&report) {
 //!     println!("{} {}: {}", m.exnode_offset, check.state(), check.reason());
 //! }
-//! # }
+//! # Ok(()) }
 //! ```
 
 use std::ops::Range;

@@ -342,6 +342,7 @@ pub async fn disseminate(
     // A hung site's copies are given up at the pace of the others
     // (crate::stall), not after the full per-copy deadline.
     let watch = Arc::new(crate::stall::Watcher::new(opts.stall, pool.config()));
+    watch.know(sites);
     let mut set: JoinSet<(Transfer, Copied)> = JoinSet::new();
     let mut tasks: HashMap<u64, tokio::task::AbortHandle> = HashMap::new();
     let mut void_since: Option<tokio::time::Instant> = None;
