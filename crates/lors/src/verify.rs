@@ -228,40 +228,34 @@ async fn read_part(
             e.to_string(),
         ))
     };
-    match codec.slice(m, p.logical.start, len) {
-        Some(s) => {
-            c.load_buf(
-                cap,
-                m.alloc_offset + s.stored.start,
-                s.stored.end - s.stored.start,
-                &mut buf,
-            )
-            .await?;
-            let r = tokio::task::spawn_blocking(move || match codec.check_slice(&s, &buf) {
-                Ok(Some(_)) => Ok(()),
-                Ok(None) => codec.decode_slice(&s, &buf).map(drop),
-                Err(e) => Err(e),
-            })
-            .await
-            .map_err(|e| lors_ibp::Error::Local {
-                during: "checking a block",
-                source: std::io::Error::other(e.to_string()),
-            })?;
-            Ok(r.err().and_then(bad))
-        }
-        None => {
-            c.load_buf(cap, m.alloc_offset, m.alloc_length, &mut buf)
-                .await?;
-            let map = m.clone();
-            let r = tokio::task::spawn_blocking(move || codec.decode_mapping(&map, &buf).map(drop))
-                .await
-                .map_err(|e| lors_ibp::Error::Local {
-                    during: "checking a block",
-                    source: std::io::Error::other(e.to_string()),
-                })?;
-            Ok(r.err().and_then(bad))
-        }
-    }
+    // The blocks the part needs, or the whole mapping where the layout
+    // can only be checked whole.
+    let slice = codec.slice(m, p.logical.start, len);
+    let stored = slice
+        .as_ref()
+        .map_or(0..m.alloc_length, |s| s.stored.clone());
+    c.load_buf(
+        cap,
+        m.alloc_offset + stored.start,
+        stored.end - stored.start,
+        &mut buf,
+    )
+    .await?;
+    let map = m.clone();
+    let r = tokio::task::spawn_blocking(move || match &slice {
+        Some(s) => match codec.check_slice(s, &buf) {
+            Ok(Some(_)) => Ok(()),
+            Ok(None) => codec.decode_slice(s, &buf).map(drop),
+            Err(e) => Err(e),
+        },
+        None => codec.decode_mapping(&map, &buf).map(drop),
+    })
+    .await
+    .map_err(|e| lors_ibp::Error::Local {
+        during: "checking a block",
+        source: std::io::Error::other(e.to_string()),
+    })?;
+    Ok(r.err().and_then(bad))
 }
 
 #[cfg(test)]

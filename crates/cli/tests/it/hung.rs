@@ -4,11 +4,11 @@
 //! timeout, whenever other depots can do the work.
 
 use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use crate::util::{DepotProc, lors, lors_cmd, pattern, tempdir};
+use crate::util::{DepotProc, list, lors, lors_cmd, pattern, tempdir, upload};
 
 /// Every command here runs with `-T 60s` where it takes one: a run that
 /// waits for it is caught by this bound, which is still generous beside the
@@ -19,13 +19,6 @@ fn four(dir: &Path) -> Vec<DepotProc> {
     (0..4)
         .map(|i| DepotProc::start(&dir.join(format!("d{i}")), &["--sync", "never"]))
         .collect()
-}
-
-fn list(ds: &[&DepotProc]) -> String {
-    ds.iter()
-        .map(|d| d.addr.as_str())
-        .collect::<Vec<_>>()
-        .join(",")
 }
 
 /// What a finished run left: success, stdout, stderr, how long it took.
@@ -86,20 +79,6 @@ fn run(args: &[&str], freeze: Option<(&DepotProc, Duration)>) -> Run {
         err: err.join().unwrap(),
         took: t0.elapsed(),
     }
-}
-
-fn upload(ds: &[&DepotProc], dir: &Path, name: &str, data: &[u8], flags: &[&str]) -> PathBuf {
-    let src = dir.join(name);
-    std::fs::write(&src, data).unwrap();
-    let xnd = dir.join(format!("{name}.xnd"));
-    let depots = list(ds);
-    let mut args = vec!["upload", "-q", "--depot", &depots, "-o"];
-    args.push(xnd.to_str().unwrap());
-    args.extend_from_slice(flags);
-    args.push(src.to_str().unwrap());
-    let (ok, _, err) = lors(&args);
-    assert!(ok, "{err}");
-    xnd
 }
 
 #[test]

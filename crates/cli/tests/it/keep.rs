@@ -2,45 +2,12 @@
 //! dead mappings dropped, lost bytes named, a stop that leaves nothing
 //! behind.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use crate::tools::used;
-use crate::util::{DepotProc, lors, lors_cmd, pattern, tempdir};
-
-fn depots(n: usize, dir: &Path) -> Vec<DepotProc> {
-    (0..n)
-        .map(|i| DepotProc::start(&dir.join(format!("d{i}")), &["--sync", "never"]))
-        .collect()
-}
-
-fn list(ds: &[&DepotProc]) -> String {
-    ds.iter()
-        .map(|d| d.addr.as_str())
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
-fn upload(to: &[&DepotProc], dir: &Path, name: &str, data: &[u8], flags: &[&str]) -> PathBuf {
-    let src = dir.join(name);
-    std::fs::write(&src, data).unwrap();
-    let xnd = dir.join(format!("{name}.xnd"));
-    let depots = list(to);
-    let mut args = vec![
-        "upload",
-        "-q",
-        "--depot",
-        &depots,
-        "-o",
-        xnd.to_str().unwrap(),
-    ];
-    args.extend_from_slice(flags);
-    args.push(src.to_str().unwrap());
-    let (ok, _, err) = lors(&args);
-    assert!(ok, "{err}");
-    xnd
-}
+use crate::util::{DepotProc, depots, list, lors, lors_cmd, pattern, tempdir, upload};
 
 /// Live replicas per block, on which depots.
 fn holders(x: &Path) -> Vec<Vec<String>> {

@@ -13,14 +13,8 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 
 use crate::util::{
-    DepotProc, client_cfg, lors, lors_cmd, lors_within, lors_within_env, pattern, tempdir,
+    DepotProc, client_cfg, depots, lors, lors_cmd, lors_within, lors_within_env, pattern, tempdir,
 };
-
-fn depots(n: usize, dir: &Path) -> Vec<DepotProc> {
-    (0..n)
-        .map(|i| DepotProc::start(&dir.join(format!("d{i}")), &["--sync", "never"]))
-        .collect()
-}
 
 fn depot_args(ds: &[DepotProc]) -> Vec<String> {
     ds.iter()

@@ -406,3 +406,40 @@ impl Raw {
         )
     }
 }
+
+/// `n` depots under `dir` (`d0`, `d1`, …), writing without syncs.
+pub fn depots(n: usize, dir: &Path) -> Vec<DepotProc> {
+    (0..n)
+        .map(|i| DepotProc::start(&dir.join(format!("d{i}")), &["--sync", "never"]))
+        .collect()
+}
+
+/// The depots' addresses as a `--depot` comma list.
+pub fn list(ds: &[&DepotProc]) -> String {
+    ds.iter()
+        .map(|d| d.addr.as_str())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// `lors upload -q FLAGS` of `data` (written to `dir/name`) to the depots
+/// `ds`; the exNode is `dir/name.xnd`.
+pub fn upload(
+    ds: &[&DepotProc],
+    dir: &Path,
+    name: &str,
+    data: &[u8],
+    flags: &[&str],
+) -> std::path::PathBuf {
+    let src = dir.join(name);
+    std::fs::write(&src, data).unwrap();
+    let xnd = dir.join(format!("{name}.xnd"));
+    let depots = list(ds);
+    let mut args = vec!["upload", "-q", "--depot", &depots, "-o"];
+    args.push(xnd.to_str().unwrap());
+    args.extend_from_slice(flags);
+    args.push(src.to_str().unwrap());
+    let (ok, _, err) = lors(&args);
+    assert!(ok, "{err}");
+    xnd
+}
