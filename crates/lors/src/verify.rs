@@ -23,7 +23,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use lors_exnode::ExNode;
-use lors_exnode::functions::{Codec, E2eError};
+use lors_exnode::functions::{Codec, E2eError, Slice};
 
 use crate::manage::{Failure, Probe, by_depot};
 use crate::plan::{PlanError, check_geometry};
@@ -90,31 +90,48 @@ impl Check {
 struct Part {
     mapping: usize,
     /// Logical bytes, within the mapping; the whole mapping when its
-    /// layout can only be checked whole.
+    /// layout can only be checked whole. (What the part is; the reads go
+    /// by `stored`.)
+    #[cfg_attr(not(test), allow(dead_code))]
     logical: Range<u64>,
+    /// The stored bytes read, within the allocation.
+    stored: Range<u64>,
+    /// How they are checked: `None` for a mapping stored as is; the e2e
+    /// blocks read, or `None` for the whole mapping.
+    codec: Option<(Codec, Option<Slice>)>,
 }
 
 /// The parts mapping `m` is read in, of about `chunk` bytes.
 fn parts(x: &ExNode, m: usize, chunk: u64) -> Vec<Part> {
     let map = &x.mappings[m];
     let len = map.logical_length;
-    let whole = vec![Part {
-        mapping: m,
-        logical: 0..len,
-    }];
-    let step = match Codec::from_mapping(map) {
-        Ok(Some(c)) if c.is_sliceable(map) => chunk.next_multiple_of(c.e2e_blocksize().max(1)),
-        Ok(Some(_)) | Err(_) => return whole,
-        Ok(None) => chunk,
+    // (Mappings whose functions cannot be undone are not read at all.)
+    let codec = Codec::from_mapping(map).ok().flatten();
+    let step = match &codec {
+        Some(c) if c.is_sliceable(map) => chunk.next_multiple_of(c.e2e_blocksize().max(1)),
+        Some(_) => len,
+        None => chunk,
     };
-    if len == 0 {
-        return whole;
+    let part = |logical: Range<u64>| {
+        let (stored, codec) = match &codec {
+            None => (logical.clone(), None),
+            Some(c) => match c.slice(map, logical.start, logical.end - logical.start) {
+                Some(s) => (s.stored.clone(), Some((c.clone(), Some(s)))),
+                None => (0..map.alloc_length, Some((c.clone(), None))),
+            },
+        };
+        Part {
+            mapping: m,
+            logical,
+            stored,
+            codec,
+        }
+    };
+    if len == 0 || step >= len {
+        return vec![part(0..len)];
     }
     (0..len.div_ceil(step))
-        .map(|k| Part {
-            mapping: m,
-            logical: k * step..((k + 1) * step).min(len),
-        })
+        .map(|k| part(k * step..((k + 1) * step).min(len)))
         .collect()
 }
 
@@ -146,7 +163,9 @@ pub async fn verify(
     let jobs = (all.iter().enumerate())
         .filter_map(|(j, p)| Some((j, x.mappings[p.mapping].read.clone()?)))
         .collect();
-    let total = (all.iter()).map(|p| stored_len(x, p)).sum::<u64>();
+    let total = (all.iter())
+        .map(|p| p.stored.end - p.stored.start)
+        .sum::<u64>();
     progress.start(Some(total));
     let (shared, table) = (Arc::new(x.clone()), Arc::new(all));
     let op = {
@@ -156,7 +175,8 @@ pub async fn verify(
             async move {
                 let r = read_part(&mut c, &x, &table[j], &cap).await;
                 if r.is_ok() {
-                    progress.advance(&cap.address(), stored_len(&x, &table[j]));
+                    let p = &table[j];
+                    progress.advance(&cap.address(), p.stored.end - p.stored.start);
                 }
                 (c, r)
             }
@@ -186,17 +206,6 @@ pub async fn verify(
     Ok(out)
 }
 
-/// Stored bytes one part reads.
-fn stored_len(x: &ExNode, p: &Part) -> u64 {
-    let m = &x.mappings[p.mapping];
-    match Codec::from_mapping(m) {
-        Ok(Some(c)) => c
-            .slice(m, p.logical.start, p.logical.end - p.logical.start)
-            .map_or(m.alloc_length, |s| s.stored.end - s.stored.start),
-        _ => p.logical.end - p.logical.start,
-    }
-}
-
 /// Reads part `p` and checks it: `Ok(None)` when it is whole and matches,
 /// `Ok(Some(bad))` naming the first block that does not.
 async fn read_part(
@@ -206,13 +215,14 @@ async fn read_part(
     cap: &lors_ibp::caps::Capability,
 ) -> lors_ibp::Result<Option<(Range<u64>, String)>> {
     let m = &x.mappings[p.mapping];
-    let len = p.logical.end - p.logical.start;
     let mut buf = bytes::BytesMut::new();
-    // (Mappings whose functions cannot be undone are not read at all.)
-    let Some(codec) = Codec::from_mapping(m).ok().flatten() else {
-        c.load_buf(cap, m.alloc_offset + p.logical.start, len, &mut buf)
-            .await?;
-        return Ok(None);
+    let (at, n) = (
+        m.alloc_offset + p.stored.start,
+        p.stored.end - p.stored.start,
+    );
+    c.load_buf(cap, at, n, &mut buf).await?;
+    let Some((codec, slice)) = p.codec.clone() else {
+        return Ok(None); // stored as is: read whole is all there is
     };
     let bs = codec.e2e_blocksize().max(1);
     // The range in the file of block `i` of this mapping, and why.
@@ -228,19 +238,6 @@ async fn read_part(
             e.to_string(),
         ))
     };
-    // The blocks the part needs, or the whole mapping where the layout
-    // can only be checked whole.
-    let slice = codec.slice(m, p.logical.start, len);
-    let stored = slice
-        .as_ref()
-        .map_or(0..m.alloc_length, |s| s.stored.clone());
-    c.load_buf(
-        cap,
-        m.alloc_offset + stored.start,
-        stored.end - stored.start,
-        &mut buf,
-    )
-    .await?;
     let map = m.clone();
     let r = tokio::task::spawn_blocking(move || match &slice {
         Some(s) => match codec.check_slice(s, &buf) {

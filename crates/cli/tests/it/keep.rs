@@ -7,7 +7,9 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use crate::tools::used;
-use crate::util::{DepotProc, depots, list, lors, lors_cmd, pattern, tempdir, upload};
+use crate::util::{
+    DepotProc, depots, flip_stored_byte, list, lors, lors_cmd, pattern, tempdir, upload,
+};
 
 /// Live replicas per block, on which depots.
 fn holders(x: &Path) -> Vec<Vec<String>> {
@@ -257,7 +259,6 @@ fn a_stopped_heal_leaves_the_old_or_the_new_exnode_and_nothing_stranded() {
 /// the good copy and frees it.
 #[test]
 fn the_scrub_finds_a_flipped_byte_and_replaces_the_replica() {
-    use std::os::unix::fs::FileExt;
     let dir = tempdir();
     let ds = depots(3, dir.path());
     let data = pattern(4 << 20, 9);
@@ -274,21 +275,7 @@ fn the_scrub_finds_a_flipped_byte_and_replaces_the_replica() {
         .find(|m| m.exnode_offset == 2 << 20 && m.depot().as_deref() == Some(&ds[0].addr))
         .unwrap()
         .clone();
-    let id: u64 = victim.read.as_ref().unwrap().typekey.parse().unwrap();
-    let file = dir
-        .path()
-        .join("d0/data")
-        .join(format!("{:02x}", id & 0xff))
-        .join(format!("{id:016x}"));
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(file)
-        .unwrap();
-    let mut b = [0u8; 1];
-    f.read_exact_at(&mut b, 4096 + 1000).unwrap();
-    f.write_all_at(&[b[0] ^ 0x10], 4096 + 1000).unwrap();
-    drop(f);
+    flip_stored_byte(&ds, dir.path(), &victim, 4096 + 1000);
     let state = dir.path().join("scrub.json");
     let all = list(&ds.iter().collect::<Vec<_>>());
     let mut found = String::new();

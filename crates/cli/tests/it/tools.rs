@@ -13,7 +13,8 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 
 use crate::util::{
-    DepotProc, client_cfg, depots, lors, lors_cmd, lors_within, lors_within_env, pattern, tempdir,
+    DepotProc, client_cfg, depots, flip_stored_byte, lors, lors_cmd, lors_within, lors_within_env,
+    pattern, tempdir,
 };
 
 fn depot_args(ds: &[DepotProc]) -> Vec<String> {
@@ -681,8 +682,8 @@ fn lors_uris_lors_zlib_and_download_threads() {
     assert!(!ok && err.contains("-k md5"), "{err}");
 }
 
-/// `lors upload -q FLAGS… -o DIR/NAME.xnd --depot … DIR/NAME` of `data`;
-/// returns the exNode path.
+/// `lors upload -q FLAGS…` of `data` to every depot of `ds`
+/// ([`crate::util::upload`] for owned depots); returns the exNode path.
 fn upload_cli(
     ds: &[DepotProc],
     dir: &Path,
@@ -690,18 +691,7 @@ fn upload_cli(
     data: &[u8],
     flags: &[&str],
 ) -> std::path::PathBuf {
-    let src = dir.join(name);
-    std::fs::write(&src, data).unwrap();
-    let xnd = dir.join(format!("{name}.xnd"));
-    let mut args = vec!["upload", "--quiet"];
-    args.extend_from_slice(flags);
-    args.extend(["-o", xnd.to_str().unwrap()]);
-    let da = depot_args(ds);
-    args.extend(da.iter().map(String::as_str));
-    args.push(src.to_str().unwrap());
-    let (ok, _, err) = lors(&args);
-    assert!(ok, "{err}");
-    xnd
+    crate::util::upload(&ds.iter().collect::<Vec<_>>(), dir, name, data, flags)
 }
 
 fn read_x(p: &Path) -> lors_exnode::ExNode {
@@ -956,15 +946,6 @@ async fn augment_trim_refresh_modify_route_as_the_depots_see_them() {
     );
 }
 
-/// The data file of a mapping's allocation inside a depot's `--data` directory.
-fn stored_file(depot_dir: &Path, m: &lors_exnode::Mapping) -> std::path::PathBuf {
-    let id: u64 = m.read.as_ref().unwrap().typekey.parse().unwrap();
-    depot_dir
-        .join("data")
-        .join(format!("{:02x}", id & 0xff))
-        .join(format!("{id:016x}"))
-}
-
 /// `lors stat` over a directory: a line per exNode (at any depth), what
 /// expires soon, what is under its copy count, what is lost or cannot be
 /// read, and a non-zero exit when anything is lost.
@@ -1079,7 +1060,6 @@ fn stat_over_many_exnodes_names_what_expires_is_short_or_lost() {
 /// so; a raw upload is read through and reported unchecked.
 #[test]
 fn verify_names_every_bad_replica() {
-    use std::os::unix::fs::FileExt;
     let dir = tempdir();
     let mut ds = depots(4, dir.path());
     let data = pattern((5 << 20) + 777, 23);
@@ -1116,16 +1096,7 @@ fn verify_names_every_bad_replica() {
         .iter()
         .position(|d| Some(&d.addr) == victim.depot().as_ref())
         .unwrap();
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(stored_file(&dir.path().join(format!("d{di}")), victim))
-        .unwrap();
-    let at = 4096 + (256 << 10) + 32 + 100;
-    let mut b = [0u8; 1];
-    f.read_exact_at(&mut b, at).unwrap();
-    f.write_all_at(&[b[0] ^ 0x10], at).unwrap();
-    drop(f);
+    flip_stored_byte(&ds, dir.path(), victim, 4096 + (256 << 10) + 32 + 100);
     // Both copies of block 4 freed, through another exNode.
     let both: Vec<String> = (of_block(4 << 20).iter())
         .map(|&i| numbering.number(i).to_string())
@@ -1205,7 +1176,6 @@ fn verify_names_every_bad_replica() {
 
 #[test]
 fn a_flipped_byte_on_a_depot_is_detected_and_read_from_the_replica() {
-    use std::os::unix::fs::FileExt;
     let dir = tempdir();
     let ds = depots(2, dir.path());
     for (flags, label) in [
@@ -1235,19 +1205,7 @@ fn a_flipped_byte_on_a_depot_is_detected_and_read_from_the_replica() {
             .iter()
             .find(|m| m.exnode_offset == 256 << 10)
             .unwrap();
-        let di = ds
-            .iter()
-            .position(|d| Some(&d.addr) == victim.depot().as_ref())
-            .unwrap();
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(stored_file(&dir.path().join(format!("d{di}")), victim))
-            .unwrap();
-        let mut b = [0u8; 1];
-        f.read_exact_at(&mut b, 4096 + 1000).unwrap();
-        f.write_all_at(&[b[0] ^ 0x10], 4096 + 1000).unwrap();
-        drop(f);
+        flip_stored_byte(&ds, dir.path(), victim, 4096 + 1000);
         // Only the damaged replica left for block 1: the damage is caught
         // and named, not written out.
         let other = x

@@ -443,3 +443,25 @@ pub fn upload(
     assert!(ok, "{err}");
     xnd
 }
+
+/// Flips a bit of byte `at` of mapping `m`'s data file on the disk of the
+/// one of `ds` that holds it (depots started by [`depots`] under `dir`):
+/// damage from outside the depot, as a rotting disk does it.
+pub fn flip_stored_byte(ds: &[DepotProc], dir: &Path, m: &lors_exnode::Mapping, at: u64) {
+    use std::os::unix::fs::FileExt;
+    let di = (ds.iter())
+        .position(|d| Some(&d.addr) == m.depot().as_ref())
+        .expect("a depot of ds holds the mapping");
+    let id: u64 = m.read.as_ref().unwrap().typekey.parse().unwrap();
+    let file = (dir.join(format!("d{di}")).join("data"))
+        .join(format!("{:02x}", id & 0xff))
+        .join(format!("{id:016x}"));
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(file)
+        .unwrap();
+    let mut b = [0u8; 1];
+    f.read_exact_at(&mut b, at).unwrap();
+    f.write_all_at(&[b[0] ^ 0x10], at).unwrap();
+}

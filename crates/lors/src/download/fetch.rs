@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use lors_exnode::functions::{Codec, MAX_ENCODED_MAPPING, Slice};
+use lors_exnode::functions::{Codec, E2eError, MAX_ENCODED_MAPPING, Slice};
 use tokio::sync::mpsc;
 
 use super::Ctx;
@@ -113,15 +113,16 @@ pub(super) async fn worker(
             drop(share.take());
         }
         let (offset, len) = ctx.lock().sched.piece(piece);
+        let enc = Encoded::of(&ctx.x.mappings[m], offset, len);
         // `--bwlimit`: paid before the LOAD, for the stored bytes it reads.
-        let cost = match Encoded::of(&ctx.x.mappings[m], offset, len) {
-            Some(e) => e.stored.end - e.stored.start,
-            None => len,
+        let cost = match &enc {
+            Ok(Some(e)) => e.stored.end - e.stored.start,
+            _ => len,
         };
         ctx.pool.throttle(cost).await;
         let began = Instant::now();
         let fetched = tokio::select! {
-            r = fetch(&ctx, &depot, m, offset, len, out.as_deref()) => r,
+            r = fetch(&ctx, &depot, m, offset, len, enc, out.as_deref()) => r,
             () = cancelled(&ctx, piece, m) => {
                 // Dropped mid-command, its connection is closed, not pooled.
                 tracing::debug!(%depot, conn, offset, len, "fetch no longer needed: stopped");
@@ -230,19 +231,20 @@ async fn cancelled(ctx: &Ctx, piece: usize, m: usize) {
 }
 
 /// Reads piece `offset..offset+len` through mapping `m` on `depot`: raw
-/// bytes into the output file or memory; an encoded mapping whole, then
-/// decoded and cut.
+/// bytes into the output file or memory; encoded ones as `enc` says (the
+/// e2e blocks that hold the piece, or the whole mapping), checked, then cut.
 async fn fetch(
     ctx: &Ctx,
     depot: &str,
     m: usize,
     offset: u64,
     len: u64,
+    enc: Result<Option<Encoded>, E2eError>,
     out: Option<&OutFile>,
 ) -> Result<Got, Fail> {
     let map = &ctx.x.mappings[m];
     let cap = map.read.as_ref().expect("planned mappings are readable");
-    match Codec::from_mapping(map) {
+    match enc {
         Err(e) => Err(Fail::Remote(e.to_string(), false)),
         Ok(None) => {
             let at = map.alloc_offset + (offset - map.exnode_offset);
@@ -288,10 +290,9 @@ async fn fetch(
             ),
             false,
         )),
-        Ok(Some(_)) => {
+        Ok(Some(e)) => {
             // The e2e blocks that hold the piece (the whole mapping where
             // its layout needs it), fetched, verified, then cut.
-            let e = Encoded::of(map, offset, len).expect("an encoded mapping");
             let mut stored = ctx.bufs.take(e.stored.end - e.stored.start);
             let mut c = ctx.pool.get(depot).await.map_err(ibp_err)?;
             let (at, n) = (
@@ -326,19 +327,21 @@ struct Encoded {
 impl Encoded {
     /// For bytes `offset..offset+len` of the file in `map`; `None` for a
     /// mapping stored as is.
-    fn of(map: &lors_exnode::Mapping, offset: u64, len: u64) -> Option<Encoded> {
-        let codec = Codec::from_mapping(map).ok().flatten()?;
+    fn of(map: &lors_exnode::Mapping, offset: u64, len: u64) -> Result<Option<Encoded>, E2eError> {
+        let Some(codec) = Codec::from_mapping(map)? else {
+            return Ok(None);
+        };
         let slice = codec.slice(map, offset - map.exnode_offset, len);
         let (stored, logical) = match &slice {
             Some(s) => (s.stored.clone(), s.logical.clone()),
             None => (0..map.alloc_length, 0..map.logical_length),
         };
-        Some(Encoded {
+        Ok(Some(Encoded {
             codec,
             slice,
             stored,
             logical,
-        })
+        }))
     }
 
     /// Checks and decodes `stored` and gives `piece`'s logical bytes (within
@@ -351,7 +354,7 @@ impl Encoded {
         piece: Range<u64>,
         to_file: bool,
         bufs: &Buffers,
-    ) -> Result<Got, lors_exnode::functions::E2eError> {
+    ) -> Result<Got, E2eError> {
         if let (Some(s), true) = (&self.slice, to_file) {
             match self.codec.check_slice(s, &stored) {
                 Ok(Some(parts)) => {
@@ -384,9 +387,7 @@ impl Encoded {
         let cut = plain.get(from..to).map(BytesMut::from);
         bufs.give(plain);
         cut.map(|p| Got::Data(Data::Mem(p)))
-            .ok_or(lors_exnode::functions::E2eError::Malformed(
-                "mapping shorter than recorded",
-            ))
+            .ok_or(E2eError::Malformed("mapping shorter than recorded"))
     }
 }
 
