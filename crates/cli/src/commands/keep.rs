@@ -130,6 +130,22 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             super::duration_arg(d).map_err(|e| crate::UsageError(format!("--lease {d}: {e}")))?,
         ),
     };
+    if a.every < Duration::from_secs(1) {
+        return Err(crate::UsageError(
+            "--every must be at least 1s: each cycle probes every allocation".into(),
+        )
+        .into());
+    }
+    if let Lease::To(d) = lease
+        && d <= a.every
+    {
+        return Err(crate::UsageError(format!(
+            "--lease {} is not longer than --every {}: leases would end between cycles",
+            a.lease,
+            super::human_secs(a.every.as_secs())
+        ))
+        .into());
+    }
     let tenth = match lease {
         Lease::To(d) => d / 10,
         _ => Duration::from_secs(86_400),

@@ -312,3 +312,27 @@ fn the_scrub_finds_a_flipped_byte_and_replaces_the_replica() {
     let named: u64 = new.mappings.iter().map(|m| m.alloc_length).sum();
     assert_eq!(held, named, "the corrupt allocation is freed");
 }
+
+/// Settings that would hammer the depots or let leases lapse between
+/// cycles are refused before anything is touched.
+#[test]
+fn settings_that_lose_data_or_spin_are_refused() {
+    let dir = tempdir();
+    let x = dir.path().join("none.xnd");
+    let x = x.to_str().unwrap();
+    for (args, says) in [
+        (vec!["--every", "0s"], "--every must be at least 1s"),
+        (vec!["--lease", "0s"], "leases would end between cycles"),
+        (
+            vec!["--every", "2h", "--lease", "1h"],
+            "leases would end between cycles",
+        ),
+    ] {
+        let mut cmd = vec!["keep", "--once"];
+        cmd.extend(args);
+        cmd.push(x);
+        let out = lors_cmd(&cmd).output().unwrap();
+        assert_eq!(out.status.code(), Some(2));
+        assert!(String::from_utf8_lossy(&out.stderr).contains(says));
+    }
+}
