@@ -279,17 +279,44 @@ pub fn stop_on_signal(
     tokio::sync::watch::Receiver<bool>,
     std::sync::Arc<std::sync::atomic::AtomicU8>,
 ) {
+    use tokio::signal::unix::{SignalKind, signal};
     let (tx, rx) = tokio::sync::watch::channel(false);
     let which = std::sync::Arc::new(std::sync::atomic::AtomicU8::new(0));
     let w = which.clone();
+    // Registered here, not in the task: a signal that comes before the
+    // task first runs must still be seen, not end the process with
+    // allocations made and no record of them.
+    let (mut int, mut term) = {
+        let _in_rt = rt.enter();
+        (
+            signal(SignalKind::interrupt()).ok(),
+            signal(SignalKind::terminate()).ok(),
+        )
+    };
     rt.spawn(async move {
-        let code = depot::wait_for_signal_status().await;
-        w.store(code, std::sync::atomic::Ordering::SeqCst);
-        let _ = tx.send(true);
-        let again = depot::wait_for_signal_status().await;
-        std::process::exit(i32::from(again));
+        let mut first = true;
+        loop {
+            let code: u8 = tokio::select! {
+                Some(()) = recv(&mut int) => 130,
+                Some(()) = recv(&mut term) => 143,
+            };
+            if !first {
+                std::process::exit(i32::from(code));
+            }
+            first = false;
+            w.store(code, std::sync::atomic::Ordering::SeqCst);
+            let _ = tx.send(true);
+        }
     });
     (rx, which)
+}
+
+/// The next delivery of `sig`; never, if it could not be registered.
+async fn recv(sig: &mut Option<tokio::signal::unix::Signal>) -> Option<()> {
+    match sig {
+        Some(s) => s.recv().await,
+        None => std::future::pending().await,
+    }
 }
 
 /// The [`crate::Interrupted`] error for the signal [`stop_on_signal`] saw.
