@@ -240,7 +240,10 @@ impl Ctx {
     /// are hedged twins or stragglers nobody needs.
     fn settled(&self) -> bool {
         let g = self.lock();
-        g.fatal.is_some() || (g.sched.finished() && g.writing == 0)
+        // A stream cannot go past bytes no replica serves: its window would
+        // wait for them for ever, so one lost piece ends the download.
+        let gap = self.stream && !g.sched.lost().is_empty();
+        g.fatal.is_some() || gap || (g.sched.finished() && g.writing == 0)
     }
 }
 
