@@ -13,6 +13,7 @@ pub mod modify;
 pub mod mount;
 pub mod refresh;
 pub mod route;
+pub mod share;
 pub mod shell;
 pub mod stat;
 pub mod trim;

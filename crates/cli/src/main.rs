@@ -49,6 +49,8 @@ enum Command {
     Keep(commands::keep::Args),
     /// Strip capabilities to share an exNode safely.
     Modify(commands::modify::Args),
+    /// Hand out read access to a file or a range of it that can be revoked.
+    Share(commands::share::Args),
     /// Move a file onto other depots.
     Route(commands::route::Args),
     /// Send a file to many depots at once; the depots relay to each other.
@@ -128,6 +130,7 @@ fn main() -> ExitCode {
         Command::Verify(a) => commands::verify::run(a),
         Command::Keep(a) => commands::keep::run(a),
         Command::Modify(a) => commands::modify::run(a),
+        Command::Share(a) => commands::share::run(a),
         Command::Route(a) => commands::route::run(a),
         Command::Disseminate(a) => commands::disseminate::run(a),
         Command::Mount(a) => commands::mount::run(a),

@@ -213,6 +213,11 @@ pub struct Config {
     /// `-20` (default false).
     #[serde(default)]
     pub strict: bool,
+    /// Answer ALIAS_ALLOCATE and ALIAS_MANAGE (ACCRE/LStore extensions) with
+    /// `-43` IBP_E_UNKNOWN_FUNCTION, as a LoRS 0.82-era depot does, so
+    /// clients can be tested against one (default true: aliases served).
+    #[serde(default = "yes")]
+    pub aliases: bool,
     /// Storage resources; at least one.
     #[serde(default, rename = "resource")]
     pub resources: Vec<ResourceConfig>,

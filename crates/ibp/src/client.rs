@@ -30,8 +30,8 @@ use crate::caps::{CapKind, CapSet, Capability};
 use crate::error::{Error, Result};
 use crate::proto::limits::{MAX_LINE_BYTES, MAX_STATUS_BODY_BYTES};
 use crate::proto::{
-    AllocType, Allocate, KeyToken, ManageOp, ProbeInfo, Reliability, Reply, Request, Shape,
-    StatusOp, Timeout, Version,
+    AliasOp, AliasProbeInfo, AllocType, Allocate, KeyToken, ManageOp, ProbeInfo, Reliability,
+    Reply, Request, Shape, StatusOp, Timeout, Version,
 };
 use crate::wire::{Line, read_line, read_line_exact};
 use crate::zerocopy;
@@ -686,6 +686,95 @@ impl Connection {
             reliability: reliability.map_or(-1, Reliability::number),
         };
         self.manage(cap, op, Shape::Bare).await.map(drop)
+    }
+
+    /// ALIAS_ALLOCATE: three new capabilities for `length` bytes at `offset`
+    /// of the allocation `manage` names (both 0: all of it), leased for
+    /// `duration_secs` (0: until the allocation's lease ends). An alias
+    /// holds no bytes; its keys reach only its window, and deleting it
+    /// leaves the allocation as it was.
+    pub async fn alias_allocate(
+        &mut self,
+        manage: &Capability,
+        offset: u64,
+        length: u64,
+        duration_secs: u64,
+    ) -> Result<CapSet> {
+        let req = Request::AliasAllocate {
+            version: Version::V14,
+            key: KeyToken::of(manage),
+            typekey: manage.typekey.clone(),
+            offset,
+            length,
+            duration: duration_secs,
+            timeout: self.cfg.server_timeout,
+        };
+        self.send_line("ALIAS_ALLOCATE", &req.encode()).await?;
+        match self.expect("ALIAS_ALLOCATE", Shape::Caps, false).await? {
+            Reply::Caps(caps) => Ok(*caps),
+            r => Err(self.unexpected("ALIAS_ALLOCATE", &r)),
+        }
+    }
+
+    /// ALIAS_MANAGE on the alias whose manage capability is `alias`.
+    async fn alias_manage(
+        &mut self,
+        alias: &Capability,
+        op: AliasOp,
+        shape: Shape,
+    ) -> Result<Reply> {
+        let req = Request::AliasManage {
+            version: Version::V14,
+            key: KeyToken::of(alias),
+            typekey: alias.typekey.clone(),
+            op,
+            timeout: self.cfg.server_timeout,
+        };
+        self.send_line("ALIAS_MANAGE", &req.encode()).await?;
+        self.expect("ALIAS_MANAGE", shape, false).await
+    }
+
+    /// ALIAS_MANAGE PROBE: the alias's counts, window and lease.
+    pub async fn alias_probe(&mut self, alias: &Capability) -> Result<AliasProbeInfo> {
+        let op = AliasOp::Probe {
+            cap_type: CapKind::Manage.number(),
+        };
+        match self.alias_manage(alias, op, Shape::AliasProbe).await? {
+            Reply::AliasProbe(p) => Ok(p),
+            r => Err(self.unexpected("ALIAS_MANAGE PROBE", &r)),
+        }
+    }
+
+    /// ALIAS_MANAGE DECR of the alias's read count, with the manage
+    /// capability of its allocation (`master`): an alias made by
+    /// [`Connection::alias_allocate`] is deleted by it, and its keys stop
+    /// working at once.
+    pub async fn alias_decr(&mut self, alias: &Capability, master: &Capability) -> Result<()> {
+        let op = AliasOp::Decr {
+            cap_type: CapKind::Read.number(),
+            master: KeyToken::of(master),
+            master_typekey: master.typekey.clone(),
+        };
+        self.alias_manage(alias, op, Shape::Bare).await.map(drop)
+    }
+
+    /// ALIAS_MANAGE CHNG of the alias's lease only (its window kept):
+    /// `duration_secs` from now, 0 = until its allocation's lease ends.
+    pub async fn alias_extend(
+        &mut self,
+        alias: &Capability,
+        master: &Capability,
+        duration_secs: i64,
+    ) -> Result<()> {
+        let op = AliasOp::Change {
+            cap_type: Some(CapKind::Manage.number()),
+            offset: 0,
+            length: 0,
+            duration: duration_secs,
+            master: KeyToken::of(master),
+            master_typekey: master.typekey.clone(),
+        };
+        self.alias_manage(alias, op, Shape::Bare).await.map(drop)
     }
 
     /// MANAGE TRUNCATE.

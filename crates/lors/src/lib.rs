@@ -25,6 +25,7 @@ pub mod pool;
 pub mod progress;
 pub mod rate;
 pub mod settings;
+pub mod share;
 pub mod stall;
 pub mod upload;
 pub mod uri;

@@ -79,6 +79,10 @@ pub struct Args {
     /// clients against the strictest behaviour.
     #[arg(long)]
     strict: bool,
+    /// Refuse the alias commands (ALIAS_ALLOCATE, ALIAS_MANAGE) as a LoRS
+    /// 0.82-era depot does, to test clients against one.
+    #[arg(long)]
+    no_aliases: bool,
     /// fsync policy: `always` (before every acknowledgement) or `never`.
     #[arg(long, value_name = "POLICY", value_parser = parse_sync)]
     sync: Option<SyncPolicy>,
@@ -286,6 +290,9 @@ pub fn config(args: &Args) -> anyhow::Result<Config> {
     }
     if args.strict {
         cfg.strict = true;
+    }
+    if args.no_aliases {
+        cfg.aliases = false;
     }
     if let Some(dir) = &args.data {
         if !cfg.resources.is_empty() {

@@ -204,11 +204,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         };
         download(&x, output, &opts, pool, progress.clone()).await
     });
-    let stats = match stats {
+    let stats = match stats.map_err(|e| share_revoked(&x, e)) {
         Ok(s) => s,
         Err(e) if !stdout && !device => {
             let part = lors::download::partial_path(&out);
-            let e = anyhow::Error::from(e);
             return Err(if part.exists() {
                 e.context(format!(
                     "download to {} failed; what was fetched is kept in {}: run the same command again to resume (--restart to start over)",
@@ -219,7 +218,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 e.context(format!("download to {} failed", out.display()))
             });
         }
-        Err(e) => return Err(e.into()),
+        Err(e) => return Err(e),
     };
     progress.finish();
     rt.block_on(lors::directory::report_rates(
@@ -287,4 +286,14 @@ struct Report<'a> {
 struct DepotBytes<'a> {
     depot: &'a str,
     bytes: u64,
+}
+
+/// A download through a shared exNode whose depots no longer know its
+/// keys: says that the share was revoked or ran out, not only that a key
+/// was refused.
+fn share_revoked(x: &lors_exnode::ExNode, e: lors::Error) -> anyhow::Error {
+    match lors::share::access_lost(x, &e) {
+        Some(why) => anyhow::Error::from(e).context(why),
+        None => e.into(),
+    }
 }

@@ -338,6 +338,11 @@ impl Conn {
                     .await
             }
             Request::Manage { key, op, .. } => self.manage(&key, op).await,
+            Request::AliasAllocate { .. } | Request::AliasManage { .. }
+                if !self.depot.cfg.aliases =>
+            {
+                Err(Fail::new(StatusCode::UNKNOWN_FUNCTION))
+            }
             Request::AliasAllocate {
                 key,
                 offset,
