@@ -57,16 +57,22 @@ pub struct Args {
     /// of twice --every and a tenth of --lease (a day for max)].
     #[arg(long, value_parser = super::duration_arg)]
     margin: Option<Duration>,
-    /// Read back and check this many stored bytes per second of --every
-    /// (e.g. `10M`): each cycle verifies the next replicas in turn, so the
-    /// whole data set is checked over (size / rate) seconds. A corrupt
-    /// replica is replaced from a good one and freed [default: no scrub].
+    /// Read back and check this many stored bytes per second (e.g. `10M`):
+    /// each cycle verifies the next replicas in turn, its share being the
+    /// rate times --every (or the time since the last cycle began, when
+    /// cycles run longer), so the whole data set is checked over
+    /// (size / rate) seconds. A corrupt replica is replaced from a good one
+    /// and freed [default: no scrub].
     #[arg(long, value_name = "RATE", value_parser = super::nonzero_size_arg)]
     scrub_rate: Option<u64>,
     /// Where the scrub's place is kept between runs (a restart, the next
     /// `--once`, resumes from it) [default: none: each run starts over].
     #[arg(long, value_name = "FILE")]
     state: Option<PathBuf>,
+    /// Serve Prometheus metrics on this address (GET /metrics): what the
+    /// cycles did, and what the last one found.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<std::net::SocketAddr>,
     #[command(flatten)]
     targets: super::Targets,
     #[command(flatten)]
@@ -109,7 +115,7 @@ struct Scrub {
 }
 
 /// What a run found, over its cycles' last.
-#[derive(Default, serde::Serialize)]
+#[derive(Default, Clone, serde::Serialize)]
 struct Totals {
     exnodes: usize,
     scrubbed_bytes: u64,
@@ -155,16 +161,36 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     let (stop, _signal) = super::stop_on_signal(&rt);
+    let metrics = Arc::new(Metrics::default());
+    if let Some(addr) = a.metrics {
+        let listener = rt
+            .block_on(tokio::net::TcpListener::bind(addr))
+            .map_err(|e| anyhow::anyhow!("--metrics {addr}: {e}"))?;
+        let m = metrics.clone();
+        rt.spawn(lors_depot::metrics::serve(
+            listener,
+            move || m.render(),
+            stop.clone(),
+        ));
+    }
     let mut cursor = Cursor::load(a.state.as_deref());
+    let mut last: Option<std::time::Instant> = None;
     loop {
         let began = std::time::Instant::now();
+        // The scrub reads its rate times the time since the last cycle
+        // began: --every, or more when cycles run longer than that, so the
+        // rate holds over wall time either way.
+        let span = last.map_or(a.every, |t| began.duration_since(t).max(a.every));
+        last = Some(began);
         let mut scrub = Scrub {
-            budget: a
-                .scrub_rate
-                .map_or(0, |r| r.saturating_mul(a.every.as_secs().max(1))),
+            budget: a.scrub_rate.map_or(0, |r| {
+                let bytes = u128::from(r) * span.as_millis() / 1000;
+                u64::try_from(bytes).unwrap_or(u64::MAX)
+            }),
             cursor: cursor.clone(),
         };
         let totals = one_cycle(&a, &rt, lease, margin, &stop, &mut scrub)?;
+        metrics.cycle(&totals, began.elapsed());
         cursor = scrub.cursor;
         cursor.save(a.state.as_deref())?;
         let stopped = *stop.borrow();
@@ -231,6 +257,11 @@ fn one_cycle(
         let s = Arc::new(super::settings(&a.net, flags, Some(r))?);
         all.extend(files_of(r)?.into_iter().map(|p| (p, s.clone())));
     }
+    // New replicas this cycle has put on each depot: the next exNode's go
+    // to the least used first, so a cycle that heals many small exNodes
+    // (each placing only a copy or two) spreads them instead of giving all
+    // to the first depot listed.
+    let mut placed: std::collections::HashMap<String, usize> = Default::default();
     let at = all.iter().position(|(p, _)| *p == scrub.cursor.file);
     match at {
         Some(k) => all.rotate_left(k),
@@ -257,7 +288,7 @@ fn one_cycle(
             0 if scrub.cursor.file == path => scrub.cursor.mapping,
             _ => 0,
         };
-        match keep_one(a, rt, &path, &s, &policy, &pool, scrub, first) {
+        match keep_one(a, rt, &path, &s, &policy, &pool, scrub, first, &mut placed) {
             Ok(Some(k)) => {
                 totals.scrubbed_bytes += k.scrubbed;
                 totals.corrupt += k.corrupt.len();
@@ -318,6 +349,7 @@ fn keep_one(
     pool: &Arc<Pool>,
     scrub: &mut Scrub,
     first: usize,
+    placed: &mut std::collections::HashMap<String, usize>,
 ) -> anyhow::Result<Option<Kept>> {
     let before =
         std::fs::read(path).map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
@@ -342,10 +374,12 @@ fn keep_one(
         .unwrap_or(1);
     // Where new replicas may go; asked for each exNode, as its blocks'
     // holders differ. Without any, a cycle that needs none still runs.
-    let (depots, unplaced) = match a.targets.find(rt, &x, s, copies, true) {
+    let (mut depots, unplaced) = match a.targets.find(rt, &x, s, copies, true) {
         Ok(f) => (f.depots, None),
         Err(e) => (Vec::new(), Some(format!("{e:#}"))),
     };
+    // Stable: among depots as used, the directory's ranking stands.
+    depots.sort_by_key(|d| placed.get(d).copied().unwrap_or(0));
     let mut k = match rt.block_on(lors::keep::cycle(&x, &depots, policy, pool, &checked)) {
         Ok(k) => k,
         Err(lors::Error::Interrupted { .. }) => return Ok(None),
@@ -369,6 +403,10 @@ fn keep_one(
             anyhow::bail!("it changed while it was kept: left to the next cycle");
         }
         lors::xnd::save(path, &k.exnode)?;
+        let made = &k.exnode.mappings[k.exnode.mappings.len() - k.healed..];
+        for d in made.iter().filter_map(|m| m.depot()) {
+            *placed.entry(d).or_default() += 1;
+        }
         // Named nowhere now: freed (a failure leaves them to their leases).
         rt.block_on(lors::keep::release(&k.dropped_corrupt, pool));
     }
@@ -436,4 +474,130 @@ fn report(name: &str, k: &Kept, json: bool, quiet: bool) -> anyhow::Result<()> {
         eprintln!("lors: {name}: LOST: bytes {s}..{e} have no live replica");
     }
     Ok(())
+}
+
+/// What `--metrics` serves: counters over the run, and the last cycle's
+/// findings as gauges (what is lost or short now, not ever).
+#[derive(Default)]
+struct Metrics {
+    state: std::sync::Mutex<MetricsState>,
+}
+
+#[derive(Default)]
+struct MetricsState {
+    cycles: u64,
+    sums: Totals,
+    last: Totals,
+    last_seconds: f64,
+    last_end: u64,
+}
+
+impl Metrics {
+    fn cycle(&self, t: &Totals, took: Duration) {
+        let mut g = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        g.cycles += 1;
+        let s = &mut g.sums;
+        s.scrubbed_bytes += t.scrubbed_bytes;
+        s.corrupt += t.corrupt;
+        s.refreshed += t.refreshed;
+        s.healed += t.healed;
+        s.trimmed += t.trimmed;
+        g.last = t.clone();
+        g.last_seconds = took.as_secs_f64();
+        g.last_end = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+    }
+
+    fn render(&self) -> String {
+        use std::fmt::Write as _;
+        let g = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out = String::new();
+        let mut put = |name: &str, kind: &str, help: &str, v: f64| {
+            let _ = writeln!(
+                out,
+                "# HELP lors_keep_{name} {help}\n# TYPE lors_keep_{name} {kind}\nlors_keep_{name} {v}"
+            );
+        };
+        let (s, l) = (&g.sums, &g.last);
+        put(
+            "cycles_total",
+            "counter",
+            "Cycles finished.",
+            g.cycles as f64,
+        );
+        put(
+            "leases_extended_total",
+            "counter",
+            "Leases extended.",
+            s.refreshed as f64,
+        );
+        put(
+            "replicas_made_total",
+            "counter",
+            "Replicas made for blocks short of copies.",
+            s.healed as f64,
+        );
+        put(
+            "mappings_dropped_total",
+            "counter",
+            "Dead or corrupt mappings dropped.",
+            s.trimmed as f64,
+        );
+        put(
+            "scrubbed_bytes_total",
+            "counter",
+            "Stored bytes read back and checked.",
+            s.scrubbed_bytes as f64,
+        );
+        put(
+            "corrupt_replicas_total",
+            "counter",
+            "Replicas the scrub found corrupt.",
+            s.corrupt as f64,
+        );
+        put(
+            "last_cycle_seconds",
+            "gauge",
+            "How long the last cycle took.",
+            g.last_seconds,
+        );
+        put(
+            "last_cycle_end_timestamp_seconds",
+            "gauge",
+            "When the last cycle ended (Unix time).",
+            g.last_end as f64,
+        );
+        put(
+            "exnodes",
+            "gauge",
+            "ExNodes in the last cycle.",
+            l.exnodes as f64,
+        );
+        put(
+            "lost_bytes",
+            "gauge",
+            "Bytes with no live replica, as the last cycle found them.",
+            l.lost_bytes as f64,
+        );
+        put(
+            "short_blocks",
+            "gauge",
+            "Blocks short of their copies after the last cycle.",
+            l.short_blocks as f64,
+        );
+        put(
+            "leases_not_extended",
+            "gauge",
+            "Leases the last cycle could not extend.",
+            l.not_refreshed as f64,
+        );
+        put(
+            "failed_exnodes",
+            "gauge",
+            "ExNodes the last cycle could not keep.",
+            l.failed as f64,
+        );
+        out
+    }
 }

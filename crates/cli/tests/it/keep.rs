@@ -336,3 +336,124 @@ fn settings_that_lose_data_or_spin_are_refused() {
         assert!(String::from_utf8_lossy(&out.stderr).contains(says));
     }
 }
+
+/// `GET /metrics` of a keeper at `addr`, or `None` while it is not up.
+fn scrape(addr: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    Some(out)
+}
+
+/// The value of metric `name` in a scrape.
+fn metric(body: &str, name: &str) -> Option<f64> {
+    body.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// A keeper run as a service serves what its cycles did and what the last
+/// one found: a depot lost shows as lost bytes at the next cycle.
+#[test]
+fn a_keeper_serves_its_findings_as_prometheus_metrics() {
+    let dir = tempdir();
+    let mut ds = depots(2, dir.path());
+    let data = pattern(2 << 20, 8);
+    let to: Vec<&DepotProc> = ds.iter().collect();
+    let xnd = upload(&to, dir.path(), "f", &data, &["-c", "1", "-b", "1M"]);
+    let all = list(&to);
+    let addr = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    let mut keeper = lors_cmd(&[
+        "keep",
+        "-q",
+        "--every",
+        "1s",
+        "--metrics",
+        &addr,
+        "--depot",
+        &all,
+        xnd.to_str().unwrap(),
+    ])
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
+    let wait_for = |what: &dyn Fn(&str) -> bool| -> String {
+        let t0 = Instant::now();
+        loop {
+            if let Some(body) = scrape(&addr)
+                && what(&body)
+            {
+                return body;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "no such scrape in 30 s"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let body = wait_for(&|b| metric(b, "lors_keep_cycles_total").is_some_and(|n| n >= 1.0));
+    assert!(body.starts_with("HTTP/1.1 200 OK"), "{body}");
+    assert_eq!(metric(&body, "lors_keep_exnodes"), Some(1.0), "{body}");
+    assert_eq!(metric(&body, "lors_keep_lost_bytes"), Some(0.0), "{body}");
+    assert!(body.contains("# TYPE lors_keep_leases_extended_total counter"));
+    ds[1].kill9();
+    let body = wait_for(&|b| metric(b, "lors_keep_lost_bytes").is_some_and(|n| n > 0.0));
+    assert_eq!(
+        metric(&body, "lors_keep_lost_bytes"),
+        Some((1 << 20) as f64),
+        "{body}"
+    );
+    assert_eq!(metric(&body, "lors_keep_short_blocks"), Some(0.0), "{body}");
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &keeper.id().to_string()])
+        .status();
+    assert!(keeper.wait().unwrap().success());
+}
+
+/// Healing many small exNodes in one cycle spreads their new replicas over
+/// the depots that may take them, instead of giving each exNode's to the
+/// first one listed.
+#[test]
+fn a_cycle_spreads_new_replicas_over_the_depots() {
+    let dir = tempdir();
+    let mut ds = depots(5, dir.path());
+    let files = dir.path().join("files");
+    std::fs::create_dir(&files).unwrap();
+    for i in 0..9u8 {
+        upload(
+            &[&ds[0], &ds[1]],
+            &files,
+            &format!("f{i}"),
+            &pattern(100_000, i),
+            &["-c", "2"],
+        );
+    }
+    ds[0].kill9();
+    let targets: Vec<&DepotProc> = ds[1..].iter().collect();
+    let (ok, _, err) = lors(&[
+        "keep",
+        "--once",
+        "--depot",
+        &list(&targets),
+        files.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let mut per: std::collections::BTreeMap<String, usize> = Default::default();
+    for i in 0..9 {
+        for h in holders(&files.join(format!("f{i}.xnd"))) {
+            assert_eq!(h.len(), 2, "{h:?}");
+            for d in h.into_iter().filter(|d| *d != ds[1].addr) {
+                *per.entry(d).or_default() += 1;
+            }
+        }
+    }
+    let counts: Vec<usize> = per.values().copied().collect();
+    assert_eq!(counts, vec![3, 3, 3], "new replicas per depot: {per:?}");
+}
