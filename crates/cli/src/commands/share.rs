@@ -134,7 +134,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         }
         let left = made.expires_at.saturating_sub(unix_now());
         eprintln!(
-            "lors: shared {} bytes of {} as {} ({} replicas, read-only) until {} UTC ({}); revoke with: lors share --revoke {} --owner {}",
+            "lors: shared {} bytes of {} as {} ({} replicas, read-only) until {} ({}); revoke with: lors share --revoke {} --owner {}",
             made.exnode.logical_size(),
             src.path.display(),
             out.path.display(),
