@@ -23,6 +23,10 @@ use crate::model::{DepotRecord, DepotView, Registration};
 /// free hard space (see the module doc for the directions).
 type Key = (bool, bool, usize, u64, f64, u64);
 
+/// A depot as ranked: its key, index in the listing, distance, forecast and
+/// heartbeat age.
+type Keyed = (Key, usize, Option<f64>, Option<f64>, i64);
+
 /// Earth's mean radius, km.
 const EARTH_KM: f64 = 6371.0;
 /// Width of a distance band, km.
@@ -128,6 +132,64 @@ pub fn fits(reg: &Registration, q: &Query) -> bool {
     })
 }
 
+/// The depots of a listing by location term (`("city", "brno")`, values
+/// in lower case): the depots a hint names are found without reading the
+/// others.
+#[derive(Debug, Default)]
+pub struct Index {
+    by_term: HashMap<(&'static str, String), Vec<usize>>,
+}
+
+impl Index {
+    /// Indexes `depots` (built once per listing read, not per query).
+    pub fn build(depots: &[DepotRecord]) -> Index {
+        let mut by_term: HashMap<(&'static str, String), Vec<usize>> = HashMap::new();
+        for (i, d) in depots.iter().enumerate() {
+            let l = &d.reg.location;
+            let fields = [
+                ("city", l.city.as_deref()),
+                ("state", l.state.as_deref()),
+                ("country", l.country.as_deref()),
+                ("zip", l.zip.as_deref()),
+                ("airport", l.airport.as_deref()),
+                ("hostname", Some(d.reg.host.as_str())),
+            ];
+            let tags = l.tags.iter().map(|t| ("tag", Some(t.as_str())));
+            for (k, v) in fields.into_iter().chain(tags) {
+                if let Some(v) = v {
+                    let list = by_term.entry((k, v.to_ascii_lowercase())).or_default();
+                    // A depot with a tag twice is listed once.
+                    if list.last() != Some(&i) {
+                        list.push(i);
+                    }
+                }
+            }
+        }
+        Index { by_term }
+    }
+
+    /// The depots matching every term of `hint` (none for an empty hint).
+    fn matching_all(&self, hint: &[(String, String)]) -> Vec<usize> {
+        let lists: Option<Vec<&Vec<usize>>> = hint
+            .iter()
+            .map(|(k, v)| {
+                let key = HINT_KEYS.iter().find(|h| **h == k.as_str())?;
+                self.by_term.get(&(*key, v.to_ascii_lowercase()))
+            })
+            .collect();
+        let Some(mut lists) = lists.filter(|l| !l.is_empty()) else {
+            return Vec::new();
+        };
+        lists.sort_by_key(|l| l.len());
+        let rest = &lists[1..];
+        lists[0]
+            .iter()
+            .copied()
+            .filter(|i| rest.iter().all(|l| l.binary_search(i).is_ok()))
+            .collect()
+    }
+}
+
 /// Filters and orders `depots` for `q` (see the module doc).
 /// `forecasts` maps `host:port` to forecast bytes/s for the asking client.
 pub fn rank(
@@ -137,83 +199,161 @@ pub fn rank(
     offline_after: i64,
     forecasts: &HashMap<String, f64>,
 ) -> Vec<DepotView> {
-    let point = q.near.or_else(|| {
-        // The centre of the depots that match the hint best.
-        let best = depots
-            .iter()
-            .map(|d| hint_matches(&d.reg, &q.hint))
-            .max()
-            .filter(|&m| m > 0)?;
-        let pts: Vec<(f64, f64)> = depots
-            .iter()
-            .filter(|d| hint_matches(&d.reg, &q.hint) == best)
-            .filter_map(|d| d.reg.location.point())
-            .collect();
-        (!pts.is_empty()).then(|| {
-            let n = pts.len() as f64;
-            (
-                pts.iter().map(|p| p.0).sum::<f64>() / n,
-                pts.iter().map(|p| p.1).sum::<f64>() / n,
-            )
-        })
-    });
-    let known: Vec<f64> = forecasts.values().copied().collect();
-    let best_fc = known.iter().copied().fold(0.0, f64::max);
-    let avg_fc = if known.is_empty() {
-        0.0
-    } else {
-        known.iter().sum::<f64>() / known.len() as f64
-    };
-    let mut out: Vec<(DepotView, Key)> = depots
-        .iter()
-        .filter(|d| fits(&d.reg, q))
-        .filter_map(|d| {
-            let age = (now - d.last_seen).max(0);
-            let online = age <= offline_after;
-            if !online && !q.include_offline {
-                return None;
-            }
-            let addr = d.reg.addr();
-            let forecast = forecasts.get(&addr).copied();
-            let distance = point
-                .zip(d.reg.location.point())
-                .map(|(a, b)| distance_km(a, b));
-            let unreachable = forecast.is_some_and(|f| f < 0.05 * best_fc || best_fc <= 0.0);
-            let key = (
-                !online,
-                unreachable,
-                hint_matches(&d.reg, &q.hint),
-                distance.map_or(u64::MAX, |km| (km / BAND_KM) as u64),
-                forecast.unwrap_or(avg_fc),
-                d.reg.hard_free(),
+    rank_indexed(depots, None, q, now, offline_after, forecasts)
+}
+
+/// [`rank`], with the listing's [`Index`]: a query for a few depots with a
+/// location hint that enough online depots match in full is answered from
+/// those alone (every other depot matches fewer terms, so ranks after
+/// them); otherwise every depot is read, as without one.
+pub fn rank_indexed(
+    depots: &[DepotRecord],
+    index: Option<&Index>,
+    q: &Query,
+    now: i64,
+    offline_after: i64,
+    forecasts: &HashMap<String, f64>,
+) -> Vec<DepotView> {
+    if let Some(index) = index
+        && q.count > 0
+        && !q.hint.is_empty()
+    {
+        let full = index.matching_all(&q.hint);
+        if full.len() >= q.count {
+            let ranked = Ranking::new(
+                depots,
+                full.iter().copied(),
+                q,
+                now,
+                offline_after,
+                forecasts,
             );
-            Some((
+            if ranked.leading() >= q.count {
+                return ranked.top(q.count);
+            }
+        }
+    }
+    Ranking::new(depots, 0..depots.len(), q, now, offline_after, forecasts).top(q.count)
+}
+
+/// The depots of a listing a query may get, keyed.
+struct Ranking<'a> {
+    depots: &'a [DepotRecord],
+    keyed: Vec<Keyed>,
+}
+
+impl<'a> Ranking<'a> {
+    /// Keys the depots `among` (indices into `depots`) that fit `q`. The
+    /// reference point comes from them, so `among` must hold every depot
+    /// that matches the hint best.
+    fn new(
+        depots: &'a [DepotRecord],
+        among: impl Iterator<Item = usize> + Clone,
+        q: &Query,
+        now: i64,
+        offline_after: i64,
+        forecasts: &HashMap<String, f64>,
+    ) -> Ranking<'a> {
+        let point = q.near.or_else(|| {
+            // The centre of the depots that match the hint best.
+            let best = among
+                .clone()
+                .map(|i| hint_matches(&depots[i].reg, &q.hint))
+                .max()
+                .filter(|&m| m > 0)?;
+            let pts: Vec<(f64, f64)> = among
+                .clone()
+                .filter(|&i| hint_matches(&depots[i].reg, &q.hint) == best)
+                .filter_map(|i| depots[i].reg.location.point())
+                .collect();
+            (!pts.is_empty()).then(|| {
+                let n = pts.len() as f64;
+                (
+                    pts.iter().map(|p| p.0).sum::<f64>() / n,
+                    pts.iter().map(|p| p.1).sum::<f64>() / n,
+                )
+            })
+        });
+        let known: Vec<f64> = forecasts.values().copied().collect();
+        let best_fc = known.iter().copied().fold(0.0, f64::max);
+        let avg_fc = if known.is_empty() {
+            0.0
+        } else {
+            known.iter().sum::<f64>() / known.len() as f64
+        };
+        // Keys first, views only for the depots kept: with thousands listed
+        // and a handful asked for, copying every registration and sorting
+        // them all cost a query most of its time.
+        let keyed = among
+            .filter(|&i| fits(&depots[i].reg, q))
+            .filter_map(|i| {
+                let d = &depots[i];
+                let age = (now - d.last_seen).max(0);
+                let online = age <= offline_after;
+                if !online && !q.include_offline {
+                    return None;
+                }
+                let forecast = if forecasts.is_empty() {
+                    None
+                } else {
+                    forecasts.get(&d.reg.addr()).copied()
+                };
+                let distance = point
+                    .zip(d.reg.location.point())
+                    .map(|(a, b)| distance_km(a, b));
+                let unreachable = forecast.is_some_and(|f| f < 0.05 * best_fc || best_fc <= 0.0);
+                let key = (
+                    !online,
+                    unreachable,
+                    hint_matches(&d.reg, &q.hint),
+                    distance.map_or(u64::MAX, |km| (km / BAND_KM) as u64),
+                    forecast.unwrap_or(avg_fc),
+                    d.reg.hard_free(),
+                );
+                Some((key, i, distance, forecast, age))
+            })
+            .collect();
+        Ranking { depots, keyed }
+    }
+
+    /// How many are online and reachable: these come before any other.
+    fn leading(&self) -> usize {
+        self.keyed.iter().filter(|k| !k.0.0 && !k.0.1).count()
+    }
+
+    /// The first `count` in order (0: all of them), as views.
+    fn top(mut self, count: usize) -> Vec<DepotView> {
+        let depots = self.depots;
+        let order = |a: &Keyed, b: &Keyed| {
+            let (ka, kb) = (&a.0, &b.0);
+            ka.0.cmp(&kb.0)
+                .then(ka.1.cmp(&kb.1))
+                .then(kb.2.cmp(&ka.2))
+                .then(ka.3.cmp(&kb.3))
+                .then(kb.4.total_cmp(&ka.4))
+                .then(kb.5.cmp(&ka.5))
+                .then_with(|| depots[a.1].reg.addr().cmp(&depots[b.1].reg.addr()))
+        };
+        if count > 0 && count < self.keyed.len() {
+            self.keyed.select_nth_unstable_by(count - 1, order);
+            self.keyed.truncate(count);
+        }
+        self.keyed.sort_by(order);
+        self.keyed
+            .into_iter()
+            .map(|(key, i, distance, forecast, age)| {
+                let d = &depots[i];
                 DepotView {
-                    addr,
-                    online,
+                    addr: d.reg.addr(),
+                    online: !key.0,
                     age,
                     depot: d.reg.clone(),
                     distance_km: distance,
                     forecast,
-                },
-                key,
-            ))
-        })
-        .collect();
-    out.sort_by(|(va, a), (vb, b)| {
-        a.0.cmp(&b.0)
-            .then(a.1.cmp(&b.1))
-            .then(b.2.cmp(&a.2))
-            .then(a.3.cmp(&b.3))
-            .then(b.4.total_cmp(&a.4))
-            .then(b.5.cmp(&a.5))
-            .then(va.addr.cmp(&vb.addr))
-    });
-    let mut views: Vec<DepotView> = out.into_iter().map(|(v, _)| v).collect();
-    if q.count > 0 {
-        views.truncate(q.count);
+                }
+            })
+            .collect()
     }
-    views
 }
 
 #[cfg(test)]
@@ -260,6 +400,67 @@ mod tests {
 
     fn addrs(v: &[DepotView]) -> Vec<&str> {
         v.iter().map(|d| d.depot.host.as_str()).collect()
+    }
+
+    /// Asking for the first few gives exactly the head of the full order,
+    /// ties (same key, told apart by address) included.
+    #[test]
+    fn the_first_few_are_the_head_of_the_whole_order() {
+        let mut all = Vec::new();
+        for i in 0..300u64 {
+            let city = ["Brno", "Prague", "Vienna"][(i % 3) as usize];
+            let pt = (48.0 + (i % 7) as f64, 15.0 + (i % 5) as f64);
+            let mut d = depot(
+                &format!("10.0.{}.{}", i / 10, i % 97),
+                city,
+                "CZ",
+                pt,
+                1 + i % 4,
+            );
+            d.last_seen = if i % 11 == 0 { 0 } else { 100 };
+            all.push(d);
+        }
+        let mut fc = HashMap::new();
+        for (i, d) in all.iter().enumerate().step_by(13) {
+            fc.insert(d.reg.addr(), (i % 5) as f64 * 1e6);
+        }
+        let index = Index::build(&all);
+        let hints = [
+            "city= Brno",
+            "city= bRNO country= cz",
+            "city= Brno city= Vienna",
+            "tag= none",
+        ];
+        for (near, hint) in [None, Some((49.0, 16.0))]
+            .into_iter()
+            .flat_map(|n| hints.map(|h| (n, h)))
+        {
+            for include_offline in [false, true] {
+                let q = Query {
+                    hint: parse_hint(hint).unwrap(),
+                    near,
+                    include_offline,
+                    ..Query::default()
+                };
+                let whole: Vec<String> = rank(&all, &q, 100, 50, &fc)
+                    .into_iter()
+                    .map(|v| v.addr)
+                    .collect();
+                for count in [1, 7, 8, 100, 299, 1000] {
+                    let q = Query { count, ..q.clone() };
+                    let head: Vec<String> = rank(&all, &q, 100, 50, &fc)
+                        .into_iter()
+                        .map(|v| v.addr)
+                        .collect();
+                    assert_eq!(head, whole[..count.min(whole.len())], "count {count}");
+                    let indexed: Vec<String> = rank_indexed(&all, Some(&index), &q, 100, 50, &fc)
+                        .into_iter()
+                        .map(|v| v.addr)
+                        .collect();
+                    assert_eq!(indexed, head, "indexed, count {count}");
+                }
+            }
+        }
     }
 
     #[test]

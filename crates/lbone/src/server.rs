@@ -96,7 +96,7 @@ pub struct LBone {
     peers: Arc<Peers>,
     /// The directory as last read from the store, shared by every query
     /// until it is [`LISTING_FRESH`] old or a depot comes or goes.
-    listing: tokio::sync::Mutex<Option<(Instant, Arc<Vec<DepotRecord>>)>>,
+    listing: Fresh<Listing>,
     /// Turns to rank and encode a listing.
     workers: Semaphore,
     /// Listings answered within [`LISTING_FRESH`], by client network and
@@ -109,6 +109,93 @@ pub struct LBone {
     bodies: Arc<Semaphore>,
     /// Rate-report requests per client network in the current minute.
     reporters: std::sync::Mutex<(Instant, HashMap<String, u32>)>,
+    /// Forecasts (bytes/s by depot address) per client network, read as
+    /// the listing is: every query from a network would otherwise read
+    /// them again.
+    forecasts: std::sync::Mutex<HashMap<String, Arc<Fresh<Forecasts>>>>,
+}
+
+/// The directory as read from the store, indexed for ranking.
+struct Listing {
+    depots: Vec<DepotRecord>,
+    index: rank::Index,
+}
+
+/// Forecast bytes/s by depot address, for one client network.
+type Forecasts = HashMap<String, f64>;
+
+/// A value read from the store and shared until it is [`LISTING_FRESH`]
+/// old. Then one caller reads it again while the others go on with the old
+/// one: a read (a whole directory of 10,000 depots) never holds up every
+/// query at once. Cleared, everyone waits for the read, so a change shows
+/// at once.
+struct Fresh<T> {
+    slot: std::sync::Mutex<Option<(Instant, Arc<T>)>>,
+    /// Held by the one caller reading.
+    reading: tokio::sync::Mutex<()>,
+    /// Bumped by [`Fresh::clear`]: a value read across a bump may miss the
+    /// change and is not kept.
+    generation: std::sync::atomic::AtomicU64,
+}
+
+impl<T> Fresh<T> {
+    fn new() -> Self {
+        Fresh {
+            slot: std::sync::Mutex::new(None),
+            reading: tokio::sync::Mutex::new(()),
+            generation: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    fn cached(&self) -> Option<(Instant, Arc<T>)> {
+        self.slot.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The value, from `read` when it is missing or old.
+    async fn get<F>(&self, read: F) -> Result<Arc<T>, String>
+    where
+        F: std::future::Future<Output = Result<T, String>>,
+    {
+        use std::sync::atomic::Ordering::SeqCst;
+        let had = match self.cached() {
+            Some((at, v)) if at.elapsed() < LISTING_FRESH => return Ok(v),
+            had => had,
+        };
+        let _turn = match (self.reading.try_lock(), had) {
+            (Ok(turn), _) => turn,
+            (Err(_), Some((_, v))) => return Ok(v),
+            (Err(_), None) => {
+                let turn = self.reading.lock().await;
+                if let Some((_, v)) = self.cached() {
+                    return Ok(v);
+                }
+                turn
+            }
+        };
+        let generation = self.generation.load(SeqCst);
+        let v = Arc::new(read.await?);
+        let mut slot = self.slot.lock().unwrap_or_else(|e| e.into_inner());
+        if self.generation.load(SeqCst) == generation {
+            *slot = Some((Instant::now(), v.clone()));
+        }
+        Ok(v)
+    }
+
+    /// Forgets the value: the next caller reads it again, and the others
+    /// wait for that read.
+    fn clear(&self) {
+        let mut slot = self.slot.lock().unwrap_or_else(|e| e.into_inner());
+        self.generation
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        *slot = None;
+    }
+
+    /// Whether the value was read long ago (or never): a cache entry not
+    /// worth its room.
+    fn unused(&self) -> bool {
+        self.cached()
+            .is_none_or(|(at, _)| at.elapsed() > 10 * LISTING_FRESH)
+    }
 }
 
 /// Unix seconds now.
@@ -129,12 +216,13 @@ impl LBone {
             token_hash: blake3::hash(cfg.token.as_bytes()),
             offline: std::sync::Mutex::new(std::collections::HashSet::new()),
             peers: Peers::new(cfg.max_connections_per_client),
-            listing: tokio::sync::Mutex::new(None),
+            listing: Fresh::new(),
             workers: Semaphore::new(LISTING_WORKERS),
             answers: std::sync::Mutex::new(HashMap::new()),
             largest: std::sync::atomic::AtomicUsize::new(BODY_UNIT),
             bodies: Arc::new(Semaphore::new(BODY_BUDGET / BODY_UNIT)),
             reporters: std::sync::Mutex::new((Instant::now(), HashMap::new())),
+            forecasts: std::sync::Mutex::new(HashMap::new()),
             store,
             cfg,
         })
@@ -166,22 +254,19 @@ impl LBone {
 
     /// Every depot, as read from the store at most [`LISTING_FRESH`] ago:
     /// concurrent queries share one read and one copy.
-    async fn depots(&self) -> Result<Arc<Vec<DepotRecord>>, String> {
-        let mut cached = self.listing.lock().await;
-        if let Some((at, l)) = cached.as_ref() {
-            if at.elapsed() < LISTING_FRESH {
-                return Ok(l.clone());
-            }
-        }
-        let l = Arc::new(self.blocking(|s| s.list()).await?);
-        *cached = Some((Instant::now(), l.clone()));
-        Ok(l)
+    async fn depots(&self) -> Result<Arc<Listing>, String> {
+        let read = async {
+            let depots = self.blocking(|s| s.list()).await?;
+            let index = rank::Index::build(&depots);
+            Ok(Listing { depots, index })
+        };
+        self.listing.get(read).await
     }
 
     /// Forgets the shared listing and the answers made from it: a depot
     /// came or went.
     async fn listing_changed(&self) {
-        *self.listing.lock().await = None;
+        self.listing.clear();
         self.answers
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -191,19 +276,45 @@ impl LBone {
     /// Ranks depots for a client on `peer`'s network.
     pub async fn query(&self, q: Query, peer: std::net::IpAddr) -> Result<Vec<DepotView>, String> {
         let net = client_net(peer);
-        let depots = self.depots().await?;
-        let fc = self.blocking(move |s| s.forecasts(&net)).await?;
-        let fc = fc
-            .into_iter()
-            .filter_map(|(d, f)| Some((d, f.predict()?)))
-            .collect();
-        Ok(rank::rank(
-            &depots,
+        let listing = self.depots().await?;
+        let fc = self.forecasts_for(net).await?;
+        Ok(rank::rank_indexed(
+            &listing.depots,
+            Some(&listing.index),
             &q,
             now(),
             secs(self.cfg.offline_after),
             &fc,
         ))
+    }
+
+    /// The forecasts for clients on `net`, read from the store at most
+    /// [`LISTING_FRESH`] ago.
+    async fn forecasts_for(&self, net: String) -> Result<Arc<Forecasts>, String> {
+        let entry = {
+            let mut map = self.forecasts.lock().unwrap_or_else(|e| e.into_inner());
+            if map.len() >= MAX_ANSWERS && !map.contains_key(&net) {
+                map.retain(|_, f| !f.unused());
+            }
+            match map.get(&net) {
+                Some(f) => f.clone(),
+                None => {
+                    let f = Arc::new(Fresh::new());
+                    if map.len() < MAX_ANSWERS {
+                        map.insert(net.clone(), f.clone());
+                    }
+                    f
+                }
+            }
+        };
+        let read = async move {
+            let fc = self.blocking(move |s| s.forecasts(&net)).await?;
+            Ok(fc
+                .into_iter()
+                .filter_map(|(d, f)| Some((d, f.predict()?)))
+                .collect())
+        };
+        entry.get(read).await
     }
 
     /// `GET /api/v1/depots`: room for the answer is reserved from the body
@@ -431,7 +542,7 @@ impl LBone {
                 // Only depots the directory lists get a forecast: checked
                 // against the shared listing first, then by the store.
                 let listed: std::collections::HashSet<String> = match self.depots().await {
-                    Ok(l) => l.iter().map(|d| d.reg.addr()).collect(),
+                    Ok(l) => l.depots.iter().map(|d| d.reg.addr()).collect(),
                     Err(e) => return Response::error(503, &e),
                 };
                 let known: Vec<_> = r
@@ -450,7 +561,18 @@ impl LBone {
                     })
                     .await
                 {
-                    Ok(n) => api(200, serde_json::json!({"ok": true, "recorded": n})),
+                    Ok(n) => {
+                        // The network's next query sees its own reports.
+                        if let Some(f) = self
+                            .forecasts
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .get(&client_net(peer.ip()))
+                        {
+                            f.clear();
+                        }
+                        api(200, serde_json::json!({"ok": true, "recorded": n}))
+                    }
                     Err(e) => Response::error(503, &e),
                 }
             }
