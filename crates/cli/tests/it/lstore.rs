@@ -31,7 +31,9 @@ async fn request_caps(r: &mut Raw, line: String) -> [Capability; 3] {
     caps_of(&r.line().await)
 }
 
-async fn load(r: &mut Raw, rd: &str, off: u64, len: usize) -> Result<Vec<u8>, String> {
+/// LOAD of `len` bytes at `off` with the key token `rd`: the data, or the
+/// reply line.
+pub(crate) async fn load(r: &mut Raw, rd: &str, off: u64, len: usize) -> Result<Vec<u8>, String> {
     r.send(format!("1 8 {rd} {off} {len} 10\n").as_bytes())
         .await;
     let l = r.line().await;

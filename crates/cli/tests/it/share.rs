@@ -61,14 +61,7 @@ fn load(cap: &Capability, off: u64, len: usize) -> Result<Vec<u8>, String> {
     rt.block_on(async {
         let mut r = Raw::connect(&cap.address()).await;
         let tok = format!("{} {}", cap.key_token(), cap.typekey);
-        r.send(format!("1 8 {tok} {off} {len} 10\n").as_bytes())
-            .await;
-        let l = r.line().await;
-        if l == format!("1 {len} \n") {
-            Ok(r.bytes(len).await)
-        } else {
-            Err(l)
-        }
+        crate::lstore::load(&mut r, &tok, off, len).await
     })
 }
 
