@@ -14,14 +14,23 @@ orders them), the numbers `lors trim -m` takes.
 Row format (as lors_ls): index, flags (H/S/? reliability, r/w/m caps held,
 a = byte array), read refcount, offset, length, depot, expiry.
 
+Given several exNodes, a directory or --expiring, it lists a line per exNode
+as `lors stat` does.
+
 EXAMPLES:
   lors ls run42.xnd
-  lors ls --json run42.xnd | jq '.mappings[] | select(.error != null)'"
+  lors ls --json run42.xnd | jq '.mappings[] | select(.error != null)'
+  lors ls --expiring 7d data/     # what expires within a week, is short or lost"
 )]
 pub struct Args {
-    /// The exNode.
-    #[arg(value_parser = super::exnode_arg, value_name = "FILE.xnd|lors://…")]
-    exnode: ExnodeRef,
+    /// The exNode (or several, or directories: a line each).
+    #[arg(value_parser = super::exnode_arg, value_name = "FILE.xnd|DIR|lors://…", required = true)]
+    exnodes: Vec<ExnodeRef>,
+    /// A line per exNode with an allocation that expires within this long,
+    /// or under its copy count, or with lost bytes (as `lors stat
+    /// --expiring`; exit 1 when any byte is lost).
+    #[arg(long, value_parser = super::duration_arg, value_name = "DURATION")]
+    expiring: Option<std::time::Duration>,
     /// Machine-readable output.
     #[arg(long)]
     json: bool,
@@ -55,8 +64,12 @@ fn ctime(unix: u64) -> String {
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let s = super::settings(&a.net, Default::default(), Some(&a.exnode))?;
-    let x = lors::xnd::load(&a.exnode.path)?;
+    let exnode = match a.exnodes.as_slice() {
+        [one] if a.expiring.is_none() && !one.path.is_dir() => one.clone(),
+        _ => return super::stat::listing(a.exnodes, a.expiring, a.json, a.net),
+    };
+    let s = super::settings(&a.net, Default::default(), Some(&exnode))?;
+    let x = lors::xnd::load(&exnode.path)?;
     let probes: Vec<Probe> = if a.offline {
         x.mappings
             .iter()
@@ -119,7 +132,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         let _ = writeln!(
             s,
             "{}: {} bytes, {} mappings",
-            a.exnode.path.display(),
+            exnode.path.display(),
             x.logical_size(),
             x.mappings.len()
         );

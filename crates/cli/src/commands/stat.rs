@@ -32,6 +32,22 @@ pub struct Args {
     net: super::NetOpts,
 }
 
+/// The line-per-exNode listing, for `lors ls` given several exNodes, a
+/// directory or `--expiring`.
+pub(crate) fn listing(
+    exnodes: Vec<ExnodeRef>,
+    expiring: Option<Duration>,
+    json: bool,
+    net: super::NetOpts,
+) -> anyhow::Result<()> {
+    many(&Args {
+        exnodes,
+        expiring,
+        json,
+        net,
+    })
+}
+
 pub fn run(a: Args) -> anyhow::Result<()> {
     match a.exnodes.as_slice() {
         [one] if a.expiring.is_none() && !one.path.is_dir() => detail(&a, one),

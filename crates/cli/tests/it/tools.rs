@@ -1039,6 +1039,17 @@ fn stat_over_many_exnodes_names_what_expires_is_short_or_lost() {
     }
     assert!(!out.contains("healthy.xnd"), "{out}");
     assert!(out.contains("5 exNodes: 1 expire within 2h 0m,"), "{out}");
+    // `lors ls --expiring` is the same report.
+    let (ok, ls_out, _) = lors(&["ls", "--expiring", "2h", t]);
+    assert!(!ok);
+    let ls_out = String::from_utf8(ls_out).unwrap();
+    let names = |o: &str| -> Vec<String> {
+        o.lines()
+            .filter_map(|l| l.split(".xnd: ").next().filter(|_| l.contains(".xnd: ")))
+            .map(str::to_owned)
+            .collect()
+    };
+    assert_eq!(names(&ls_out), names(&out), "{ls_out}");
     let (_, out, _) = lors(&["stat", "--json", "--expiring", "2h", t]);
     let out = String::from_utf8(out).unwrap();
     assert!(
@@ -2676,4 +2687,50 @@ fn bwlimit_holds_uploads_downloads_and_copies_to_the_rate() {
     assert!(std::fs::read(&out).unwrap() == data);
     let (ok, _, err) = lors(&["download", "-q", "--bwlimit", "0", x, o]);
     assert!(!ok && err.contains("--bwlimit"), "{err}");
+}
+
+/// A download to a stream with a block no replica serves writes every byte
+/// before it, then fails naming it: it neither hangs at the gap nor stops
+/// before the bytes ahead of it are out.
+#[test]
+fn a_stream_download_stops_at_the_first_gap_with_what_comes_before() {
+    let dir = tempdir();
+    let ds = crate::util::depots(2, dir.path());
+    let data = pattern(4 << 20, 12);
+    let to: Vec<&DepotProc> = ds.iter().collect();
+    let xnd = crate::util::upload(&to, dir.path(), "f", &data, &["-c", "1", "-b", "1M"]);
+    let x = xnd.to_str().unwrap();
+    // Block 2's only copy freed through another exNode.
+    let xn = lors::xnd::load(&xnd).unwrap();
+    let nums = lors_exnode::Numbering::of(&xn.mappings);
+    let third = (0..xn.mappings.len())
+        .find(|&i| xn.mappings[i].exnode_offset == 2 << 20)
+        .map(|i| nums.number(i).to_string())
+        .unwrap();
+    let other = dir.path().join("other.xnd");
+    let (ok, _, err) = lors(&[
+        "trim",
+        "-q",
+        "--decrement",
+        "--allow-holes",
+        "-m",
+        &third,
+        "-o",
+        other.to_str().unwrap(),
+        x,
+    ]);
+    assert!(ok, "{err}");
+    let t0 = Instant::now();
+    let (ok, out, err) = lors(&["download", "-q", "-o", "-", x]);
+    assert!(!ok);
+    assert!(
+        t0.elapsed() < Duration::from_secs(30),
+        "took {:?}",
+        t0.elapsed()
+    );
+    assert!(
+        err.contains("error: bytes 2097152.."),
+        "{err}"
+    );
+    assert!(out == data[..2 << 20], "wrote {} bytes", out.len());
 }

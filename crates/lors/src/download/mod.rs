@@ -241,8 +241,10 @@ impl Ctx {
     fn settled(&self) -> bool {
         let g = self.lock();
         // A stream cannot go past bytes no replica serves: its window would
-        // wait for them for ever, so one lost piece ends the download.
-        let gap = self.stream && !g.sched.lost().is_empty();
+        // wait for them for ever. It ends when the writer reaches them
+        // (what comes before is still fetched and written, so the error
+        // names the first gap).
+        let gap = self.stream && g.sched.stuck();
         g.fatal.is_some() || gap || (g.sched.finished() && g.writing == 0)
     }
 }

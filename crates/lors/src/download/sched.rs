@@ -470,6 +470,14 @@ impl Sched {
         n.clamp(1, w.max(1))
     }
 
+    /// Ordered output: whether the next piece to write has no replica
+    /// left, so the writer can go no further.
+    pub fn stuck(&self) -> bool {
+        self.pieces
+            .get(self.written)
+            .is_some_and(|s| s.st == St::Done && self.lost.iter().any(|l| l.offset == s.offset))
+    }
+
     /// Ordered output: pieces before `next` are written, so the window moves.
     pub fn written(&mut self, next: usize) {
         self.written = next;
