@@ -2728,9 +2728,6 @@ fn a_stream_download_stops_at_the_first_gap_with_what_comes_before() {
         "took {:?}",
         t0.elapsed()
     );
-    assert!(
-        err.contains("error: bytes 2097152.."),
-        "{err}"
-    );
+    assert!(err.contains("error: bytes 2097152.."), "{err}");
     assert!(out == data[..2 << 20], "wrote {} bytes", out.len());
 }
