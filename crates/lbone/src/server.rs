@@ -422,17 +422,20 @@ impl LBone {
         let t = now();
         let cutoff = t - secs(self.cfg.drop_after);
         let offline_cutoff = t - secs(self.cfg.offline_after);
-        let (listed, gone) = self
-            .blocking(move |s| {
-                let gone = s.drop_silent(cutoff)?;
-                Ok((s.list()?, gone))
-            })
-            .await?;
+        let gone = self.blocking(move |s| s.drop_silent(cutoff)).await?;
         if !gone.is_empty() {
             self.listing_changed().await;
         }
+        // The shared listing, not a read of its own: a sweep of a large
+        // directory would otherwise hold the store as long as a listing
+        // read does, and the heartbeats wait behind it.
+        let listed = self.depots().await?;
         let mut offline = self.offline_lock();
-        for d in listed.iter().filter(|d| d.last_seen < offline_cutoff) {
+        for d in listed
+            .depots
+            .iter()
+            .filter(|d| d.last_seen < offline_cutoff)
+        {
             let addr = d.reg.addr();
             if !offline.contains(&addr) {
                 tracing::info!(depot = %addr, silent_s = t - d.last_seen, "offline: no heartbeat");
