@@ -93,6 +93,13 @@ pub fn civil_from_days(days: i64) -> (i64, i64, i64) {
     (yoe + era * 400 + i64::from(m <= 2), m, d)
 }
 
+/// Seconds since the Unix epoch now.
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
 /// A Unix time as `YYYY-MM-DD HH:MM UTC`.
 pub fn utc(unix: u64) -> String {
     let (y, m, d) = civil_from_days(i64::try_from(unix / 86_400).unwrap_or(0));

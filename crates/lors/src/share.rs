@@ -276,6 +276,8 @@ fn unsupported(e: &lors_ibp::Error) -> bool {
 /// anything fails otherwise, the aliases made are deleted again.
 pub async fn share(x: &ExNode, opts: &Options, pool: &Pool) -> Result<Shared, ShareError> {
     let cuts = Arc::new(cuts(x, opts)?);
+    // Where the shared file starts in the owner's: its offsets plus this.
+    let at = opts.range.map_or(0, |r| r.0);
     let mut jobs = Vec::with_capacity(cuts.len());
     for (i, c) in cuts.iter().enumerate() {
         let m = &x.mappings[c.index];
@@ -349,8 +351,8 @@ pub async fn share(x: &ExNode, opts: &Options, pool: &Pool) -> Result<Shared, Sh
             let (from, to) = (m.exnode_offset, m.logical_end());
             let other = covered.iter().any(|&(a, b)| a <= from && b >= to);
             (!other).then(|| ShareError::Unshared {
-                from: from + opts.range.map_or(0, |r| r.0),
-                to: to + opts.range.map_or(0, |r| r.0),
+                from: from + at,
+                to: to + at,
                 why: f.to_string(),
             })
         });
@@ -397,14 +399,13 @@ pub async fn share(x: &ExNode, opts: &Options, pool: &Pool) -> Result<Shared, Sh
     ));
     y.set_meta(Metadata::integer(
         OFFSET_META,
-        i64::try_from(opts.range.map_or(0, |r| r.0)).unwrap_or(i64::MAX),
+        i64::try_from(at).unwrap_or(i64::MAX),
     ));
     let skipped = failures
         .iter()
         .map(|(i, f)| {
             let c = &cuts[*i];
             let m = &x.mappings[c.index];
-            let at = opts.range.map_or(0, |r| r.0);
             (
                 c.mapping.exnode_offset + at,
                 c.mapping.logical_end() + at,

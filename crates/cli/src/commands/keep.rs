@@ -504,9 +504,7 @@ impl Metrics {
         s.trimmed += t.trimmed;
         g.last = t.clone();
         g.last_seconds = took.as_secs_f64();
-        g.last_end = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
+        g.last_end = super::unix_now();
     }
 
     fn render(&self) -> String {

@@ -1,7 +1,6 @@
 //! `lors ls`: list an exNode's mappings, probing each depot.
 
 use std::fmt::Write as _;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use lors::manage::Probe;
 use lors::uri::ExnodeRef;
@@ -78,9 +77,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     } else {
         super::probe_all(&x, &s)?
     };
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
+    let now = super::unix_now();
     // Rows are numbered and ordered as lors_ls does, so `lors trim -m N` and
     // `lors_trim -m N` name the same mapping.
     let numbering = x.numbering();

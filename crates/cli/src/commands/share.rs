@@ -132,7 +132,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 "lors: warning: bytes {from}..{to}: the replica on {depot} is not in the share ({why}); other replicas are"
             );
         }
-        let left = made.expires_at.saturating_sub(unix_now());
+        let left = made.expires_at.saturating_sub(super::unix_now());
         eprintln!(
             "lors: shared {} bytes of {} as {} ({} replicas, read-only) until {} ({}); revoke with: lors share --revoke {} --owner {}",
             made.exnode.logical_size(),
@@ -146,12 +146,6 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         );
     }
     Ok(())
-}
-
-fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
 }
 
 /// Says what a revoke or renew did; an error if any alias was left as it

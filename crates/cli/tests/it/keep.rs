@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use crate::tools::used;
 use crate::util::{
-    DepotProc, depots, flip_stored_byte, list, lors, lors_cmd, pattern, tempdir, upload,
+    DepotProc, depots, flip_stored_byte, free_block, list, lors, lors_cmd, pattern, tempdir, upload,
 };
 
 /// Live replicas per block, on which depots.
@@ -131,25 +131,7 @@ fn a_block_with_no_replica_left_is_reported_lost() {
     let xnd = upload(&to, dir.path(), "f", &data, &["-c", "2", "-b", "1M"]);
     let x = xnd.to_str().unwrap();
     // Both copies of block 1 freed, through another exNode.
-    let xn = lors::xnd::load(&xnd).unwrap();
-    let nums = lors_exnode::Numbering::of(&xn.mappings);
-    let both: Vec<String> = (0..xn.mappings.len())
-        .filter(|&i| xn.mappings[i].exnode_offset == 1 << 20)
-        .map(|i| nums.number(i).to_string())
-        .collect();
-    let other = dir.path().join("other.xnd");
-    let (ok, _, err) = lors(&[
-        "trim",
-        "-q",
-        "--decrement",
-        "--allow-holes",
-        "-m",
-        &both.join(","),
-        "-o",
-        other.to_str().unwrap(),
-        x,
-    ]);
-    assert!(ok, "{err}");
+    free_block(&xnd, 1 << 20);
     let before = std::fs::read(&xnd).unwrap();
     let (ok, _, err) = lors(&["keep", "--once", "--depot", &list(&to), x]);
     assert!(!ok);

@@ -13,8 +13,8 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 
 use crate::util::{
-    DepotProc, client_cfg, depots, flip_stored_byte, lors, lors_cmd, lors_within, lors_within_env,
-    pattern, tempdir,
+    DepotProc, client_cfg, depots, flip_stored_byte, free_block, lors, lors_cmd, lors_within,
+    lors_within_env, pattern, tempdir,
 };
 
 fn depot_args(ds: &[DepotProc]) -> Vec<String> {
@@ -1094,7 +1094,6 @@ fn verify_names_every_bad_replica() {
     assert!(ok && out.contains(": 1 unchecked"), "{out}{err}");
 
     let xn = read_x(&xnd);
-    let numbering = lors_exnode::Numbering::of(&xn.mappings);
     let of_block = |off: u64| -> Vec<usize> {
         (0..xn.mappings.len())
             .filter(|&i| xn.mappings[i].exnode_offset == off)
@@ -1109,22 +1108,7 @@ fn verify_names_every_bad_replica() {
         .unwrap();
     flip_stored_byte(&ds, dir.path(), victim, 4096 + (256 << 10) + 32 + 100);
     // Both copies of block 4 freed, through another exNode.
-    let both: Vec<String> = (of_block(4 << 20).iter())
-        .map(|&i| numbering.number(i).to_string())
-        .collect();
-    let other = dir.path().join("other.xnd");
-    let (ok, _, err) = lors(&[
-        "trim",
-        "-q",
-        "--decrement",
-        "--allow-holes",
-        "-m",
-        &both.join(","),
-        "-o",
-        other.to_str().unwrap(),
-        x,
-    ]);
-    assert!(ok, "{err}");
+    free_block(&xnd, 4 << 20);
     let (ok, out, err) = verify(&[x]);
     assert!(!ok, "{out}");
     let corrupt = format!(
@@ -2701,25 +2685,7 @@ fn a_stream_download_stops_at_the_first_gap_with_what_comes_before() {
     let xnd = crate::util::upload(&to, dir.path(), "f", &data, &["-c", "1", "-b", "1M"]);
     let x = xnd.to_str().unwrap();
     // Block 2's only copy freed through another exNode.
-    let xn = lors::xnd::load(&xnd).unwrap();
-    let nums = lors_exnode::Numbering::of(&xn.mappings);
-    let third = (0..xn.mappings.len())
-        .find(|&i| xn.mappings[i].exnode_offset == 2 << 20)
-        .map(|i| nums.number(i).to_string())
-        .unwrap();
-    let other = dir.path().join("other.xnd");
-    let (ok, _, err) = lors(&[
-        "trim",
-        "-q",
-        "--decrement",
-        "--allow-holes",
-        "-m",
-        &third,
-        "-o",
-        other.to_str().unwrap(),
-        x,
-    ]);
-    assert!(ok, "{err}");
+    free_block(&xnd, 2 << 20);
     let t0 = Instant::now();
     let (ok, out, err) = lors(&["download", "-q", "-o", "-", x]);
     assert!(!ok);

@@ -465,3 +465,29 @@ pub fn flip_stored_byte(ds: &[DepotProc], dir: &Path, m: &lors_exnode::Mapping, 
     f.read_exact_at(&mut b, at).unwrap();
     f.write_all_at(&[b[0] ^ 0x10], at).unwrap();
 }
+
+/// Frees every replica of the block at `offset` of the exNode `xnd`
+/// (`lors trim --decrement` into a copy beside it), as a depot losing them
+/// would: `xnd` still names them.
+pub fn free_block(xnd: &Path, offset: u64) {
+    let x = lors::xnd::load(xnd).unwrap();
+    let nums = lors_exnode::Numbering::of(&x.mappings);
+    let all: Vec<String> = (0..x.mappings.len())
+        .filter(|&i| x.mappings[i].exnode_offset == offset)
+        .map(|i| nums.number(i).to_string())
+        .collect();
+    assert!(!all.is_empty(), "no block at {offset}");
+    let other = xnd.with_extension(format!("freed-{offset}.xnd"));
+    let (ok, _, err) = lors(&[
+        "trim",
+        "-q",
+        "--decrement",
+        "--allow-holes",
+        "-m",
+        &all.join(","),
+        "-o",
+        other.to_str().unwrap(),
+        xnd.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+}
