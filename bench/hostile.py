@@ -189,7 +189,7 @@ def lbone_round_trip(addr) -> float:
     """The legitimate L-Bone client: GET /healthz and a 5-depot query."""
     t0 = time.perf_counter()
     for path in ("/healthz", "/api/v1/depots?count=5"):
-        status, _ = http(addr, "127.0.0.1", f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n")
+        status, _ = http(addr, "127.0.0.1", f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         if status != 200:
             return float("inf")
     return time.perf_counter() - t0
@@ -218,7 +218,7 @@ def http(addr, src: str, req: str | bytes, timeout: float = 30) -> tuple[int, by
 def post(path: str, body: str, token: str | None = None) -> str:
     auth = f"Authorization: Bearer {token}\r\n" if token else ""
     return (
-        f"POST {path} HTTP/1.1\r\nHost: x\r\n{auth}Content-Type: application/json\r\n"
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{auth}Content-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\n\r\n{body}"
     )
 
@@ -591,14 +591,14 @@ def lbone_listings(work: Path, depots: int) -> Result:
         t.start()
     for t in ts:
         t.join()
-    _, one = http(srv.addr, "127.0.0.1", "GET /api/v1/depots?all=1 HTTP/1.1\r\nHost: x\r\n\r\n")
+    _, one = http(srv.addr, "127.0.0.1", "GET /api/v1/depots?all=1 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
     before = srv.memory()
     sizes = []
 
     def attack(stop):
         def get(i):
             _, b = http(srv.addr, f"127.0.{11 + i % 2}.{i % 8 + 1}",
-                        f"GET /api/v1/depots?all=1&count={100000 + i} HTTP/1.1\r\nHost: x\r\n\r\n", timeout=60)
+                        f"GET /api/v1/depots?all=1&count={100000 + i} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", timeout=60)
             sizes.append(len(b))
 
         ts = [threading.Thread(target=get, args=(i,)) for i in range(96)]

@@ -164,7 +164,7 @@ def depot_bytes_out(mports: list[int]) -> int:
     total = 0
     for p in mports:
         with socket.create_connection(("127.0.0.1", p), 5) as s:
-            s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
             body = b""
             while chunk := s.recv(65536):
                 body += chunk

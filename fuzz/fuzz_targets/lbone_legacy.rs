@@ -1,9 +1,9 @@
 //! The L-Bone's untrusted inputs: 512-byte legacy queries and replies, and
-//! HTTP request heads. No panic; what parses re-encodes to an equal request.
+//! the HTTP API's query strings. No panic; what parses re-encodes to an equal request.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use lors_lbone::{http, legacy, rank};
+use lors_lbone::{api, legacy, rank};
 
 fuzz_target!(|data: &[u8]| {
     let mut msg = [0u8; legacy::MESSAGE_LEN];
@@ -20,5 +20,8 @@ fuzz_target!(|data: &[u8]| {
         }
     }
     let _ = legacy::parse_depots_reply(data);
-    let _ = http::parse_head(data);
+    // HTTP itself is hyper's; the query string is ours.
+    if let Ok(params) = std::str::from_utf8(data).map_err(drop).and_then(|q| api::params(q).map_err(drop)) {
+        let _ = api::query_from(&params);
+    }
 });

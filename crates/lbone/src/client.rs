@@ -5,9 +5,10 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::http::{self, BaseUrl};
 use crate::legacy::{self, LegacyRequest};
 use crate::model::{DepotView, RateReport, RateReports, Registration};
+pub use lors_http::BaseUrl;
+use lors_http::client as http;
 
 /// An L-Bone to ask: our HTTP API, or any server speaking the legacy protocol.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -195,7 +196,9 @@ impl Directory {
         if all {
             path.push_str("&all=1");
         }
-        let (status, body) = http::fetch(base, "GET", &path, None, None, timeout).await?;
+        let (status, body) = http::fetch(base, "GET", &path, None, None, timeout)
+            .await
+            .map_err(|e| e.to_string())?;
         if status != 200 {
             return Err(format!(
                 "L-Bone answered {status}: {}",
@@ -226,8 +229,9 @@ impl Directory {
             return Ok(());
         }
         let body = serde_json::to_vec(&RateReports { rates }).map_err(|e| e.to_string())?;
-        let (status, resp) =
-            http::fetch(base, "POST", "/api/v1/rates", None, Some(&body), timeout).await?;
+        let (status, resp) = http::fetch(base, "POST", "/api/v1/rates", None, Some(&body), timeout)
+            .await
+            .map_err(|e| e.to_string())?;
         if status == 200 {
             Ok(())
         } else {
@@ -286,7 +290,9 @@ async fn post_with_token(
     body: &[u8],
     timeout: Duration,
 ) -> Result<(), String> {
-    let (status, resp) = http::fetch(base, "POST", path, Some(token), Some(body), timeout).await?;
+    let (status, resp) = http::fetch(base, "POST", path, Some(token), Some(body), timeout)
+        .await
+        .map_err(|e| e.to_string())?;
     match status {
         200 => Ok(()),
         401 => Err(TOKEN_REFUSED.into()),

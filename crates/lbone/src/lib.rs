@@ -9,15 +9,14 @@
 //! A dashboard at `/` maps the depots.
 //!
 //! * [`server`] — the server; [`client`] — queries, rate reports, heartbeats.
-//! * [`model`] — the JSON bodies; [`http`] — the small HTTP layer both use.
+//! * [`model`] — the JSON bodies; [`api`] — the API's query strings. HTTP
+//!   itself is `lors-http`'s (axum and hyper).
 
+pub mod api;
 pub mod client;
 pub mod forecast;
-pub mod http;
 pub mod legacy;
 pub mod model;
-#[cfg(feature = "server")]
-mod peers;
 pub mod rank;
 #[cfg(feature = "server")]
 pub mod server;

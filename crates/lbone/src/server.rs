@@ -10,13 +10,23 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, watch};
 
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{ConnectInfo, RawQuery, State};
+use axum::http::header::{AUTHORIZATION, CACHE_CONTROL, CONTENT_TYPE, X_CONTENT_TYPE_OPTIONS};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::routing::{get, post};
+use http_body_util::Full;
+use lors_http::peers::{Peers, Slot};
+
+use crate::api;
 use crate::forecast::client_net;
-use crate::http::{self, Request, Response};
 use crate::legacy::{self, LegacyRequest};
 use crate::model::{Departure, DepotRecord, DepotView, RateReports, Registration};
-use crate::peers::{Peers, Slot};
 use crate::rank::{self, Query};
 use crate::store::Store;
+
+type Response = axum::response::Response;
 
 /// How long a listing read from the store serves queries before it is read
 /// again (registrations and departures refresh it at once).
@@ -35,7 +45,7 @@ const BODY_UNIT: usize = 64 << 10;
 type Question = (String, String);
 
 /// A listing given, and when.
-type Answered = (Instant, Arc<Vec<u8>>);
+type Answered = (Instant, Bytes);
 
 /// Listings kept for [`LISTING_FRESH`] to answer the same question again,
 /// at most so many and so many bytes (distinct questions are not to fill
@@ -92,8 +102,6 @@ pub struct LBone {
     token_hash: blake3::Hash,
     /// Depots this instance has logged as offline, to log each transition once.
     offline: std::sync::Mutex<std::collections::HashSet<String>>,
-    /// Connections by client address.
-    peers: Arc<Peers>,
     /// The directory as last read from the store, shared by every query
     /// until it is [`LISTING_FRESH`] old or a depot comes or goes.
     listing: Fresh<Listing>,
@@ -215,7 +223,6 @@ impl LBone {
         Arc::new(LBone {
             token_hash: blake3::hash(cfg.token.as_bytes()),
             offline: std::sync::Mutex::new(std::collections::HashSet::new()),
-            peers: Peers::new(cfg.max_connections_per_client),
             listing: Fresh::new(),
             workers: Semaphore::new(LISTING_WORKERS),
             answers: std::sync::Mutex::new(HashMap::new()),
@@ -322,34 +329,38 @@ impl LBone {
     /// is taken from those given in the last second to the same question
     /// from the same network, or ranked and encoded on one of a few turns.
     /// However many clients ask at once, few copies of the directory exist.
-    async fn listing(&self, req: &Request, peer: std::net::IpAddr) -> Answer {
+    async fn listing(&self, raw_query: &str, peer: std::net::IpAddr) -> Response {
         #[derive(serde::Serialize)]
         struct Listing<'a> {
             depots: &'a [DepotView],
             offline_after: i64,
             now: i64,
         }
-        let q = match query_from(req) {
-            Ok(q) => q,
-            Err(e) => return Response::error(400, &e).into(),
+        let params = match api::params(raw_query) {
+            Ok(p) => p,
+            Err(e) => return error(400, &e),
         };
-        let busy = || Response::error(503, "the directory is busy: retry in a second").into();
+        let q = match api::query_from(&params) {
+            Ok(q) => q,
+            Err(e) => return error(400, &e),
+        };
+        let busy = || error(503, "the directory is busy: retry in a second");
         let largest = self.largest.load(std::sync::atomic::Ordering::Relaxed);
         let Some(room) = self.room(largest).await else {
             return busy();
         };
-        let key = (client_net(peer), format!("{:?}", req.query));
+        let key = (client_net(peer), raw_query.to_owned());
         if let Some(body) = self.answered(&key) {
-            return Answer::json(body, room);
+            return json_held(body, room);
         }
         let Ok(_turn) = tokio::time::timeout(self.cfg.io_timeout, self.workers.acquire()).await
         else {
             return busy();
         };
-        let all = q.include_offline && req.query.len() == 1;
+        let all = q.include_offline && params.len() == 1;
         let v = match self.query(q, peer).await {
             Ok(v) => v,
-            Err(e) => return Response::error(503, &e).into(),
+            Err(e) => return error(503, &e),
         };
         // Encoded into room for the largest listing, so the buffer is not
         // grown by doubling past it; the views go before the body is shared.
@@ -360,10 +371,10 @@ impl LBone {
             now: now(),
         };
         if serde_json::to_writer(&mut body, &listing).is_err() {
-            return Response::error(500, "the listing could not be encoded").into();
+            return error(500, "the listing could not be encoded");
         }
         drop(v);
-        let body = Arc::new(body);
+        let body = Bytes::from(body);
         // Every depot's listing is the largest there is; a smaller one may
         // only raise the estimate (the directory grew since).
         let size = body.len().max(BODY_UNIT);
@@ -381,11 +392,11 @@ impl LBone {
             answers.insert(key, (Instant::now(), body.clone()));
         }
         drop(answers);
-        Answer::json(body, room)
+        json_held(body, room)
     }
 
     /// A listing given to the same question within [`LISTING_FRESH`].
-    fn answered(&self, key: &Question) -> Option<Arc<Vec<u8>>> {
+    fn answered(&self, key: &Question) -> Option<Bytes> {
         let answers = self.answers.lock().unwrap_or_else(|e| e.into_inner());
         answers
             .get(key)
@@ -453,166 +464,110 @@ impl LBone {
         self.offline.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    async fn handle(&self, req: Request, peer: SocketAddr) -> Answer {
-        if (req.method.as_str(), req.path.as_str()) == ("GET", "/api/v1/depots") {
-            return self.listing(&req, peer.ip()).await;
+    /// `POST /api/v1/deregister`.
+    async fn deregister(&self, body: &[u8]) -> Response {
+        let d: Departure = match serde_json::from_slice(body) {
+            Ok(d) => d,
+            Err(e) => return error(400, &format!("deregistration body: {e}")),
+        };
+        let addr = d.addr();
+        let a = addr.clone();
+        match self.blocking(move |s| s.remove(&a)).await {
+            Ok(known) => {
+                self.listing_changed().await;
+                self.offline_lock().remove(&addr);
+                tracing::info!(depot = %addr, known, "deregistered");
+                ok(serde_json::json!({"ok": true, "removed": known}))
+            }
+            Err(e) => error(503, &e),
         }
-        self.respond(req, peer).await.into()
     }
 
-    async fn respond(&self, req: Request, peer: SocketAddr) -> Response {
-        let api = |status, v: serde_json::Value| Response::json(status, v.to_string());
-        match (req.method.as_str(), req.path.as_str()) {
-            ("GET", "/") | ("GET", "/index.html") => Response {
-                status: 200,
-                content_type: "text/html; charset=utf-8",
-                body: Arc::new(DASHBOARD.as_bytes().to_vec()),
-            },
-            ("GET", "/healthz") => api(200, serde_json::json!({"ok": true})),
-            ("POST", "/api/v1/register" | "/api/v1/deregister") if !self.token_ok(req.bearer()) => {
-                tracing::warn!(peer = %peer.ip(), path = %req.path, "refused: wrong or missing token");
-                Response::error(
-                    401,
-                    "registration needs the L-Bone token: Authorization: Bearer TOKEN",
-                )
-            }
-            ("POST", "/api/v1/deregister") => {
-                let d: Departure = match serde_json::from_slice(&req.body) {
-                    Ok(d) => d,
-                    Err(e) => return Response::error(400, &format!("deregistration body: {e}")),
-                };
-                let addr = d.addr();
-                let a = addr.clone();
-                match self.blocking(move |s| s.remove(&a)).await {
-                    Ok(known) => {
-                        self.listing_changed().await;
-                        self.offline_lock().remove(&addr);
-                        tracing::info!(depot = %addr, known, "deregistered");
-                        api(200, serde_json::json!({"ok": true, "removed": known}))
+    /// `POST /api/v1/register`: a registration or a heartbeat.
+    async fn register(&self, body: &[u8]) -> Response {
+        let reg: Registration = match serde_json::from_slice(body) {
+            Ok(r) => r,
+            Err(e) => return error(400, &format!("registration body: {e}")),
+        };
+        if let Err(e) = reg.validate() {
+            return error(400, &e);
+        }
+        let addr = reg.addr();
+        let t = now();
+        match self.blocking(move |s| s.upsert(&reg, t)).await {
+            Ok(before) => {
+                if before.is_none() {
+                    self.listing_changed().await;
+                }
+                let was_offline = self.offline_lock().remove(&addr);
+                match before {
+                    None => tracing::info!(depot = %addr, "registered"),
+                    Some(_) if was_offline => {
+                        tracing::info!(depot = %addr, "online again")
                     }
-                    Err(e) => Response::error(503, &e),
+                    Some(_) => tracing::debug!(depot = %addr, "heartbeat"),
                 }
+                ok(serde_json::json!({
+                    "ok": true,
+                    "heartbeat_seconds": self.cfg.heartbeat.as_secs(),
+                }))
             }
-            ("POST", "/api/v1/register") => {
-                let reg: Registration = match serde_json::from_slice(&req.body) {
-                    Ok(r) => r,
-                    Err(e) => return Response::error(400, &format!("registration body: {e}")),
-                };
-                if let Err(e) = reg.validate() {
-                    return Response::error(400, &e);
+            Err(e) => error(503, &e),
+        }
+    }
+
+    /// `POST /api/v1/rates`: throughput a client network measured.
+    async fn rates(&self, body: &[u8], peer: std::net::IpAddr) -> Response {
+        let r: RateReports = match serde_json::from_slice(body) {
+            Ok(r) => r,
+            Err(e) => return error(400, &format!("rates body: {e}")),
+        };
+        if r.rates.len() > 1024 || r.rates.iter().any(|x| x.depot.len() > 300) {
+            return error(400, "at most 1024 reports of known depots");
+        }
+        let net = client_net(peer);
+        if !self.may_report(&net) {
+            return error(
+                429,
+                "too many rate reports from your network: at most 60 a minute",
+            );
+        }
+        // Only depots the directory lists get a forecast: checked
+        // against the shared listing first, then by the store.
+        let listed: std::collections::HashSet<String> = match self.depots().await {
+            Ok(l) => l.depots.iter().map(|d| d.reg.addr()).collect(),
+            Err(e) => return error(503, &e),
+        };
+        let known: Vec<_> = r
+            .rates
+            .into_iter()
+            .filter(|x| listed.contains(&x.depot))
+            .collect();
+        let t = now();
+        let n = self
+            .blocking(move |s| {
+                let mut n = 0;
+                for x in &known {
+                    n += usize::from(s.record_rate(&net, &x.depot, x.bytes_per_sec, t)?);
                 }
-                let addr = reg.addr();
-                let t = now();
-                match self.blocking(move |s| s.upsert(&reg, t)).await {
-                    Ok(before) => {
-                        if before.is_none() {
-                            self.listing_changed().await;
-                        }
-                        let was_offline = self.offline_lock().remove(&addr);
-                        match before {
-                            None => tracing::info!(depot = %addr, "registered"),
-                            Some(_) if was_offline => {
-                                tracing::info!(depot = %addr, "online again")
-                            }
-                            Some(_) => tracing::debug!(depot = %addr, "heartbeat"),
-                        }
-                        api(
-                            200,
-                            serde_json::json!({
-                                "ok": true,
-                                "heartbeat_seconds": self.cfg.heartbeat.as_secs(),
-                            }),
-                        )
-                    }
-                    Err(e) => Response::error(503, &e),
-                }
-            }
-            ("POST", "/api/v1/rates") => {
-                let r: RateReports = match serde_json::from_slice(&req.body) {
-                    Ok(r) => r,
-                    Err(e) => return Response::error(400, &format!("rates body: {e}")),
-                };
-                if r.rates.len() > 1024 || r.rates.iter().any(|x| x.depot.len() > 300) {
-                    return Response::error(400, "at most 1024 reports of known depots");
-                }
-                let net = client_net(peer.ip());
-                if !self.may_report(&net) {
-                    return Response::error(
-                        429,
-                        "too many rate reports from your network: at most 60 a minute",
-                    );
-                }
-                // Only depots the directory lists get a forecast: checked
-                // against the shared listing first, then by the store.
-                let listed: std::collections::HashSet<String> = match self.depots().await {
-                    Ok(l) => l.depots.iter().map(|d| d.reg.addr()).collect(),
-                    Err(e) => return Response::error(503, &e),
-                };
-                let known: Vec<_> = r
-                    .rates
-                    .into_iter()
-                    .filter(|x| listed.contains(&x.depot))
-                    .collect();
-                let t = now();
-                match self
-                    .blocking(move |s| {
-                        let mut n = 0;
-                        for x in &known {
-                            n += usize::from(s.record_rate(&net, &x.depot, x.bytes_per_sec, t)?);
-                        }
-                        Ok(n)
-                    })
-                    .await
+                Ok(n)
+            })
+            .await;
+        match n {
+            Ok(n) => {
+                // The network's next query sees its own reports.
+                if let Some(f) = self
+                    .forecasts
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get(&client_net(peer))
                 {
-                    Ok(n) => {
-                        // The network's next query sees its own reports.
-                        if let Some(f) = self
-                            .forecasts
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .get(&client_net(peer.ip()))
-                        {
-                            f.clear();
-                        }
-                        api(200, serde_json::json!({"ok": true, "recorded": n}))
-                    }
-                    Err(e) => Response::error(503, &e),
+                    f.clear();
                 }
+                ok(serde_json::json!({"ok": true, "recorded": n}))
             }
-            (
-                _,
-                "/" | "/api/v1/depots" | "/api/v1/register" | "/api/v1/deregister"
-                | "/api/v1/rates" | "/healthz",
-            ) => Response::error(405, "method not allowed"),
-            _ => Response::error(
-                404,
-                "no such endpoint: try GET /api/v1/depots or the dashboard at /",
-            ),
+            Err(e) => error(503, &e),
         }
-    }
-
-    async fn serve_http(
-        self: Arc<Self>,
-        mut s: TcpStream,
-        peer: SocketAddr,
-        slot: Slot,
-        place: Place,
-    ) {
-        let read = tokio::select! {
-            r = http::read_request(&mut s, self.cfg.io_timeout) => r,
-            () = slot.evicted() => return slot.hand_over(place),
-        };
-        slot.served();
-        let Answer { resp, room: _room } = match read {
-            Ok(req) => self.handle(req, peer).await,
-            Err(e) => Response::error(e.status, &e.reason).into(),
-        };
-        let send = async {
-            s.write_all(&resp.head()).await?;
-            s.write_all(&resp.body).await
-        };
-        let _ = tokio::time::timeout(self.cfg.io_timeout, send).await;
-        let _ = s.shutdown().await;
     }
 
     /// Answers one legacy message.
@@ -694,77 +649,6 @@ impl LBone {
     }
 }
 
-fn query_from(req: &Request) -> Result<Query, String> {
-    let size = |k: &str| -> Result<u64, String> {
-        req.param(k).map_or(Ok(0), |v| {
-            lors_ibp::units::parse_size(v).map_err(|e| format!("{k}: {e}"))
-        })
-    };
-    let float = |k: &str| -> Result<Option<f64>, String> {
-        req.param(k)
-            .map(|v| v.parse::<f64>().map_err(|_| format!("{k}: not a number")))
-            .transpose()
-    };
-    let near = match (float("lat")?, float("lon")?) {
-        (Some(a), Some(b)) if (-90.0..=90.0).contains(&a) && (-180.0..=180.0).contains(&b) => {
-            Some((a, b))
-        }
-        (None, None) => None,
-        _ => return Err("lat and lon go together, within ±90 / ±180".into()),
-    };
-    for (k, _) in &req.query {
-        if ![
-            "count", "hard", "soft", "duration", "type", "location", "lat", "lon", "all",
-        ]
-        .contains(&k.as_str())
-        {
-            return Err(format!("unknown parameter {k:?}"));
-        }
-    }
-    Ok(Query {
-        count: req.param("count").map_or(Ok(0), |v| {
-            v.parse().map_err(|_| "count: not a number".to_string())
-        })?,
-        hard: size("hard")?,
-        soft: size("soft")?,
-        duration: req.param("duration").map_or(Ok(0), |v| {
-            lors_ibp::units::parse_duration(v)
-                .map(|d| d.as_secs())
-                .map_err(|e| format!("duration: {e}"))
-        })?,
-        alloc_type: req.param("type").map(str::to_owned),
-        hint: rank::parse_hint(req.param("location").unwrap_or(""))?,
-        near,
-        include_offline: req.param("all").is_some_and(|v| v == "1" || v == "true"),
-    })
-}
-
-/// A response, with the room it holds in the body budget until it is sent
-/// (listings: the one kind of answer whose size grows with the directory).
-struct Answer {
-    resp: Response,
-    room: Option<tokio::sync::OwnedSemaphorePermit>,
-}
-
-impl Answer {
-    fn json(body: Arc<Vec<u8>>, room: tokio::sync::OwnedSemaphorePermit) -> Answer {
-        Answer {
-            resp: Response {
-                status: 200,
-                content_type: "application/json",
-                body,
-            },
-            room: Some(room),
-        }
-    }
-}
-
-impl From<Response> for Answer {
-    fn from(resp: Response) -> Answer {
-        Answer { resp, room: None }
-    }
-}
-
 /// A connection's place among the `max_connections`.
 type Place = tokio::sync::OwnedSemaphorePermit;
 
@@ -772,12 +656,9 @@ type Place = tokio::sync::OwnedSemaphorePermit;
 /// place that one hands over.
 const EVICT_WAIT: Duration = Duration::from_secs(2);
 
-async fn accept_loop(
-    l: TcpListener,
-    lb: Arc<LBone>,
-    legacy: bool,
-    mut shutdown: watch::Receiver<bool>,
-) {
+/// Accepts legacy-protocol connections: one 512-byte question each.
+async fn legacy_loop(l: TcpListener, lb: Arc<LBone>, mut shutdown: watch::Receiver<bool>) {
+    let peers = Peers::new(lb.cfg.max_connections_per_client);
     let slots = Arc::new(Semaphore::new(lb.cfg.max_connections.max(1)));
     loop {
         let (s, peer) = tokio::select! {
@@ -794,14 +675,14 @@ async fn accept_loop(
         // An address past its share is refused; at the overall limit a
         // connection still waiting for its request makes room, else the new
         // one is refused rather than queued without bound.
-        let Some(slot) = lb.peers.admit(peer.ip()) else {
+        let Some(slot) = peers.admit(peer.ip()) else {
             tracing::debug!(%peer, "per-client connection limit reached");
             drop(s);
             continue;
         };
         let place = match slots.clone().try_acquire_owned() {
             Ok(p) => Ok(p),
-            Err(_) => match lb.peers.evict_waiting(&slot) {
+            Err(_) => match peers.evict_waiting(&slot) {
                 Some(handed) => Err(handed),
                 None => continue,
             },
@@ -815,12 +696,159 @@ async fn accept_loop(
                     _ => return,
                 },
             };
-            if legacy {
-                lb.serve_legacy(s, peer, slot, place).await;
-            } else {
-                lb.serve_http(s, peer, slot, place).await;
-            }
+            lb.serve_legacy(s, peer, slot, place).await;
         });
+    }
+}
+
+/// A JSON answer.
+fn ok(v: serde_json::Value) -> Response {
+    json(200, Body::from(v.to_string()))
+}
+
+/// A JSON error: `{"error": "…"}`.
+fn error(status: u16, reason: &str) -> Response {
+    json(
+        status,
+        Body::from(serde_json::json!({ "error": reason }).to_string()),
+    )
+}
+
+fn json(status: u16, body: Body) -> Response {
+    let mut r = Response::new(body);
+    *r.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    r.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r
+}
+
+/// A shared listing, holding its room in the body budget until the body
+/// has been sent (or the client has gone).
+fn json_held(body: Bytes, room: tokio::sync::OwnedSemaphorePermit) -> Response {
+    json(
+        200,
+        Body::new(Held {
+            body: Full::new(body),
+            _room: room,
+        }),
+    )
+}
+
+/// A body and the budget it holds.
+struct Held {
+    body: Full<Bytes>,
+    _room: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl http_body::Body for Held {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// The HTTP API and the dashboard.
+pub fn router(lb: Arc<LBone>) -> Router {
+    type S = State<Arc<LBone>>;
+    type Peer = ConnectInfo<SocketAddr>;
+    let dashboard = || async { ([(CONTENT_TYPE, "text/html; charset=utf-8")], DASHBOARD) };
+    let token = |lb: &LBone, headers: &HeaderMap, peer: Peer, path: &str| {
+        let given = headers
+            .get(AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim);
+        let ok = lb.token_ok(given);
+        if !ok {
+            tracing::warn!(peer = %peer.0.ip(), path, "refused: wrong or missing token");
+        }
+        ok
+    };
+    let refused = || {
+        error(
+            401,
+            "registration needs the L-Bone token: Authorization: Bearer TOKEN",
+        )
+    };
+    Router::new()
+        .route("/", get(dashboard))
+        .route("/index.html", get(dashboard))
+        .route(
+            "/healthz",
+            get(|| async { ok(serde_json::json!({"ok": true})) }),
+        )
+        .route(
+            "/api/v1/depots",
+            get(
+                |State(lb): S, peer: Peer, RawQuery(q): RawQuery| async move {
+                    lb.listing(q.as_deref().unwrap_or(""), peer.0.ip()).await
+                },
+            ),
+        )
+        .route(
+            "/api/v1/register",
+            post(
+                move |State(lb): S, peer: Peer, h: HeaderMap, body: Bytes| async move {
+                    if !token(&lb, &h, peer, "/api/v1/register") {
+                        return refused();
+                    }
+                    lb.register(&body).await
+                },
+            ),
+        )
+        .route(
+            "/api/v1/deregister",
+            post(
+                move |State(lb): S, peer: Peer, h: HeaderMap, body: Bytes| async move {
+                    if !token(&lb, &h, peer, "/api/v1/deregister") {
+                        return refused();
+                    }
+                    lb.deregister(&body).await
+                },
+            ),
+        )
+        .route(
+            "/api/v1/rates",
+            post(|State(lb): S, peer: Peer, body: Bytes| async move {
+                lb.rates(&body, peer.0.ip()).await
+            }),
+        )
+        .method_not_allowed_fallback(|| async { error(405, "method not allowed") })
+        .fallback(|| async {
+            error(
+                404,
+                "no such endpoint: try GET /api/v1/depots or the dashboard at /",
+            )
+        })
+        .layer(axum::middleware::map_response(|mut r: Response| async {
+            let h = r.headers_mut();
+            h.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+            h.insert(X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
+            r
+        }))
+        .with_state(lb)
+}
+
+/// The HTTP limits of `cfg`.
+fn limits(cfg: &Config) -> lors_http::serve::Limits {
+    lors_http::serve::Limits {
+        max_connections: cfg.max_connections,
+        per_client: cfg.max_connections_per_client,
+        request_timeout: cfg.io_timeout,
+        ..lors_http::serve::Limits::default()
     }
 }
 
@@ -832,9 +860,14 @@ pub async fn run(
     shutdown: watch::Receiver<bool>,
 ) {
     let mut tasks = tokio::task::JoinSet::new();
-    tasks.spawn(accept_loop(http, lb.clone(), false, shutdown.clone()));
+    tasks.spawn(lors_http::serve::serve(
+        http,
+        router(lb.clone()),
+        limits(&lb.cfg),
+        shutdown.clone(),
+    ));
     if let Some(l) = legacy {
-        tasks.spawn(accept_loop(l, lb.clone(), true, shutdown.clone()));
+        tasks.spawn(legacy_loop(l, lb.clone(), shutdown.clone()));
     }
     let sweeper = lb.clone();
     let mut stop = shutdown.clone();

@@ -12,8 +12,8 @@ use lors_depot::config::{ByteSize, Config, ResourceConfig, SyncPolicy};
 use lors_exnode::functions::{Chain, Codec, Step};
 use lors_ibp::ClientConfig;
 use lors_ibp::proto::Reliability;
+use lors_lbone::client::BaseUrl;
 use lors_lbone::client::{DepotQuery, Directory};
-use lors_lbone::http::BaseUrl;
 use lors_lbone::model::Location;
 use lors_lbone::server::LBone;
 

@@ -175,7 +175,7 @@ impl LboneArgs {
 /// decide whether it is fatal) and the heartbeat task.
 pub async fn join_lbone(
     depot: &Arc<Depot>,
-    base: lors_lbone::http::BaseUrl,
+    base: lors_lbone::client::BaseUrl,
     token: String,
     loc: lors_lbone::model::Location,
     every: std::time::Duration,
@@ -362,7 +362,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 } else {
                     format!("http://{url}")
                 };
-                let base = lors_lbone::http::BaseUrl::parse(&url).map_err(UsageError)?;
+                let base = lors_lbone::client::BaseUrl::parse(&url).map_err(UsageError)?;
                 let token = args.lbone.token()?;
                 let loc = args.lbone.location();
                 registration(&depot, &loc)

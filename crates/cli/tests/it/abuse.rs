@@ -478,7 +478,7 @@ async fn http_from(addr: &str, from: &str, req: &str) -> (Option<u16>, String) {
 fn post(path: &str, token: Option<&str>, body: &str) -> String {
     let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
     format!(
-        "POST {path} HTTP/1.1\r\nHost: x\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     )
 }
@@ -591,7 +591,7 @@ async fn lbone_one_host_cannot_take_every_connection() {
         let (s, body) = http_from(
             &lb.http,
             "127.0.0.1",
-            "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n",
+            "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
         )
         .await;
         assert_eq!(s, Some(200), "{body}");
@@ -629,7 +629,7 @@ async fn lbone_concurrent_listings_share_memory() {
     let (s, one) = http_from(
         &lb.http,
         "127.0.0.1",
-        "GET /api/v1/depots?all=1 HTTP/1.1\r\nHost: x\r\n\r\n",
+        "GET /api/v1/depots?all=1 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
     )
     .await;
     assert_eq!(s, Some(200));
@@ -644,7 +644,7 @@ async fn lbone_concurrent_listings_share_memory() {
             Raw::connect_from(&lb.http, &format!("127.0.{}.{}", 11 + i % 2, i % 8 + 1)).await;
         r.send(
             format!(
-                "GET /api/v1/depots?all=1&count={} HTTP/1.1\r\nHost: x\r\n\r\n",
+                "GET /api/v1/depots?all=1&count={} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
                 5000 + i
             )
             .as_bytes(),

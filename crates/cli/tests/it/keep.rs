@@ -323,7 +323,7 @@ fn settings_that_lose_data_or_spin_are_refused() {
 fn scrape(addr: &str) -> Option<String> {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(addr).ok()?;
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         .ok()?;
     let mut out = String::new();
     s.read_to_string(&mut out).ok()?;

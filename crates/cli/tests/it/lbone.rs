@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use lors_lbone::http::{BaseUrl, fetch};
+use lors_http::{BaseUrl, fetch};
 use lors_lbone::legacy::{self, LegacyRequest};
 use serde_json::Value;
 

@@ -1,19 +1,20 @@
 //! Connections by client address, so that no one host — or handful of
-//! hosts — can take the directory from everyone else: each address holds
-//! at most a share of the connections, and at the overall limit the
-//! server closes a connection still waiting for its request, the oldest of
-//! the address holding the most, which hands its place to the newcomer
-//! (`THREAT-MODEL.md`).
+//! hosts — can take a service from everyone else: each address holds at
+//! most a share of the connections, and at the overall limit the server
+//! closes a connection with no request in flight (still waiting for its
+//! first, or idle between two), the oldest of the address holding the
+//! most, which hands its place to the newcomer (`THREAT-MODEL.md`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use tokio::sync::{Notify, OwnedSemaphorePermit, oneshot};
 
 /// The table of connected addresses.
-pub(crate) struct Peers {
+pub struct Peers {
     per_client: usize,
     table: Mutex<HashMap<IpAddr, Peer>>,
     seq: AtomicU64,
@@ -22,7 +23,7 @@ pub(crate) struct Peers {
 #[derive(Default)]
 struct Peer {
     open: usize,
-    /// Its connections still reading their request, oldest first, each with
+    /// Its connections with no request in flight, oldest first, each with
     /// the signal that closes it.
     waiting: BTreeMap<u64, Arc<Evict>>,
 }
@@ -36,15 +37,23 @@ struct Evict {
 }
 
 /// One admitted connection; dropping it releases its place.
-pub(crate) struct Slot {
+pub struct Slot {
     peers: Arc<Peers>,
     ip: IpAddr,
     seq: u64,
     evict: Arc<Evict>,
+    /// Requests in flight.
+    busy: AtomicUsize,
+    /// Since when none has been.
+    idle_since: Mutex<Instant>,
 }
 
+/// A request in flight on a [`Slot`]; dropping it ends the request.
+pub struct Busy(Arc<Slot>);
+
 impl Peers {
-    pub(crate) fn new(per_client: usize) -> Arc<Peers> {
+    /// At most `per_client` connections per address.
+    pub fn new(per_client: usize) -> Arc<Peers> {
         Arc::new(Peers {
             per_client: per_client.max(1),
             table: Mutex::new(HashMap::new()),
@@ -58,7 +67,7 @@ impl Peers {
 
     /// Admits a connection from `ip`, listed as waiting for its request;
     /// `None` when the address holds its share already.
-    pub(crate) fn admit(self: &Arc<Self>, ip: IpAddr) -> Option<Slot> {
+    pub fn admit(self: &Arc<Self>, ip: IpAddr) -> Option<Slot> {
         let ip = ip.to_canonical();
         let seq = self.seq.fetch_add(1, Relaxed);
         let evict = Arc::new(Evict::default());
@@ -74,14 +83,16 @@ impl Peers {
             ip,
             seq,
             evict,
+            busy: AtomicUsize::new(0),
+            idle_since: Mutex::new(Instant::now()),
         })
     }
 
-    /// Closes the oldest connection still waiting for its request of the
+    /// Closes the oldest connection with no request in flight of the
     /// address holding the most connections, other than `newcomer`; its
     /// place (its permit) arrives on the receiver returned. `None`: no
     /// other connection waits.
-    pub(crate) fn evict_waiting(
+    pub fn evict_waiting(
         &self,
         newcomer: &Slot,
     ) -> Option<oneshot::Receiver<OwnedSemaphorePermit>> {
@@ -99,21 +110,45 @@ impl Peers {
 
 impl Slot {
     /// The request is in: this connection is no longer one to close under
-    /// pressure.
-    pub(crate) fn served(&self) {
+    /// pressure (for a connection that serves one request only).
+    pub fn served(&self) {
         if let Some(p) = self.peers.lock().get_mut(&self.ip) {
             p.waiting.remove(&self.seq);
         }
     }
 
+    /// A request has come in; while the guard lives the connection is not
+    /// one to close under pressure. When the last in flight ends it is
+    /// again, and idle from then.
+    pub fn begin(self: &Arc<Self>) -> Busy {
+        if self.busy.fetch_add(1, Relaxed) == 0 {
+            self.served();
+        }
+        Busy(self.clone())
+    }
+
+    /// How long the connection has had no request in flight; `None` while
+    /// one is.
+    pub fn idle_for(&self) -> Option<Duration> {
+        if self.busy.load(Relaxed) > 0 {
+            return None;
+        }
+        Some(
+            self.idle_since
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .elapsed(),
+        )
+    }
+
     /// Resolves when the server closes this connection to make room; then
     /// [`hand_over`](Slot::hand_over) its place.
-    pub(crate) async fn evicted(&self) {
+    pub async fn evicted(&self) {
         self.evict.close.notified().await;
     }
 
     /// Gives this evicted connection's place to the one it makes room for.
-    pub(crate) fn hand_over(&self, place: OwnedSemaphorePermit) {
+    pub fn hand_over(&self, place: OwnedSemaphorePermit) {
         if let Some(tx) = self
             .evict
             .to
@@ -122,6 +157,21 @@ impl Slot {
             .take()
         {
             let _ = tx.send(place);
+        }
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        let slot = &self.0;
+        if slot.busy.fetch_sub(1, Relaxed) != 1 {
+            return;
+        }
+        *slot.idle_since.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+        // Listed again as a connection to close under pressure, at its
+        // original age: the oldest idle ones go first.
+        if let Some(p) = slot.peers.lock().get_mut(&slot.ip) {
+            p.waiting.insert(slot.seq, slot.evict.clone());
         }
     }
 }
@@ -155,7 +205,7 @@ mod tests {
         let peers = Peers::new(3);
         let a: IpAddr = "127.0.9.1".parse().unwrap();
         let b: IpAddr = "127.0.0.1".parse().unwrap();
-        let flood: Vec<Slot> = (0..3).map(|_| peers.admit(a).unwrap()).collect();
+        let flood: Vec<Arc<Slot>> = (0..3).map(|_| Arc::new(peers.admit(a).unwrap())).collect();
         assert!(peers.admit(a).is_none(), "a fourth from one address");
         let mine = peers.admit(b).unwrap();
         let place = peers.evict_waiting(&mine).unwrap();
@@ -173,6 +223,12 @@ mod tests {
         assert!(peers.evict_waiting(&mine).is_none());
         mine.served();
         assert!(peers.evict_waiting(&flood[1]).is_none());
+        // A keep-alive connection between requests may be closed again.
+        let busy = flood[1].begin();
+        assert!(flood[1].idle_for().is_none());
+        drop(busy);
+        assert!(flood[1].idle_for().is_some());
+        assert!(peers.evict_waiting(&mine).is_some());
         drop(flood);
         drop(mine);
         assert!(

@@ -1,0 +1,220 @@
+//! Serving an axum [`Router`] over HTTP/1.1 (keep-alive) and h2c, with the
+//! limits every service of a deployment needs: connections per client
+//! address and overall (see [`crate::peers`]), header and body size, a
+//! time limit per request, requests handled at once, and idle connections
+//! closed. Shutdown is graceful: requests in flight finish, idle
+//! connections close, new ones are refused.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::ConnectInfo;
+use axum::http::StatusCode;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tower::ServiceExt as _;
+
+use crate::peers::{Peers, Slot};
+
+/// The bounds a server keeps.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Connections open at once.
+    pub max_connections: usize,
+    /// Connections one client address may hold at once.
+    pub per_client: usize,
+    /// Largest request head (HTTP/1.1 buffer, HTTP/2 header list).
+    pub header_bytes: usize,
+    /// Largest request body.
+    pub body_bytes: usize,
+    /// Time to receive a request's head, and to answer it.
+    pub request_timeout: Duration,
+    /// An open connection with no request in flight is closed after this.
+    pub idle_timeout: Duration,
+    /// Requests handled at once; more wait their turn within
+    /// `request_timeout`.
+    pub concurrency: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_connections: 256,
+            per_client: 32,
+            header_bytes: 16 * 1024,
+            body_bytes: 1024 * 1024,
+            request_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            concurrency: 512,
+        }
+    }
+}
+
+/// How long a connection admitted by closing a waiting one waits for the
+/// place that one hands over.
+const EVICT_WAIT: Duration = Duration::from_secs(2);
+
+/// How long a connection told to close may take to finish what is in
+/// flight.
+const DRAIN: Duration = Duration::from_secs(10);
+
+impl Limits {
+    /// `router` behind the body-size, time and concurrency limits, as
+    /// `tower` layers. [`serve`] applies them; this is for callers that
+    /// serve the router some other way.
+    pub fn apply(&self, router: Router) -> Router {
+        router
+            .layer(tower::limit::GlobalConcurrencyLimitLayer::new(
+                self.concurrency.max(1),
+            ))
+            .layer(tower_http::timeout::TimeoutLayer::with_status_code(
+                StatusCode::REQUEST_TIMEOUT,
+                self.request_timeout,
+            ))
+            .layer(tower_http::limit::RequestBodyLimitLayer::new(
+                self.body_bytes,
+            ))
+    }
+}
+
+/// Serves `router` on `listener` until `shutdown` turns true, then lets
+/// each connection finish its request in flight (up to ten seconds).
+/// Handlers find the client's address as [`ConnectInfo<SocketAddr>`].
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    limits: Limits,
+    shutdown: watch::Receiver<bool>,
+) {
+    let router = limits.apply(router);
+    let peers = Peers::new(limits.per_client);
+    let places = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.request_timeout)
+        .max_buf_size(limits.header_bytes.max(8192))
+        .keep_alive(true);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_header_list_size(u32::try_from(limits.header_bytes).unwrap_or(u32::MAX))
+        .max_concurrent_streams(64);
+    let builder = Arc::new(builder);
+    let mut stop = shutdown.clone();
+    let mut tasks = tokio::task::JoinSet::new();
+    loop {
+        let (stream, peer) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    // Out of descriptors, most often: wait for some to close.
+                    tracing::warn!("accept: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = stop.changed() => break,
+        };
+        while tasks.try_join_next().is_some() {}
+        let Some(slot) = peers.admit(peer.ip()) else {
+            tracing::debug!(%peer, "per-client connection limit reached");
+            continue;
+        };
+        // At the overall limit a connection with nothing in flight makes
+        // room; else the newcomer is refused rather than queued.
+        let place = match places.clone().try_acquire_owned() {
+            Ok(p) => Ok(p),
+            Err(_) => match peers.evict_waiting(&slot) {
+                Some(handed) => Err(handed),
+                None => continue,
+            },
+        };
+        let conn = Connection {
+            router: router.clone(),
+            builder: builder.clone(),
+            limits: limits.clone(),
+            shutdown: shutdown.clone(),
+        };
+        tasks.spawn(async move {
+            let place = match place {
+                Ok(p) => p,
+                Err(handed) => match tokio::time::timeout(EVICT_WAIT, handed).await {
+                    Ok(Ok(p)) => p,
+                    _ => return,
+                },
+            };
+            conn.run(stream, peer, slot, place).await;
+        });
+    }
+    drop(listener);
+    while tasks.join_next().await.is_some() {}
+}
+
+/// What one connection's task needs.
+struct Connection {
+    router: Router,
+    builder: Arc<auto::Builder<TokioExecutor>>,
+    limits: Limits,
+    shutdown: watch::Receiver<bool>,
+}
+
+impl Connection {
+    async fn run(
+        mut self,
+        stream: TcpStream,
+        peer: SocketAddr,
+        slot: Slot,
+        place: OwnedSemaphorePermit,
+    ) {
+        let _ = stream.set_nodelay(true);
+        let slot = Arc::new(slot);
+        let router = self.router.clone();
+        let s = slot.clone();
+        let svc = hyper::service::service_fn(move |mut req: hyper::Request<_>| {
+            let busy = s.begin();
+            req.extensions_mut().insert(ConnectInfo(peer));
+            let router = router.clone();
+            async move {
+                let resp = router.oneshot(req.map(axum::body::Body::new)).await;
+                drop(busy);
+                resp
+            }
+        });
+        let conn = self.builder.serve_connection(TokioIo::new(stream), svc);
+        tokio::pin!(conn);
+        let mut evicted = false;
+        let closing = loop {
+            let idle_for = slot.idle_for();
+            let idle_left = self
+                .limits
+                .idle_timeout
+                .saturating_sub(idle_for.unwrap_or_default());
+            tokio::select! {
+                _ = conn.as_mut() => break false,
+                () = slot.evicted() => {
+                    evicted = true;
+                    break true;
+                }
+                _ = self.shutdown.changed() => break true,
+                () = tokio::time::sleep(idle_left) => {
+                    if slot.idle_for().is_some_and(|d| d >= self.limits.idle_timeout) {
+                        break true;
+                    }
+                }
+            }
+        };
+        if closing {
+            conn.as_mut().graceful_shutdown();
+            let _ = tokio::time::timeout(DRAIN, conn.as_mut()).await;
+        }
+        if evicted {
+            slot.hand_over(place);
+        }
+    }
+}

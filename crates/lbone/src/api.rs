@@ -1,0 +1,136 @@
+//! The HTTP API's query strings: `GET /api/v1/depots?count=8&hard=1G&…`
+//! decoded into a ranking [`Query`]. Strict: an unknown parameter or a bad
+//! value is an error naming it, never ignored.
+
+use crate::rank::{self, Query};
+
+/// Longest query string read.
+pub const MAX_QUERY: usize = 4096;
+
+/// Decodes `%XX` (and `+` as space when `plus`); invalid escapes are errors.
+pub fn percent_decode(s: &str, plus: bool) -> Result<String, String> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'%' => {
+                let hex = b
+                    .get(i + 1..i + 3)
+                    .and_then(|h| std::str::from_utf8(h).ok())
+                    .and_then(|h| u8::from_str_radix(h, 16).ok())
+                    .ok_or("bad percent escape")?;
+                out.push(hex);
+                i += 3;
+            }
+            b'+' if plus => {
+                out.push(b' ');
+                i += 1;
+            }
+            c => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).map_err(|_| "not UTF-8".to_owned())
+}
+
+/// A query string's parameters, decoded, in order.
+///
+/// ```
+/// use lors_lbone::api::params;
+/// assert_eq!(params("location=city%3D+Brno&count=2").unwrap(),
+///            [("location".to_owned(), "city= Brno".to_owned()), ("count".to_owned(), "2".to_owned())]);
+/// assert!(params("a=%zz").is_err());
+/// ```
+pub fn params(raw: &str) -> Result<Vec<(String, String)>, String> {
+    if raw.len() > MAX_QUERY {
+        return Err(format!("the query is longer than {MAX_QUERY} bytes"));
+    }
+    raw.split('&')
+        .filter(|s| !s.is_empty())
+        .map(|kv| {
+            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+            Ok((percent_decode(k, true)?, percent_decode(v, true)?))
+        })
+        .collect()
+}
+
+/// The ranking query the parameters ask for.
+pub fn query_from(params: &[(String, String)]) -> Result<Query, String> {
+    let param = |name: &str| {
+        params
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    };
+    let size = |k: &str| -> Result<u64, String> {
+        param(k).map_or(Ok(0), |v| {
+            lors_ibp::units::parse_size(v).map_err(|e| format!("{k}: {e}"))
+        })
+    };
+    let float = |k: &str| -> Result<Option<f64>, String> {
+        param(k)
+            .map(|v| v.parse::<f64>().map_err(|_| format!("{k}: not a number")))
+            .transpose()
+    };
+    let near = match (float("lat")?, float("lon")?) {
+        (Some(a), Some(b)) if (-90.0..=90.0).contains(&a) && (-180.0..=180.0).contains(&b) => {
+            Some((a, b))
+        }
+        (None, None) => None,
+        _ => return Err("lat and lon go together, within ±90 / ±180".into()),
+    };
+    for (k, _) in params {
+        if ![
+            "count", "hard", "soft", "duration", "type", "location", "lat", "lon", "all",
+        ]
+        .contains(&k.as_str())
+        {
+            return Err(format!("unknown parameter {k:?}"));
+        }
+    }
+    Ok(Query {
+        count: param("count").map_or(Ok(0), |v| {
+            v.parse().map_err(|_| "count: not a number".to_string())
+        })?,
+        hard: size("hard")?,
+        soft: size("soft")?,
+        duration: param("duration").map_or(Ok(0), |v| {
+            lors_ibp::units::parse_duration(v)
+                .map(|d| d.as_secs())
+                .map_err(|e| format!("duration: {e}"))
+        })?,
+        alloc_type: param("type").map(str::to_owned),
+        hint: rank::parse_hint(param("location").unwrap_or(""))?,
+        near,
+        include_offline: param("all").is_some_and(|v| v == "1" || v == "true"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queries() {
+        let q =
+            query_from(&params("count=2&hard=1G&location=city%3DBrno&lat=49.2&lon=16.6").unwrap())
+                .unwrap();
+        assert_eq!(q.count, 2);
+        assert_eq!(q.hard, 1 << 30);
+        assert_eq!(q.near, Some((49.2, 16.6)));
+        for bad in [
+            "colour=red",
+            "count=x",
+            "lat=1",
+            "lat=91&lon=0",
+            "hard=lots",
+            "duration=-1",
+        ] {
+            assert!(query_from(&params(bad).unwrap()).is_err(), "{bad}");
+        }
+        assert!(params(&"a".repeat(MAX_QUERY + 1)).is_err());
+    }
+}
