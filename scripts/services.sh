@@ -2,10 +2,10 @@
 # Test services the suite needs besides our own processes, installed from
 # Debian's packages when missing: a throwaway PostgreSQL (for the L-Bone's
 # PostgreSQL store), headless Chromium + ChromeDriver (for the dashboard),
-# iproute2 (for the network lab), fuse3, rsync, sqlite3 and gcc (for xio).
+# promtool (to check the metrics endpoints), iproute2 (for the network lab), fuse3, rsync, sqlite3 and gcc (for xio).
 #
 #   source scripts/services.sh   # exports LORS_TEST_PG_URL, LORS_REQUIRE_SERVICES,
-#                                # LORS_CHROMIUM; stops PostgreSQL on exit
+#                                # LORS_CHROMIUM, LORS_PROMTOOL; stops PostgreSQL on exit
 set -euo pipefail
 
 _apt_install() {
@@ -67,5 +67,11 @@ trap _lors_services_stop EXIT
 
 export LORS_TEST_PG_URL="postgres://postgres@127.0.0.1:$_pg_port/postgres"
 export LORS_REQUIRE_SERVICES=1
+if ! command -v promtool >/dev/null 2>&1; then
+    echo "installing promtool (Debian package prometheus)"
+    _apt_install prometheus
+fi
+
 export LORS_CHROMIUM="$(command -v chromium)"
+export LORS_PROMTOOL="$(command -v promtool)"
 echo "PostgreSQL $("$_pg/postgres" --version | awk '{print $3}') on 127.0.0.1:$_pg_port; $("$LORS_CHROMIUM" --version 2>/dev/null | head -n 1)"

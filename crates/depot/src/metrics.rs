@@ -1,218 +1,197 @@
-//! Depot counters, exported in the Prometheus text format on an optional
-//! HTTP port (`metrics_listen`).
+//! Depot metrics, kept with `prometheus-client` and exported in the
+//! OpenMetrics text format on an optional HTTP port (`metrics_listen`).
 
-use std::fmt::Write as _;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
-use tokio::sync::watch;
+use lors_http::metrics::{Registry, encode, latency_histogram};
+use lors_ibp::proto::status::StatusCode;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
 
 use crate::store::ResourceStatus;
 
-/// Commands we count, in the order of [`Metrics::requests`].
-pub const COMMANDS: [&str; 13] = [
-    "ALLOCATE",
-    "STORE",
-    "WRITE",
-    "LOAD",
-    "SEND",
-    "MANAGE",
-    "STATUS",
-    "ALIAS_ALLOCATE",
-    "ALIAS_MANAGE",
-    "ALLOCATE_CHKSUM",
-    "GET_CHKSUM",
-    "VALIDATE_CHKSUM",
-    "INVALID",
-];
-
-/// Index of a command name in [`COMMANDS`].
-pub fn command_index(name: &str) -> usize {
-    COMMANDS
-        .iter()
-        .position(|c| *c == name)
-        .unwrap_or(COMMANDS.len() - 1)
+/// A command and how it ended.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Outcome {
+    command: &'static str,
+    /// `ok`, or the `IBP_E_*` name of the error replied.
+    status: &'static str,
 }
 
-/// Live counters. All relaxed atomics: they are statistics, not synchronization.
-#[derive(Default)]
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Command {
+    command: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Refusal {
+    /// `per_client`: the address held its share of connections; `busy`:
+    /// every connection was taken and none idle.
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Resource {
+    rid: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Space {
+    rid: String,
+    kind: &'static str,
+}
+
+/// Why a connection was turned away.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    /// Its address already held its share of the connections.
+    PerClient,
+    /// Every connection was taken and none idle to close.
+    Busy,
+}
+
+/// Live metrics. Counters are atomics: statistics, not synchronization.
 pub struct Metrics {
+    registry: Registry,
     /// Bytes received in data phases.
-    pub bytes_in: AtomicU64,
+    pub bytes_in: Counter,
     /// Bytes sent in LOAD replies.
-    pub bytes_out: AtomicU64,
+    pub bytes_out: Counter,
     /// Bytes copied depot-to-depot by SEND.
-    pub bytes_copied: AtomicU64,
+    pub bytes_copied: Counter,
     /// Connections accepted.
-    pub connections_total: AtomicU64,
+    pub connections_total: Counter,
     /// Connections open now.
-    pub connections_open: AtomicI64,
-    /// Connections turned away busy (`-66`).
-    pub connections_rejected: AtomicU64,
-    /// Requests by command.
-    pub requests: [AtomicU64; COMMANDS.len()],
-    /// Error replies by command.
-    pub errors: [AtomicU64; COMMANDS.len()],
+    pub connections_open: Gauge,
     /// Allocations deleted by the expiry worker.
-    pub expired: AtomicU64,
+    pub expired: Counter,
+    refused: Family<Refusal, Counter>,
+    requests: Family<Outcome, Counter>,
+    latency: Family<Command, Histogram, fn() -> Histogram>,
+    allocations: Family<Resource, Gauge>,
+    space: Family<Space, Gauge<u64, std::sync::atomic::AtomicU64>>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut r = Registry::with_prefix("lors_depot");
+        let m = Metrics {
+            bytes_in: Counter::default(),
+            bytes_out: Counter::default(),
+            bytes_copied: Counter::default(),
+            connections_total: Counter::default(),
+            connections_open: Gauge::default(),
+            expired: Counter::default(),
+            refused: Family::default(),
+            requests: Family::default(),
+            latency: Family::new_with_constructor(latency_histogram),
+            allocations: Family::default(),
+            space: Family::default(),
+            registry: Registry::default(),
+        };
+        r.register(
+            "bytes_in",
+            "Bytes received by STORE and WRITE",
+            m.bytes_in.clone(),
+        );
+        r.register("bytes_out", "Bytes sent by LOAD", m.bytes_out.clone());
+        r.register(
+            "bytes_copied",
+            "Bytes copied to other allocations by SEND",
+            m.bytes_copied.clone(),
+        );
+        r.register(
+            "connections",
+            "Connections accepted",
+            m.connections_total.clone(),
+        );
+        r.register(
+            "connections_open",
+            "Connections open now",
+            m.connections_open.clone(),
+        );
+        r.register(
+            "connections_refused",
+            "Connections turned away as busy, by reason (per_client: the address held its share)",
+            m.refused.clone(),
+        );
+        r.register(
+            "expired",
+            "Allocations deleted on expiry",
+            m.expired.clone(),
+        );
+        r.register(
+            "requests",
+            "Requests answered, by command and status (ok or the IBP error's name)",
+            m.requests.clone(),
+        );
+        r.register(
+            "request_duration_seconds",
+            "Time to answer a request, data phase included, by command",
+            m.latency.clone(),
+        );
+        r.register(
+            "allocations",
+            "Live allocations per resource",
+            m.allocations.clone(),
+        );
+        r.register(
+            "space_bytes",
+            "Space per resource by kind (total, hard_used, soft_used, free)",
+            m.space.clone(),
+        );
+        Metrics { registry: r, ..m }
+    }
 }
 
 impl Metrics {
-    /// Renders the Prometheus text exposition.
-    pub fn render(&self, status: &[ResourceStatus]) -> String {
-        let mut s = String::new();
-        let mut counter = |name: &str, help: &str, v: u64| {
-            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
+    /// A request answered: `Ok` or the error code replied.
+    pub fn request(&self, command: &'static str, result: Result<(), StatusCode>, took: Duration) {
+        let status = match result {
+            Ok(()) => "ok",
+            Err(code) => code.name().unwrap_or("unknown"),
         };
-        counter(
-            "lors_depot_bytes_in_total",
-            "Bytes received by STORE and WRITE.",
-            self.bytes_in.load(Relaxed),
-        );
-        counter(
-            "lors_depot_bytes_out_total",
-            "Bytes sent by LOAD.",
-            self.bytes_out.load(Relaxed),
-        );
-        counter(
-            "lors_depot_bytes_copied_total",
-            "Bytes copied to other allocations by SEND.",
-            self.bytes_copied.load(Relaxed),
-        );
-        counter(
-            "lors_depot_connections_total",
-            "Connections accepted.",
-            self.connections_total.load(Relaxed),
-        );
-        counter(
-            "lors_depot_connections_rejected_total",
-            "Connections turned away as busy.",
-            self.connections_rejected.load(Relaxed),
-        );
-        counter(
-            "lors_depot_expired_total",
-            "Allocations deleted on expiry.",
-            self.expired.load(Relaxed),
-        );
-        let _ = writeln!(
-            s,
-            "# HELP lors_depot_requests_total Requests by command.\n# TYPE lors_depot_requests_total counter"
-        );
-        for (i, c) in COMMANDS.iter().enumerate() {
-            let _ = writeln!(
-                s,
-                "lors_depot_requests_total{{command=\"{c}\"}} {}",
-                self.requests[i].load(Relaxed)
-            );
-        }
-        let _ = writeln!(
-            s,
-            "# HELP lors_depot_errors_total Error replies by command.\n# TYPE lors_depot_errors_total counter"
-        );
-        for (i, c) in COMMANDS.iter().enumerate() {
-            let _ = writeln!(
-                s,
-                "lors_depot_errors_total{{command=\"{c}\"}} {}",
-                self.errors[i].load(Relaxed)
-            );
-        }
-        let _ = writeln!(
-            s,
-            "# HELP lors_depot_connections_open Connections open now.\n# TYPE lors_depot_connections_open gauge\nlors_depot_connections_open {}",
-            self.connections_open.load(Relaxed)
-        );
-        let _ = writeln!(
-            s,
-            "# HELP lors_depot_allocations Live allocations per resource.\n# TYPE lors_depot_allocations gauge"
-        );
+        self.requests
+            .get_or_create(&Outcome { command, status })
+            .inc();
+        self.latency
+            .get_or_create(&Command { command })
+            .observe(took.as_secs_f64());
+    }
+
+    /// A connection turned away.
+    pub fn refused(&self, why: Refused) {
+        let reason = match why {
+            Refused::PerClient => "per_client",
+            Refused::Busy => "busy",
+        };
+        self.refused.get_or_create(&Refusal { reason }).inc();
+    }
+
+    /// The OpenMetrics text, with the resources' space and allocations as
+    /// `status` gives them now.
+    pub fn render(&self, status: &[ResourceStatus]) -> String {
         for r in status {
-            let _ = writeln!(
-                s,
-                "lors_depot_allocations{{rid=\"{}\"}} {}",
-                r.rid, r.usage.count
-            );
-        }
-        let _ = writeln!(
-            s,
-            "# HELP lors_depot_space_bytes Space per resource by kind.\n# TYPE lors_depot_space_bytes gauge"
-        );
-        for r in status {
+            self.allocations
+                .get_or_create(&Resource { rid: r.rid.clone() })
+                .set(i64::try_from(r.usage.count).unwrap_or(i64::MAX));
             for (kind, v) in [
                 ("total", r.total),
                 ("hard_used", r.usage.hard),
                 ("soft_used", r.usage.soft),
                 ("free", r.free()),
             ] {
-                let _ = writeln!(
-                    s,
-                    "lors_depot_space_bytes{{rid=\"{}\",kind=\"{kind}\"}} {v}",
-                    r.rid
-                );
+                self.space
+                    .get_or_create(&Space {
+                        rid: r.rid.clone(),
+                        kind,
+                    })
+                    .set(v);
             }
         }
-        s
-    }
-}
-
-/// Serves `GET /metrics` until shutdown, with the text `render` makes at
-/// each request. Each request is bounded in size and time.
-pub async fn serve(
-    listener: TcpListener,
-    render: impl Fn() -> String + Send + Sync + 'static,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    let render = Arc::new(render);
-    loop {
-        let (mut sock, _) = tokio::select! {
-            r = listener.accept() => match r {
-                Ok(x) => x,
-                Err(e) => {
-                    tracing::warn!(error = %e, "metrics accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
-            _ = shutdown.changed() => return,
-        };
-        let render = render.clone();
-        tokio::spawn(async move {
-            let mut buf = vec![0u8; 8192];
-            let mut n = 0;
-            // Read until the end of the request head, at most 8 KiB, 5 s.
-            let read = tokio::time::timeout(Duration::from_secs(5), async {
-                while n < buf.len() {
-                    let k = sock.read(&mut buf[n..]).await?;
-                    if k == 0 {
-                        break;
-                    }
-                    n += k;
-                    if buf[..n].windows(4).any(|w| w == b"\r\n\r\n")
-                        || buf[..n].windows(2).any(|w| w == b"\n\n")
-                    {
-                        break;
-                    }
-                }
-                Ok::<_, std::io::Error>(())
-            })
-            .await;
-            if !matches!(read, Ok(Ok(()))) {
-                return;
-            }
-            let head = String::from_utf8_lossy(&buf[..n]);
-            let reply = if head.starts_with("GET /metrics ") || head.starts_with("GET / ") {
-                let body = render();
-                format!(
-                    "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                    body.len()
-                )
-            } else {
-                "HTTP/1.1 404 Not Found\r\nContent-Length: 22\r\nConnection: close\r\n\r\ntry GET /metrics here\n".to_owned()
-            };
-            let _ = tokio::time::timeout(Duration::from_secs(5), sock.write_all(reply.as_bytes()))
-                .await;
-        });
+        encode(&self.registry)
     }
 }

@@ -9,7 +9,6 @@ mod fail;
 mod transfer;
 
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -19,7 +18,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
 
 use crate::config::Config;
-use crate::metrics::{self, Metrics};
+use crate::metrics::{Metrics, Refused};
 use crate::store::{Store, StoreError, now_secs};
 use clients::{ClientLimits, ClientSlot, Clients, Wait, acquire, permits_in};
 
@@ -234,7 +233,11 @@ pub async fn run(
     if let Some(m) = listeners.metrics {
         let d = depot.clone();
         let render = move || d.metrics.render(&d.store.status());
-        tokio::spawn(metrics::serve(m, render, shutdown.clone()));
+        tokio::spawn(lors_http::metrics::serve_metrics(
+            m,
+            render,
+            shutdown.clone(),
+        ));
     }
     tokio::spawn(expiry_worker(depot.clone(), shutdown.clone()));
 
@@ -260,10 +263,10 @@ pub async fn run(
             },
             _ = shutdown.changed() => break,
         };
-        depot.metrics.connections_total.fetch_add(1, Relaxed);
+        depot.metrics.connections_total.inc();
         let Some(slot) = depot.clients.admit(peer.ip()) else {
             // This address already holds its share: busy for it alone.
-            depot.metrics.connections_rejected.fetch_add(1, Relaxed);
+            depot.metrics.refused(Refused::PerClient);
             tracing::debug!(%peer, "per-client connection limit reached");
             tokio::spawn(refuse_busy(sock));
             continue;
@@ -275,7 +278,7 @@ pub async fn run(
             Err(_) => match depot.clients.evict_idle() {
                 Some(handed) => Err(handed),
                 None => {
-                    depot.metrics.connections_rejected.fetch_add(1, Relaxed);
+                    depot.metrics.refused(Refused::Busy);
                     tokio::spawn(refuse_busy(sock));
                     continue;
                 }
@@ -290,16 +293,16 @@ pub async fn run(
                 Err(handed) => match tokio::time::timeout(EVICT_WAIT, handed).await {
                     Ok(Ok(p)) => p,
                     _ => {
-                        depot.metrics.connections_rejected.fetch_add(1, Relaxed);
+                        depot.metrics.refused(Refused::Busy);
                         drop(slot);
                         refuse_busy(sock).await;
                         return;
                     }
                 },
             };
-            depot.metrics.connections_open.fetch_add(1, Relaxed);
+            depot.metrics.connections_open.inc();
             conn::serve(depot.clone(), sock, peer, slot, place, shutdown).await;
-            depot.metrics.connections_open.fetch_sub(1, Relaxed);
+            depot.metrics.connections_open.dec();
         });
     }
     // Drain: connections see the shutdown signal between commands.
@@ -328,7 +331,7 @@ async fn expiry_worker(depot: Arc<Depot>, mut shutdown: watch::Receiver<bool>) {
         if let Ok(n) = tokio::task::spawn_blocking(move || store.reap_expired(now_secs())).await {
             if n > 0 {
                 tracing::info!(count = n, "deleted expired allocations");
-                depot.metrics.expired.fetch_add(n as u64, Relaxed);
+                depot.metrics.expired.inc_by(n as u64);
             }
         }
     }

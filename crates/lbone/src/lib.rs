@@ -16,6 +16,8 @@ pub mod api;
 pub mod client;
 pub mod forecast;
 pub mod legacy;
+#[cfg(feature = "server")]
+mod metrics;
 pub mod model;
 pub mod rank;
 #[cfg(feature = "server")]

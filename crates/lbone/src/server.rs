@@ -22,6 +22,7 @@ use lors_http::peers::{Peers, Slot};
 use crate::api;
 use crate::forecast::client_net;
 use crate::legacy::{self, LegacyRequest};
+use crate::metrics::{Metrics, Registered};
 use crate::model::{Departure, DepotRecord, DepotView, RateReports, Registration};
 use crate::rank::{self, Query};
 use crate::store::Store;
@@ -121,6 +122,8 @@ pub struct LBone {
     /// the listing is: every query from a network would otherwise read
     /// them again.
     forecasts: std::sync::Mutex<HashMap<String, Arc<Fresh<Forecasts>>>>,
+    /// What `/metrics` shows.
+    metrics: Metrics,
 }
 
 /// The directory as read from the store, indexed for ranking.
@@ -230,6 +233,7 @@ impl LBone {
             bodies: Arc::new(Semaphore::new(BODY_BUDGET / BODY_UNIT)),
             reporters: std::sync::Mutex::new((Instant::now(), HashMap::new())),
             forecasts: std::sync::Mutex::new(HashMap::new()),
+            metrics: Metrics::new(),
             store,
             cfg,
         })
@@ -253,10 +257,14 @@ impl LBone {
         f: impl FnOnce(&dyn Store) -> Result<T, crate::store::StoreError> + Send + 'static,
     ) -> Result<T, String> {
         let store = self.store.clone();
-        tokio::task::spawn_blocking(move || f(store.as_ref()))
+        let r = tokio::task::spawn_blocking(move || f(store.as_ref()))
             .await
-            .map_err(|e| e.to_string())?
             .map_err(|e| e.to_string())
+            .and_then(|r| r.map_err(|e| e.to_string()));
+        if r.is_err() {
+            self.metrics.store_error();
+        }
+        r
     }
 
     /// Every depot, as read from the store at most [`LISTING_FRESH`] ago:
@@ -476,6 +484,7 @@ impl LBone {
             Ok(known) => {
                 self.listing_changed().await;
                 self.offline_lock().remove(&addr);
+                self.metrics.registered(Registered::Departure);
                 tracing::info!(depot = %addr, known, "deregistered");
                 ok(serde_json::json!({"ok": true, "removed": known}))
             }
@@ -499,6 +508,11 @@ impl LBone {
                 if before.is_none() {
                     self.listing_changed().await;
                 }
+                self.metrics.registered(if before.is_none() {
+                    Registered::New
+                } else {
+                    Registered::Heartbeat
+                });
                 let was_offline = self.offline_lock().remove(&addr);
                 match before {
                     None => tracing::info!(depot = %addr, "registered"),
@@ -643,7 +657,9 @@ impl LBone {
             _ => return, // cut short or too slow: nothing to answer
         }
         slot.served();
+        let started = Instant::now();
         let reply = self.legacy_reply(&msg, peer.ip()).await;
+        self.metrics.legacy_query(started.elapsed());
         let _ = tokio::time::timeout(self.cfg.io_timeout, s.write_all(&reply)).await;
         let _ = s.shutdown().await;
     }
@@ -773,22 +789,38 @@ pub fn router(lb: Arc<LBone>) -> Router {
             .map(str::trim);
         let ok = lb.token_ok(given);
         if !ok {
+            lb.metrics.refused_token();
             tracing::warn!(peer = %peer.0.ip(), path, "refused: wrong or missing token");
         }
         ok
     };
+    let http = lb.metrics.http.clone();
     let refused = || {
         error(
             401,
             "registration needs the L-Bone token: Authorization: Bearer TOKEN",
         )
     };
-    Router::new()
+    let router = Router::new()
         .route("/", get(dashboard))
         .route("/index.html", get(dashboard))
         .route(
             "/healthz",
             get(|| async { ok(serde_json::json!({"ok": true})) }),
+        )
+        .route(
+            "/metrics",
+            get(|State(lb): S, headers: HeaderMap| async move {
+                match lb.depots().await {
+                    Ok(l) => {
+                        let text = lb
+                            .metrics
+                            .render(&l.depots, now(), secs(lb.cfg.offline_after));
+                        lors_http::metrics::exposition(&headers, text)
+                    }
+                    Err(e) => error(503, &e),
+                }
+            }),
         )
         .route(
             "/api/v1/depots",
@@ -839,7 +871,8 @@ pub fn router(lb: Arc<LBone>) -> Router {
             h.insert(X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
             r
         }))
-        .with_state(lb)
+        .with_state(lb);
+    http.layer(router)
 }
 
 /// The HTTP limits of `cfg`.

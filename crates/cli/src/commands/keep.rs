@@ -3,12 +3,14 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use lors::Pool;
 use lors::keep::{Kept, Policy};
 use lors::manage::{CopyOptions, Lease};
 use lors::uri::ExnodeRef;
+use lors_http::metrics::prometheus_client::metrics::{counter::Counter, gauge::Gauge};
 
 use crate::report::ReportOpts;
 
@@ -167,7 +169,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             .block_on(tokio::net::TcpListener::bind(addr))
             .map_err(|e| anyhow::anyhow!("--metrics {addr}: {e}"))?;
         let m = metrics.clone();
-        rt.spawn(lors_depot::metrics::serve(
+        rt.spawn(lors_http::metrics::serve_metrics(
             listener,
             move || m.render(),
             stop.clone(),
@@ -478,124 +480,119 @@ fn report(name: &str, k: &Kept, json: bool, quiet: bool) -> anyhow::Result<()> {
 
 /// What `--metrics` serves: counters over the run, and the last cycle's
 /// findings as gauges (what is lost or short now, not ever).
-#[derive(Default)]
 struct Metrics {
-    state: std::sync::Mutex<MetricsState>,
+    registry: lors_http::metrics::Registry,
+    cycles: Counter,
+    refreshed: Counter,
+    healed: Counter,
+    trimmed: Counter,
+    scrubbed_bytes: Counter,
+    corrupt: Counter,
+    last_seconds: Gauge<f64, AtomicU64>,
+    last_end: Gauge,
+    exnodes: Gauge,
+    lost_bytes: Gauge,
+    short_blocks: Gauge,
+    not_refreshed: Gauge,
+    failed: Gauge,
 }
 
-#[derive(Default)]
-struct MetricsState {
-    cycles: u64,
-    sums: Totals,
-    last: Totals,
-    last_seconds: f64,
-    last_end: u64,
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut r = lors_http::metrics::Registry::with_prefix("lors_keep");
+        let m = Metrics {
+            registry: Default::default(),
+            cycles: Default::default(),
+            refreshed: Default::default(),
+            healed: Default::default(),
+            trimmed: Default::default(),
+            scrubbed_bytes: Default::default(),
+            corrupt: Default::default(),
+            last_seconds: Default::default(),
+            last_end: Default::default(),
+            exnodes: Default::default(),
+            lost_bytes: Default::default(),
+            short_blocks: Default::default(),
+            not_refreshed: Default::default(),
+            failed: Default::default(),
+        };
+        r.register("cycles", "Cycles finished", m.cycles.clone());
+        r.register("leases_extended", "Leases extended", m.refreshed.clone());
+        r.register(
+            "replicas_made",
+            "Replicas made for blocks short of copies",
+            m.healed.clone(),
+        );
+        r.register(
+            "mappings_dropped",
+            "Dead or corrupt mappings dropped",
+            m.trimmed.clone(),
+        );
+        r.register(
+            "scrubbed_bytes",
+            "Stored bytes read back and checked",
+            m.scrubbed_bytes.clone(),
+        );
+        r.register(
+            "corrupt_replicas",
+            "Replicas the scrub found corrupt",
+            m.corrupt.clone(),
+        );
+        r.register(
+            "last_cycle_seconds",
+            "How long the last cycle took",
+            m.last_seconds.clone(),
+        );
+        r.register(
+            "last_cycle_end_timestamp_seconds",
+            "When the last cycle ended (Unix time)",
+            m.last_end.clone(),
+        );
+        r.register("exnodes", "ExNodes in the last cycle", m.exnodes.clone());
+        r.register(
+            "lost_bytes",
+            "Bytes with no live replica, as the last cycle found them",
+            m.lost_bytes.clone(),
+        );
+        r.register(
+            "short_blocks",
+            "Blocks short of their copies after the last cycle",
+            m.short_blocks.clone(),
+        );
+        r.register(
+            "leases_not_extended",
+            "Leases the last cycle could not extend",
+            m.not_refreshed.clone(),
+        );
+        r.register(
+            "failed_exnodes",
+            "ExNodes the last cycle could not keep",
+            m.failed.clone(),
+        );
+        Metrics { registry: r, ..m }
+    }
 }
 
 impl Metrics {
     fn cycle(&self, t: &Totals, took: Duration) {
-        let mut g = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        g.cycles += 1;
-        let s = &mut g.sums;
-        s.scrubbed_bytes += t.scrubbed_bytes;
-        s.corrupt += t.corrupt;
-        s.refreshed += t.refreshed;
-        s.healed += t.healed;
-        s.trimmed += t.trimmed;
-        g.last = t.clone();
-        g.last_seconds = took.as_secs_f64();
-        g.last_end = super::unix_now();
+        let n = |v: usize| v as u64;
+        let g = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        self.cycles.inc();
+        self.scrubbed_bytes.inc_by(t.scrubbed_bytes);
+        self.corrupt.inc_by(n(t.corrupt));
+        self.refreshed.inc_by(n(t.refreshed));
+        self.healed.inc_by(n(t.healed));
+        self.trimmed.inc_by(n(t.trimmed));
+        self.last_seconds.set(took.as_secs_f64());
+        self.last_end.set(g(super::unix_now()));
+        self.exnodes.set(g(n(t.exnodes)));
+        self.lost_bytes.set(g(t.lost_bytes));
+        self.short_blocks.set(g(n(t.short_blocks)));
+        self.not_refreshed.set(g(n(t.not_refreshed)));
+        self.failed.set(g(n(t.failed)));
     }
 
     fn render(&self) -> String {
-        use std::fmt::Write as _;
-        let g = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let mut out = String::new();
-        let mut put = |name: &str, kind: &str, help: &str, v: f64| {
-            let _ = writeln!(
-                out,
-                "# HELP lors_keep_{name} {help}\n# TYPE lors_keep_{name} {kind}\nlors_keep_{name} {v}"
-            );
-        };
-        let (s, l) = (&g.sums, &g.last);
-        put(
-            "cycles_total",
-            "counter",
-            "Cycles finished.",
-            g.cycles as f64,
-        );
-        put(
-            "leases_extended_total",
-            "counter",
-            "Leases extended.",
-            s.refreshed as f64,
-        );
-        put(
-            "replicas_made_total",
-            "counter",
-            "Replicas made for blocks short of copies.",
-            s.healed as f64,
-        );
-        put(
-            "mappings_dropped_total",
-            "counter",
-            "Dead or corrupt mappings dropped.",
-            s.trimmed as f64,
-        );
-        put(
-            "scrubbed_bytes_total",
-            "counter",
-            "Stored bytes read back and checked.",
-            s.scrubbed_bytes as f64,
-        );
-        put(
-            "corrupt_replicas_total",
-            "counter",
-            "Replicas the scrub found corrupt.",
-            s.corrupt as f64,
-        );
-        put(
-            "last_cycle_seconds",
-            "gauge",
-            "How long the last cycle took.",
-            g.last_seconds,
-        );
-        put(
-            "last_cycle_end_timestamp_seconds",
-            "gauge",
-            "When the last cycle ended (Unix time).",
-            g.last_end as f64,
-        );
-        put(
-            "exnodes",
-            "gauge",
-            "ExNodes in the last cycle.",
-            l.exnodes as f64,
-        );
-        put(
-            "lost_bytes",
-            "gauge",
-            "Bytes with no live replica, as the last cycle found them.",
-            l.lost_bytes as f64,
-        );
-        put(
-            "short_blocks",
-            "gauge",
-            "Blocks short of their copies after the last cycle.",
-            l.short_blocks as f64,
-        );
-        put(
-            "leases_not_extended",
-            "gauge",
-            "Leases the last cycle could not extend.",
-            l.not_refreshed as f64,
-        );
-        put(
-            "failed_exnodes",
-            "gauge",
-            "ExNodes the last cycle could not keep.",
-            l.failed as f64,
-        );
-        out
+        lors_http::metrics::encode(&self.registry)
     }
 }

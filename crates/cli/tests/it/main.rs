@@ -13,6 +13,7 @@ mod keep;
 mod lab;
 mod lbone;
 mod lstore;
+mod metrics;
 mod share;
 mod tools;
 mod util;

@@ -28,7 +28,6 @@ use super::transfer::{
     send_framed, timed_out,
 };
 use super::{CHUNK_BYTES, Depot, copy};
-use crate::metrics::command_index;
 use crate::store::datafile::{Extent, HEADER_BYTES};
 use crate::store::{
     Alloc, AllocRequest, Change, Lease, Planned, QueueIn, RefCount, StoreError, Window,
@@ -112,7 +111,7 @@ pub(super) async fn serve(
         match got {
             Err(_) | Ok(Err(_)) | Ok(Ok(Line::Eof | Line::Truncated)) => return,
             Ok(Ok(Line::TooLong)) => {
-                c.metric_error("INVALID");
+                c.metric_invalid(StatusCode::BAD_FORMAT);
                 let _ = c.answer(Reply::fail(StatusCode::BAD_FORMAT)).await;
                 return;
             }
@@ -123,7 +122,7 @@ pub(super) async fn serve(
             Ok(r) => r,
             Err(e) => {
                 tracing::debug!(peer = %c.peer, error = %e, "rejected request");
-                c.metric_error("INVALID");
+                c.metric_invalid(e.status());
                 if c.answer(Reply::fail(e.status())).await.is_err() {
                     return;
                 }
@@ -142,12 +141,14 @@ pub(super) async fn serve(
             }
         };
         let name = req.command_name();
-        c.depot.metrics.requests[command_index(name)].fetch_add(1, Relaxed);
-        match c.dispatch(req).await {
+        let started = std::time::Instant::now();
+        let done = c.dispatch(req).await;
+        let result = done.as_ref().map(drop).map_err(|f| f.code);
+        c.depot.metrics.request(name, result, started.elapsed());
+        match done {
             Ok(Flow::Continue) => {}
             Ok(Flow::Close) => return,
             Err(f) => {
-                c.metric_error(name);
                 tracing::debug!(peer = %c.peer, command = name, code = f.code.code(), "command failed");
                 if c.answer(Reply::fail(f.code)).await.is_err() || f.close {
                     return;
@@ -164,8 +165,11 @@ fn command_number(line: &[u8]) -> Option<i64> {
 }
 
 impl Conn {
-    fn metric_error(&self, name: &str) {
-        self.depot.metrics.errors[command_index(name)].fetch_add(1, Relaxed);
+    /// A request line that is no request.
+    fn metric_invalid(&self, code: StatusCode) {
+        self.depot
+            .metrics
+            .request("INVALID", Err(code), Duration::ZERO);
     }
 
     /// The inactivity deadline for a data phase: the depot's `io_timeout`,
@@ -516,7 +520,7 @@ impl Conn {
         if let Err(e) = self.receive(&file, pos, length, idle, ncs).await {
             return self.data_failed(e);
         }
-        self.depot.metrics.bytes_in.fetch_add(length, Relaxed);
+        self.depot.metrics.bytes_in.inc_by(length);
         match blocking(move || incoming.commit()).await {
             Ok(()) => self.ok(Reply::Count(length)).await,
             Err(e) => Err(closing(e)),
@@ -562,7 +566,7 @@ impl Conn {
         if let Err(e) = self.receive(&stage, 0, length, idle, ncs).await {
             return self.data_failed(e);
         }
-        self.depot.metrics.bytes_in.fetch_add(length, Relaxed);
+        self.depot.metrics.bytes_in.inc_by(length);
         match blocking(move || q.commit()).await {
             Ok(()) => self.ok(Reply::Count(length)).await,
             Err(e) => Err(closing(e)),
@@ -605,7 +609,7 @@ impl Conn {
         };
         match sent {
             Ok(()) => {
-                self.depot.metrics.bytes_out.fetch_add(length, Relaxed);
+                self.depot.metrics.bytes_out.inc_by(length);
                 Ok(Flow::Continue)
             }
             Err(e) => {
@@ -653,7 +657,7 @@ impl Conn {
         if !sent {
             return Ok(Flow::Close); // not consumed: the reader never got it
         }
-        self.depot.metrics.bytes_out.fetch_add(length, Relaxed);
+        self.depot.metrics.bytes_out.inc_by(length);
         let id = a.id;
         if let Err(e) = blocking(move || out.commit()).await {
             tracing::error!(id, error = %e, "could not record queue consumption");
@@ -672,7 +676,7 @@ impl Conn {
     ) -> Res {
         let idle = self.io_deadline(t);
         let n = copy::send(&self.depot, a, dest, offset, length, idle, dest_t).await?;
-        self.depot.metrics.bytes_copied.fetch_add(n, Relaxed);
+        self.depot.metrics.bytes_copied.inc_by(n);
         self.ok(Reply::Count(n)).await
     }
 
@@ -937,14 +941,14 @@ impl Conn {
             s,
             "Total Commands: {}  Connections: {}",
             d.commands.load(Relaxed),
-            d.metrics.connections_total.load(Relaxed)
+            d.metrics.connections_total.get()
         );
         let _ = writeln!(
             s,
             "Depot Transfer Stats --  Read: {} b Write: {} b Copied: {} b",
-            d.metrics.bytes_out.load(Relaxed),
-            d.metrics.bytes_in.load(Relaxed),
-            d.metrics.bytes_copied.load(Relaxed)
+            d.metrics.bytes_out.get(),
+            d.metrics.bytes_in.get(),
+            d.metrics.bytes_copied.get()
         );
         for r in d.store.status() {
             let _ = writeln!(
