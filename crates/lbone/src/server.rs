@@ -25,13 +25,19 @@ use crate::legacy::{self, LegacyRequest};
 use crate::metrics::{Metrics, Registered};
 use crate::model::{Departure, DepotRecord, DepotView, RateReports, Registration};
 use crate::rank::{self, Query};
-use crate::store::Store;
+use crate::store::{Change, Store};
 
 type Response = axum::response::Response;
 
 /// How long a listing read from the store serves queries before it is read
 /// again (registrations and departures refresh it at once).
 const LISTING_FRESH: Duration = Duration::from_secs(1);
+
+/// Announced changes waiting to be read; past that, a full read.
+const CHANGES_QUEUED: usize = 16_384;
+
+/// How long announced changes are gathered before they are read.
+const FOLLOW_BATCH: Duration = Duration::from_millis(20);
 
 /// Listings ranked and encoded at once: each holds a copy of the directory.
 const LISTING_WORKERS: usize = 2;
@@ -103,8 +109,13 @@ pub struct LBone {
     token_hash: blake3::Hash,
     /// Depots this instance has logged as offline, to log each transition once.
     offline: std::sync::Mutex<std::collections::HashSet<String>>,
-    /// The directory as last read from the store, shared by every query
-    /// until it is [`LISTING_FRESH`] old or a depot comes or goes.
+    /// The directory, in memory: registrations through this instance go
+    /// to the store and here; those through others arrive by
+    /// [`Store::watch`] and a full read at each sweep. Queries never read
+    /// the store.
+    directory: std::sync::RwLock<HashMap<String, DepotRecord>>,
+    /// The directory indexed for ranking, shared by every query until it
+    /// is [`LISTING_FRESH`] old or a depot comes or goes.
     listing: Fresh<Listing>,
     /// Turns to rank and encode a listing.
     workers: Semaphore,
@@ -226,6 +237,7 @@ impl LBone {
         Arc::new(LBone {
             token_hash: blake3::hash(cfg.token.as_bytes()),
             offline: std::sync::Mutex::new(std::collections::HashSet::new()),
+            directory: std::sync::RwLock::new(HashMap::new()),
             listing: Fresh::new(),
             workers: Semaphore::new(LISTING_WORKERS),
             answers: std::sync::Mutex::new(HashMap::new()),
@@ -267,15 +279,111 @@ impl LBone {
         r
     }
 
-    /// Every depot, as read from the store at most [`LISTING_FRESH`] ago:
-    /// concurrent queries share one read and one copy.
+    /// Every depot, as the directory in memory held them at most
+    /// [`LISTING_FRESH`] ago: concurrent queries share one copy.
     async fn depots(&self) -> Result<Arc<Listing>, String> {
         let read = async {
-            let depots = self.blocking(|s| s.list()).await?;
+            let depots: Vec<DepotRecord> = {
+                let dir = self.directory_read();
+                let mut v: Vec<_> = dir.iter().collect();
+                v.sort_unstable_by(|a, b| a.0.cmp(b.0));
+                v.into_iter().map(|(_, d)| d.clone()).collect()
+            };
             let index = rank::Index::build(&depots);
             Ok(Listing { depots, index })
         };
         self.listing.get(read).await
+    }
+
+    fn directory_read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<String, DepotRecord>> {
+        self.directory.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn directory_write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<String, DepotRecord>> {
+        self.directory.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Takes what the store says of `addrs` (all of them when `None`), as
+    /// read from a time `began`: a depot the store has is kept unless
+    /// memory holds a newer heartbeat; one it lacks is dropped unless it
+    /// registered here since `began` (the read may predate it).
+    async fn refresh(&self, addrs: Option<Vec<String>>, began: i64) -> Result<(), String> {
+        let (fresh, asked) = match addrs {
+            None => (self.blocking(|s| s.list()).await?, None),
+            Some(a) => {
+                let asked = a.clone();
+                (self.blocking(move |s| s.get(&a)).await?, Some(asked))
+            }
+        };
+        let mut fresh: HashMap<String, DepotRecord> =
+            fresh.into_iter().map(|d| (d.reg.addr(), d)).collect();
+        let mut changed = false;
+        {
+            let mut dir = self.directory_write();
+            let stale = |d: &DepotRecord| d.last_seen < began;
+            let candidates: Vec<String> = match &asked {
+                Some(a) => a.clone(),
+                None => dir.keys().cloned().collect(),
+            };
+            for addr in candidates {
+                if !fresh.contains_key(&addr) && dir.get(&addr).is_some_and(stale) {
+                    dir.remove(&addr);
+                    changed = true;
+                }
+            }
+            for (addr, d) in fresh.drain() {
+                match dir.get_mut(&addr) {
+                    Some(mine) if mine.last_seen > d.last_seen => {}
+                    Some(mine) => *mine = d,
+                    None => {
+                        dir.insert(addr, d);
+                        changed = true;
+                    }
+                }
+            }
+        }
+        if changed {
+            self.listing_changed().await;
+        }
+        Ok(())
+    }
+
+    /// Reads the whole directory from the store into memory.
+    pub async fn load(&self) -> Result<(), String> {
+        self.refresh(None, now()).await
+    }
+
+    /// Applies changes other instances announce, a batch at a time, until
+    /// `changes` closes.
+    async fn follow(&self, mut changes: tokio::sync::mpsc::Receiver<Change>) {
+        while let Some(first) = changes.recv().await {
+            // Heartbeats come in hundreds a second: a short wait gathers
+            // them into one read.
+            tokio::time::sleep(FOLLOW_BATCH).await;
+            let mut reload = first == Change::Reload;
+            let mut addrs = std::collections::HashSet::new();
+            if let Change::Depot(a) = first {
+                addrs.insert(a);
+            }
+            while addrs.len() < crate::store::GET_BATCH {
+                match changes.try_recv() {
+                    Ok(Change::Reload) => reload = true,
+                    Ok(Change::Depot(a)) => {
+                        addrs.insert(a);
+                    }
+                    Err(_) => break,
+                }
+            }
+            let began = now();
+            let r = if reload {
+                self.refresh(None, began).await
+            } else {
+                self.refresh(Some(addrs.into_iter().collect()), began).await
+            };
+            if let Err(e) = r {
+                tracing::warn!("following other instances' changes: {e}");
+            }
+        }
     }
 
     /// Forgets the shared listing and the answers made from it: a depot
@@ -442,9 +550,19 @@ impl LBone {
         let cutoff = t - secs(self.cfg.drop_after);
         let offline_cutoff = t - secs(self.cfg.offline_after);
         let gone = self.blocking(move |s| s.drop_silent(cutoff)).await?;
-        if !gone.is_empty() {
+        // Dropped here as in the store (another instance may have dropped
+        // them from it first), then the whole directory read again: what
+        // the announcements missed is caught up at least once a sweep.
+        let dropped = {
+            let mut dir = self.directory_write();
+            let before = dir.len();
+            dir.retain(|_, d| d.last_seen >= cutoff);
+            before != dir.len()
+        };
+        if dropped || !gone.is_empty() {
             self.listing_changed().await;
         }
+        self.refresh(None, t).await?;
         // The shared listing, not a read of its own: a sweep of a large
         // directory would otherwise hold the store as long as a listing
         // read does, and the heartbeats wait behind it.
@@ -482,6 +600,7 @@ impl LBone {
         let a = addr.clone();
         match self.blocking(move |s| s.remove(&a)).await {
             Ok(known) => {
+                self.directory_write().remove(&addr);
                 self.listing_changed().await;
                 self.offline_lock().remove(&addr);
                 self.metrics.registered(Registered::Departure);
@@ -503,9 +622,28 @@ impl LBone {
         }
         let addr = reg.addr();
         let t = now();
+        let record = DepotRecord {
+            reg: reg.clone(),
+            first_seen: t,
+            last_seen: t,
+        };
         match self.blocking(move |s| s.upsert(&reg, t)).await {
             Ok(before) => {
-                if before.is_none() {
+                let new_here = {
+                    let mut dir = self.directory_write();
+                    match dir.get_mut(&addr) {
+                        Some(d) => {
+                            d.reg = record.reg;
+                            d.last_seen = d.last_seen.max(t);
+                            false
+                        }
+                        None => {
+                            dir.insert(addr.clone(), record);
+                            true
+                        }
+                    }
+                };
+                if before.is_none() || new_here {
                     self.listing_changed().await;
                 }
                 self.metrics.registered(if before.is_none() {
@@ -892,7 +1030,27 @@ pub async fn run(
     legacy: Option<TcpListener>,
     shutdown: watch::Receiver<bool>,
 ) {
+    if let Err(e) = lb.load().await {
+        tracing::error!("reading the directory from the store: {e}; starting empty");
+    }
     let mut tasks = tokio::task::JoinSet::new();
+    let (tx, rx) = tokio::sync::mpsc::channel(CHANGES_QUEUED);
+    match lb.store.watch(tx) {
+        Ok(true) => {
+            let follower = lb.clone();
+            let mut stop = shutdown.clone();
+            tasks.spawn(async move {
+                tokio::select! {
+                    () = follower.follow(rx) => {}
+                    _ = stop.changed() => {}
+                }
+            });
+        }
+        Ok(false) => {}
+        Err(e) => {
+            tracing::error!("following other instances: {e}; their changes show at each sweep")
+        }
+    }
     tasks.spawn(lors_http::serve::serve(
         http,
         router(lb.clone()),

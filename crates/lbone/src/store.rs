@@ -6,6 +6,13 @@
 //! [`Forecaster`] per client network and depot). Every change is one
 //! statement or one transaction, so instances sharing a PostgreSQL database
 //! never lose each other's updates.
+//!
+//! An L-Bone answers queries from the directory in its memory, not from
+//! the store. Instances sharing a PostgreSQL database keep theirs coherent
+//! through [`Store::watch`]: every registration, heartbeat and departure
+//! is announced with `NOTIFY` in the transaction that makes it, delivered
+//! to every other instance when it commits, in commit order; each fetches
+//! the depots named ([`Store::get`]) and applies them.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -71,9 +78,32 @@ pub trait Store: Send + Sync {
     ) -> Result<bool, StoreError>;
     /// Forecast state for a client network, by depot address.
     fn forecasts(&self, client: &str) -> Result<HashMap<String, Forecaster>, StoreError>;
+    /// The depots of `addrs` that are listed (a missing one has left).
+    fn get(&self, addrs: &[String]) -> Result<Vec<DepotRecord>, StoreError>;
+    /// Starts announcing on `changes` what other processes change in this
+    /// store: the address of each depot they register, refresh or remove,
+    /// and [`Change::Reload`] whenever some may have been missed (at the
+    /// start, after a lost connection, after `changes` was full). `false`:
+    /// this store is no one else's, there is nothing to watch.
+    fn watch(&self, changes: tokio::sync::mpsc::Sender<Change>) -> Result<bool, StoreError> {
+        drop(changes);
+        Ok(false)
+    }
     /// For logs: which backend and where.
     fn describe(&self) -> String;
 }
+
+/// A change another instance made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// This depot registered, heartbeat or left.
+    Depot(String),
+    /// Changes may have been missed: read the whole directory again.
+    Reload,
+}
+
+/// Most depots fetched by one [`Store::get`].
+pub const GET_BATCH: usize = 1000;
 
 fn decode_reg(addr: &str, json: &str) -> Result<Registration, StoreError> {
     serde_json::from_str(json).map_err(|e| StoreError::Corrupt {
@@ -259,6 +289,32 @@ impl Store for SqliteStore {
         Ok(out)
     }
 
+    fn get(&self, addrs: &[String]) -> Result<Vec<DepotRecord>, StoreError> {
+        let db = self.db();
+        let mut st =
+            db.prepare_cached("SELECT reg, first_seen, last_seen FROM depots WHERE addr = ?1")?;
+        let mut out = Vec::new();
+        for addr in addrs.iter().take(GET_BATCH) {
+            let row = st
+                .query_row([addr], |r| {
+                    Ok((
+                        r.get::<_, String>(0)?,
+                        r.get::<_, i64>(1)?,
+                        r.get::<_, i64>(2)?,
+                    ))
+                })
+                .optional()?;
+            if let Some((json, first_seen, last_seen)) = row {
+                out.push(DepotRecord {
+                    reg: decode_reg(addr, &json)?,
+                    first_seen,
+                    last_seen,
+                });
+            }
+        }
+        Ok(out)
+    }
+
     fn describe(&self) -> String {
         format!("SQLite {}", self.path)
     }
@@ -268,6 +324,11 @@ impl Store for SqliteStore {
 pub struct PostgresStore {
     db: Mutex<postgres::Client>,
     schema: String,
+    url: String,
+    /// The `NOTIFY` channel: one per schema.
+    channel: String,
+    /// This store's server process: its own announcements are not news.
+    pid: i32,
 }
 
 impl PostgresStore {
@@ -292,9 +353,13 @@ impl PostgresStore {
         ))?;
         tx.commit()?;
         db.batch_execute(&format!("SET search_path TO {schema}"))?;
+        let pid: i32 = db.query_one("SELECT pg_backend_pid()", &[])?.get(0);
         Ok(PostgresStore {
             db: Mutex::new(db),
             schema: schema.to_owned(),
+            url: url.to_owned(),
+            channel: format!("lors_lbone_{schema}"),
+            pid,
         })
     }
 
@@ -305,13 +370,16 @@ impl PostgresStore {
 
 impl Store for PostgresStore {
     fn upsert(&self, reg: &Registration, now: i64) -> Result<Option<i64>, StoreError> {
-        // The CTE reads the row as it was before the statement.
+        // The CTE reads the row as it was before the statement; the
+        // announcement goes out when the statement commits.
         let row = self.db().query_one(
-            "WITH old AS (SELECT last_seen FROM depots WHERE addr = $1)
-             INSERT INTO depots (addr, reg, first_seen, last_seen) VALUES ($1, $2, $3, $3)
-             ON CONFLICT (addr) DO UPDATE SET reg = EXCLUDED.reg, last_seen = EXCLUDED.last_seen
-             RETURNING (SELECT last_seen FROM old)",
-            &[&reg.addr(), &encode(reg), &now],
+            "WITH old AS (SELECT last_seen FROM depots WHERE addr = $1),
+             up AS (
+                 INSERT INTO depots (addr, reg, first_seen, last_seen) VALUES ($1, $2, $3, $3)
+                 ON CONFLICT (addr) DO UPDATE SET reg = EXCLUDED.reg, last_seen = EXCLUDED.last_seen
+                 RETURNING addr)
+             SELECT (SELECT last_seen FROM old), pg_notify($4, (SELECT addr FROM up))",
+            &[&reg.addr(), &encode(reg), &now, &self.channel],
         )?;
         Ok(row.get(0))
     }
@@ -321,6 +389,7 @@ impl Store for PostgresStore {
         let mut tx = db.transaction()?;
         tx.execute("DELETE FROM rates WHERE depot = $1", &[&addr])?;
         let known = tx.execute("DELETE FROM depots WHERE addr = $1", &[&addr])? > 0;
+        tx.execute("SELECT pg_notify($1, $2)", &[&self.channel, &addr])?;
         tx.commit()?;
         Ok(known)
     }
@@ -411,7 +480,116 @@ impl Store for PostgresStore {
         Ok(out)
     }
 
+    fn get(&self, addrs: &[String]) -> Result<Vec<DepotRecord>, StoreError> {
+        let addrs = &addrs[..addrs.len().min(GET_BATCH)];
+        self.db()
+            .query(
+                "SELECT addr, reg, first_seen, last_seen FROM depots WHERE addr = ANY($1)",
+                &[&addrs],
+            )?
+            .iter()
+            .map(|r| {
+                let addr: String = r.get(0);
+                Ok(DepotRecord {
+                    reg: decode_reg(&addr, r.get(1))?,
+                    first_seen: r.get(2),
+                    last_seen: r.get(3),
+                })
+            })
+            .collect()
+    }
+
+    fn watch(&self, changes: tokio::sync::mpsc::Sender<Change>) -> Result<bool, StoreError> {
+        let (url, channel, own) = (self.url.clone(), self.channel.clone(), self.pid);
+        std::thread::Builder::new()
+            .name("lbone-listen".into())
+            .spawn(move || listen(&url, &channel, own, &changes))
+            .map_err(|e| StoreError::Db(format!("starting the listener: {e}")))?;
+        Ok(true)
+    }
+
     fn describe(&self) -> String {
         format!("PostgreSQL (schema {})", self.schema)
+    }
+}
+
+/// The PostgreSQL listener: on its own connection, `LISTEN`s to `channel`
+/// and passes on what other processes than `own` announce, until
+/// `changes` is closed. A lost connection is made again (every second at
+/// first, backing off to 30 s), followed by a [`Change::Reload`].
+fn listen(url: &str, channel: &str, own: i32, changes: &tokio::sync::mpsc::Sender<Change>) {
+    use tokio::sync::mpsc::error::TrySendError;
+    let mut backoff = std::time::Duration::from_secs(1);
+    // A full queue drops changes: the next thing sent is a reload.
+    let mut missed = false;
+    let send = |c: Change, missed: &mut bool| -> bool {
+        let c = if std::mem::take(missed) {
+            Change::Reload
+        } else {
+            c
+        };
+        match changes.try_send(c) {
+            Ok(()) => true,
+            Err(TrySendError::Full(_)) => {
+                *missed = true;
+                true
+            }
+            Err(TrySendError::Closed(_)) => false,
+        }
+    };
+    while !changes.is_closed() {
+        let mut db = match postgres::Client::connect(url, postgres::NoTls)
+            .and_then(|mut db| db.batch_execute(&format!("LISTEN {channel}")).map(|()| db))
+        {
+            Ok(db) => db,
+            Err(e) => {
+                tracing::warn!("L-Bone change listener: {e}; again in {backoff:?}");
+                std::thread::sleep(backoff);
+                backoff = (backoff * 2).min(std::time::Duration::from_secs(30));
+                continue;
+            }
+        };
+        backoff = std::time::Duration::from_secs(1);
+        // What changed while nobody listened.
+        if !send(Change::Reload, &mut missed) {
+            return;
+        }
+        loop {
+            // A fresh iterator per quiet second: one whose time ran out
+            // would return at once from then on.
+            let mut n = db.notifications();
+            let mut it = n.timeout_iter(std::time::Duration::from_secs(1));
+            let quiet = loop {
+                match postgres::fallible_iterator::FallibleIterator::next(&mut it) {
+                    Ok(Some(note)) if note.process_id() == own => {}
+                    Ok(Some(note)) => {
+                        if !send(Change::Depot(note.payload().to_owned()), &mut missed) {
+                            return;
+                        }
+                    }
+                    Ok(None) => break Ok(()),
+                    Err(e) => break Err(e),
+                }
+            };
+            drop(it);
+            drop(n);
+            match quiet {
+                Ok(()) if db.is_closed() => {
+                    tracing::warn!("L-Bone change listener lost its connection");
+                    break;
+                }
+                Ok(()) if changes.is_closed() => return,
+                // A quiet second: pass on a reload owed for a full queue.
+                Ok(()) => {
+                    if missed && !send(Change::Reload, &mut missed) {
+                        return;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!("L-Bone change listener lost its connection: {e}");
+                    break;
+                }
+            }
+        }
     }
 }

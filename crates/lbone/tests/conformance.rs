@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use lors_lbone::forecast::Forecaster;
 use lors_lbone::model::{Location, Registration, Resource};
-use lors_lbone::store::{PostgresStore, SqliteStore, Store};
+use lors_lbone::store::{Change, PostgresStore, SqliteStore, Store};
 
 fn reg(host: &str, hard_free: u64, city: &str) -> Registration {
     Registration {
@@ -58,6 +58,15 @@ fn suite(s: &dyn Store) {
         "latest figures, text intact"
     );
     assert_eq!((l[0].first_seen, l[0].last_seen), (100, 150));
+    // Fetched by address: only the listed ones, whatever else is asked.
+    let got = s
+        .get(&["b.example.org:6714".into(), "nobody.example.org:1".into()])
+        .unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(
+        (got[0].reg.addr(), got[0].last_seen),
+        ("b.example.org:6714".into(), 120)
+    );
     assert_eq!((l[1].first_seen, l[1].last_seen), (120, 120));
 
     // Silent depots are dropped, the others stay.
@@ -193,6 +202,34 @@ fn postgres_conforms() {
     let a: Arc<dyn Store> = Arc::new(s);
     let b: Arc<dyn Store> = Arc::new(PostgresStore::open(&url, &schema).unwrap());
     assert_eq!(b.list().unwrap().len(), 1);
+    // What one instance changes, the other hears of; not its own changes.
+    let (tx, mut rx) = tokio::sync::mpsc::channel(16);
+    assert!(a.watch(tx).unwrap());
+    let next = |rx: &mut tokio::sync::mpsc::Receiver<Change>| {
+        let t = std::time::Instant::now();
+        loop {
+            match rx.try_recv() {
+                Ok(c) => return Some(c),
+                Err(_) if t.elapsed() > std::time::Duration::from_secs(10) => return None,
+                Err(_) => std::thread::sleep(std::time::Duration::from_millis(10)),
+            }
+        }
+    };
+    assert_eq!(next(&mut rx), Some(Change::Reload), "a reload first");
+    a.upsert(&reg("mine.example.org", 1, "Brno"), 300).unwrap();
+    b.upsert(&reg("theirs.example.org", 1, "Brno"), 300)
+        .unwrap();
+    assert_eq!(
+        next(&mut rx),
+        Some(Change::Depot("theirs.example.org:6714".into()))
+    );
+    assert!(b.remove("theirs.example.org:6714").unwrap());
+    assert_eq!(
+        next(&mut rx),
+        Some(Change::Depot("theirs.example.org:6714".into()))
+    );
+    assert!(a.remove("mine.example.org:6714").unwrap());
+    assert!(rx.try_recv().is_err(), "nothing of its own");
     concurrent_reports(vec![a, b]);
     assert!(PostgresStore::open(&url, "Bad-Name").is_err());
 }
