@@ -162,15 +162,17 @@ pub fn unreadable(x: &ExNode, probes: &[lors::manage::Probe]) -> anyhow::Result<
 pub struct LboneOpts {
     /// L-Bone to ask for depots: a host (legacy protocol, port -P), an
     /// http://HOST:PORT URL of `lors lbone`, or HOST:PORT (HTTP if it
-    /// answers HTTP there, else legacy) [default: the HOST of a lors://
-    /// URI, else LBONE_SERVER].
+    /// answers HTTP there, else legacy). Repeat it (or give a comma list)
+    /// for instances to fail over between: the first that answers is used,
+    /// the next asked at once when one is down or after a second of silence
+    /// [default: the HOST of a lors:// URI, else LBONE_SERVER].
     #[arg(
         short = 'H',
         long = "lbone",
         value_name = "HOST|URL",
         help_heading = "L-Bone"
     )]
-    pub lbone: Option<String>,
+    pub lbone: Vec<String>,
     /// Port of a legacy L-Bone [default: LBONE_PORT, else 6767].
     #[arg(
         short = 'P',
@@ -362,7 +364,8 @@ impl LboneOpts {
     /// What these options set.
     pub fn layer(&self) -> Layer {
         Layer {
-            lbone: self.lbone.clone().map(lors::settings::LboneAt::Named),
+            lbone: (!self.lbone.is_empty())
+                .then(|| lors::settings::LboneAt::Named(self.lbone.join(","))),
             lbone_port: self.lbone_port,
             ..Layer::default()
         }

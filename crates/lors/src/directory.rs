@@ -1,7 +1,8 @@
 //! Where depots come from, for every command that places data: depots
 //! named outright, else the L-Bone named (`-H`, `LBONE_SERVER`, a
 //! `lors://HOST` URI), else the `DEPOT` lines of `~/.xndrc`, else its
-//! `LBONE_SERVER` lines tried in order (fail-over: the first that answers).
+//! `LBONE_SERVER` lines tried in order (fail-over: the first that answers;
+//! see [`Directory::Any`]). `-H` and `LBONE_SERVER` may name several too.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), lors::directory::DirectoryError> {
@@ -91,13 +92,21 @@ pub async fn find_depots(
             directory: None,
         });
     }
+    // The file's lines are one list: tried in order, the next asked at once
+    // when one is down and beside it when one is slow to answer.
     let candidates = match named {
         Some(d) => vec![d],
-        None => rc
-            .lbone_servers
-            .iter()
-            .map(|s| Directory::parse(s, None).map_err(DirectoryError::BadServer))
-            .collect::<Result<_, _>>()?,
+        None => {
+            let mut list: Vec<Directory> = rc
+                .lbone_servers
+                .iter()
+                .map(|s| Directory::parse(s, None).map_err(DirectoryError::BadServer))
+                .collect::<Result<_, _>>()?;
+            if list.len() > 1 {
+                list = vec![Directory::Any(list)];
+            }
+            list
+        }
     };
     let q = DepotQuery {
         count: want.count + want.exclude.len(),
@@ -107,21 +116,21 @@ pub async fn find_depots(
     };
     let mut last = DirectoryError::NoSource;
     for d in candidates {
-        // Settled once, so the rate report after the transfer reuses it.
-        let d = d.resolve().await;
-        let answer = d.depots(&q, QUERY_TIMEOUT).await.map(|list| {
+        // Settled once, and of a list the one that answered: the rate
+        // report after the transfer goes to it.
+        let answer = d.depots_from(&q, QUERY_TIMEOUT).await.map(|(list, who)| {
             let mut list: Vec<String> = list
                 .into_iter()
                 .filter(|a| !want.exclude.contains(a))
                 .collect();
             list.truncate(want.count);
-            list
+            (list, who)
         });
         match answer {
-            Ok(list) if !list.is_empty() => {
+            Ok((list, who)) if !list.is_empty() => {
                 return Ok(Found {
                     depots: list,
-                    directory: Some(d),
+                    directory: Some(who),
                 });
             }
             Ok(_) => {

@@ -236,7 +236,7 @@ fn sorted_unique<T: Ord + Copy>(v: &[T]) -> Vec<T> {
 fn scenario_of(a: &SweepArgs) -> Result<Scenario, UsageError> {
     let s = a
         .scenario
-        .unwrap_or(if !a.depots.is_empty() || a.lbone.lbone.is_some() {
+        .unwrap_or(if !a.depots.is_empty() || !a.lbone.lbone.is_empty() {
             Scenario::Depots
         } else if a.command.is_some() {
             Scenario::Command

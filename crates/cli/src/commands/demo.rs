@@ -114,7 +114,7 @@ async fn demo(a: &Args, dir: &std::path::Path) -> anyhow::Result<()> {
         };
         let (first, _heartbeat) = super::depot::join_lbone(
             &depot,
-            base.clone(),
+            vec![base.clone()],
             token.clone(),
             loc,
             Duration::from_secs(1),

@@ -94,9 +94,11 @@ pub struct Args {
 #[derive(clap::Args)]
 #[command(next_help_heading = "L-Bone registration")]
 pub struct LboneArgs {
-    /// Register with this L-Bone (http://HOST:PORT) and heartbeat.
-    #[arg(long, value_name = "URL")]
-    lbone: Option<String>,
+    /// Register with this L-Bone (http://HOST:PORT) and heartbeat. Repeat
+    /// it (or give a comma list) for the instances of one directory: the
+    /// heartbeat goes to one and moves on to the next when it fails.
+    #[arg(long, value_name = "URL", value_delimiter = ',')]
+    lbone: Vec<String>,
     /// The L-Bone's registration token.
     #[arg(
         long,
@@ -170,27 +172,31 @@ impl LboneArgs {
     }
 }
 
-/// Registers `depot` with the L-Bone at `base` once, then heartbeats every
-/// `every` until `stop`. Returns the first registration's outcome (callers
-/// decide whether it is fatal) and the heartbeat task.
+/// Registers `depot` with the first of the L-Bones at `bases` that takes
+/// it, then heartbeats every `every` until `stop`. Returns the first
+/// registration's outcome (callers decide whether it is fatal) and the
+/// heartbeat task.
 pub async fn join_lbone(
     depot: &Arc<Depot>,
-    base: lors_lbone::client::BaseUrl,
+    bases: Vec<lors_lbone::client::BaseUrl>,
     token: String,
     loc: lors_lbone::model::Location,
     every: std::time::Duration,
     stop: tokio::sync::watch::Receiver<bool>,
 ) -> (Result<(), String>, tokio::task::JoinHandle<()>) {
-    let first = lors_lbone::client::register(
-        &base,
+    let reg = registration(depot, &loc);
+    let first = lors_lbone::client::register_first(
+        &bases,
+        0,
         &token,
-        &registration(depot, &loc),
+        &lors_lbone::client::Announcement::Here(&reg),
         std::time::Duration::from_secs(10),
     )
-    .await;
+    .await
+    .map(drop);
     let d = depot.clone();
     let task = tokio::spawn(lors_lbone::client::heartbeat(
-        base,
+        bases,
         token,
         move || registration(&d, &loc),
         every,
@@ -354,47 +360,54 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             }
             out.flush()?;
         }
-        let heartbeat = match &args.lbone.lbone {
-            Some(url) => {
-                // HOST:PORT as the clients take it: the HTTP API there.
-                let url = if url.contains("://") {
-                    url.clone()
-                } else {
-                    format!("http://{url}")
-                };
-                let base = lors_lbone::client::BaseUrl::parse(&url).map_err(UsageError)?;
-                let token = args.lbone.token()?;
-                let loc = args.lbone.location();
-                registration(&depot, &loc)
-                    .validate()
-                    .map_err(|e| UsageError(format!("L-Bone registration: {e}")))?;
-                let (first, task) = join_lbone(
-                    &depot,
-                    base.clone(),
-                    token.clone(),
-                    loc,
-                    args.lbone.heartbeat,
-                    rx.clone(),
-                )
-                .await;
-                match first {
-                    Ok(()) => println!("lors depot: registered with L-Bone {url}"),
-                    // A wrong token never comes right by itself: stop, and
-                    // say what to fix.
-                    Err(e) if e == lors_lbone::client::TOKEN_REFUSED => {
-                        task.abort();
-                        return Err(UsageError(format!(
-                            "{e} at {url}: check --lbone-token, --lbone-token-file or LORS_LBONE_TOKEN (the L-Bone's is in its data directory, file `token`)"
-                        ))
-                        .into());
-                    }
-                    // Serving matters more than being listed: keep trying,
-                    // and say so every minute while it fails.
-                    Err(e) => eprintln!("lors depot: L-Bone registration failed (will retry): {e}"),
+        let heartbeat = if args.lbone.lbone.is_empty() {
+            None
+        } else {
+            // HOST:PORT as the clients take it: the HTTP API there.
+            let bases = args
+                .lbone
+                .lbone
+                .iter()
+                .map(|url| {
+                    let url = if url.contains("://") {
+                        url.clone()
+                    } else {
+                        format!("http://{url}")
+                    };
+                    lors_lbone::client::BaseUrl::parse(&url).map_err(UsageError)
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let urls = args.lbone.lbone.join(", ");
+            let token = args.lbone.token()?;
+            let loc = args.lbone.location();
+            registration(&depot, &loc)
+                .validate()
+                .map_err(|e| UsageError(format!("L-Bone registration: {e}")))?;
+            let (first, task) = join_lbone(
+                &depot,
+                bases.clone(),
+                token.clone(),
+                loc,
+                args.lbone.heartbeat,
+                rx.clone(),
+            )
+            .await;
+            match first {
+                Ok(()) => println!("lors depot: registered with L-Bone {urls}"),
+                // A wrong token never comes right by itself: stop, and
+                // say what to fix.
+                Err(e) if e == lors_lbone::client::TOKEN_REFUSED => {
+                    task.abort();
+                    return Err(UsageError(format!(
+                        "{e} at {urls}: check --lbone-token, --lbone-token-file or LORS_LBONE_TOKEN (the L-Bone's is in its data directory, file `token`)"
+                    ))
+                    .into());
                 }
-                Some((task, base, token))
+                // Serving matters more than being listed: keep trying,
+                // and say so every minute while it fails.
+                Err(e) => eprintln!("lors depot: L-Bone registration failed (will retry): {e}"),
             }
-            None => None,
+            Some((task, bases, token))
         };
         println!("lors depot: ready");
         tracing::info!(%addr, "depot ready");
@@ -402,15 +415,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         tracing::info!("shutting down");
         let _ = tx.send(true);
         server.await.context("depot task")??;
-        if let Some((h, base, token)) = heartbeat {
+        if let Some((h, bases, token)) = heartbeat {
             let _ = h.await;
             // Leave the directory now rather than be listed until the
             // missed heartbeats tell: clients would be sent here.
             let (host, port) = depot.advertised();
             let me = lors_lbone::model::Departure { host, port };
             let wait = std::time::Duration::from_secs(5);
-            match lors_lbone::client::deregister(&base, &token, &me, wait).await {
-                Ok(()) => println!("lors depot: deregistered from the L-Bone"),
+            let leaving = lors_lbone::client::Announcement::Leaving(&me);
+            match lors_lbone::client::register_first(&bases, 0, &token, &leaving, wait).await {
+                Ok(_) => println!("lors depot: deregistered from the L-Bone"),
                 Err(e) => eprintln!("lors depot: could not deregister from the L-Bone: {e}"),
             }
         }

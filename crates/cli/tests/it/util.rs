@@ -238,6 +238,15 @@ impl LboneProc {
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
+
+    /// Sends `signal` (`KILL`, `STOP`, `CONT`, …).
+    pub fn signal(&self, signal: &str) {
+        let ok = Command::new("kill")
+            .args([&format!("-{signal}"), &self.pid().to_string()])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill -{signal} failed");
+    }
 }
 
 /// A memory figure of process `pid` from `/proc/PID/status` (`VmRSS`,
