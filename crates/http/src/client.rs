@@ -125,7 +125,14 @@ impl Default for Client {
 impl Client {
     /// A client with its own pool.
     pub fn new() -> Client {
+        Self::from_address(None)
+    }
+
+    /// A client with its own pool whose connections leave from `local`
+    /// (a load generator posing as many hosts on loopback, say).
+    pub fn from_address(local: Option<std::net::IpAddr>) -> Client {
         let mut connector = HttpConnector::new();
+        connector.set_local_address(local);
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(Duration::from_secs(10)));
         let inner = Pooled::builder(TokioExecutor::new())

@@ -104,7 +104,7 @@ impl Default for Config {
 
 /// A running directory.
 pub struct LBone {
-    store: Arc<dyn Store>,
+    store: Store,
     cfg: Config,
     token_hash: blake3::Hash,
     /// Depots this instance has logged as offline, to log each transition once.
@@ -233,7 +233,8 @@ fn secs(d: Duration) -> i64 {
 
 impl LBone {
     /// A directory over `store`.
-    pub fn new(store: Arc<dyn Store>, cfg: Config) -> Arc<LBone> {
+    pub fn new(store: impl Into<Store>, cfg: Config) -> Arc<LBone> {
+        let store = store.into();
         Arc::new(LBone {
             token_hash: blake3::hash(cfg.token.as_bytes()),
             offline: std::sync::Mutex::new(std::collections::HashSet::new()),
@@ -264,15 +265,12 @@ impl LBone {
             && lors_ibp::caps::ct_eq(given.as_bytes(), self.token_hash.as_bytes())
     }
 
-    async fn blocking<T: Send + 'static>(
+    /// A store call's outcome, its failure counted and put in words.
+    async fn stored<T>(
         &self,
-        f: impl FnOnce(&dyn Store) -> Result<T, crate::store::StoreError> + Send + 'static,
+        call: impl std::future::Future<Output = Result<T, crate::store::StoreError>>,
     ) -> Result<T, String> {
-        let store = self.store.clone();
-        let r = tokio::task::spawn_blocking(move || f(store.as_ref()))
-            .await
-            .map_err(|e| e.to_string())
-            .and_then(|r| r.map_err(|e| e.to_string()));
+        let r = call.await.map_err(|e| e.to_string());
         if r.is_err() {
             self.metrics.store_error();
         }
@@ -309,10 +307,10 @@ impl LBone {
     /// registered here since `began` (the read may predate it).
     async fn refresh(&self, addrs: Option<Vec<String>>, began: i64) -> Result<(), String> {
         let (fresh, asked) = match addrs {
-            None => (self.blocking(|s| s.list()).await?, None),
+            None => (self.stored(self.store.list()).await?, None),
             Some(a) => {
                 let asked = a.clone();
-                (self.blocking(move |s| s.get(&a)).await?, Some(asked))
+                (self.stored(self.store.get(&a)).await?, Some(asked))
             }
         };
         let mut fresh: HashMap<String, DepotRecord> =
@@ -431,7 +429,7 @@ impl LBone {
             }
         };
         let read = async move {
-            let fc = self.blocking(move |s| s.forecasts(&net)).await?;
+            let fc = self.stored(self.store.forecasts(&net)).await?;
             Ok(fc
                 .into_iter()
                 .filter_map(|(d, f)| Some((d, f.predict()?)))
@@ -549,7 +547,7 @@ impl LBone {
         let t = now();
         let cutoff = t - secs(self.cfg.drop_after);
         let offline_cutoff = t - secs(self.cfg.offline_after);
-        let gone = self.blocking(move |s| s.drop_silent(cutoff)).await?;
+        let gone = self.stored(self.store.drop_silent(cutoff)).await?;
         // Dropped here as in the store (another instance may have dropped
         // them from it first), then the whole directory read again: what
         // the announcements missed is caught up at least once a sweep.
@@ -598,7 +596,7 @@ impl LBone {
         };
         let addr = d.addr();
         let a = addr.clone();
-        match self.blocking(move |s| s.remove(&a)).await {
+        match self.stored(self.store.remove(&a)).await {
             Ok(known) => {
                 self.directory_write().remove(&addr);
                 self.listing_changed().await;
@@ -627,7 +625,7 @@ impl LBone {
             first_seen: t,
             last_seen: t,
         };
-        match self.blocking(move |s| s.upsert(&reg, t)).await {
+        match self.stored(self.store.upsert(&reg, t)).await {
             Ok(before) => {
                 let new_here = {
                     let mut dir = self.directory_write();
@@ -696,15 +694,11 @@ impl LBone {
             .filter(|x| listed.contains(&x.depot))
             .collect();
         let t = now();
-        let n = self
-            .blocking(move |s| {
-                let mut n = 0;
-                for x in &known {
-                    n += usize::from(s.record_rate(&net, &x.depot, x.bytes_per_sec, t)?);
-                }
-                Ok(n)
-            })
-            .await;
+        let known = known
+            .into_iter()
+            .map(|x| (x.depot, x.bytes_per_sec))
+            .collect();
+        let n = self.stored(self.store.record_rates(&net, known, t)).await;
         match n {
             Ok(n) => {
                 // The network's next query sees its own reports.
@@ -1035,21 +1029,15 @@ pub async fn run(
     }
     let mut tasks = tokio::task::JoinSet::new();
     let (tx, rx) = tokio::sync::mpsc::channel(CHANGES_QUEUED);
-    match lb.store.watch(tx) {
-        Ok(true) => {
-            let follower = lb.clone();
-            let mut stop = shutdown.clone();
-            tasks.spawn(async move {
-                tokio::select! {
-                    () = follower.follow(rx) => {}
-                    _ = stop.changed() => {}
-                }
-            });
-        }
-        Ok(false) => {}
-        Err(e) => {
-            tracing::error!("following other instances: {e}; their changes show at each sweep")
-        }
+    if lb.store.watch(tx) {
+        let follower = lb.clone();
+        let mut stop = shutdown.clone();
+        tasks.spawn(async move {
+            tokio::select! {
+                () = follower.follow(rx) => {}
+                _ = stop.changed() => {}
+            }
+        });
     }
     tasks.spawn(lors_http::serve::serve(
         http,

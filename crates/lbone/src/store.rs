@@ -16,7 +16,8 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use rusqlite::OptionalExtension as _;
 
@@ -45,52 +46,193 @@ impl From<rusqlite::Error> for StoreError {
     }
 }
 
-impl From<postgres::Error> for StoreError {
-    fn from(e: postgres::Error) -> Self {
-        StoreError::Db(e.to_string())
+impl From<tokio_postgres::Error> for StoreError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        // The server's own message says more than the driver's summary.
+        match e.as_db_error() {
+            Some(db) => StoreError::Db(db.message().to_owned()),
+            None => StoreError::Db(e.to_string()),
+        }
     }
 }
 
-/// The directory's persistent state. Methods block; servers call them from
-/// a blocking thread.
-pub trait Store: Send + Sync {
+impl From<deadpool_postgres::PoolError> for StoreError {
+    fn from(e: deadpool_postgres::PoolError) -> Self {
+        StoreError::Db(format!("no connection to PostgreSQL: {e}"))
+    }
+}
+
+/// How long one store operation may take before it counts as failed (the
+/// L-Bone answers 503 rather than hold a request).
+pub const STORE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The directory's persistent state: SQLite (embedded, its blocking calls
+/// on blocking threads) or PostgreSQL (async, pooled, shared by several
+/// instances).
+#[derive(Clone)]
+pub enum Store {
+    /// One file, one instance.
+    Sqlite(Arc<SqliteStore>),
+    /// One database, any number of instances.
+    Postgres(Arc<PostgresStore>),
+}
+
+impl From<SqliteStore> for Store {
+    fn from(s: SqliteStore) -> Store {
+        Store::Sqlite(Arc::new(s))
+    }
+}
+
+impl From<PostgresStore> for Store {
+    fn from(s: PostgresStore) -> Store {
+        Store::Postgres(Arc::new(s))
+    }
+}
+
+/// Runs a SQLite call on a blocking thread.
+async fn blocking<T: Send + 'static>(
+    s: &Arc<SqliteStore>,
+    f: impl FnOnce(&SqliteStore) -> Result<T, StoreError> + Send + 'static,
+) -> Result<T, StoreError> {
+    let s = s.clone();
+    tokio::task::spawn_blocking(move || f(&s))
+        .await
+        .map_err(|e| StoreError::Db(format!("the store's thread failed: {e}")))?
+}
+
+/// A PostgreSQL call, bounded by [`STORE_TIMEOUT`].
+async fn bounded<T>(
+    work: impl std::future::Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    tokio::time::timeout(STORE_TIMEOUT, work)
+        .await
+        .map_err(|_| {
+            StoreError::Db(format!(
+                "PostgreSQL did not answer within {STORE_TIMEOUT:?}"
+            ))
+        })?
+}
+
+impl Store {
     /// Registers a depot or refreshes its heartbeat and figures. Returns
     /// its previous heartbeat time, `None` for a depot new to the directory.
-    fn upsert(&self, reg: &Registration, now: i64) -> Result<Option<i64>, StoreError>;
+    pub async fn upsert(&self, reg: &Registration, now: i64) -> Result<Option<i64>, StoreError> {
+        match self {
+            Store::Sqlite(s) => {
+                let reg = reg.clone();
+                blocking(s, move |s| s.upsert(&reg, now)).await
+            }
+            Store::Postgres(p) => bounded(p.upsert(reg, now)).await,
+        }
+    }
+
     /// Removes a depot (it left on its own) and the rates reported for it;
     /// whether it was listed.
-    fn remove(&self, addr: &str) -> Result<bool, StoreError>;
+    pub async fn remove(&self, addr: &str) -> Result<bool, StoreError> {
+        match self {
+            Store::Sqlite(s) => {
+                let addr = addr.to_owned();
+                blocking(s, move |s| s.remove(&addr)).await
+            }
+            Store::Postgres(p) => bounded(p.remove(addr)).await,
+        }
+    }
+
     /// Every depot.
-    fn list(&self) -> Result<Vec<DepotRecord>, StoreError>;
+    pub async fn list(&self) -> Result<Vec<DepotRecord>, StoreError> {
+        match self {
+            Store::Sqlite(s) => blocking(s, SqliteStore::list).await,
+            Store::Postgres(p) => bounded(p.list()).await,
+        }
+    }
+
     /// Drops depots silent since before `cutoff`, and rates of depots no
     /// longer listed or not reported since `cutoff`; returns the dropped
     /// depots' addresses.
-    fn drop_silent(&self, cutoff: i64) -> Result<Vec<String>, StoreError>;
-    /// Folds a measured rate into the (client network, depot) forecast;
-    /// `false` (nothing stored) when `depot` is not registered, so reports
-    /// cannot grow the directory with made-up names.
-    fn record_rate(
+    pub async fn drop_silent(&self, cutoff: i64) -> Result<Vec<String>, StoreError> {
+        match self {
+            Store::Sqlite(s) => blocking(s, move |s| s.drop_silent(cutoff)).await,
+            Store::Postgres(p) => bounded(p.drop_silent(cutoff)).await,
+        }
+    }
+
+    /// Folds measured rates (depot, bytes/s) into the client network's
+    /// forecasts; reports of depots not registered are not stored, so they
+    /// cannot grow the directory with made-up names. Returns how many were.
+    pub async fn record_rates(
         &self,
         client: &str,
-        depot: &str,
-        bps: f64,
+        rates: Vec<(String, f64)>,
         now: i64,
-    ) -> Result<bool, StoreError>;
+    ) -> Result<usize, StoreError> {
+        match self {
+            Store::Sqlite(s) => {
+                let client = client.to_owned();
+                blocking(s, move |s| {
+                    let mut n = 0;
+                    for (d, bps) in &rates {
+                        n += usize::from(s.record_rate(&client, d, *bps, now)?);
+                    }
+                    Ok(n)
+                })
+                .await
+            }
+            Store::Postgres(p) => {
+                bounded(async {
+                    let mut n = 0;
+                    for (d, bps) in &rates {
+                        n += usize::from(p.record_rate(client, d, *bps, now).await?);
+                    }
+                    Ok(n)
+                })
+                .await
+            }
+        }
+    }
+
     /// Forecast state for a client network, by depot address.
-    fn forecasts(&self, client: &str) -> Result<HashMap<String, Forecaster>, StoreError>;
-    /// The depots of `addrs` that are listed (a missing one has left).
-    fn get(&self, addrs: &[String]) -> Result<Vec<DepotRecord>, StoreError>;
-    /// Starts announcing on `changes` what other processes change in this
+    pub async fn forecasts(&self, client: &str) -> Result<HashMap<String, Forecaster>, StoreError> {
+        match self {
+            Store::Sqlite(s) => {
+                let client = client.to_owned();
+                blocking(s, move |s| s.forecasts(&client)).await
+            }
+            Store::Postgres(p) => bounded(p.forecasts(client)).await,
+        }
+    }
+
+    /// The depots of `addrs` that are listed (a missing one has left), at
+    /// most [`GET_BATCH`] of them.
+    pub async fn get(&self, addrs: &[String]) -> Result<Vec<DepotRecord>, StoreError> {
+        let addrs = addrs[..addrs.len().min(GET_BATCH)].to_vec();
+        match self {
+            Store::Sqlite(s) => blocking(s, move |s| s.get(&addrs)).await,
+            Store::Postgres(p) => bounded(p.get(&addrs)).await,
+        }
+    }
+
+    /// Starts announcing on `changes` what other instances change in this
     /// store: the address of each depot they register, refresh or remove,
     /// and [`Change::Reload`] whenever some may have been missed (at the
     /// start, after a lost connection, after `changes` was full). `false`:
     /// this store is no one else's, there is nothing to watch.
-    fn watch(&self, changes: tokio::sync::mpsc::Sender<Change>) -> Result<bool, StoreError> {
-        drop(changes);
-        Ok(false)
+    pub fn watch(&self, changes: tokio::sync::mpsc::Sender<Change>) -> bool {
+        match self {
+            Store::Sqlite(_) => false,
+            Store::Postgres(p) => {
+                tokio::spawn(p.clone().listen(changes));
+                true
+            }
+        }
     }
+
     /// For logs: which backend and where.
-    fn describe(&self) -> String;
+    pub fn describe(&self) -> String {
+        match self {
+            Store::Sqlite(s) => format!("SQLite {}", s.path),
+            Store::Postgres(p) => format!("PostgreSQL (schema {})", p.schema),
+        }
+    }
 }
 
 /// A change another instance made.
@@ -167,7 +309,8 @@ impl SqliteStore {
     }
 }
 
-impl Store for SqliteStore {
+/// The SQLite calls; [`Store`] runs them on blocking threads.
+impl SqliteStore {
     fn upsert(&self, reg: &Registration, now: i64) -> Result<Option<i64>, StoreError> {
         let mut db = self.db();
         let tx = db.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
@@ -314,27 +457,28 @@ impl Store for SqliteStore {
         }
         Ok(out)
     }
-
-    fn describe(&self) -> String {
-        format!("SQLite {}", self.path)
-    }
 }
 
-/// PostgreSQL: several L-Bone instances behind one database.
+/// PostgreSQL: several L-Bone instances behind one database, on a pool of
+/// connections (a broken one is replaced, so a database restart costs the
+/// requests in flight, not the instance).
 pub struct PostgresStore {
-    db: Mutex<postgres::Client>,
+    pool: deadpool_postgres::Pool,
+    config: tokio_postgres::Config,
     schema: String,
-    url: String,
     /// The `NOTIFY` channel: one per schema.
     channel: String,
-    /// This store's server process: its own announcements are not news.
-    pid: i32,
+    /// This instance's mark on what it announces: its own are not news.
+    instance: String,
 }
+
+/// Connections a PostgreSQL store keeps at most.
+const POOL_SIZE: usize = 16;
 
 impl PostgresStore {
     /// Connects (`postgres://user@host:port/db`) and creates the tables in
     /// `schema` if needed.
-    pub fn open(url: &str, schema: &str) -> Result<PostgresStore, StoreError> {
+    pub async fn open(url: &str, schema: &str) -> Result<PostgresStore, StoreError> {
         if schema.is_empty()
             || !schema
                 .bytes()
@@ -344,63 +488,102 @@ impl PostgresStore {
                 "schema name {schema:?}: use lowercase letters, digits and _"
             )));
         }
-        let mut db = postgres::Client::connect(url, postgres::NoTls)?;
-        // Several instances may start at once: create under an advisory lock.
-        let mut tx = db.transaction()?;
-        tx.execute("SELECT pg_advisory_xact_lock(6767)", &[])?;
-        tx.batch_execute(&format!(
-            "CREATE SCHEMA IF NOT EXISTS {schema}; SET LOCAL search_path TO {schema}; {SCHEMA}"
-        ))?;
-        tx.commit()?;
-        db.batch_execute(&format!("SET search_path TO {schema}"))?;
-        let pid: i32 = db.query_one("SELECT pg_backend_pid()", &[])?.get(0);
-        Ok(PostgresStore {
-            db: Mutex::new(db),
+        let mut config: tokio_postgres::Config = url
+            .parse()
+            .map_err(|e| StoreError::Db(format!("{url}: {e}")))?;
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(STORE_TIMEOUT);
+        }
+        config.options(format!("-c search_path={schema}"));
+        let manager = deadpool_postgres::Manager::from_config(
+            config.clone(),
+            tokio_postgres::NoTls,
+            deadpool_postgres::ManagerConfig {
+                recycling_method: deadpool_postgres::RecyclingMethod::Fast,
+            },
+        );
+        let pool = deadpool_postgres::Pool::builder(manager)
+            .max_size(POOL_SIZE)
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .wait_timeout(Some(STORE_TIMEOUT))
+            .create_timeout(Some(STORE_TIMEOUT))
+            .build()
+            .map_err(|e| StoreError::Db(e.to_string()))?;
+        let mut instance = [0u8; 8];
+        getrandom::fill(&mut instance).map_err(|e| StoreError::Db(e.to_string()))?;
+        let store = PostgresStore {
+            pool,
+            config,
             schema: schema.to_owned(),
-            url: url.to_owned(),
             channel: format!("lors_lbone_{schema}"),
-            pid,
+            instance: instance.iter().map(|b| format!("{b:02x}")).collect(),
+        };
+        bounded(async {
+            let mut db = store.pool.get().await?;
+            // Several instances may start at once: create under a lock.
+            let tx = db.transaction().await?;
+            tx.execute("SELECT pg_advisory_xact_lock(6767)", &[])
+                .await?;
+            tx.batch_execute(&format!(
+                "CREATE SCHEMA IF NOT EXISTS {schema}; SET LOCAL search_path TO {schema}; {SCHEMA}"
+            ))
+            .await?;
+            tx.commit().await?;
+            Ok(())
         })
+        .await?;
+        Ok(store)
     }
 
-    fn db(&self) -> std::sync::MutexGuard<'_, postgres::Client> {
-        self.db.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
-
-impl Store for PostgresStore {
-    fn upsert(&self, reg: &Registration, now: i64) -> Result<Option<i64>, StoreError> {
+    async fn upsert(&self, reg: &Registration, now: i64) -> Result<Option<i64>, StoreError> {
         // The CTE reads the row as it was before the statement; the
         // announcement goes out when the statement commits.
-        let row = self.db().query_one(
-            "WITH old AS (SELECT last_seen FROM depots WHERE addr = $1),
-             up AS (
-                 INSERT INTO depots (addr, reg, first_seen, last_seen) VALUES ($1, $2, $3, $3)
-                 ON CONFLICT (addr) DO UPDATE SET reg = EXCLUDED.reg, last_seen = EXCLUDED.last_seen
-                 RETURNING addr)
-             SELECT (SELECT last_seen FROM old), pg_notify($4, (SELECT addr FROM up))",
-            &[&reg.addr(), &encode(reg), &now, &self.channel],
-        )?;
+        let db = self.pool.get().await?;
+        let st = db
+            .prepare_cached(
+                "WITH old AS (SELECT last_seen FROM depots WHERE addr = $1),
+                 up AS (
+                     INSERT INTO depots (addr, reg, first_seen, last_seen) VALUES ($1, $2, $3, $3)
+                     ON CONFLICT (addr) DO UPDATE SET reg = EXCLUDED.reg, last_seen = EXCLUDED.last_seen
+                     RETURNING addr)
+                 SELECT (SELECT last_seen FROM old), pg_notify($4, $5 || ' ' || (SELECT addr FROM up))",
+            )
+            .await?;
+        let row = db
+            .query_one(
+                &st,
+                &[
+                    &reg.addr(),
+                    &encode(reg),
+                    &now,
+                    &self.channel,
+                    &self.instance,
+                ],
+            )
+            .await?;
         Ok(row.get(0))
     }
 
-    fn remove(&self, addr: &str) -> Result<bool, StoreError> {
-        let mut db = self.db();
-        let mut tx = db.transaction()?;
-        tx.execute("DELETE FROM rates WHERE depot = $1", &[&addr])?;
-        let known = tx.execute("DELETE FROM depots WHERE addr = $1", &[&addr])? > 0;
-        tx.execute("SELECT pg_notify($1, $2)", &[&self.channel, &addr])?;
-        tx.commit()?;
+    async fn remove(&self, addr: &str) -> Result<bool, StoreError> {
+        let mut db = self.pool.get().await?;
+        let tx = db.transaction().await?;
+        tx.execute("DELETE FROM rates WHERE depot = $1", &[&addr])
+            .await?;
+        let known = tx
+            .execute("DELETE FROM depots WHERE addr = $1", &[&addr])
+            .await?
+            > 0;
+        tx.execute(
+            "SELECT pg_notify($1, $2 || ' ' || $3)",
+            &[&self.channel, &self.instance, &addr],
+        )
+        .await?;
+        tx.commit().await?;
         Ok(known)
     }
 
-    fn list(&self) -> Result<Vec<DepotRecord>, StoreError> {
-        self.db()
-            .query(
-                "SELECT addr, reg, first_seen, last_seen FROM depots ORDER BY addr",
-                &[],
-            )?
-            .iter()
+    fn records(rows: &[tokio_postgres::Row]) -> Result<Vec<DepotRecord>, StoreError> {
+        rows.iter()
             .map(|r| {
                 let addr: String = r.get(0);
                 Ok(DepotRecord {
@@ -412,35 +595,58 @@ impl Store for PostgresStore {
             .collect()
     }
 
-    fn drop_silent(&self, cutoff: i64) -> Result<Vec<String>, StoreError> {
-        let mut db = self.db();
-        let mut tx = db.transaction()?;
+    async fn list(&self) -> Result<Vec<DepotRecord>, StoreError> {
+        let db = self.pool.get().await?;
+        let rows = db
+            .query(
+                "SELECT addr, reg, first_seen, last_seen FROM depots ORDER BY addr",
+                &[],
+            )
+            .await?;
+        Self::records(&rows)
+    }
+
+    async fn get(&self, addrs: &[String]) -> Result<Vec<DepotRecord>, StoreError> {
+        let db = self.pool.get().await?;
+        let st = db
+            .prepare_cached(
+                "SELECT addr, reg, first_seen, last_seen FROM depots WHERE addr = ANY($1)",
+            )
+            .await?;
+        Self::records(&db.query(&st, &[&addrs]).await?)
+    }
+
+    async fn drop_silent(&self, cutoff: i64) -> Result<Vec<String>, StoreError> {
+        let mut db = self.pool.get().await?;
+        let tx = db.transaction().await?;
         let mut gone: Vec<String> = tx
             .query(
                 "DELETE FROM depots WHERE last_seen < $1 RETURNING addr",
                 &[&cutoff],
-            )?
+            )
+            .await?
             .iter()
             .map(|r| r.get(0))
             .collect();
         tx.execute(
             "DELETE FROM rates WHERE updated < $1 OR depot NOT IN (SELECT addr FROM depots)",
             &[&cutoff],
-        )?;
-        tx.commit()?;
+        )
+        .await?;
+        tx.commit().await?;
         gone.sort();
         Ok(gone)
     }
 
-    fn record_rate(
+    async fn record_rate(
         &self,
         client: &str,
         depot: &str,
         bps: f64,
         now: i64,
     ) -> Result<bool, StoreError> {
-        let mut db = self.db();
-        let mut tx = db.transaction()?;
+        let mut db = self.pool.get().await?;
+        let tx = db.transaction().await?;
         // Make the row exist (for a listed depot only), then lock it:
         // concurrent reports from other instances queue up instead of
         // overwriting each other.
@@ -449,11 +655,14 @@ impl Store for PostgresStore {
              SELECT $1, $2, $3, $4 WHERE EXISTS (SELECT 1 FROM depots WHERE addr = $2)
              ON CONFLICT (client, depot) DO NOTHING",
             &[&client, &depot, &encode(&Forecaster::default()), &now],
-        )?;
-        let Some(row) = tx.query_opt(
-            "SELECT state FROM rates WHERE client = $1 AND depot = $2 FOR UPDATE",
-            &[&client, &depot],
-        )?
+        )
+        .await?;
+        let Some(row) = tx
+            .query_opt(
+                "SELECT state FROM rates WHERE client = $1 AND depot = $2 FOR UPDATE",
+                &[&client, &depot],
+            )
+            .await?
         else {
             return Ok(false);
         };
@@ -462,17 +671,22 @@ impl Store for PostgresStore {
         tx.execute(
             "UPDATE rates SET state = $3, updated = $4 WHERE client = $1 AND depot = $2",
             &[&client, &depot, &encode(&f), &now],
-        )?;
-        tx.commit()?;
+        )
+        .await?;
+        tx.commit().await?;
         Ok(true)
     }
 
-    fn forecasts(&self, client: &str) -> Result<HashMap<String, Forecaster>, StoreError> {
+    async fn forecasts(&self, client: &str) -> Result<HashMap<String, Forecaster>, StoreError> {
+        let db = self.pool.get().await?;
         let mut out = HashMap::new();
-        for r in self.db().query(
-            "SELECT depot, state FROM rates WHERE client = $1",
-            &[&client],
-        )? {
+        for r in db
+            .query(
+                "SELECT depot, state FROM rates WHERE client = $1",
+                &[&client],
+            )
+            .await?
+        {
             let depot: String = r.get(0);
             let f = decode_fc(&depot, r.get(1))?;
             out.insert(depot, f);
@@ -480,114 +694,90 @@ impl Store for PostgresStore {
         Ok(out)
     }
 
-    fn get(&self, addrs: &[String]) -> Result<Vec<DepotRecord>, StoreError> {
-        let addrs = &addrs[..addrs.len().min(GET_BATCH)];
-        self.db()
-            .query(
-                "SELECT addr, reg, first_seen, last_seen FROM depots WHERE addr = ANY($1)",
-                &[&addrs],
-            )?
-            .iter()
-            .map(|r| {
-                let addr: String = r.get(0);
-                Ok(DepotRecord {
-                    reg: decode_reg(&addr, r.get(1))?,
-                    first_seen: r.get(2),
-                    last_seen: r.get(3),
-                })
-            })
-            .collect()
-    }
-
-    fn watch(&self, changes: tokio::sync::mpsc::Sender<Change>) -> Result<bool, StoreError> {
-        let (url, channel, own) = (self.url.clone(), self.channel.clone(), self.pid);
-        std::thread::Builder::new()
-            .name("lbone-listen".into())
-            .spawn(move || listen(&url, &channel, own, &changes))
-            .map_err(|e| StoreError::Db(format!("starting the listener: {e}")))?;
-        Ok(true)
-    }
-
-    fn describe(&self) -> String {
-        format!("PostgreSQL (schema {})", self.schema)
-    }
-}
-
-/// The PostgreSQL listener: on its own connection, `LISTEN`s to `channel`
-/// and passes on what other processes than `own` announce, until
-/// `changes` is closed. A lost connection is made again (every second at
-/// first, backing off to 30 s), followed by a [`Change::Reload`].
-fn listen(url: &str, channel: &str, own: i32, changes: &tokio::sync::mpsc::Sender<Change>) {
-    use tokio::sync::mpsc::error::TrySendError;
-    let mut backoff = std::time::Duration::from_secs(1);
-    // A full queue drops changes: the next thing sent is a reload.
-    let mut missed = false;
-    let send = |c: Change, missed: &mut bool| -> bool {
-        let c = if std::mem::take(missed) {
-            Change::Reload
-        } else {
-            c
-        };
-        match changes.try_send(c) {
-            Ok(()) => true,
-            Err(TrySendError::Full(_)) => {
-                *missed = true;
-                true
-            }
-            Err(TrySendError::Closed(_)) => false,
-        }
-    };
-    while !changes.is_closed() {
-        let mut db = match postgres::Client::connect(url, postgres::NoTls)
-            .and_then(|mut db| db.batch_execute(&format!("LISTEN {channel}")).map(|()| db))
-        {
-            Ok(db) => db,
-            Err(e) => {
-                tracing::warn!("L-Bone change listener: {e}; again in {backoff:?}");
-                std::thread::sleep(backoff);
-                backoff = (backoff * 2).min(std::time::Duration::from_secs(30));
-                continue;
+    /// On a connection of its own, `LISTEN`s to the schema's channel and
+    /// passes on what other instances announce, until `changes` is closed.
+    /// A lost connection is made again (every second at first, backing off
+    /// to 30 s), followed by a [`Change::Reload`].
+    async fn listen(self: Arc<Self>, changes: tokio::sync::mpsc::Sender<Change>) {
+        let mut backoff = Duration::from_secs(1);
+        // A full queue drops changes: the next thing sent is a reload.
+        let mut missed = false;
+        let send = |c: Change, missed: &mut bool| -> bool {
+            use tokio::sync::mpsc::error::TrySendError;
+            let c = if std::mem::take(missed) {
+                Change::Reload
+            } else {
+                c
+            };
+            match changes.try_send(c) {
+                Ok(()) => true,
+                Err(TrySendError::Full(_)) => {
+                    *missed = true;
+                    true
+                }
+                Err(TrySendError::Closed(_)) => false,
             }
         };
-        backoff = std::time::Duration::from_secs(1);
-        // What changed while nobody listened.
-        if !send(Change::Reload, &mut missed) {
-            return;
-        }
-        loop {
-            // A fresh iterator per quiet second: one whose time ran out
-            // would return at once from then on.
-            let mut n = db.notifications();
-            let mut it = n.timeout_iter(std::time::Duration::from_secs(1));
-            let quiet = loop {
-                match postgres::fallible_iterator::FallibleIterator::next(&mut it) {
-                    Ok(Some(note)) if note.process_id() == own => {}
-                    Ok(Some(note)) => {
-                        if !send(Change::Depot(note.payload().to_owned()), &mut missed) {
+        let mine = format!("{} ", self.instance);
+        while !changes.is_closed() {
+            let (db, mut conn) = match self.config.connect(tokio_postgres::NoTls).await {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!("L-Bone change listener: {e}; again in {backoff:?}");
+                    tokio::select! {
+                        () = tokio::time::sleep(backoff) => {}
+                        () = changes.closed() => return,
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(30));
+                    continue;
+                }
+            };
+            let listen = format!("LISTEN {}", self.channel);
+            let mut subscribe = std::pin::pin!(db.batch_execute(&listen));
+            let mut subscribed = false;
+            loop {
+                tokio::select! {
+                    r = &mut subscribe, if !subscribed => {
+                        if let Err(e) = r {
+                            tracing::warn!("L-Bone change listener: LISTEN: {e}");
+                            break;
+                        }
+                        subscribed = true;
+                        backoff = Duration::from_secs(1);
+                        // What changed while nobody listened.
+                        if !send(Change::Reload, &mut missed) {
                             return;
                         }
                     }
-                    Ok(None) => break Ok(()),
-                    Err(e) => break Err(e),
-                }
-            };
-            drop(it);
-            drop(n);
-            match quiet {
-                Ok(()) if db.is_closed() => {
-                    tracing::warn!("L-Bone change listener lost its connection");
-                    break;
-                }
-                Ok(()) if changes.is_closed() => return,
-                // A quiet second: pass on a reload owed for a full queue.
-                Ok(()) => {
-                    if missed && !send(Change::Reload, &mut missed) {
-                        return;
+                    m = std::future::poll_fn(|cx| conn.poll_message(cx)) => match m {
+                        Some(Ok(tokio_postgres::AsyncMessage::Notification(n))) => {
+                            let Some((from, addr)) = n.payload().split_once(' ') else {
+                                continue;
+                            };
+                            if n.payload().starts_with(&mine) || from.is_empty() {
+                                continue;
+                            }
+                            if !send(Change::Depot(addr.to_owned()), &mut missed) {
+                                return;
+                            }
+                        }
+                        Some(Ok(_)) => {}
+                        Some(Err(e)) => {
+                            tracing::warn!("L-Bone change listener lost its connection: {e}");
+                            break;
+                        }
+                        None => {
+                            tracing::warn!("L-Bone change listener lost its connection");
+                            break;
+                        }
+                    },
+                    // A quiet second: pass on a reload owed for a full queue.
+                    () = tokio::time::sleep(Duration::from_secs(1)), if missed => {
+                        if !send(Change::Reload, &mut missed) {
+                            return;
+                        }
                     }
-                }
-                Err(e) => {
-                    tracing::warn!("L-Bone change listener lost its connection: {e}");
-                    break;
+                    () = changes.closed() => return,
                 }
             }
         }

@@ -67,7 +67,7 @@ async fn demo(a: &Args, dir: &std::path::Path) -> anyhow::Result<()> {
     let store = lors_lbone::store::SqliteStore::open(&dir.join("lbone").join("lbone.sqlite"))
         .context("opening the demo L-Bone store")?;
     let lb = LBone::new(
-        Arc::new(store),
+        store,
         lors_lbone::server::Config {
             token: token.clone(),
             heartbeat: Duration::from_secs(1),

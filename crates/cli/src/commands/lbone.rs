@@ -3,7 +3,6 @@
 use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -123,13 +122,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
     }
     let token = token(&a)?;
-    let store: Arc<dyn Store> = match (&a.database, &a.data) {
-        (Some(url), _) => {
-            Arc::new(PostgresStore::open(url, &a.schema).context("opening the PostgreSQL store")?)
+    let sqlite = match (&a.database, &a.data) {
+        (Some(_), _) => None,
+        (None, Some(dir)) => {
+            Some(SqliteStore::open(&dir.join("lbone.sqlite")).context("opening the SQLite store")?)
         }
-        (None, Some(dir)) => Arc::new(
-            SqliteStore::open(&dir.join("lbone.sqlite")).context("opening the SQLite store")?,
-        ),
         (None, None) => unreachable!("clap requires --data or --database"),
     };
     let cfg = Config {
@@ -158,6 +155,14 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 format!("binding the legacy protocol to {addr} (choose with --legacy-listen, or --no-legacy)")
             })?),
             None => None,
+        };
+        let store: Store = match (sqlite, &a.database) {
+            (Some(s), _) => s.into(),
+            (None, Some(url)) => PostgresStore::open(url, &a.schema)
+                .await
+                .context("opening the PostgreSQL store")?
+                .into(),
+            (None, None) => unreachable!("clap requires --data or --database"),
         };
         let lb = LBone::new(store, cfg);
         {
