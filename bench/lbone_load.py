@@ -159,8 +159,9 @@ def main() -> int:
         )
     if len(results) == 2:
         b, t = results[0][1], results[1][1]
-        lines += ["", f"p99 {b['p99_ms'] / t['p99_ms']:.1f}x lower, queries/s "
-                  f"{t['queries_per_s'] / max(b['queries_per_s'], 1e-9):.1f}x."]
+        lines += ["", f"This build against the baseline: p99 {t['p99_ms'] / b['p99_ms']:.2f}x, queries/s "
+                  f"{t['queries_per_s'] / max(b['queries_per_s'], 1e-9):.2f}x, CPU "
+                  f"{t['cores'] / max(b['cores'], 1e-9):.2f}x, peak RSS {t['rss_mib'] / max(b['rss_mib'], 1e-9):.2f}x."]
     lines += ["", "Targets: p99 <= 50 ms, 0 errors, RSS <= 300 MiB.", "", machine()]
     report = "\n".join(lines) + "\n"
     print(report)

@@ -2,13 +2,15 @@
 //! depot queries and rate reports and the depots' heartbeats reuse their
 //! connections instead of opening one per request.
 
-use std::sync::OnceLock;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::Request;
 use hyper::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HOST};
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client as Pooled;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
@@ -20,7 +22,7 @@ pub const MAX_RESPONSE: usize = 16 * 1024 * 1024;
 /// a minute or so; closing first avoids racing their close).
 const POOL_IDLE: Duration = Duration::from_secs(20);
 
-/// An `http://host:port[/prefix]` base URL.
+/// An `http://` or `https://host:port[/prefix]` base URL.
 ///
 /// ```
 /// use lors_http::client::BaseUrl;
@@ -28,6 +30,8 @@ const POOL_IDLE: Duration = Duration::from_secs(20);
 /// assert_eq!(b.authority, "lbone.example.org:8080");
 /// assert_eq!(b.prefix, "/dir");
 /// assert_eq!(b.to_string(), "http://lbone.example.org:8080/dir");
+/// let s = BaseUrl::parse("https://lbone.example.org").unwrap();
+/// assert_eq!((s.authority.as_str(), s.tls), ("lbone.example.org:443", true));
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct BaseUrl {
@@ -35,14 +39,19 @@ pub struct BaseUrl {
     pub authority: String,
     /// Path prefix without a trailing `/`.
     pub prefix: String,
+    /// `https://`: the server is verified and the exchange encrypted.
+    pub tls: bool,
 }
 
 impl BaseUrl {
-    /// Parses `http://host[:port][/prefix]` (port 80 by default).
+    /// Parses `http://host[:port][/prefix]` (port 80 by default) or
+    /// `https://…` (port 443).
     pub fn parse(url: &str) -> Result<BaseUrl, String> {
-        let rest = url
-            .strip_prefix("http://")
-            .ok_or_else(|| format!("{url:?}: only http:// URLs are supported"))?;
+        let (rest, tls) = match (url.strip_prefix("http://"), url.strip_prefix("https://")) {
+            (Some(r), _) => (r, false),
+            (_, Some(r)) => (r, true),
+            _ => return Err(format!("{url:?}: give an http:// or https:// URL")),
+        };
         let (auth, path) = rest.split_once('/').unwrap_or((rest, ""));
         if auth.is_empty() {
             return Err(format!("{url:?}: no host"));
@@ -57,20 +66,106 @@ impl BaseUrl {
         {
             auth.to_owned()
         } else {
-            format!("{auth}:80")
+            format!("{auth}:{}", if tls { 443 } else { 80 })
         };
         let prefix = format!("/{}", path.trim_end_matches('/'));
         Ok(BaseUrl {
             authority,
             prefix: if prefix == "/" { String::new() } else { prefix },
+            tls,
         })
+    }
+
+    /// The host, without port or brackets.
+    pub fn host(&self) -> &str {
+        let h = match self.authority.rsplit_once(':') {
+            Some((h, p)) if p.parse::<u16>().is_ok() && !h.ends_with(':') => h,
+            _ => &self.authority,
+        };
+        h.trim_start_matches('[').trim_end_matches(']')
+    }
+
+    /// Whether the server is this machine (`localhost`, 127.0.0.0/8,
+    /// `::1`): what goes there never crosses a network.
+    ///
+    /// ```
+    /// use lors_http::client::BaseUrl;
+    /// assert!(BaseUrl::parse("http://127.0.0.1:8767").unwrap().is_loopback());
+    /// assert!(BaseUrl::parse("http://[::1]:8767").unwrap().is_loopback());
+    /// assert!(!BaseUrl::parse("http://lbone.example.org").unwrap().is_loopback());
+    /// ```
+    pub fn is_loopback(&self) -> bool {
+        let h = self.host();
+        h.eq_ignore_ascii_case("localhost")
+            || h.parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback())
     }
 }
 
 impl std::fmt::Display for BaseUrl {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "http://{}{}", self.authority, self.prefix)
+        let scheme = if self.tls { "https" } else { "http" };
+        write!(f, "{scheme}://{}{}", self.authority, self.prefix)
     }
+}
+
+/// The certificate authorities `https://` servers are verified against,
+/// when set by [`trust`] before the first request.
+static CA_FILE: OnceLock<PathBuf> = OnceLock::new();
+
+/// Verifies `https://` servers against the CA certificates (PEM) in
+/// `path` instead of the system's: for a deployment with its own CA. Call
+/// it before any request; `LORS_CA_FILE` in the environment does the same.
+pub fn trust(path: &Path) -> Result<(), String> {
+    roots_from(path)?;
+    CA_FILE
+        .set(path.to_owned())
+        .map_err(|_| "a CA file is already set".to_owned())
+}
+
+fn roots_from(path: &Path) -> Result<rustls::RootCertStore, String> {
+    let pem = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut roots = rustls::RootCertStore::empty();
+    use rustls_pki_types::pem::PemObject as _;
+    for cert in rustls_pki_types::CertificateDer::pem_slice_iter(&pem) {
+        let cert = cert.map_err(|e| format!("{}: {e}", path.display()))?;
+        roots
+            .add(cert)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    if roots.is_empty() {
+        return Err(format!("{}: no certificate in it", path.display()));
+    }
+    Ok(roots)
+}
+
+/// The TLS settings of every client: the roots of [`trust`] or
+/// `LORS_CA_FILE`, else the system's.
+fn tls_config() -> rustls::ClientConfig {
+    let ca = CA_FILE
+        .get()
+        .cloned()
+        .or_else(|| std::env::var_os("LORS_CA_FILE").map(PathBuf::from));
+    let roots = match ca {
+        Some(path) => roots_from(&path).unwrap_or_else(|e| {
+            // Nothing verifies then, and every https request says why.
+            tracing::error!("LORS_CA_FILE: {e}");
+            rustls::RootCertStore::empty()
+        }),
+        None => {
+            let mut roots = rustls::RootCertStore::empty();
+            let found = rustls_native_certs::load_native_certs();
+            for cert in found.certs {
+                let _ = roots.add(cert);
+            }
+            roots
+        }
+    };
+    rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .expect("ring supports the default versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth()
 }
 
 /// Why a request got no usable answer.
@@ -113,7 +208,7 @@ pub enum FetchError {
 /// A pooled keep-alive client.
 #[derive(Clone, Debug)]
 pub struct Client {
-    inner: Pooled<HttpConnector, Full<Bytes>>,
+    inner: Pooled<HttpsConnector<HttpConnector>, Full<Bytes>>,
 }
 
 impl Default for Client {
@@ -135,6 +230,12 @@ impl Client {
         connector.set_local_address(local);
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(Duration::from_secs(10)));
+        connector.enforce_http(false);
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls_config())
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(connector);
         let inner = Pooled::builder(TokioExecutor::new())
             .pool_timer(TokioTimer::new())
             .timer(TokioTimer::new())
@@ -169,10 +270,7 @@ impl Client {
         };
         let mut req = Request::builder()
             .method(method)
-            .uri(format!(
-                "http://{}{}{path_and_query}",
-                base.authority, base.prefix
-            ))
+            .uri(format!("{base}{path_and_query}"))
             .header(HOST, &base.authority)
             .header(ACCEPT, "application/json");
         if let Some(t) = bearer {
@@ -190,7 +288,7 @@ impl Client {
                 .await
                 .map_err(|e| FetchError::Connect {
                     authority: authority(),
-                    reason: error_chain(&e),
+                    reason: explain_tls(error_chain(&e)),
                 })?;
             let status = resp.status().as_u16();
             let body = Limited::new(resp.into_body(), MAX_RESPONSE)
@@ -229,6 +327,17 @@ fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     s
 }
 
+/// A certificate failure in words that say what to do.
+fn explain_tls(chain: String) -> String {
+    if chain.contains("invalid peer certificate") {
+        format!(
+            "{chain} (the server's certificate is not one this machine trusts: give its CA with --ca-file or LORS_CA_FILE)"
+        )
+    } else {
+        chain
+    }
+}
+
 /// [`Client::fetch`] on the [shared](Client::shared) client.
 pub async fn fetch(
     base: &BaseUrl,
@@ -254,7 +363,8 @@ mod tests {
         assert_eq!(b.prefix, "/dir");
         assert_eq!(BaseUrl::parse("http://h").unwrap().authority, "h:80");
         assert_eq!(BaseUrl::parse("http://[::1]").unwrap().authority, "[::1]");
-        for bad in ["https://h", "http://", "http://a b", "http://u@h"] {
+        assert!(BaseUrl::parse("https://h").unwrap().tls);
+        for bad in ["ftp://h", "http://", "http://a b", "http://u@h"] {
             assert!(BaseUrl::parse(bad).is_err(), "{bad}");
         }
     }

@@ -14,7 +14,7 @@ use axum::extract::ConnectInfo;
 use axum::http::StatusCode;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tower::ServiceExt as _;
 
@@ -54,6 +54,40 @@ impl Default for Limits {
     }
 }
 
+/// A server's certificate and key: connections are TLS (HTTP/1.1 or h2 by
+/// ALPN).
+#[derive(Clone)]
+pub struct Tls(tokio_rustls::TlsAcceptor);
+
+impl Tls {
+    /// From PEM files: the certificate chain (the server's first) and its
+    /// private key.
+    pub fn from_pem_files(cert: &std::path::Path, key: &std::path::Path) -> Result<Tls, String> {
+        use rustls_pki_types::pem::PemObject as _;
+        use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+        let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+            .and_then(|it| it.collect::<Result<_, _>>())
+            .map_err(|e| format!("{}: {e}", cert.display()))?;
+        if chain.is_empty() {
+            return Err(format!("{}: no certificate in it", cert.display()));
+        }
+        let key =
+            PrivateKeyDer::from_pem_file(key).map_err(|e| format!("{}: {e}", key.display()))?;
+        let mut cfg = rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .map_err(|e| format!("the certificate and key do not go together: {e}"))?;
+        cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        Ok(Tls(tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(
+            cfg,
+        ))))
+    }
+}
+
 /// How long a connection admitted by closing a waiting one waits for the
 /// place that one hands over.
 const EVICT_WAIT: Duration = Duration::from_secs(2);
@@ -88,6 +122,18 @@ pub async fn serve(
     listener: TcpListener,
     router: Router,
     limits: Limits,
+    shutdown: watch::Receiver<bool>,
+) {
+    serve_tls(listener, router, limits, None, shutdown).await;
+}
+
+/// [`serve`], over TLS when `tls` is given (the handshake bounded by the
+/// request timeout).
+pub async fn serve_tls(
+    listener: TcpListener,
+    router: Router,
+    limits: Limits,
+    tls: Option<Tls>,
     shutdown: watch::Receiver<bool>,
 ) {
     let router = limits.apply(router);
@@ -141,6 +187,7 @@ pub async fn serve(
             limits: limits.clone(),
             shutdown: shutdown.clone(),
         };
+        let tls = tls.clone();
         tasks.spawn(async move {
             let place = match place {
                 Ok(p) => p,
@@ -149,7 +196,19 @@ pub async fn serve(
                     _ => return,
                 },
             };
-            conn.run(stream, peer, slot, place).await;
+            let _ = stream.set_nodelay(true);
+            match tls {
+                None => conn.run(stream, peer, slot, place).await,
+                Some(Tls(acceptor)) => {
+                    let hs =
+                        tokio::time::timeout(conn.limits.request_timeout, acceptor.accept(stream));
+                    match hs.await {
+                        Ok(Ok(s)) => conn.run(s, peer, slot, place).await,
+                        Ok(Err(e)) => tracing::debug!(%peer, "TLS handshake failed: {e}"),
+                        Err(_) => tracing::debug!(%peer, "TLS handshake not done in time"),
+                    }
+                }
+            }
         });
     }
     drop(listener);
@@ -165,14 +224,10 @@ struct Connection {
 }
 
 impl Connection {
-    async fn run(
-        mut self,
-        stream: TcpStream,
-        peer: SocketAddr,
-        slot: Slot,
-        place: OwnedSemaphorePermit,
-    ) {
-        let _ = stream.set_nodelay(true);
+    async fn run<S>(mut self, stream: S, peer: SocketAddr, slot: Slot, place: OwnedSemaphorePermit)
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
         let slot = Arc::new(slot);
         let router = self.router.clone();
         let s = slot.clone();

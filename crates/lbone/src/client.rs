@@ -13,7 +13,7 @@ use lors_http::client as http;
 /// An L-Bone to ask: our HTTP API, or any server speaking the legacy protocol.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Directory {
-    /// `http://host:port` — our API.
+    /// `http://host:port` or `https://…` — our API.
     Http(BaseUrl),
     /// `host` + port — the 512-byte protocol, as the original tools speak it.
     Legacy(String, u16),
@@ -156,12 +156,12 @@ impl Directory {
 
     fn parse_one(server: &str, port: Option<u16>) -> Result<Directory, String> {
         let server = server.trim();
-        if server.starts_with("http://") {
+        if server.starts_with("http://") || server.starts_with("https://") {
             return BaseUrl::parse(server).map(Directory::Http);
         }
         if server.is_empty() || server.contains('/') {
             return Err(format!(
-                "L-Bone {server:?}: give a host (with LBONE_PORT) or an http://host:port URL"
+                "L-Bone {server:?}: give a host (with LBONE_PORT) or an http(s)://host:port URL"
             ));
         }
         match server.rsplit_once(':') {

@@ -1024,6 +1024,17 @@ pub async fn run(
     legacy: Option<TcpListener>,
     shutdown: watch::Receiver<bool>,
 ) {
+    run_tls(lb, http, None, legacy, shutdown).await;
+}
+
+/// [`run`], the API and dashboard over TLS when `tls` is given.
+pub async fn run_tls(
+    lb: Arc<LBone>,
+    http: TcpListener,
+    tls: Option<lors_http::serve::Tls>,
+    legacy: Option<TcpListener>,
+    shutdown: watch::Receiver<bool>,
+) {
     if let Err(e) = lb.load().await {
         tracing::error!("reading the directory from the store: {e}; starting empty");
     }
@@ -1039,10 +1050,11 @@ pub async fn run(
             }
         });
     }
-    tasks.spawn(lors_http::serve::serve(
+    tasks.spawn(lors_http::serve::serve_tls(
         http,
         router(lb.clone()),
         limits(&lb.cfg),
+        tls,
         shutdown.clone(),
     ));
     if let Some(l) = legacy {

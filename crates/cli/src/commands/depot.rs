@@ -94,11 +94,20 @@ pub struct Args {
 #[derive(clap::Args)]
 #[command(next_help_heading = "L-Bone registration")]
 pub struct LboneArgs {
-    /// Register with this L-Bone (http://HOST:PORT) and heartbeat. Repeat
-    /// it (or give a comma list) for the instances of one directory: the
-    /// heartbeat goes to one and moves on to the next when it fails.
+    /// Register with this L-Bone (https://HOST:PORT, or http:// on this
+    /// machine) and heartbeat. Repeat it (or give a comma list) for the
+    /// instances of one directory: the heartbeat goes to one and moves on to
+    /// the next when it fails.
     #[arg(long, value_name = "URL", value_delimiter = ',')]
     lbone: Vec<String>,
+    /// Verify the L-Bone's certificate against the CAs in this PEM file
+    /// instead of the system's [env: LORS_CA_FILE].
+    #[arg(long, value_name = "PEM")]
+    lbone_ca_file: Option<PathBuf>,
+    /// Send the registration token over plain http:// to another machine
+    /// (anyone on the path can read it and register depots).
+    #[arg(long)]
+    insecure: bool,
     /// The L-Bone's registration token.
     #[arg(
         long,
@@ -378,6 +387,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 })
                 .collect::<Result<Vec<_>, _>>()?;
             let urls = args.lbone.lbone.join(", ");
+            if let Some(ca) = &args.lbone.lbone_ca_file {
+                lors_http::client::trust(ca)
+                    .map_err(|e| UsageError(format!("--lbone-ca-file: {e}")))?;
+            }
+            // The token is the key to the directory: never in clear over a
+            // network unless asked for.
+            for b in bases.iter().filter(|b| !b.tls && !b.is_loopback()) {
+                if !args.lbone.insecure {
+                    return Err(UsageError(format!(
+                        "--lbone {b}: the registration token would cross the network in clear; use https:// (lors lbone --tls-cert/--tls-key), or --insecure on a network you trust"
+                    ))
+                    .into());
+                }
+                eprintln!("lors depot: warning: the L-Bone token goes to {b} in clear (--insecure)");
+            }
             let token = args.lbone.token()?;
             let loc = args.lbone.location();
             registration(&depot, &loc)

@@ -25,10 +25,15 @@ use crate::UsageError;
   Public, with a chosen token, the legacy protocol on 6767:
     lors lbone --data /srv/lbone --listen 0.0.0.0:8767 --legacy-listen 0.0.0.0:6767 --token \"$TOKEN\"
 
-  Two instances behind one PostgreSQL database:
+  Instances behind one PostgreSQL database (run it on each host; clients and
+  depots take the list: LBONE_SERVER=https://lb1:8767,https://lb2:8767):
     lors lbone --database postgres://lbone@db/lbone --listen 0.0.0.0:8767 --token \"$TOKEN\"
 
-Depots join with: lors depot … --lbone http://HOST:8767 --lbone-token TOKEN")]
+  Over TLS (depots and clients verify it against the system's CAs, or
+  --lbone-ca-file / LORS_CA_FILE):
+    lors lbone --data /srv/lbone --tls-cert /etc/lors/lbone.crt --tls-key /etc/lors/lbone.key
+
+Depots join with: lors depot … --lbone https://HOST:8767 --lbone-token TOKEN")]
 pub struct Args {
     /// Directory for the SQLite database (and the generated token).
     #[arg(long, value_name = "DIR", required_unless_present = "database")]
@@ -74,6 +79,13 @@ pub struct Args {
     /// A depot silent this long is dropped from the directory.
     #[arg(long, value_name = "DURATION", value_parser = duration_arg, default_value = "1d")]
     drop_after: Duration,
+    /// Serve the API and dashboard over TLS with this certificate chain
+    /// (PEM, the server's first).
+    #[arg(long, value_name = "PEM", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, value_name = "PEM", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
     /// Connections one client address may hold at once (raise it for
     /// clients behind one NAT).
     #[arg(long, value_name = "N", default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..))]
@@ -122,6 +134,14 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
     }
     let token = token(&a)?;
+    let tls = match (&a.tls_cert, &a.tls_key) {
+        (Some(cert), Some(key)) => Some(
+            lors_http::serve::Tls::from_pem_files(cert, key)
+                .map_err(|e| UsageError(format!("--tls-cert/--tls-key: {e}")))?,
+        ),
+        _ => None,
+    };
+    let scheme = if tls.is_some() { "https" } else { "http" };
     let sqlite = match (&a.database, &a.data) {
         (Some(_), _) => None,
         (None, Some(dir)) => {
@@ -171,11 +191,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             if at.ip().is_unspecified() {
                 writeln!(
                     out,
-                    "lors lbone: dashboard http://localhost:{}/ (listening on all interfaces)",
+                    "lors lbone: dashboard {scheme}://localhost:{}/ (listening on all interfaces)",
                     at.port()
                 )?;
             } else {
-                writeln!(out, "lors lbone: dashboard http://{at}/")?;
+                writeln!(out, "lors lbone: dashboard {scheme}://{at}/")?;
             }
             if let Some(l) = &legacy {
                 writeln!(out, "lors lbone: legacy protocol on {}", l.local_addr()?)?;
@@ -190,7 +210,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             out.flush()?;
         }
         let (tx, rx) = tokio::sync::watch::channel(false);
-        let server = tokio::spawn(lors_lbone::server::run(lb, http, legacy, rx));
+        let server = tokio::spawn(lors_lbone::server::run_tls(lb, http, tls, legacy, rx));
         super::depot::wait_for_signal().await;
         let _ = tx.send(true);
         server.await.context("L-Bone task")?;

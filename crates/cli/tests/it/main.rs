@@ -16,6 +16,7 @@ mod lbone;
 mod lstore;
 mod metrics;
 mod share;
+mod tls;
 mod tools;
 mod util;
 mod xio;

@@ -171,6 +171,8 @@ pub struct LboneProc {
     pub legacy: String,
     /// Its registration token.
     pub token: String,
+    /// Whether it serves over TLS.
+    pub tls: bool,
 }
 
 impl LboneProc {
@@ -221,17 +223,26 @@ impl LboneProc {
                 .trim_end_matches('/')
                 .to_owned()
         };
+        let tls = lines
+            .iter()
+            .any(|l| l.starts_with("lors lbone: dashboard https://"));
         LboneProc {
-            http: find("lors lbone: dashboard http://"),
+            http: find(if tls {
+                "lors lbone: dashboard https://"
+            } else {
+                "lors lbone: dashboard http://"
+            }),
             legacy: find("lors lbone: legacy protocol on "),
+            tls,
             child,
             token,
         }
     }
 
-    /// `http://ADDR`.
+    /// `http://ADDR` (`https://` over TLS).
     pub fn url(&self) -> String {
-        format!("http://{}", self.http)
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://{}", self.http)
     }
 
     /// The L-Bone's process id.
