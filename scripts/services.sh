@@ -5,7 +5,8 @@
 # promtool (to check the metrics endpoints), iproute2 (for the network lab), fuse3, rsync, sqlite3 and gcc (for xio).
 #
 #   source scripts/services.sh   # exports LORS_TEST_PG_URL, LORS_REQUIRE_SERVICES,
-#                                # LORS_CHROMIUM, LORS_PROMTOOL; stops PostgreSQL on exit
+#                                # LORS_CHROMIUM, LORS_CHROMEDRIVER, LORS_PROMTOOL;
+#                                # stops PostgreSQL on exit
 set -euo pipefail
 
 _apt_install() {
@@ -74,4 +75,5 @@ fi
 
 export LORS_CHROMIUM="$(command -v chromium)"
 export LORS_PROMTOOL="$(command -v promtool)"
+export LORS_CHROMEDRIVER="$(command -v chromedriver)"
 echo "PostgreSQL $("$_pg/postgres" --version | awk '{print $3}') on 127.0.0.1:$_pg_port; $("$LORS_CHROMIUM" --version 2>/dev/null | head -n 1)"

@@ -263,3 +263,23 @@ pub fn valid_host(host: &str) -> bool {
                     .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
         })
 }
+
+/// The directory at one minute, for the dashboard's history
+/// (`GET /api/v1/history`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Sample {
+    /// Start of the minute (Unix seconds).
+    pub t: i64,
+    /// Depots listed.
+    pub depots: u64,
+    /// Of those, online.
+    pub online: u64,
+    /// Hard space of the online depots.
+    pub hard_total: u64,
+    /// Free hard space of the online depots.
+    pub hard_free: u64,
+    /// Sum of the rates (bytes/s) clients reported in the minute.
+    pub reported_sum: f64,
+    /// How many rates clients reported in the minute.
+    pub reports: u64,
+}

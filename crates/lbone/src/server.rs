@@ -33,6 +33,9 @@ type Response = axum::response::Response;
 /// again (registrations and departures refresh it at once).
 const LISTING_FRESH: Duration = Duration::from_secs(1);
 
+/// The dashboard's history: one sample a minute.
+const SAMPLE_STEP: i64 = 60;
+
 /// Announced changes waiting to be read; past that, a full read.
 const CHANGES_QUEUED: usize = 16_384;
 
@@ -113,7 +116,7 @@ pub struct LBone {
     /// to the store and here; those through others arrive by
     /// [`Store::watch`] and a full read at each sweep. Queries never read
     /// the store.
-    directory: std::sync::RwLock<HashMap<String, DepotRecord>>,
+    directory: Arc<std::sync::RwLock<HashMap<String, DepotRecord>>>,
     /// The directory indexed for ranking, shared by every query until it
     /// is [`LISTING_FRESH`] old or a depot comes or goes.
     listing: Fresh<Listing>,
@@ -135,6 +138,9 @@ pub struct LBone {
     forecasts: std::sync::Mutex<HashMap<String, Arc<Fresh<Forecasts>>>>,
     /// What `/metrics` shows.
     metrics: Metrics,
+    /// Rates reported to this instance since the last sample: their sum
+    /// (bytes/s) and count.
+    reported: std::sync::Mutex<(f64, u64)>,
 }
 
 /// The directory as read from the store, indexed for ranking.
@@ -238,7 +244,7 @@ impl LBone {
         Arc::new(LBone {
             token_hash: blake3::hash(cfg.token.as_bytes()),
             offline: std::sync::Mutex::new(std::collections::HashSet::new()),
-            directory: std::sync::RwLock::new(HashMap::new()),
+            directory: Arc::new(std::sync::RwLock::new(HashMap::new())),
             listing: Fresh::new(),
             workers: Semaphore::new(LISTING_WORKERS),
             answers: std::sync::Mutex::new(HashMap::new()),
@@ -247,6 +253,7 @@ impl LBone {
             reporters: std::sync::Mutex::new((Instant::now(), HashMap::new())),
             forecasts: std::sync::Mutex::new(HashMap::new()),
             metrics: Metrics::new(),
+            reported: std::sync::Mutex::new((0.0, 0)),
             store,
             cfg,
         })
@@ -280,21 +287,24 @@ impl LBone {
     /// Every depot, as the directory in memory held them at most
     /// [`LISTING_FRESH`] ago: concurrent queries share one copy.
     async fn depots(&self) -> Result<Arc<Listing>, String> {
-        let read = async {
-            let depots: Vec<DepotRecord> = {
-                let dir = self.directory_read();
-                let mut v: Vec<_> = dir.iter().collect();
-                v.sort_unstable_by(|a, b| a.0.cmp(b.0));
-                v.into_iter().map(|(_, d)| d.clone()).collect()
-            };
-            let index = rank::Index::build(&depots);
-            Ok(Listing { depots, index })
+        // Copied and indexed on a blocking thread: at 10,000 depots that
+        // is milliseconds no query on the async workers should wait behind.
+        let dir = self.directory.clone();
+        let read = async move {
+            tokio::task::spawn_blocking(move || {
+                let depots: Vec<DepotRecord> = {
+                    let dir = dir.read().unwrap_or_else(|e| e.into_inner());
+                    let mut v: Vec<_> = dir.iter().collect();
+                    v.sort_unstable_by(|a, b| a.0.cmp(b.0));
+                    v.into_iter().map(|(_, d)| d.clone()).collect()
+                };
+                let index = rank::Index::build(&depots);
+                Listing { depots, index }
+            })
+            .await
+            .map_err(|e| format!("indexing the directory: {e}"))
         };
         self.listing.get(read).await
-    }
-
-    fn directory_read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<String, DepotRecord>> {
-        self.directory.read().unwrap_or_else(|e| e.into_inner())
     }
 
     fn directory_write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<String, DepotRecord>> {
@@ -565,23 +575,70 @@ impl LBone {
         // directory would otherwise hold the store as long as a listing
         // read does, and the heartbeats wait behind it.
         let listed = self.depots().await?;
-        let mut offline = self.offline_lock();
-        for d in listed
-            .depots
-            .iter()
-            .filter(|d| d.last_seen < offline_cutoff)
         {
-            let addr = d.reg.addr();
-            if !offline.contains(&addr) {
-                tracing::info!(depot = %addr, silent_s = t - d.last_seen, "offline: no heartbeat");
-                offline.insert(addr);
+            let mut offline = self.offline_lock();
+            for d in listed
+                .depots
+                .iter()
+                .filter(|d| d.last_seen < offline_cutoff)
+            {
+                let addr = d.reg.addr();
+                if !offline.contains(&addr) {
+                    tracing::info!(depot = %addr, silent_s = t - d.last_seen, "offline: no heartbeat");
+                    offline.insert(addr);
+                }
+            }
+            for d in &gone {
+                offline.remove(d);
+                tracing::info!(depot = %d, "dropped: no heartbeat");
             }
         }
-        for d in &gone {
-            offline.remove(d);
-            tracing::info!(depot = %d, "dropped: no heartbeat");
-        }
+        self.sample(&listed.depots, t, offline_cutoff).await?;
         Ok(gone)
+    }
+
+    /// Records the directory's figures for the current minute, and the
+    /// rates reported here since the last sample.
+    async fn sample(
+        &self,
+        depots: &[DepotRecord],
+        t: i64,
+        offline_cutoff: i64,
+    ) -> Result<(), String> {
+        let mut x = crate::model::Sample {
+            t: t - t.rem_euclid(SAMPLE_STEP),
+            depots: depots.len() as u64,
+            online: 0,
+            hard_total: 0,
+            hard_free: 0,
+            reported_sum: 0.0,
+            reports: 0,
+        };
+        for d in depots.iter().filter(|d| d.last_seen >= offline_cutoff) {
+            x.online += 1;
+            for r in &d.reg.resources {
+                x.hard_total = x.hard_total.saturating_add(r.hard_total);
+                x.hard_free = x.hard_free.saturating_add(r.hard_free);
+            }
+        }
+        (x.reported_sum, x.reports) =
+            std::mem::take(&mut *self.reported.lock().unwrap_or_else(|e| e.into_inner()));
+        let r = self.stored(self.store.add_sample(x)).await;
+        if r.is_err() {
+            // Counted at the next sample instead.
+            let mut back = self.reported.lock().unwrap_or_else(|e| e.into_inner());
+            back.0 += x.reported_sum;
+            back.1 += x.reports;
+        }
+        r
+    }
+
+    /// `GET /api/v1/history`: the last day's samples.
+    async fn history(&self) -> Response {
+        match self.stored(self.store.samples(now() - 86_400)).await {
+            Ok(v) => ok(serde_json::json!({"step": SAMPLE_STEP, "samples": v})),
+            Err(e) => error(503, &e),
+        }
     }
 
     fn offline_lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<String>> {
@@ -694,10 +751,12 @@ impl LBone {
             .filter(|x| listed.contains(&x.depot))
             .collect();
         let t = now();
-        let known = known
+        let known: Vec<(String, f64)> = known
             .into_iter()
             .map(|x| (x.depot, x.bytes_per_sec))
             .collect();
+        let sum = known.iter().map(|(_, b)| b.max(0.0)).sum::<f64>();
+        let count = known.len() as u64;
         let n = self.stored(self.store.record_rates(&net, known, t)).await;
         match n {
             Ok(n) => {
@@ -710,6 +769,10 @@ impl LBone {
                 {
                     f.clear();
                 }
+                let mut r = self.reported.lock().unwrap_or_else(|e| e.into_inner());
+                r.0 += sum;
+                r.1 += count;
+                drop(r);
                 ok(serde_json::json!({"ok": true, "recorded": n}))
             }
             Err(e) => error(503, &e),
@@ -939,6 +1002,10 @@ pub fn router(lb: Arc<LBone>) -> Router {
         .route(
             "/healthz",
             get(|| async { ok(serde_json::json!({"ok": true})) }),
+        )
+        .route(
+            "/api/v1/history",
+            get(|State(lb): S| async move { lb.history().await }),
         )
         .route(
             "/metrics",

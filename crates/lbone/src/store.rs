@@ -211,6 +211,22 @@ impl Store {
         }
     }
 
+    /// Records the directory's figures for a minute (see [`ADD_SAMPLE`]).
+    pub async fn add_sample(&self, x: crate::model::Sample) -> Result<(), StoreError> {
+        match self {
+            Store::Sqlite(s) => blocking(s, move |s| s.add_sample(&x)).await,
+            Store::Postgres(p) => bounded(p.add_sample(&x)).await,
+        }
+    }
+
+    /// The samples since `since`, oldest first.
+    pub async fn samples(&self, since: i64) -> Result<Vec<crate::model::Sample>, StoreError> {
+        match self {
+            Store::Sqlite(s) => blocking(s, move |s| s.samples(since)).await,
+            Store::Postgres(p) => bounded(p.samples(since)).await,
+        }
+    }
+
     /// Starts announcing on `changes` what other instances change in this
     /// store: the address of each depot they register, refresh or remove,
     /// and [`Change::Reload`] whenever some may have been missed (at the
@@ -279,7 +295,34 @@ CREATE TABLE IF NOT EXISTS rates (
     updated BIGINT NOT NULL,
     PRIMARY KEY (client, depot)
 );
+CREATE TABLE IF NOT EXISTS samples (
+    t BIGINT PRIMARY KEY,
+    depots BIGINT NOT NULL,
+    online BIGINT NOT NULL,
+    hard_total BIGINT NOT NULL,
+    hard_free BIGINT NOT NULL,
+    reported_sum DOUBLE PRECISION NOT NULL,
+    reports BIGINT NOT NULL
+);
 ";
+
+/// Adds a sample: the directory's figures replace the minute's, the rate
+/// reports add to it (each instance counts the reports it took). Samples
+/// older than a day and an hour go.
+const ADD_SAMPLE: &str = "
+INSERT INTO samples (t, depots, online, hard_total, hard_free, reported_sum, reports)
+VALUES ($1, $2, $3, $4, $5, $6, $7)
+ON CONFLICT (t) DO UPDATE SET depots = excluded.depots, online = excluded.online,
+    hard_total = excluded.hard_total, hard_free = excluded.hard_free,
+    reported_sum = samples.reported_sum + excluded.reported_sum,
+    reports = samples.reports + excluded.reports";
+
+/// How long samples are kept.
+pub const HISTORY: i64 = 86_400 + 3_600;
+
+fn i64_of(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
 
 /// SQLite in one file: the embedded default.
 pub struct SqliteStore {
@@ -311,6 +354,45 @@ impl SqliteStore {
 
 /// The SQLite calls; [`Store`] runs them on blocking threads.
 impl SqliteStore {
+    fn add_sample(&self, x: &crate::model::Sample) -> Result<(), StoreError> {
+        let db = self.db();
+        db.execute(
+            &ADD_SAMPLE.replace('$', "?"),
+            rusqlite::params![
+                x.t,
+                i64_of(x.depots),
+                i64_of(x.online),
+                i64_of(x.hard_total),
+                i64_of(x.hard_free),
+                x.reported_sum,
+                i64_of(x.reports)
+            ],
+        )?;
+        db.execute("DELETE FROM samples WHERE t < ?1", [x.t - HISTORY])?;
+        Ok(())
+    }
+
+    fn samples(&self, since: i64) -> Result<Vec<crate::model::Sample>, StoreError> {
+        let db = self.db();
+        let mut st = db.prepare(
+            "SELECT t, depots, online, hard_total, hard_free, reported_sum, reports
+             FROM samples WHERE t >= ?1 ORDER BY t",
+        )?;
+        st.query_map([since], |r| {
+            Ok(crate::model::Sample {
+                t: r.get(0)?,
+                depots: r.get::<_, i64>(1)?.max(0) as u64,
+                online: r.get::<_, i64>(2)?.max(0) as u64,
+                hard_total: r.get::<_, i64>(3)?.max(0) as u64,
+                hard_free: r.get::<_, i64>(4)?.max(0) as u64,
+                reported_sum: r.get(5)?,
+                reports: r.get::<_, i64>(6)?.max(0) as u64,
+            })
+        })?
+        .collect::<Result<_, _>>()
+        .map_err(StoreError::from)
+    }
+
     fn upsert(&self, reg: &Registration, now: i64) -> Result<Option<i64>, StoreError> {
         let mut db = self.db();
         let tx = db.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
@@ -533,6 +615,50 @@ impl PostgresStore {
         })
         .await?;
         Ok(store)
+    }
+
+    async fn add_sample(&self, x: &crate::model::Sample) -> Result<(), StoreError> {
+        let db = self.pool.get().await?;
+        db.execute(
+            ADD_SAMPLE,
+            &[
+                &x.t,
+                &i64_of(x.depots),
+                &i64_of(x.online),
+                &i64_of(x.hard_total),
+                &i64_of(x.hard_free),
+                &x.reported_sum,
+                &i64_of(x.reports),
+            ],
+        )
+        .await?;
+        db.execute("DELETE FROM samples WHERE t < $1", &[&(x.t - HISTORY)])
+            .await?;
+        Ok(())
+    }
+
+    async fn samples(&self, since: i64) -> Result<Vec<crate::model::Sample>, StoreError> {
+        let db = self.pool.get().await?;
+        let rows = db
+            .query(
+                "SELECT t, depots, online, hard_total, hard_free, reported_sum, reports
+                 FROM samples WHERE t >= $1 ORDER BY t",
+                &[&since],
+            )
+            .await?;
+        let u = |v: i64| v.max(0) as u64;
+        Ok(rows
+            .iter()
+            .map(|r| crate::model::Sample {
+                t: r.get(0),
+                depots: u(r.get(1)),
+                online: u(r.get(2)),
+                hard_total: u(r.get(3)),
+                hard_free: u(r.get(4)),
+                reported_sum: r.get(5),
+                reports: u(r.get(6)),
+            })
+            .collect())
     }
 
     async fn upsert(&self, reg: &Registration, now: i64) -> Result<Option<i64>, StoreError> {
