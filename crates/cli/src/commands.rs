@@ -181,6 +181,16 @@ pub struct LboneOpts {
         help_heading = "L-Bone"
     )]
     pub lbone_port: Option<u16>,
+    /// Verify https:// L-Bones against the CA certificates in this PEM file
+    /// instead of the system's.
+    #[arg(
+        long = "ca-file",
+        value_name = "PEM",
+        env = "LORS_CA_FILE",
+        help_heading = "L-Bone",
+        value_parser = trusted_ca
+    )]
+    pub ca_file: Option<std::path::PathBuf>,
 }
 
 /// How many depots, and where: the L-Bone query options of upload, augment
@@ -358,6 +368,14 @@ pub fn settings(
     };
     Settings::resolve(flags, uri, &lors::settings::Env::process(), rc)
         .map_err(|e| UsageError(e.to_string()).into())
+}
+
+/// `--ca-file`: read and trusted for the whole process as the flags are
+/// parsed, so a file with no certificate stops the command at once.
+fn trusted_ca(s: &str) -> Result<std::path::PathBuf, String> {
+    let p = std::path::PathBuf::from(s);
+    lors_http::client::trust(&p)?;
+    Ok(p)
 }
 
 impl LboneOpts {

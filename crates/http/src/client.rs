@@ -118,9 +118,11 @@ static CA_FILE: OnceLock<PathBuf> = OnceLock::new();
 /// it before any request; `LORS_CA_FILE` in the environment does the same.
 pub fn trust(path: &Path) -> Result<(), String> {
     roots_from(path)?;
-    CA_FILE
-        .set(path.to_owned())
-        .map_err(|_| "a CA file is already set".to_owned())
+    match CA_FILE.set(path.to_owned()) {
+        Ok(()) => Ok(()),
+        Err(_) if CA_FILE.get().map(PathBuf::as_path) == Some(path) => Ok(()),
+        Err(_) => Err("another CA file is already trusted".to_owned()),
+    }
 }
 
 fn roots_from(path: &Path) -> Result<rustls::RootCertStore, String> {

@@ -119,6 +119,37 @@ fn registration_and_queries_over_https_are_verified() {
         "only the verified depot is listed"
     );
 
+    // --ca-file does what LORS_CA_FILE does; a file with no certificate
+    // in it stops the command before anything is asked.
+    let ca_flag = |ca: &str| {
+        let _ = std::fs::remove_file(&xnd);
+        lors_env(
+            &[
+                "upload",
+                "-H",
+                &lb.url(),
+                "--ca-file",
+                ca,
+                "--copies",
+                "1",
+                "-l",
+                "city= Brno",
+                "-o",
+                xnd.to_str().unwrap(),
+                src.to_str().unwrap(),
+            ],
+            &[],
+        )
+    };
+    let (ok, _, err) = ca_flag(&pem(&ours, "ca.pem"));
+    assert!(ok, "{err}");
+    let (ok, _, err) = ca_flag(src.to_str().unwrap());
+    assert!(!ok);
+    assert!(
+        err.contains("--ca-file") && err.contains("no certificate"),
+        "{err}"
+    );
+
     // A client trusting another CA is refused, and told what to do.
     let (ok, _, err) = upload(&theirs, "city= Brno");
     assert!(!ok);
