@@ -200,12 +200,17 @@ pub async fn serve_tls(
             match tls {
                 None => conn.run(stream, peer, slot, place).await,
                 Some(Tls(acceptor)) => {
+                    // A connection still in its handshake has no request in
+                    // flight: it may be closed to make room like any other.
                     let hs =
                         tokio::time::timeout(conn.limits.request_timeout, acceptor.accept(stream));
-                    match hs.await {
-                        Ok(Ok(s)) => conn.run(s, peer, slot, place).await,
-                        Ok(Err(e)) => tracing::debug!(%peer, "TLS handshake failed: {e}"),
-                        Err(_) => tracing::debug!(%peer, "TLS handshake not done in time"),
+                    tokio::select! {
+                        r = hs => match r {
+                            Ok(Ok(s)) => conn.run(s, peer, slot, place).await,
+                            Ok(Err(e)) => tracing::debug!(%peer, "TLS handshake failed: {e}"),
+                            Err(_) => tracing::debug!(%peer, "TLS handshake not done in time"),
+                        },
+                        () = slot.evicted() => slot.hand_over(place),
                     }
                 }
             }

@@ -211,7 +211,8 @@ impl Store {
         }
     }
 
-    /// Records the directory's figures for a minute (see [`ADD_SAMPLE`]).
+    /// Records the directory's figures for a minute: they replace the
+    /// minute's, the rate reports add to it; samples past [`HISTORY`] go.
     pub async fn add_sample(&self, x: crate::model::Sample) -> Result<(), StoreError> {
         match self {
             Store::Sqlite(s) => blocking(s, move |s| s.add_sample(&x)).await,
