@@ -567,12 +567,7 @@ fn delete_during_store(h: &Harness, c: &mut Client, caps: &Caps, len: u32, read_
 fn check(h: &Harness) {
     // Wait for the depot to finish with our connections.
     for _ in 0..1000 {
-        if h.depot
-            .metrics
-            .connections_open
-            .load(std::sync::atomic::Ordering::Relaxed)
-            == 0
-        {
+        if h.depot.metrics.connections_open.get() == 0 {
             break;
         }
         std::thread::sleep(Duration::from_millis(2));

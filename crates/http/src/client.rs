@@ -290,7 +290,14 @@ impl Client {
                 .await
                 .map_err(|e| FetchError::Connect {
                     authority: authority(),
-                    reason: explain_tls(error_chain(&e)),
+                    reason: if bad_certificate(&e) {
+                        format!(
+                            "{} (the server's certificate is not one this machine trusts: give its CA with --ca-file or LORS_CA_FILE)",
+                            error_chain(&e)
+                        )
+                    } else {
+                        error_chain(&e)
+                    },
                 })?;
             let status = resp.status().as_u16();
             let body = Limited::new(resp.into_body(), MAX_RESPONSE)
@@ -329,15 +336,29 @@ fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     s
 }
 
-/// A certificate failure in words that say what to do.
-fn explain_tls(chain: String) -> String {
-    if chain.contains("invalid peer certificate") {
-        format!(
-            "{chain} (the server's certificate is not one this machine trusts: give its CA with --ca-file or LORS_CA_FILE)"
-        )
-    } else {
-        chain
+/// Whether `e`, or an error it wraps, is rustls refusing the server's
+/// certificate.
+fn bad_certificate(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause = Some(e);
+    while let Some(c) = cause {
+        // An `io::Error` hides the error it carries from `source()`, and
+        // the TLS connector wraps one `io::Error` in another.
+        let mut x = c;
+        loop {
+            if let Some(rustls::Error::InvalidCertificate(_)) = x.downcast_ref::<rustls::Error>() {
+                return true;
+            }
+            match x
+                .downcast_ref::<std::io::Error>()
+                .and_then(|io| io.get_ref())
+            {
+                Some(inner) => x = inner,
+                None => break,
+            }
+        }
+        cause = c.source();
     }
+    false
 }
 
 /// [`Client::fetch`] on the [shared](Client::shared) client.

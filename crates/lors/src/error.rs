@@ -27,6 +27,10 @@ pub enum Error {
         offset: u64,
         /// Last depot error.
         last: String,
+        /// The IBP status of the last depot error, when a depot answered
+        /// with one: what programs decide by (see `xio::errno`), never the
+        /// text.
+        code: Option<lors_ibp::StatusCode>,
     },
     /// An upload failed with `cause`. What it had stored was released, except
     /// the allocations in `stranded` (their depots could not be reached):

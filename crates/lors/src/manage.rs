@@ -274,6 +274,7 @@ impl Replication<'_> {
             });
         }
         let mut last = String::from("no depot left that does not already hold this block");
+        let mut code = None;
         let mut tried: HashSet<String> = HashSet::new();
         loop {
             let target = {
@@ -292,7 +293,7 @@ impl Replication<'_> {
                 })
             };
             let Some(t) = target else {
-                return Err(Error::Store { offset, last });
+                return Err(Error::Store { offset, last, code });
             };
             tried.insert(t.clone());
             match self.copy_to(&t, b, &sources).await {
@@ -308,6 +309,7 @@ impl Replication<'_> {
                         l.1 -= 1;
                     }
                     last = e.to_string();
+                    code = e.status();
                     if target_down && st.dead.insert(t.clone()) {
                         drop(st);
                         self.progress.event(&Event::Failover {

@@ -334,6 +334,7 @@ impl Shared {
         salt: usize,
     ) -> Result<(usize, CapSet)> {
         let mut last = String::from("no usable depot left");
+        let mut code = None;
         // Depots that answered busy (-66) for this block: tried again after
         // a pause once every other depot has been tried, a bounded number
         // of times, rather than given up on as failed.
@@ -343,7 +344,7 @@ impl Shared {
             let picked = self.lock().pick(avoid, salt);
             let Some(i) = picked else {
                 if busy.is_empty() || pauses >= BUSY_PAUSES {
-                    return Err(Error::Store { offset, last });
+                    return Err(Error::Store { offset, last, code });
                 }
                 pauses += 1;
                 let ms = 100 + 50 * (salt as u64 % 8);
@@ -367,11 +368,13 @@ impl Shared {
                 }
                 Err(e) if e.is_busy() => {
                     last = e.to_string();
+                    code = e.status();
                     self.lock().release(i);
                     busy.push(i);
                 }
                 Err(e) => {
                     last = e.to_string();
+                    code = e.status();
                     self.fail(i, &e);
                 }
             }

@@ -1888,10 +1888,10 @@ fn xnd_error(e: XndError) -> io::Error {
 pub fn lors_error(e: Error) -> io::Error {
     let kind = match &e {
         Error::NoDepots | Error::NotEnoughDepots { .. } => ErrorKind::StorageFull,
-        Error::Store { last, .. } if is_full(last) => ErrorKind::StorageFull,
+        Error::Store { code: Some(c), .. } if NO_ROOM.contains(c) => ErrorKind::StorageFull,
         Error::Abandoned { cause, .. } => match &**cause {
             Error::NoDepots | Error::NotEnoughDepots { .. } => ErrorKind::StorageFull,
-            Error::Store { last, .. } if is_full(last) => ErrorKind::StorageFull,
+            Error::Store { code: Some(c), .. } if NO_ROOM.contains(c) => ErrorKind::StorageFull,
             _ => ErrorKind::Other,
         },
         Error::Io { source, .. } => source.kind(),
@@ -1900,17 +1900,13 @@ pub fn lors_error(e: Error) -> io::Error {
     io::Error::new(kind, e)
 }
 
-/// A depot's error text saying it has no room.
-fn is_full(last: &str) -> bool {
-    [
-        "WOULD_EXCEED_LIMIT",
-        "ALLOC_FAILED",
-        "free space",
-        "RSRC_UNAVAIL",
-    ]
-    .iter()
-    .any(|k| last.contains(k))
-}
+/// The IBP statuses that mean a depot has no room: `ENOSPC` when the last
+/// depot asked answered one of them.
+const NO_ROOM: [lors_ibp::StatusCode; 3] = [
+    lors_ibp::StatusCode::WOULD_EXCEED_LIMIT,
+    lors_ibp::StatusCode::ALLOC_FAILED,
+    lors_ibp::StatusCode::RSRC_UNAVAIL,
+];
 
 /// The `errno` value a program should see for `e` (C callers of libxio,
 /// FUSE replies): the OS error if there is one, else by kind — `ENOSPC`,
