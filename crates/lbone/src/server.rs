@@ -45,8 +45,11 @@ const FOLLOW_BATCH: Duration = Duration::from_millis(20);
 /// Listings ranked and encoded at once: each holds a copy of the directory.
 const LISTING_WORKERS: usize = 2;
 
-/// Response bytes being sent at once, across all connections.
-const BODY_BUDGET: usize = 64 << 20;
+/// Response bytes being sent at once, across all connections. 32 MiB
+/// holds the L-Bone within its memory bound under 96 concurrent listings of
+/// 10,000 depots (`bench/hostile.py`, lbone-list: peak 221 MiB; 256-259
+/// MiB with 64).
+const BODY_BUDGET: usize = 32 << 20;
 
 /// Response bytes one permit of the body budget stands for.
 const BODY_UNIT: usize = 64 << 10;
