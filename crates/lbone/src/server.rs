@@ -742,17 +742,15 @@ impl LBone {
                 "too many rate reports from your network: at most 60 a minute",
             );
         }
-        // Only depots the directory lists get a forecast: checked
-        // against the shared listing first, then by the store.
-        let listed: std::collections::HashSet<String> = match self.depots().await {
-            Ok(l) => l.depots.iter().map(|d| d.reg.addr()).collect(),
-            Err(e) => return error(503, &e),
+        // Only depots the directory lists get a forecast: checked against
+        // the directory in memory (keyed by address), then by the store.
+        let known: Vec<_> = {
+            let dir = self.directory.read().unwrap_or_else(|e| e.into_inner());
+            r.rates
+                .into_iter()
+                .filter(|x| dir.contains_key(&x.depot))
+                .collect()
         };
-        let known: Vec<_> = r
-            .rates
-            .into_iter()
-            .filter(|x| listed.contains(&x.depot))
-            .collect();
         let t = now();
         let known: Vec<(String, f64)> = known
             .into_iter()
