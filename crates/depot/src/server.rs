@@ -328,11 +328,11 @@ async fn expiry_worker(depot: Arc<Depot>, mut shutdown: watch::Receiver<bool>) {
             continue;
         }
         let store = depot.store.clone();
-        if let Ok(n) = tokio::task::spawn_blocking(move || store.reap_expired(now_secs())).await {
-            if n > 0 {
-                tracing::info!(count = n, "deleted expired allocations");
-                depot.metrics.expired.inc_by(n as u64);
-            }
+        if let Ok(n) = tokio::task::spawn_blocking(move || store.reap_expired(now_secs())).await
+            && n > 0
+        {
+            tracing::info!(count = n, "deleted expired allocations");
+            depot.metrics.expired.inc_by(n as u64);
         }
     }
 }

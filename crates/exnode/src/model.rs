@@ -227,14 +227,14 @@ impl ExNode {
                 ("write", CapKind::Write),
                 ("manage", CapKind::Manage),
             ] {
-                if let Some(c) = m.cap(kind) {
-                    if c.kind != kind {
-                        return Err(ModelError::WrongCapKind {
-                            index,
-                            slot,
-                            found: c.kind,
-                        });
-                    }
+                if let Some(c) = m.cap(kind)
+                    && c.kind != kind
+                {
+                    return Err(ModelError::WrongCapKind {
+                        index,
+                        slot,
+                        found: c.kind,
+                    });
                 }
             }
         }

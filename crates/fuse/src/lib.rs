@@ -717,10 +717,10 @@ impl Filesystem for Fs {
         reply: ReplyEmpty,
     ) {
         let h = lock(&self.handles).remove(&fh.0);
-        if let Some(h) = h {
-            if let Err(e) = lock(&h.file).sync_all() {
-                tracing::warn!(error = %e, "closing a file in the mount");
-            }
+        if let Some(h) = h
+            && let Err(e) = lock(&h.file).sync_all()
+        {
+            tracing::warn!(error = %e, "closing a file in the mount");
         }
         reply.ok();
     }

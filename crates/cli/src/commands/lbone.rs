@@ -201,11 +201,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 writeln!(out, "lors lbone: legacy protocol on {}", l.local_addr()?)?;
             }
             writeln!(out, "lors lbone: store {}", lb.describe())?;
-            if a.token.is_none() && a.token_file.is_none() {
-                if let Some(d) = &a.data {
+            if a.token.is_none() && a.token_file.is_none()
+                && let Some(d) = &a.data {
                     writeln!(out, "lors lbone: registration token in {}", d.join("token").display())?;
                 }
-            }
             writeln!(out, "lors lbone: ready")?;
             out.flush()?;
         }

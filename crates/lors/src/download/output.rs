@@ -454,10 +454,10 @@ pub(super) async fn write_in_order(
             break;
         }
     }
-    if let Sink::Writer(w) = &mut w {
-        if let Err(e) = w.flush().await {
-            failed(e);
-        }
+    if let Sink::Writer(w) = &mut w
+        && let Err(e) = w.flush().await
+    {
+        failed(e);
     }
 }
 
