@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use lors_depot::Depot;
 use lors_depot::config::{ByteSize, Config, ResourceConfig};
-use lors_ibp::proto::{AllocType, Reliability};
+use lors_ibp::proto::{AllocType, Lease, Reliability};
 use lors_ibp::{ClientConfig, Connection};
 
 const MIB: u64 = 1 << 20;
@@ -122,7 +122,13 @@ fn main() {
             let (mut st, mut ld) = (Vec::new(), Vec::new());
             for _ in 0..reps {
                 let caps = c
-                    .allocate("1", Reliability::Hard, AllocType::ByteArray, 600, size)
+                    .allocate(
+                        "1",
+                        Reliability::Hard,
+                        AllocType::ByteArray,
+                        Lease::Secs(600),
+                        size,
+                    )
                     .await
                     .unwrap();
                 let t = Instant::now();

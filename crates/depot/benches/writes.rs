@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use lors_depot::Depot;
 use lors_depot::config::{ByteSize, Config, ResourceConfig, SyncPolicy};
-use lors_ibp::proto::{AllocType, Reliability};
+use lors_ibp::proto::{AllocType, Lease, Reliability};
 use lors_ibp::{ClientConfig, Connection};
 
 const MIB: u64 = 1 << 20;
@@ -57,7 +57,13 @@ async fn run(addr: &str, clients: usize, size: usize, secs: f64) -> f64 {
         tasks.push(tokio::spawn(async move {
             let mut c = Connection::connect(&addr, &cfg).await.expect("connect");
             let caps = c
-                .allocate("1", Reliability::Hard, AllocType::ByteArray, 3600, ALLOC)
+                .allocate(
+                    "1",
+                    Reliability::Hard,
+                    AllocType::ByteArray,
+                    Lease::Secs(3600),
+                    ALLOC,
+                )
                 .await
                 .expect("allocate");
             let buf = vec![i as u8; size];

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use lors_depot::Depot;
 use lors_depot::config::{ByteSize, Config, ResourceConfig};
-use lors_ibp::proto::{AllocType, Reliability};
+use lors_ibp::proto::{AllocType, Lease, Reliability};
 use lors_ibp::{ClientConfig, Connection};
 
 const BLOCK: usize = 16 << 20;
@@ -51,7 +51,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 "0",
                 Reliability::Hard,
                 AllocType::ByteArray,
-                3600,
+                Lease::Secs(3600),
                 block.len() as u64,
             )
             .await?;

@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use lors_http::metrics::{Registry, encode, latency_histogram};
-use lors_ibp::proto::status::StatusCode;
-use prometheus_client::encoding::EncodeLabelSet;
+use lors_ibp::proto::{Command, StatusCode};
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -13,17 +13,27 @@ use prometheus_client::metrics::histogram::Histogram;
 
 use crate::store::ResourceStatus;
 
+/// A command by its name; `INVALID` for a line that is no request.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+struct Kind(Option<Command>);
+
+impl EncodeLabelValue for Kind {
+    fn encode(&self, e: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        EncodeLabelValue::encode(&self.0.map_or("INVALID", Command::name), e)
+    }
+}
+
 /// A command and how it ended.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct Outcome {
-    command: &'static str,
+    command: Kind,
     /// `ok`, or the `IBP_E_*` name of the error replied.
     status: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct Command {
-    command: &'static str,
+struct ByCommand {
+    command: Kind,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -70,7 +80,7 @@ pub struct Metrics {
     pub expired: Counter,
     refused: Family<Refusal, Counter>,
     requests: Family<Outcome, Counter>,
-    latency: Family<Command, Histogram, fn() -> Histogram>,
+    latency: Family<ByCommand, Histogram, fn() -> Histogram>,
     allocations: Family<Resource, Gauge>,
     space: Family<Space, Gauge<u64, std::sync::atomic::AtomicU64>>,
 }
@@ -148,8 +158,15 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    /// A request answered: `Ok` or the error code replied.
-    pub fn request(&self, command: &'static str, result: Result<(), StatusCode>, took: Duration) {
+    /// A request answered (`None`: a line that is no request): `Ok` or the
+    /// error code replied.
+    pub fn request(
+        &self,
+        command: Option<Command>,
+        result: Result<(), StatusCode>,
+        took: Duration,
+    ) {
+        let command = Kind(command);
         let status = match result {
             Ok(()) => "ok",
             Err(code) => code.name().unwrap_or("unknown"),
@@ -158,7 +175,7 @@ impl Metrics {
             .get_or_create(&Outcome { command, status })
             .inc();
         self.latency
-            .get_or_create(&Command { command })
+            .get_or_create(&ByCommand { command })
             .observe(took.as_secs_f64());
     }
 

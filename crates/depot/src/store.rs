@@ -558,15 +558,8 @@ fn new_keys() -> Result<[Key; 3]> {
     }
 }
 
-/// How long an allocation or alias is leased for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Lease {
-    /// This many seconds from now (more than zero).
-    Secs(u64),
-    /// As long as allowed: the resource's maximum for an allocation, its
-    /// allocation's expiry for an alias.
-    Longest,
-}
+/// How long an allocation or alias is leased for: the request's own type.
+pub use lors_ibp::proto::Lease;
 
 /// Which reference count INCR/DECR changes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -912,10 +905,10 @@ impl Store {
         token: &KeyToken,
         want: Option<CapKind>,
     ) -> Result<(Arc<Alloc>, Option<Window>)> {
-        if let Some(rid) = &token.rid {
-            if self.resource(rid).is_none() {
-                return Err(StoreError::InvalidRid);
-            }
+        if let Some(rid) = &token.rid
+            && self.resource(rid).is_none()
+        {
+            return Err(StoreError::InvalidRid);
         }
         let h = key_hash(&token.key);
         let now = now_secs();
@@ -1195,20 +1188,20 @@ impl Store {
             check_resize(&st, &a.res, &info.rec, size, info.rec.reliability)?;
         }
         let (file, ext) = a.snapshot()?;
-        if let Some(f) = &file {
-            if ext.len > size {
-                let digests = a.digests_for_commit()?;
-                if let Some(d) = &digests {
-                    // The new last block's digest, before the cut commits.
-                    d.update(f, (size, size), ext.len, size, self.sync)
-                        .map_err(StoreError::Write)?;
-                }
-                a.commit(f, Extent { len: size, ..ext })?;
-                f.set_len(datafile::HEADER_BYTES + size)
+        if let Some(f) = &file
+            && ext.len > size
+        {
+            let digests = a.digests_for_commit()?;
+            if let Some(d) = &digests {
+                // The new last block's digest, before the cut commits.
+                d.update(f, (size, size), ext.len, size, self.sync)
                     .map_err(StoreError::Write)?;
-                if let Some(d) = &digests {
-                    d.cut(size).map_err(StoreError::Write)?;
-                }
+            }
+            a.commit(f, Extent { len: size, ..ext })?;
+            f.set_len(datafile::HEADER_BYTES + size)
+                .map_err(StoreError::Write)?;
+            if let Some(d) = &digests {
+                d.cut(size).map_err(StoreError::Write)?;
             }
         }
         let res = a.res.clone();
@@ -1321,11 +1314,12 @@ fn check_resize(
     if new_size <= rec.max_size && new_rel == rec.reliability {
         return Ok(());
     }
-    if let Some(cs) = rec.disk_chksum {
-        if new_size > rec.max_size && !digests::overhead_fits(cs, new_size) {
-            // Growing must not take the digests past their bound either.
-            return Err(StoreError::ChksumBlockSize);
-        }
+    if let Some(cs) = rec.disk_chksum
+        && new_size > rec.max_size
+        && !digests::overhead_fits(cs, new_size)
+    {
+        // Growing must not take the digests past their bound either.
+        return Err(StoreError::ChksumBlockSize);
     }
     if new_size > rec.max_size && new_size > res.alloc_limit(rec.atype) {
         return Err(StoreError::Policy(

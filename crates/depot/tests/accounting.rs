@@ -16,7 +16,7 @@ use lors_depot::Depot;
 use lors_depot::config::{ByteSize, Config, ResourceConfig, SyncPolicy};
 use lors_depot::store::{ALLOC_CHARGE, now_secs};
 use lors_ibp::caps::{CapKind, CapSet};
-use lors_ibp::proto::{AllocType, Reliability, StatusCode};
+use lors_ibp::proto::{AllocType, Lease, Reliability, StatusCode};
 use lors_ibp::{ClientConfig, Connection};
 use proptest::prelude::*;
 use tokio::sync::watch;
@@ -25,8 +25,8 @@ const TOTAL: u64 = 1 << 20;
 const HARD_CAP: u64 = 768 << 10;
 const SOFT_CAP: u64 = 512 << 10;
 /// Leases: short ones end at the next `Expire`, long ones never here.
-const SHORT: i64 = 100;
-const LONG: i64 = 100_000;
+const SHORT: Lease = Lease::Secs(100);
+const LONG: Lease = Lease::Secs(100_000);
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -293,7 +293,7 @@ async fn run_ops(ops: Vec<Op>) {
                             Reliability::Soft
                         }
                     });
-                    match c.change(&m.caps.manage, size, -1, r).await {
+                    match c.change(&m.caps.manage, size, None, r).await {
                         Ok(()) => {
                             assert!(
                                 size == 0 || size >= m.data.len() as u64,
@@ -387,8 +387,8 @@ async fn check(c: &mut Connection, live: &mut Vec<Model>, revoked_ok: bool, step
     }
     *live = kept;
     let st = c.status("1", "ibp").await.unwrap();
-    let used = st.get_u64("UT").unwrap();
-    let used_hard = st.get_u64("UH").unwrap();
+    let used = st.used_total;
+    let used_hard = st.used_hard;
     let charged = |m: &Model| m.max + ALLOC_CHARGE;
     let want: u64 = live.iter().map(charged).sum();
     let want_hard: u64 = live.iter().filter(|m| m.hard).map(charged).sum();
@@ -398,7 +398,7 @@ async fn check(c: &mut Connection, live: &mut Vec<Model>, revoked_ok: bool, step
         "step {step} ({op:?}): used hard space"
     );
     assert!(used <= TOTAL && used_hard <= HARD_CAP && used - used_hard <= SOFT_CAP);
-    assert_eq!(st.get_u64("AT").unwrap(), TOTAL - used, "free space");
+    assert_eq!(st.free_total, TOTAL - used, "free space");
 }
 
 proptest! {

@@ -8,9 +8,9 @@
 //! ```no_run
 //! # async fn demo() -> lors_ibp::Result<()> {
 //! use lors_ibp::{ClientConfig, Connection};
-//! use lors_ibp::proto::{AllocType, Reliability};
+//! use lors_ibp::proto::{AllocType, Lease, Reliability};
 //! let mut c = Connection::connect("127.0.0.1:6714", &ClientConfig::default()).await?;
-//! let caps = c.allocate("0", Reliability::Hard, AllocType::ByteArray, 3600, 1 << 20).await?;
+//! let caps = c.allocate("0", Reliability::Hard, AllocType::ByteArray, Lease::Secs(3600), 1 << 20).await?;
 //! c.store(&caps.write, b"hello").await?;
 //! let mut out = vec![0; 5];
 //! c.load(&caps.read, 0, &mut out).await?;
@@ -18,7 +18,6 @@
 //! # Ok(()) }
 //! ```
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use bytes::BufMut;
@@ -30,8 +29,9 @@ use crate::caps::{CapKind, CapSet, Capability};
 use crate::error::{Error, Result};
 use crate::proto::limits::{MAX_LINE_BYTES, MAX_STATUS_BODY_BYTES};
 use crate::proto::{
-    AliasOp, AliasProbeInfo, AllocType, Allocate, KeyToken, ManageOp, ProbeInfo, Reliability,
-    Reply, Request, Shape, StatusOp, Timeout, Version,
+    AliasAllocate, AliasManage, AliasOp, AliasProbeInfo, AllocType, Allocate, KeyToken, Keyed,
+    Lease, Load, Manage, ManageOp, ProbeInfo, Reliability, Reply, Request, Send, Shape, Status,
+    StatusBody, StatusOp, Store, Timeout, Version, Write,
 };
 use crate::wire::{Line, read_line, read_line_exact};
 use crate::zerocopy;
@@ -92,20 +92,6 @@ pub const COPY_FLOOR_BYTES_PER_SEC: u64 = 125_000;
 /// ```
 pub fn copy_reply_deadline(idle: Duration, len: u64) -> Duration {
     idle.saturating_add(Duration::from_secs(len / COPY_FLOOR_BYTES_PER_SEC))
-}
-
-/// The `KEY:VALUE` fields of a v1.4 STATUS INQ reply (sizes in bytes).
-#[derive(Debug, Clone, Default)]
-pub struct StatusInfo {
-    /// All fields as sent.
-    pub fields: BTreeMap<String, String>,
-}
-
-impl StatusInfo {
-    /// A numeric field.
-    pub fn get_u64(&self, key: &str) -> Option<u64> {
-        self.fields.get(key)?.parse().ok()
-    }
 }
 
 /// Runs one I/O future under the inactivity deadline; any failure marks the
@@ -317,6 +303,16 @@ impl Connection {
         }
     }
 
+    /// The fields every request on `cap` starts with, in the v1.4 form.
+    fn keyed(&self, cap: &Capability) -> Keyed {
+        Keyed {
+            version: Version::V14,
+            key: KeyToken::of(cap),
+            typekey: cap.typekey.clone(),
+            timeout: self.cfg.server_timeout,
+        }
+    }
+
     /// Sends a raw request line and returns the first reply line (tests, tools).
     pub async fn raw(&mut self, line: &str) -> Result<String> {
         self.send_line("raw request", line).await?;
@@ -329,7 +325,7 @@ impl Connection {
         rid: &str,
         reliability: Reliability,
         alloc_type: AllocType,
-        duration_secs: i64,
+        lease: Lease,
         size: u64,
     ) -> Result<CapSet> {
         let req = Request::Allocate(Allocate {
@@ -337,7 +333,7 @@ impl Connection {
             rid: Some(rid.to_owned()),
             reliability,
             alloc_type,
-            duration: duration_secs,
+            lease,
             size,
             timeout: self.cfg.server_timeout,
         });
@@ -350,25 +346,19 @@ impl Connection {
 
     /// STORE: appends `data` to the allocation; returns the bytes stored.
     pub async fn store(&mut self, cap: &Capability, data: &[u8]) -> Result<u64> {
-        let req = Request::Store {
-            version: Version::V14,
-            key: KeyToken::of(cap),
-            typekey: cap.typekey.clone(),
+        let req = Store {
+            at: self.keyed(cap),
             length: data.len() as u64,
-            timeout: self.cfg.server_timeout,
         };
         self.data_out("STORE", &req.encode(), data).await
     }
 
     /// WRITE: writes `data` at `offset`; returns the bytes written.
     pub async fn write_at(&mut self, cap: &Capability, offset: u64, data: &[u8]) -> Result<u64> {
-        let req = Request::Write {
-            version: Version::V14,
-            key: KeyToken::of(cap),
-            typekey: cap.typekey.clone(),
+        let req = Write {
+            at: self.keyed(cap),
             offset,
             length: data.len() as u64,
-            timeout: self.cfg.server_timeout,
         };
         self.data_out("WRITE", &req.encode(), data).await
     }
@@ -397,12 +387,9 @@ impl Connection {
     /// calls [`Connection::finish_store`]. Used for zero-copy depot-to-depot
     /// copies.
     pub async fn begin_store(&mut self, cap: &Capability, len: u64) -> Result<()> {
-        let req = Request::Store {
-            version: Version::V14,
-            key: KeyToken::of(cap),
-            typekey: cap.typekey.clone(),
+        let req = Store {
+            at: self.keyed(cap),
             length: len,
-            timeout: self.cfg.server_timeout,
         };
         self.begin_data("STORE", &req.encode()).await
     }
@@ -579,13 +566,10 @@ impl Connection {
     }
 
     async fn load_header(&mut self, cap: &Capability, offset: u64, len: u64) -> Result<()> {
-        let req = Request::Load {
-            version: Version::V14,
-            key: KeyToken::of(cap),
-            typekey: cap.typekey.clone(),
+        let req = Load {
+            at: self.keyed(cap),
             offset,
             length: len,
-            timeout: self.cfg.server_timeout,
         };
         self.send_line("LOAD", &req.encode()).await?;
         // The data follows the reply: leave all of it to the caller's splice.
@@ -601,14 +585,11 @@ impl Connection {
         offset: u64,
         len: u64,
     ) -> Result<u64> {
-        let req = Request::Send {
-            version: Version::V14,
-            key: KeyToken::of(src),
+        let req = Send {
+            at: self.keyed(src),
             dest: dest.clone(),
-            typekey: src.typekey.clone(),
             offset,
             length: len,
-            timeout: self.cfg.server_timeout,
             dest_timeout: self.cfg.server_timeout,
             client_timeout: self.cfg.server_timeout,
         };
@@ -622,12 +603,9 @@ impl Connection {
     }
 
     async fn manage(&mut self, cap: &Capability, op: ManageOp, shape: Shape) -> Result<Reply> {
-        let req = Request::Manage {
-            version: Version::V14,
-            key: KeyToken::of(cap),
-            typekey: cap.typekey.clone(),
+        let req = Manage {
+            at: self.keyed(cap),
             op,
-            timeout: self.cfg.server_timeout,
         };
         self.send_line("MANAGE", &req.encode()).await?;
         self.expect("MANAGE", shape, false).await
@@ -670,20 +648,21 @@ impl Connection {
         .map(drop)
     }
 
-    /// MANAGE CHNG: new max size (0 = keep), relative duration (negative = keep),
-    /// reliability (`None` = keep).
+    /// MANAGE CHNG: new max size (0 keeps it on our depot, not on the
+    /// reference one), a lease of `duration_secs` from now (`None` keeps
+    /// it), reliability (`None` keeps it).
     pub async fn change(
         &mut self,
         cap: &Capability,
         max_size: u64,
-        duration_secs: i64,
+        duration_secs: Option<u64>,
         reliability: Option<Reliability>,
     ) -> Result<()> {
         let op = ManageOp::Change {
             cap_type: cap.kind.number(),
             max_size,
             duration: duration_secs,
-            reliability: reliability.map_or(-1, Reliability::number),
+            reliability,
         };
         self.manage(cap, op, Shape::Bare).await.map(drop)
     }
@@ -698,16 +677,13 @@ impl Connection {
         manage: &Capability,
         offset: u64,
         length: u64,
-        duration_secs: u64,
+        lease: Lease,
     ) -> Result<CapSet> {
-        let req = Request::AliasAllocate {
-            version: Version::V14,
-            key: KeyToken::of(manage),
-            typekey: manage.typekey.clone(),
+        let req = AliasAllocate {
+            at: self.keyed(manage),
             offset,
             length,
-            duration: duration_secs,
-            timeout: self.cfg.server_timeout,
+            lease,
         };
         self.send_line("ALIAS_ALLOCATE", &req.encode()).await?;
         match self.expect("ALIAS_ALLOCATE", Shape::Caps, false).await? {
@@ -723,12 +699,9 @@ impl Connection {
         op: AliasOp,
         shape: Shape,
     ) -> Result<Reply> {
-        let req = Request::AliasManage {
-            version: Version::V14,
-            key: KeyToken::of(alias),
-            typekey: alias.typekey.clone(),
+        let req = AliasManage {
+            at: self.keyed(alias),
             op,
-            timeout: self.cfg.server_timeout,
         };
         self.send_line("ALIAS_MANAGE", &req.encode()).await?;
         self.expect("ALIAS_MANAGE", shape, false).await
@@ -758,19 +731,18 @@ impl Connection {
         self.alias_manage(alias, op, Shape::Bare).await.map(drop)
     }
 
-    /// ALIAS_MANAGE CHNG of the alias's lease only (its window kept):
-    /// `duration_secs` from now, 0 = until its allocation's lease ends.
+    /// ALIAS_MANAGE CHNG of the alias's lease only (its window kept).
     pub async fn alias_extend(
         &mut self,
         alias: &Capability,
         master: &Capability,
-        duration_secs: i64,
+        lease: Lease,
     ) -> Result<()> {
         let op = AliasOp::Change {
             cap_type: Some(CapKind::Manage.number()),
             offset: 0,
             length: 0,
-            duration: duration_secs,
+            lease: Some(lease),
             master: KeyToken::of(master),
             master_typekey: master.typekey.clone(),
         };
@@ -785,8 +757,8 @@ impl Connection {
     }
 
     /// STATUS INQ, v1.4 form.
-    pub async fn status(&mut self, rid: &str, password: &str) -> Result<StatusInfo> {
-        let req = Request::Status {
+    pub async fn status(&mut self, rid: &str, password: &str) -> Result<StatusBody> {
+        let req = Status {
             version: Version::V14,
             op: StatusOp::Inquire {
                 rid: Some(rid.to_owned()),
@@ -801,18 +773,13 @@ impl Connection {
         };
         let mut body = vec![0u8; n];
         io!(self, "STATUS body", self.stream.read_exact(&mut body))?;
-        let text = String::from_utf8_lossy(&body);
-        let fields = text
-            .split_ascii_whitespace()
-            .filter_map(|t| t.split_once(':'))
-            .map(|(k, v)| (k.to_owned(), v.to_owned()))
-            .collect();
-        Ok(StatusInfo { fields })
+        StatusBody::parse(&String::from_utf8_lossy(&body))
+            .map_err(|e| self.protocol("STATUS", &e.to_string()))
     }
 
     /// STATUS RES: the depot's resource ids.
     pub async fn resources(&mut self) -> Result<Vec<String>> {
-        let req = Request::Status {
+        let req = Status {
             version: Version::V14,
             op: StatusOp::Resources,
             timeout: self.cfg.server_timeout,
@@ -826,7 +793,7 @@ impl Connection {
 
     /// STATUS VERSION: the human-readable report (lines up to `END`).
     pub async fn version(&mut self) -> Result<String> {
-        let req = Request::Status {
+        let req = Status {
             version: Version::V14,
             op: StatusOp::Version,
             timeout: self.cfg.server_timeout,

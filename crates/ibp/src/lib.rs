@@ -13,7 +13,7 @@
 //! ```
 //! use lors_ibp::proto::Request;
 //! let req = Request::parse(b"1 8 1#abc 42 0 11 10\n").unwrap();
-//! assert_eq!(req.command_name(), "LOAD");
+//! assert_eq!(req.command(), lors_ibp::proto::Command::Load);
 //! assert_eq!(req.encode(), "1 8 1#abc 42 0 11 10 \n");
 //! ```
 
@@ -27,7 +27,7 @@ pub mod wire;
 pub mod zerocopy;
 
 pub use caps::{CapKind, CapSet, Capability, Key};
-pub use client::{ClientConfig, Connection, StatusInfo};
+pub use client::{ClientConfig, Connection};
 pub use error::{Error, Result};
 pub use proto::{ProbeInfo, StatusCode};
 

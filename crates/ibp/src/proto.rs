@@ -8,12 +8,14 @@ pub mod limits;
 pub mod reply;
 pub mod request;
 pub mod status;
+pub mod status_body;
 
 pub use limits::*;
 pub use reply::{AliasProbeInfo, ProbeInfo, Reply, ReplyError, Shape, StatusV13};
-pub use request::cmd;
 pub use request::{
-    AliasOp, AllocType, Allocate, KeyToken, ManageOp, ParseError, Reliability, Request, StatusOp,
-    Timeout, Version,
+    AliasAllocate, AliasManage, AliasOp, AllocType, Allocate, AllocateChksum, Checksummed,
+    ChksumQuery, Command, KeyToken, Keyed, Lease, Load, Manage, ManageOp, ParseError, Plain,
+    Reliability, Request, Send, Status, StatusOp, Store, Timeout, Version, Write, sends_no_data,
 };
 pub use status::StatusCode;
+pub use status_body::{StatusBody, StatusBodyError};

@@ -14,7 +14,7 @@ use lors::{NoProgress, Pool};
 use lors_depot::Depot;
 use lors_depot::config::{ByteSize, Config, ResourceConfig, SyncPolicy};
 use lors_exnode::functions::{Chain, Codec, Step};
-use lors_ibp::proto::{AllocType, Reliability};
+use lors_ibp::proto::{AllocType, Lease, Reliability};
 use lors_ibp::{CapKind, ClientConfig, Connection};
 
 const MIB: u64 = 1 << 20;
@@ -90,7 +90,13 @@ fn main() {
                 .await
                 .unwrap();
             let caps = c
-                .allocate("1", Reliability::Hard, AllocType::ByteArray, 600, size)
+                .allocate(
+                    "1",
+                    Reliability::Hard,
+                    AllocType::ByteArray,
+                    Lease::Secs(600),
+                    size,
+                )
                 .await
                 .unwrap();
             let t = Instant::now();

@@ -23,14 +23,9 @@ fn assert_empty(depots: &[DepotProc], what: &str) {
                 .await
                 .status("1", "ibp")
                 .await
-                .map(|s| s.get_u64("UH"))
+                .map(|s| s.used_hard)
         });
-        assert_eq!(
-            used.ok().flatten(),
-            Some(0),
-            "{} still holds {what}",
-            dp.addr
-        );
+        assert_eq!(used.ok(), Some(0), "{} still holds {what}", dp.addr);
     }
 }
 

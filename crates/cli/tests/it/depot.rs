@@ -4,15 +4,21 @@
 use std::time::Duration;
 
 use lors_ibp::caps::{CapKind, Capability};
-use lors_ibp::proto::{AllocType, Reliability, StatusCode};
+use lors_ibp::proto::{AllocType, Lease, Reliability, StatusCode};
 use lors_ibp::{CapSet, Connection, Error};
 
 use crate::util::{DepotProc, Raw, client_cfg, pattern, tempdir};
 
-async fn alloc(c: &mut Connection, size: u64, secs: i64) -> CapSet {
-    c.allocate("0", Reliability::Hard, AllocType::ByteArray, secs, size)
-        .await
-        .unwrap()
+async fn alloc(c: &mut Connection, size: u64, secs: u64) -> CapSet {
+    c.allocate(
+        "0",
+        Reliability::Hard,
+        AllocType::ByteArray,
+        Lease::Secs(secs),
+        size,
+    )
+    .await
+    .unwrap()
 }
 
 fn code(e: Error) -> i32 {
@@ -128,7 +134,7 @@ async fn status_inquiry_answers_lors_and_both_protocol_versions() {
         "{report}"
     );
     let st = c.status("1", "ibp").await.unwrap();
-    assert_eq!(st.get_u64("CT"), Some(100 << 20));
+    assert_eq!(st.config_total, 100 << 20);
     assert_eq!(c.resources().await.unwrap(), vec!["1"]);
 }
 
@@ -163,13 +169,19 @@ async fn allocate_accepts_both_forms_and_enforces_policy() {
         "1",
         Reliability::Hard,
         AllocType::ByteArray,
-        60,
+        Lease::Secs(60),
         (1 << 20) - 2000 - 3 * 4096,
     )
     .await
     .unwrap();
     let e = c2
-        .allocate("1", Reliability::Hard, AllocType::ByteArray, 60, 1)
+        .allocate(
+            "1",
+            Reliability::Hard,
+            AllocType::ByteArray,
+            Lease::Secs(60),
+            1,
+        )
         .await
         .unwrap_err();
     assert_eq!(code(e), StatusCode::WOULD_EXCEED_LIMIT.code());
@@ -444,7 +456,7 @@ async fn manage_refcounts_change_and_truncate() {
     c.incr(&caps.manage, CapKind::Write).await.unwrap();
     assert_eq!(c.probe(&caps.read).await.unwrap().read_refs, 2);
     // CHNG: grow, extend the lease, make it soft.
-    c.change(&caps.manage, 2000, 3600, Some(Reliability::Soft))
+    c.change(&caps.manage, 2000, Some(3600), Some(Reliability::Soft))
         .await
         .unwrap();
     let p = c.probe(&caps.write).await.unwrap();
@@ -452,13 +464,13 @@ async fn manage_refcounts_change_and_truncate() {
     assert!(p.seconds_left > 3500);
     let mut c2 = d.connect().await;
     assert_eq!(
-        code(c2.change(&caps.manage, 100, -1, None).await.unwrap_err()),
+        code(c2.change(&caps.manage, 100, None, None).await.unwrap_err()),
         -20
     );
     let mut c2 = d.connect().await;
     assert_eq!(
         code(
-            c2.change(&caps.manage, 0, 3 * 3600, None)
+            c2.change(&caps.manage, 0, Some(3 * 3600), None)
                 .await
                 .unwrap_err()
         ),
@@ -466,7 +478,7 @@ async fn manage_refcounts_change_and_truncate() {
     );
     let mut c2 = d.connect().await;
     assert_eq!(
-        code(c2.change(&caps.read, 0, 60, None).await.unwrap_err()),
+        code(c2.change(&caps.read, 0, Some(60), None).await.unwrap_err()),
         -4
     );
     let mut c2 = d.connect().await;
@@ -524,14 +536,26 @@ async fn allocations_expire_and_their_space_returns() {
     let d = DepotProc::start(dir.path(), &["--size", "1M"]);
     let mut c = d.connect().await;
     let short = c
-        .allocate("1", Reliability::Hard, AllocType::ByteArray, 1, 900_000)
+        .allocate(
+            "1",
+            Reliability::Hard,
+            AllocType::ByteArray,
+            Lease::Secs(1),
+            900_000,
+        )
         .await
         .unwrap();
     c.store(&short.write, b"ephemeral").await.unwrap();
     let long = alloc(&mut c, 1000, 600).await;
     // No room for another 900 kB while the short one lives.
     let e = c
-        .allocate("1", Reliability::Hard, AllocType::ByteArray, 60, 900_000)
+        .allocate(
+            "1",
+            Reliability::Hard,
+            AllocType::ByteArray,
+            Lease::Secs(60),
+            900_000,
+        )
         .await
         .unwrap_err();
     assert_eq!(code(e), -19);
@@ -543,9 +567,15 @@ async fn allocations_expire_and_their_space_returns() {
         -4
     );
     let mut c = d.connect().await;
-    c.allocate("1", Reliability::Hard, AllocType::ByteArray, 60, 900_000)
-        .await
-        .unwrap();
+    c.allocate(
+        "1",
+        Reliability::Hard,
+        AllocType::ByteArray,
+        Lease::Secs(60),
+        900_000,
+    )
+    .await
+    .unwrap();
     c.probe(&long.manage).await.unwrap();
     // The reaper removed the data file too.
     let files = walk_files(&dir.path().join("data"));
@@ -575,19 +605,37 @@ async fn soft_allocations_are_revoked_to_make_room_for_hard_ones() {
     let d = DepotProc::start(dir.path(), &["--size", "1M"]);
     let mut c = d.connect().await;
     let soft = c
-        .allocate("1", Reliability::Soft, AllocType::ByteArray, 600, 600_000)
+        .allocate(
+            "1",
+            Reliability::Soft,
+            AllocType::ByteArray,
+            Lease::Secs(600),
+            600_000,
+        )
         .await
         .unwrap();
     c.store(&soft.write, b"volatile").await.unwrap();
     // Soft cannot push out soft.
     let e = c
-        .allocate("1", Reliability::Soft, AllocType::ByteArray, 600, 600_000)
+        .allocate(
+            "1",
+            Reliability::Soft,
+            AllocType::ByteArray,
+            Lease::Secs(600),
+            600_000,
+        )
         .await
         .unwrap_err();
     assert_eq!(code(e), -19);
     let mut c = d.connect().await;
     let hard = c
-        .allocate("1", Reliability::Hard, AllocType::ByteArray, 600, 600_000)
+        .allocate(
+            "1",
+            Reliability::Hard,
+            AllocType::ByteArray,
+            Lease::Secs(600),
+            600_000,
+        )
         .await
         .unwrap();
     c.store(&hard.write, b"stable").await.unwrap();
@@ -606,9 +654,15 @@ async fn acknowledged_data_and_metadata_survive_kill_9() {
     let data = pattern(5 << 20, 9);
     c.store(&a.write, &data).await.unwrap();
     c.incr(&a.manage, CapKind::Read).await.unwrap();
-    c.change(&a.manage, 0, 500, None).await.unwrap();
+    c.change(&a.manage, 0, Some(500), None).await.unwrap();
     let fifo = c
-        .allocate("1", Reliability::Hard, AllocType::Fifo, 600, 100)
+        .allocate(
+            "1",
+            Reliability::Hard,
+            AllocType::Fifo,
+            Lease::Secs(600),
+            100,
+        )
         .await
         .unwrap();
     c.store(&fifo.write, b"queued").await.unwrap();
@@ -647,7 +701,13 @@ async fn fifo_and_circular_queues_follow_their_documented_semantics() {
     let d = DepotProc::start(dir.path(), &[]);
     let mut c = d.connect().await;
     let q = c
-        .allocate("1", Reliability::Hard, AllocType::Fifo, 600, 10)
+        .allocate(
+            "1",
+            Reliability::Hard,
+            AllocType::Fifo,
+            Lease::Secs(600),
+            10,
+        )
         .await
         .unwrap();
     c.store(&q.write, b"abcdef").await.unwrap();
@@ -672,7 +732,13 @@ async fn fifo_and_circular_queues_follow_their_documented_semantics() {
     );
     let mut c = d.connect().await;
     let r = c
-        .allocate("1", Reliability::Hard, AllocType::Circular, 600, 8)
+        .allocate(
+            "1",
+            Reliability::Hard,
+            AllocType::Circular,
+            Lease::Secs(600),
+            8,
+        )
         .await
         .unwrap();
     c.store(&r.write, b"12345").await.unwrap();
@@ -705,7 +771,13 @@ async fn serves_256_concurrent_clients() {
         tasks.push(tokio::spawn(async move {
             let mut c = Connection::connect(&addr, &client_cfg()).await.unwrap();
             let caps = c
-                .allocate("0", Reliability::Hard, AllocType::ByteArray, 600, 65536)
+                .allocate(
+                    "0",
+                    Reliability::Hard,
+                    AllocType::ByteArray,
+                    Lease::Secs(600),
+                    65536,
+                )
                 .await
                 .unwrap();
             let data = pattern(65536, i as u8);
@@ -733,7 +805,13 @@ async fn busy_depot_answers_out_of_sockets() {
     // Two connections in data phases (an idle one would make room).
     let mut setup = d.connect().await;
     let caps = setup
-        .allocate("1", Reliability::Hard, AllocType::ByteArray, 60, 100)
+        .allocate(
+            "1",
+            Reliability::Hard,
+            AllocType::ByteArray,
+            Lease::Secs(60),
+            100,
+        )
         .await
         .unwrap();
     drop(setup);
@@ -775,18 +853,36 @@ async fn sample_config_starts_a_depot_with_metrics() {
     let mut c = d.connect().await;
     assert_eq!(c.resources().await.unwrap(), vec!["1", "2"]);
     let caps = c
-        .allocate("2", Reliability::Hard, AllocType::ByteArray, 3600, 100)
+        .allocate(
+            "2",
+            Reliability::Hard,
+            AllocType::ByteArray,
+            Lease::Secs(3600),
+            100,
+        )
         .await
         .unwrap();
     c.store(&caps.write, b"metrics").await.unwrap();
     let e = c
-        .allocate("2", Reliability::Hard, AllocType::Fifo, 3600, 100)
+        .allocate(
+            "2",
+            Reliability::Hard,
+            AllocType::Fifo,
+            Lease::Secs(3600),
+            100,
+        )
         .await
         .unwrap_err();
     assert_eq!(code(e), -22, "resource 2 offers byte arrays only");
     let mut c = d.connect().await;
     let e = c
-        .allocate("2", Reliability::Hard, AllocType::ByteArray, 2 * 86400, 100)
+        .allocate(
+            "2",
+            Reliability::Hard,
+            AllocType::ByteArray,
+            Lease::Secs(2 * 86400),
+            100,
+        )
         .await
         .unwrap_err();
     assert_eq!(code(e), -28);
@@ -1025,7 +1121,13 @@ async fn network_checksummed_store_write_and_load_frame_every_block() {
     // A FIFO: checksummed STORE, then a checksummed LOAD consumes it (SHA1,
     // 3-byte blocks).
     let q = c
-        .allocate("0", Reliability::Hard, AllocType::Fifo, 3600, 64)
+        .allocate(
+            "0",
+            Reliability::Hard,
+            AllocType::Fifo,
+            Lease::Secs(3600),
+            64,
+        )
         .await
         .unwrap();
     let mut r = Raw::connect(&d.addr).await;

@@ -1473,7 +1473,7 @@ pub fn used(d: &DepotProc) -> u64 {
     tokio::runtime::Runtime::new().unwrap().block_on(async {
         let mut c = d.connect().await;
         let st = c.status("1", "ibp").await.unwrap();
-        let charged = st.get_u64("UT").expect("STATUS has UT");
+        let charged = st.used_total;
         let report = c.version().await.unwrap();
         let count: u64 = report
             .lines()

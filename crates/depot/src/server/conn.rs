@@ -12,8 +12,9 @@ use std::time::{Duration, Instant};
 use lors_ibp::caps::{CapKind, CapSet, Capability};
 use lors_ibp::proto::chksum::NetChksum;
 use lors_ibp::proto::{
-    AliasOp, AliasProbeInfo, Allocate, MAX_LINE_BYTES, ManageOp, ParseError, Reliability, Reply,
-    Request, StatusCode, StatusOp, StatusV13, Timeout, Version, cmd,
+    AliasAllocate, AliasOp, AliasProbeInfo, Allocate, ChksumQuery, Command, MAX_LINE_BYTES,
+    ManageOp, ParseError, Plain, Reply, Request, StatusBody, StatusCode, StatusOp, StatusV13,
+    Timeout, Version, sends_no_data,
 };
 use lors_ibp::wire::{Line, read_line};
 use tokio::io::{AsyncWriteExt, BufReader};
@@ -131,8 +132,10 @@ pub(super) async fn serve(
                 // checksummed) refused before its go-ahead — clients such as
                 // LStore's send it without waiting.
                 let unframed = match e {
-                    ParseError::UnknownCommand(n) => !cmd::sends_no_data(n),
-                    _ => command_number(&line).is_some_and(cmd::uploads),
+                    ParseError::UnknownCommand(n) => !sends_no_data(n),
+                    _ => command_number(&line)
+                        .and_then(Command::from_number)
+                        .is_some_and(Command::uploads),
                 };
                 if unframed {
                     return;
@@ -140,16 +143,18 @@ pub(super) async fn serve(
                 continue;
             }
         };
-        let name = req.command_name();
+        let command = req.command();
         let started = std::time::Instant::now();
         let done = c.dispatch(req).await;
         let result = done.as_ref().map(drop).map_err(|f| f.code);
-        c.depot.metrics.request(name, result, started.elapsed());
+        c.depot
+            .metrics
+            .request(Some(command), result, started.elapsed());
         match done {
             Ok(Flow::Continue) => {}
             Ok(Flow::Close) => return,
             Err(f) => {
-                tracing::debug!(peer = %c.peer, command = name, code = f.code.code(), "command failed");
+                tracing::debug!(peer = %c.peer, command = command.name(), code = f.code.code(), "command failed");
                 if c.answer(Reply::fail(f.code)).await.is_err() || f.close {
                     return;
                 }
@@ -167,9 +172,7 @@ fn command_number(line: &[u8]) -> Option<i64> {
 impl Conn {
     /// A request line that is no request.
     fn metric_invalid(&self, code: StatusCode) {
-        self.depot
-            .metrics
-            .request("INVALID", Err(code), Duration::ZERO);
+        self.depot.metrics.request(None, Err(code), Duration::ZERO);
     }
 
     /// The inactivity deadline for a data phase: the depot's `io_timeout`,
@@ -320,44 +323,31 @@ impl Conn {
     async fn dispatch(&mut self, req: Request) -> Res {
         match req {
             Request::Allocate(a) => self.allocate(a, None).await,
-            Request::AllocateChksum { chksum, alloc } => self.allocate(alloc, chksum).await,
-            Request::Checksummed { chksum, req } => self.data_command(*req, Some(chksum)).await,
-            req @ (Request::Store { .. } | Request::Write { .. } | Request::Load { .. }) => {
-                self.data_command(req, None).await
-            }
-            Request::Send {
-                key,
-                dest,
-                offset,
-                length,
-                timeout,
-                dest_timeout,
-                ..
-            } => {
-                let (a, w) = self.depot.store.lookup_view(&key, Some(CapKind::Read))?;
+            Request::AllocateChksum(r) => self.allocate(r.alloc, r.chksum).await,
+            Request::Checksummed(r) => self.data_command(r.req, Some(r.chksum)).await,
+            Request::Store(r) => self.data_command(Plain::Store(r), None).await,
+            Request::Write(r) => self.data_command(Plain::Write(r), None).await,
+            Request::Load(r) => self.data_command(Plain::Load(r), None).await,
+            Request::Send(r) => {
+                let (a, w) = self
+                    .depot
+                    .store
+                    .lookup_view(&r.at.key, Some(CapKind::Read))?;
                 let offset = w
-                    .map(offset, length)
+                    .map(r.offset, r.length)
                     .ok_or(Fail::new(StatusCode::WOULD_EXCEED_LIMIT))?;
-                self.send(&a, &dest, offset, length, timeout, dest_timeout)
+                self.send(&a, &r.dest, offset, r.length, r.at.timeout, r.dest_timeout)
                     .await
             }
-            Request::Manage { key, op, .. } => self.manage(&key, op).await,
-            Request::AliasAllocate { .. } | Request::AliasManage { .. }
-                if !self.depot.cfg.aliases =>
-            {
+            Request::Manage(r) => self.manage(&r.at.key, r.op).await,
+            Request::AliasAllocate(_) | Request::AliasManage(_) if !self.depot.cfg.aliases => {
                 Err(Fail::new(StatusCode::UNKNOWN_FUNCTION))
             }
-            Request::AliasAllocate {
-                key,
-                offset,
-                length,
-                duration,
-                ..
-            } => self.alias_allocate(&key, offset, length, duration).await,
-            Request::AliasManage { key, op, .. } => self.alias_manage(&key, op).await,
-            Request::GetChksum { key, info_only, .. } => self.get_chksum(&key, info_only).await,
-            Request::ValidateChksum { key, correct, .. } => {
-                let a = self.checksummed(&key)?;
+            Request::AliasAllocate(r) => self.alias_allocate(&r).await,
+            Request::AliasManage(r) => self.alias_manage(&r.at.key, r.op).await,
+            Request::GetChksum(r) => self.get_chksum(&r.at.key, r.flag).await,
+            Request::ValidateChksum(ChksumQuery { at, flag: correct }) => {
+                let a = self.checksummed(&at.key)?;
                 let w = a.writer().await;
                 let bad = blocking(move || w.validate(correct)).await?;
                 if bad > 0 {
@@ -370,60 +360,38 @@ impl Conn {
                 }
                 self.ok(Reply::BadBlocks(bad)).await
             }
-            Request::Status { version, op, .. } => self.status(version, op).await,
+            Request::Status(r) => self.status(r.version, r.op).await,
         }
     }
 
     /// STORE, WRITE and LOAD, plain or with LStore's network checksums,
     /// through an allocation's keys or an alias's (whose window the range
     /// must fit; a STORE through an alias needs one that starts at 0).
-    async fn data_command(&mut self, req: Request, ncs: Option<NetChksum>) -> Res {
+    async fn data_command(&mut self, req: Plain, ncs: Option<NetChksum>) -> Res {
         let beyond = |close: bool| Fail {
             code: StatusCode::WOULD_EXCEED_LIMIT,
             close,
         };
+        let store = &self.depot.store;
         match req {
-            Request::Store {
-                key,
-                length,
-                timeout,
-                ..
-            } => {
-                let (a, w) = self
-                    .depot
-                    .store
-                    .lookup_view(&key, Some(CapKind::Write))
+            Plain::Store(r) => {
+                let (a, w) = store
+                    .lookup_view(&r.at.key, Some(CapKind::Write))
                     .map_err(closing)?;
-                self.store(&a, length, timeout, ncs, w).await
+                self.store(&a, r.length, r.at.timeout, ncs, w).await
             }
-            Request::Write {
-                key,
-                offset,
-                length,
-                timeout,
-                ..
-            } => {
-                let (a, w) = self
-                    .depot
-                    .store
-                    .lookup_view(&key, Some(CapKind::Write))
+            Plain::Write(r) => {
+                let (a, w) = store
+                    .lookup_view(&r.at.key, Some(CapKind::Write))
                     .map_err(closing)?;
-                let offset = w.map(offset, length).ok_or(beyond(true))?;
-                self.write(&a, offset, length, timeout, ncs).await
+                let offset = w.map(r.offset, r.length).ok_or(beyond(true))?;
+                self.write(&a, offset, r.length, r.at.timeout, ncs).await
             }
-            Request::Load {
-                key,
-                offset,
-                length,
-                timeout,
-                ..
-            } => {
-                let (a, w) = self.depot.store.lookup_view(&key, Some(CapKind::Read))?;
-                let offset = w.map(offset, length).ok_or(beyond(false))?;
-                self.load(&a, offset, length, timeout, ncs).await
+            Plain::Load(r) => {
+                let (a, w) = store.lookup_view(&r.at.key, Some(CapKind::Read))?;
+                let offset = w.map(r.offset, r.length).ok_or(beyond(false))?;
+                self.load(&a, offset, r.length, r.at.timeout, ncs).await
             }
-            // The parser wraps nothing else.
-            _ => Err(Fail::new(StatusCode::BAD_FORMAT)),
         }
     }
 
@@ -432,13 +400,7 @@ impl Conn {
             rid: a.rid,
             reliability: a.reliability,
             atype: a.alloc_type,
-            // -1 is the resource's maximum; 0 and other negatives are
-            // refused as the store refuses a zero lease.
-            lease: match a.duration {
-                -1 => Lease::Longest,
-                d if d > 0 => Lease::Secs(d.unsigned_abs()),
-                _ => Lease::Secs(0),
-            },
+            lease: a.lease,
             size: a.size,
             disk_chksum,
         };
@@ -706,17 +668,8 @@ impl Conn {
                     // The reference depot takes 0 as a size, not as "keep":
                     // the strict depot does too.
                     max_size: (max_size != 0 || self.depot.cfg.strict).then_some(max_size),
-                    lease: match duration {
-                        d if d < 0 => None,
-                        d => Some(Lease::Secs(d.unsigned_abs())),
-                    },
-                    reliability: match reliability {
-                        -1 => None,
-                        n => Some(
-                            Reliability::from_number(n)
-                                .ok_or(Fail::new(StatusCode::INVALID_PARAMETER))?,
-                        ),
-                    },
+                    lease: duration.map(Lease::Secs),
+                    reliability,
                 };
                 let a = store.lookup(key, Some(CapKind::Manage))?;
                 let w = a.writer().await;
@@ -780,19 +733,10 @@ impl Conn {
         Ok(Flow::Continue)
     }
 
-    async fn alias_allocate(
-        &mut self,
-        key: &lors_ibp::proto::KeyToken,
-        offset: u64,
-        length: u64,
-        duration: u64,
-    ) -> Res {
+    async fn alias_allocate(&mut self, r: &AliasAllocate) -> Res {
         let store = self.depot.store.clone();
-        let m = store.lookup(key, Some(CapKind::Manage))?;
-        let lease = match duration {
-            0 => Lease::Longest,
-            d => Lease::Secs(d),
-        };
+        let m = store.lookup(&r.at.key, Some(CapKind::Manage))?;
+        let (offset, length, lease) = (r.offset, r.length, r.lease);
         let new = blocking(move || store.alias_allocate(&m, offset, length, lease)).await?;
         tracing::info!(peer = %self.peer, rid = %new.rid, alias = new.id, offset, length, "alias allocated");
         let caps = self.caps_reply(new);
@@ -828,15 +772,10 @@ impl Conn {
             AliasOp::Change {
                 offset,
                 length,
-                duration,
+                lease,
                 master,
                 ..
             } => {
-                let lease = match duration {
-                    d if d < 0 => None,
-                    0 => Some(Lease::Longest),
-                    d => Some(Lease::Secs(d.unsigned_abs())),
-                };
                 blocking(move || store.alias_change(&key, &master, offset, length, lease)).await?;
                 self.ok(Reply::Ok).await
             }
@@ -871,7 +810,6 @@ impl Conn {
                 let free = sum(&|s| s.free());
                 let hard_free = sum(&|s| s.hard_free());
                 let max_dur = chosen.iter().map(|s| s.max_duration).max().unwrap_or(0);
-                let rid_name = rid.as_deref().unwrap_or("0");
                 if version == Version::V13 {
                     return self
                         .ok(Reply::StatusV13(StatusV13 {
@@ -883,10 +821,20 @@ impl Conn {
                         }))
                         .await;
                 }
-                let body = format!(
-                    "VS:1.4:1.0 DT:1  RID:{rid_name} RT:1 CT:{total} ST:{total} UT:{} UH:{used_hard} SH:{hard_total} CH:{hard_total} AT:{free} AH:{hard_free} DR:{max_dur} RE \n",
-                    used_hard.saturating_add(used_soft)
-                );
+                let body = StatusBody {
+                    rid: rid.unwrap_or_else(|| "0".to_owned()),
+                    config_total: total,
+                    served_total: total,
+                    used_total: used_hard.saturating_add(used_soft),
+                    used_hard,
+                    served_hard: hard_total,
+                    config_hard: hard_total,
+                    free_total: free,
+                    free_hard: hard_free,
+                    max_duration: max_dur,
+                    ..StatusBody::default()
+                }
+                .encode();
                 let mut out = Reply::Count(body.len() as u64).encode();
                 out.push_str(&body);
                 match self.reply_bytes(out.as_bytes()).await {

@@ -1,8 +1,10 @@
 use proptest::prelude::*;
 
+use super::fields::{parse_key_token, parse_timeout};
 use super::*;
-use crate::caps::CapKind;
-use crate::proto::chksum::ChksumType;
+use crate::caps::{CapKind, Capability, Key};
+use crate::proto::MAX_CHKSUM_BLOCK;
+use crate::proto::chksum::{ChksumType, NetChksum};
 
 fn key_text() -> impl Strategy<Value = String> {
     "[A-Za-z0-9+-]{1,40}"
@@ -48,19 +50,42 @@ fn capability() -> impl Strategy<Value = Capability> {
         })
 }
 
+fn keyed() -> impl Strategy<Value = Keyed> {
+    (version(), key_token(), typekey(), timeout()).prop_map(|(version, key, typekey, timeout)| {
+        Keyed {
+            version,
+            key,
+            typekey,
+            timeout,
+        }
+    })
+}
+
+/// A lease as ALLOCATE carries it (`-1` is the longest).
+fn lease() -> impl Strategy<Value = Lease> {
+    prop_oneof![
+        Just(Lease::Longest),
+        (0..=i64::MAX as u64).prop_map(Lease::Secs)
+    ]
+}
+
 fn manage_op() -> impl Strategy<Value = ManageOp> {
     prop_oneof![
         (0u32..4).prop_map(|c| ManageOp::Probe { cap_type: c }),
         (0u32..4).prop_map(|c| ManageOp::Incr { cap_type: c }),
         (0u32..4).prop_map(|c| ManageOp::Decr { cap_type: c }),
-        (0u32..4, any::<u64>(), any::<i64>(), -1i64..3).prop_map(|(c, s, d, r)| {
-            ManageOp::Change {
+        (
+            0u32..4,
+            any::<u64>(),
+            proptest::option::of(0..=i64::MAX as u64),
+            proptest::option::of(reliability())
+        )
+            .prop_map(|(c, s, d, r)| ManageOp::Change {
                 cap_type: c,
                 max_size: s,
                 duration: d,
                 reliability: r,
-            }
-        }),
+            }),
         any::<u64>().prop_map(|s| ManageOp::Truncate { size: s }),
     ]
 }
@@ -108,111 +133,57 @@ fn alloc_type() -> impl Strategy<Value = AllocType> {
     ]
 }
 
+fn allocate(version: Version) -> impl Strategy<Value = Allocate> {
+    (
+        "[0-9a-z]{1,8}",
+        reliability(),
+        alloc_type(),
+        lease(),
+        any::<u64>(),
+        timeout(),
+    )
+        .prop_map(move |(rid, r, t, lease, size, timeout)| Allocate {
+            version,
+            rid: (version == Version::V14).then_some(rid),
+            reliability: r,
+            alloc_type: t,
+            lease,
+            size,
+            timeout,
+        })
+}
+
 fn request() -> impl Strategy<Value = Request> {
-    let off_len = (0u64..u64::MAX / 2, 0u64..u64::MAX / 2);
+    let off_len = || (0u64..u64::MAX / 2, 0u64..u64::MAX / 2);
     prop_oneof![
-        (
-            version(),
-            "[0-9a-z]{1,8}",
-            reliability(),
-            alloc_type(),
-            any::<i64>(),
-            any::<u64>(),
-            timeout()
-        )
-            .prop_map(|(v, rid, r, t, d, s, to)| Request::Allocate(Allocate {
-                version: v,
-                rid: (v == Version::V14).then_some(rid),
-                reliability: r,
-                alloc_type: t,
-                duration: d,
-                size: s,
-                timeout: to,
-            })),
-        (version(), key_token(), typekey(), any::<u64>(), timeout()).prop_map(
-            |(version, key, typekey, length, timeout)| Request::Store {
-                version,
-                key,
-                typekey,
-                length,
-                timeout
-            }
-        ),
-        (
-            version(),
-            key_token(),
-            typekey(),
-            off_len.clone(),
-            timeout()
-        )
-            .prop_map(|(version, key, typekey, (offset, length), timeout)| {
-                Request::Write {
-                    version,
-                    key,
-                    typekey,
+        version()
+            .prop_flat_map(allocate)
+            .prop_map(Request::Allocate),
+        (keyed(), any::<u64>()).prop_map(|(at, length)| Request::Store(Store { at, length })),
+        (keyed(), off_len())
+            .prop_map(|(at, (offset, length))| { Request::Write(Write { at, offset, length }) }),
+        (keyed(), off_len())
+            .prop_map(|(at, (offset, length))| { Request::Load(Load { at, offset, length }) }),
+        (keyed(), capability(), off_len(), timeout(), timeout()).prop_map(
+            |(at, dest, (offset, length), t2, t3)| {
+                Request::Send(Send {
+                    at,
+                    dest,
                     offset,
                     length,
-                    timeout,
-                }
-            }),
-        (
-            version(),
-            key_token(),
-            typekey(),
-            off_len.clone(),
-            timeout()
-        )
-            .prop_map(
-                |(version, key, typekey, (offset, length), timeout)| Request::Load {
-                    version,
-                    key,
-                    typekey,
-                    offset,
-                    length,
-                    timeout
-                }
-            ),
-        (
-            version(),
-            key_token(),
-            capability(),
-            typekey(),
-            off_len,
-            timeout(),
-            timeout(),
-            timeout()
-        )
-            .prop_map(
-                |(version, key, dest, typekey, (offset, length), t1, t2, t3)| {
-                    Request::Send {
-                        version,
-                        key,
-                        dest,
-                        typekey,
-                        offset,
-                        length,
-                        timeout: t1,
-                        dest_timeout: t2,
-                        client_timeout: t3,
-                    }
-                }
-            ),
-        (version(), key_token(), typekey(), manage_op(), timeout()).prop_map(
-            |(version, key, typekey, op, timeout)| Request::Manage {
-                version,
-                key,
-                typekey,
-                op,
-                timeout
+                    dest_timeout: t2,
+                    client_timeout: t3,
+                })
             }
         ),
+        (keyed(), manage_op()).prop_map(|(at, op)| Request::Manage(Manage { at, op })),
         version()
             .prop_flat_map(|v| (Just(v), status_op(v), timeout()))
-            .prop_map(|(version, op, timeout)| Request::Status {
+            .prop_map(|(version, op, timeout)| Request::Status(Status {
                 version,
                 op,
                 timeout
-            }),
+            })),
     ]
 }
 
@@ -237,16 +208,19 @@ fn alias_op() -> impl Strategy<Value = AliasOp> {
         (
             proptest::option::of(0u32..4),
             (0u64..u64::MAX / 2, 0u64..u64::MAX / 2),
-            any::<i64>(),
+            proptest::option::of(lease()),
             master()
         )
             .prop_map(
-                |(cap_type, (offset, length), duration, (master, master_typekey))| {
+                |(cap_type, (offset, length), lease, (master, master_typekey))| {
                     AliasOp::Change {
                         cap_type,
                         offset,
                         length,
-                        duration,
+                        lease: lease.map(|l| match l {
+                            Lease::Secs(0) => Lease::Longest,
+                            l => l,
+                        }),
                         master,
                         master_typekey,
                     }
@@ -257,89 +231,40 @@ fn alias_op() -> impl Strategy<Value = AliasOp> {
 
 /// LStore's extensions (commands 14, 15, 29, 31, 32).
 fn lstore_request() -> impl Strategy<Value = Request> {
-    let off_len = (0u64..u64::MAX / 2, 0u64..u64::MAX / 2);
     prop_oneof![
         (
-            version(),
-            key_token(),
-            typekey(),
-            off_len,
-            any::<u64>(),
-            timeout()
+            keyed(),
+            (0u64..u64::MAX / 2, 0u64..u64::MAX / 2),
+            proptest::option::of(1u64..)
         )
-            .prop_map(
-                |(version, key, typekey, (offset, length), duration, timeout)| {
-                    Request::AliasAllocate {
-                        version,
-                        key,
-                        typekey,
-                        offset,
-                        length,
-                        duration,
-                        timeout,
-                    }
-                }
-            ),
-        (version(), key_token(), typekey(), alias_op(), timeout()).prop_map(
-            |(version, key, typekey, op, timeout)| Request::AliasManage {
-                version,
-                key,
-                typekey,
-                op,
-                timeout
-            }
-        ),
+            .prop_map(|(at, (offset, length), secs)| {
+                Request::AliasAllocate(AliasAllocate {
+                    at,
+                    offset,
+                    length,
+                    lease: secs.map_or(Lease::Longest, Lease::Secs),
+                })
+            }),
+        (keyed(), alias_op()).prop_map(|(at, op)| Request::AliasManage(AliasManage { at, op })),
         (
             proptest::option::of((1i64..=4, 1u64..=MAX_CHKSUM_BLOCK)),
-            "[0-9a-z]{1,8}",
-            reliability(),
-            alloc_type(),
-            any::<i64>(),
-            any::<u64>(),
-            timeout()
+            allocate(Version::V14)
         )
-            .prop_map(|(cs, rid, r, t, d, s, to)| Request::AllocateChksum {
+            .prop_map(|(cs, alloc)| Request::AllocateChksum(AllocateChksum {
                 chksum: cs.map(|(k, b)| NetChksum {
                     kind: ChksumType::from_number(k).unwrap(),
                     block_size: b
                 }),
-                alloc: Allocate {
-                    version: Version::V14,
-                    rid: Some(rid),
-                    reliability: r,
-                    alloc_type: t,
-                    duration: d,
-                    size: s,
-                    timeout: to,
-                },
-            }),
-        (
-            version(),
-            key_token(),
-            typekey(),
-            any::<bool>(),
-            any::<bool>(),
-            timeout()
-        )
-            .prop_map(|(version, key, typekey, flag, get, timeout)| {
-                if get {
-                    Request::GetChksum {
-                        version,
-                        key,
-                        typekey,
-                        info_only: flag,
-                        timeout,
-                    }
-                } else {
-                    Request::ValidateChksum {
-                        version,
-                        key,
-                        typekey,
-                        correct: flag,
-                        timeout,
-                    }
-                }
-            }),
+                alloc,
+            })),
+        (keyed(), any::<bool>(), any::<bool>()).prop_map(|(at, flag, get)| {
+            let q = ChksumQuery { at, flag };
+            if get {
+                Request::GetChksum(q)
+            } else {
+                Request::ValidateChksum(q)
+            }
+        }),
     ]
 }
 
@@ -360,22 +285,19 @@ proptest! {
 
     #[test]
     fn checksummed_requests_round_trip(
-        version in version(),
-        key in key_token(),
-        typekey in typekey(),
+        at in keyed(),
         (offset, length) in (0u64..u64::MAX / 2, 0u64..u64::MAX / 2),
-        timeout in timeout(),
         kind in 1i64..=4,
         block_size in 1u64..=MAX_CHKSUM_BLOCK,
         which in 0..3,
     ) {
         let req = match which {
-            0 => Request::Store { version, key, typekey, length, timeout },
-            1 => Request::Write { version, key, typekey, offset, length, timeout },
-            _ => Request::Load { version, key, typekey, offset, length, timeout },
+            0 => Plain::Store(Store { at, length }),
+            1 => Plain::Write(Write { at, offset, length }),
+            _ => Plain::Load(Load { at, offset, length }),
         };
         let chksum = NetChksum { kind: ChksumType::from_number(kind).unwrap(), block_size };
-        let req = Request::Checksummed { chksum, req: Box::new(req) };
+        let req = Request::Checksummed(Checksummed { chksum, req });
         let line = req.encode();
         prop_assert_eq!(Request::parse(line.as_bytes()), Ok(req));
     }
@@ -392,74 +314,76 @@ fn parses_what_lors_0_82_sends() {
     let r = Request::parse(b"1 4 0 1 ibp 0\n").unwrap();
     assert_eq!(
         r,
-        Request::Status {
+        Request::Status(Status {
             version: Version::V14,
             op: StatusOp::Inquire {
                 rid: Some("0".into()),
                 password: "ibp".into()
             },
             timeout: Timeout::Default
-        }
+        })
     );
     let r = Request::parse(b"0 4 1 ibp 0\n").unwrap();
     assert!(matches!(
         r,
-        Request::Status {
+        Request::Status(Status {
             version: Version::V13,
             op: StatusOp::Inquire { rid: None, .. },
             ..
-        }
+        })
     ));
     let r = Request::parse(b"1 1 0 2 1 3600 65536 0\n").unwrap();
     assert!(matches!(
         r,
         Request::Allocate(Allocate {
             size: 65536,
-            duration: 3600,
+            lease: Lease::Secs(3600),
             ..
         })
     ));
     let r = Request::parse(b"0 2 1#abcDEF12 14571742334203452377 65536 30 \n").unwrap();
     assert!(matches!(
         r,
-        Request::Store {
-            version: Version::V13,
+        Request::Store(Store {
+            at: Keyed {
+                version: Version::V13,
+                timeout: Timeout::Secs(30),
+                ..
+            },
             length: 65536,
-            timeout: Timeout::Secs(30),
-            ..
-        }
+        })
     ));
     let r = Request::parse(b"0 9 1#abcDEF12 1457 40 0 0 0 0 0\n").unwrap();
     assert!(matches!(
         r,
-        Request::Manage {
+        Request::Manage(Manage {
             op: ManageOp::Probe { cap_type: 0 },
             ..
-        }
+        })
     ));
     let r = Request::parse(b"0 8 1#abcDEF12 1457 0 65536 61 \n").unwrap();
     assert!(matches!(
         r,
-        Request::Load {
+        Request::Load(Load {
             offset: 0,
             length: 65536,
             ..
-        }
+        })
     ));
     // The reference depot's RID-less STATUS forms.
     assert!(matches!(
         Request::parse(b"1 4 3 10\n").unwrap(),
-        Request::Status {
+        Request::Status(Status {
             op: StatusOp::Resources,
             ..
-        }
+        })
     ));
     assert!(matches!(
         Request::parse(b"1 4 5 10\n").unwrap(),
-        Request::Status {
+        Request::Status(Status {
             op: StatusOp::Version,
             ..
-        }
+        })
     ));
 }
 
@@ -493,27 +417,35 @@ fn fractional_and_zero_timeouts_mean_default() {
 fn parses_what_lstore_sends_with_network_checksums() {
     // ibp_perf -network_chksum MD5 64: write_command / read_command / append_command.
     let w = Request::parse(b"1 27 4 65536 0#abcdefgh 77 131072 65536 30\n").unwrap();
-    let Request::Checksummed { chksum, req } = w else {
+    let Request::Checksummed(Checksummed { chksum, req }) = w else {
         panic!("{w:?}")
     };
     assert_eq!(chksum.kind, ChksumType::Md5);
     assert_eq!(chksum.block_size, 65536);
     assert!(matches!(
-        *req,
-        Request::Write {
+        req,
+        Plain::Write(Write {
             offset: 131072,
             length: 65536,
             ..
-        }
+        })
     ));
     let l = Request::parse(b"1 24 1 1024 0#abcdefgh 77 0 10 30\n").unwrap();
-    assert!(
-        matches!(l, Request::Checksummed { req, .. } if matches!(*req, Request::Load { length: 10, .. }))
-    );
+    assert!(matches!(
+        l,
+        Request::Checksummed(Checksummed {
+            req: Plain::Load(Load { length: 10, .. }),
+            ..
+        })
+    ));
     let s = Request::parse(b"1 28 3 1 0#abcdefgh 77 5 30\n").unwrap();
-    assert!(
-        matches!(s, Request::Checksummed { req, .. } if matches!(*req, Request::Store { length: 5, .. }))
-    );
+    assert!(matches!(
+        s,
+        Request::Checksummed(Checksummed {
+            req: Plain::Store(Store { length: 5, .. }),
+            ..
+        })
+    ));
 }
 
 #[test]
@@ -522,26 +454,28 @@ fn parses_what_lstore_sends_for_aliases_and_disk_checksums() {
     // proxy_modify_count_command (remove), proxy_modify_alloc_command.
     assert_eq!(
         Request::parse(b"1 14 0#mkey 77 0 0 0 30\n").unwrap(),
-        Request::AliasAllocate {
-            version: Version::V14,
-            key: parse_key_token("0#mkey").unwrap(),
-            typekey: "77".into(),
+        Request::AliasAllocate(AliasAllocate {
+            at: Keyed {
+                version: Version::V14,
+                key: parse_key_token("0#mkey").unwrap(),
+                typekey: "77".into(),
+                timeout: Timeout::Secs(30),
+            },
             offset: 0,
             length: 0,
-            duration: 0,
-            timeout: Timeout::Secs(30),
-        }
+            lease: Lease::Longest,
+        })
     );
     let probe = Request::parse(b"1 15 0#akey 77 40 3 30 \n").unwrap();
     assert!(matches!(
         probe,
-        Request::AliasManage {
+        Request::AliasManage(AliasManage {
             op: AliasOp::Probe { cap_type: 3 },
             ..
-        }
+        })
     ));
     let remove = Request::parse(b"1 15 0#akey 77 42 1 0#mkey 78 30\n").unwrap();
-    let Request::AliasManage {
+    let Request::AliasManage(AliasManage {
         op:
             AliasOp::Decr {
                 cap_type: 1,
@@ -549,7 +483,7 @@ fn parses_what_lstore_sends_for_aliases_and_disk_checksums() {
                 master_typekey,
             },
         ..
-    } = remove
+    }) = remove
     else {
         panic!("{remove:?}")
     };
@@ -564,46 +498,43 @@ fn parses_what_lstore_sends_for_aliases_and_disk_checksums() {
         assert!(
             matches!(
                 &r,
-                Request::AliasManage {
+                Request::AliasManage(AliasManage {
                     op: AliasOp::Change {
                         cap_type,
                         offset: 10,
                         length: 20,
-                        duration: 60,
+                        lease: Some(Lease::Secs(60)),
                         ..
                     },
                     ..
-                } if *cap_type == cap
+                }) if *cap_type == cap
             ),
             "{r:?}"
         );
     }
     // ibp_perf -disk_chksum MD5 65536: allocate_command.
     let a = Request::parse(b"1 29 4 65536 0 2 1 900 1048576 30\n").unwrap();
-    let Request::AllocateChksum {
+    let Request::AllocateChksum(AllocateChksum {
         chksum: Some(cs),
         alloc,
-    } = a
+    }) = a
     else {
         panic!("{a:?}")
     };
     assert_eq!((cs.kind, cs.block_size), (ChksumType::Md5, 65536));
-    assert_eq!((alloc.size, alloc.duration), (1_048_576, 900));
+    assert_eq!((alloc.size, alloc.lease), (1_048_576, Lease::Secs(900)));
     // CHKSUM_NONE takes any block size, even none.
     assert!(matches!(
         Request::parse(b"1 29 0 0 0 2 1 900 10 30\n").unwrap(),
-        Request::AllocateChksum { chksum: None, .. }
+        Request::AllocateChksum(AllocateChksum { chksum: None, .. })
     ));
     assert!(matches!(
         Request::parse(b"1 31 0#mkey 77 1 30\n").unwrap(),
-        Request::GetChksum {
-            info_only: true,
-            ..
-        }
+        Request::GetChksum(ChksumQuery { flag: true, .. })
     ));
     assert!(matches!(
         Request::parse(b"1 32 0#mkey 77 0 30\n").unwrap(),
-        Request::ValidateChksum { correct: false, .. }
+        Request::ValidateChksum(ChksumQuery { flag: false, .. })
     ));
 }
 
@@ -815,7 +746,6 @@ fn rejection_table() {
 
 #[test]
 fn unserved_commands_are_sorted_by_whether_data_follows() {
-    use super::cmd::sends_no_data;
     // ALIAS_ALLOCATE, RENAME, MERGE, PUSH, GET_CHKSUM, VEC_READ.
     for n in [14, 16, 19, 20, 31, 35] {
         assert!(sends_no_data(n), "{n}");
