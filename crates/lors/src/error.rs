@@ -1,7 +1,53 @@
 //! Errors of LoRS operations.
 
+use std::fmt;
+
+use lors_ibp::StatusCode;
+
 /// Result alias.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Why a depot operation failed: the message for people, and the IBP
+/// status, when a depot answered with one, for programs. Decisions (an
+/// errno, a hint, a retry) are made on the status, never on the text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cause {
+    /// What happened, for people.
+    pub text: String,
+    /// The depot's status, if it answered with one.
+    pub code: Option<StatusCode>,
+}
+
+impl Cause {
+    /// A cause no depot status goes with.
+    pub fn local(text: impl Into<String>) -> Cause {
+        Cause {
+            text: text.into(),
+            code: None,
+        }
+    }
+}
+
+impl From<&lors_ibp::Error> for Cause {
+    fn from(e: &lors_ibp::Error) -> Cause {
+        Cause {
+            text: e.to_string(),
+            code: e.status(),
+        }
+    }
+}
+
+impl From<&str> for Cause {
+    fn from(text: &str) -> Cause {
+        Cause::local(text)
+    }
+}
+
+impl fmt::Display for Cause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.text)
+    }
+}
 
 /// What went wrong.
 #[derive(Debug, thiserror::Error)]
@@ -26,11 +72,7 @@ pub enum Error {
         /// Logical offset.
         offset: u64,
         /// Last depot error.
-        last: String,
-        /// The IBP status of the last depot error, when a depot answered
-        /// with one: what programs decide by (see `xio::errno`), never the
-        /// text.
-        code: Option<lors_ibp::StatusCode>,
+        last: Cause,
     },
     /// An upload failed with `cause`. What it had stored was released, except
     /// the allocations in `stranded` (their depots could not be reached):
@@ -75,7 +117,7 @@ pub enum Error {
         /// One past the last byte.
         end: u64,
         /// Last depot error.
-        last: String,
+        last: Cause,
     },
     /// The exNode does not cover the requested range.
     #[error(transparent)]
@@ -107,6 +149,16 @@ fn chain(e: &dyn std::error::Error) -> String {
 }
 
 impl Error {
+    /// The IBP status behind this error, when a depot answered with one.
+    pub fn status(&self) -> Option<StatusCode> {
+        match self {
+            Error::Ibp(e) => e.status(),
+            Error::Store { last, .. } | Error::Unreadable { last, .. } => last.code,
+            Error::Abandoned { cause, .. } => cause.status(),
+            _ => None,
+        }
+    }
+
     pub(crate) fn io(what: impl Into<String>, source: std::io::Error) -> Self {
         Error::Io {
             what: what.into(),

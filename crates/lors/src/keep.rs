@@ -182,7 +182,7 @@ pub async fn cycle(
         for (j, r) in manage::refresh(&sub, policy.lease, pool, &NoProgress).await {
             match r {
                 Ok(_) => refreshed += 1,
-                Err(e) => not_refreshed.push((due[j], e)),
+                Err(e) => not_refreshed.push((due[j], e.text)),
             }
         }
     }

@@ -34,6 +34,6 @@ pub mod xio;
 pub mod xnd;
 pub mod xndrc;
 
-pub use error::{Error, Result};
+pub use error::{Cause, Error, Result};
 pub use pool::Pool;
 pub use progress::{NoProgress, Progress};

@@ -12,7 +12,7 @@ use lors_ibp::caps::CapKind;
 use lors_ibp::proto::Reliability;
 use lors_ibp::{Capability, Connection, ProbeInfo};
 
-use crate::error::{Error, Result};
+use crate::error::{Cause, Error, Result};
 use crate::pool::Pool;
 use crate::progress::{Event, NoProgress, Progress};
 
@@ -273,8 +273,7 @@ impl Replication<'_> {
                 last: "no replica has a read capability".into(),
             });
         }
-        let mut last = String::from("no depot left that does not already hold this block");
-        let mut code = None;
+        let mut last = Cause::local("no depot left that does not already hold this block");
         let mut tried: HashSet<String> = HashSet::new();
         loop {
             let target = {
@@ -293,7 +292,7 @@ impl Replication<'_> {
                 })
             };
             let Some(t) = target else {
-                return Err(Error::Store { offset, last, code });
+                return Err(Error::Store { offset, last });
             };
             tried.insert(t.clone());
             match self.copy_to(&t, b, &sources).await {
@@ -308,13 +307,12 @@ impl Replication<'_> {
                     if let Some(l) = st.load.iter_mut().find(|(d, _)| *d == t) {
                         l.1 -= 1;
                     }
-                    last = e.to_string();
-                    code = e.status();
+                    last = Cause::from(&e);
                     if target_down && st.dead.insert(t.clone()) {
                         drop(st);
                         self.progress.event(&Event::Failover {
                             depot: t.clone(),
-                            why: last.clone(),
+                            why: last.text.clone(),
                         });
                     } else {
                         drop(st);
@@ -513,7 +511,7 @@ pub async fn refresh(
     lease: Lease,
     pool: &Pool,
     progress: &dyn Progress,
-) -> Vec<(usize, std::result::Result<i64, String>)> {
+) -> Vec<(usize, std::result::Result<i64, Cause>)> {
     let mut out = Vec::new();
     let mut jobs = Vec::new();
     for (i, m) in x.mappings.iter().enumerate() {
@@ -530,7 +528,7 @@ pub async fn refresh(
     .await;
     out.extend(
         done.into_iter()
-            .map(|(i, r)| (i, r.map_err(|e| e.to_string()))),
+            .map(|(i, r)| (i, r.map_err(|e| Cause::from(&e)))),
     );
     out.sort_unstable_by_key(|&(i, _)| i);
     out
@@ -547,20 +545,19 @@ async fn extend(
     // "keep", as LoRS's own lors_refresh knows.
     let now = c.probe(cap).await?;
     let secs = match lease {
-        Lease::To(d) => i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+        Lease::To(d) => d.as_secs(),
         Lease::By(d) => now
             .seconds_left
-            .saturating_add(i64::try_from(d.as_secs()).unwrap_or(i64::MAX)),
+            .max(0)
+            .unsigned_abs()
+            .saturating_add(d.as_secs()),
         Lease::Max => {
             let rid = cap.rid.clone().unwrap_or_else(|| "0".into());
-            let st = c.status(&rid, "ibp").await?;
-            i64::try_from(st.get_u64("DR").unwrap_or(0))
-                .unwrap_or(i64::MAX)
-                .max(1)
+            c.status(&rid, "ibp").await?.max_duration
         }
     };
     let rel = lors_ibp::proto::Reliability::from_number(now.reliability);
-    c.change(cap, now.max_size, secs.max(1), rel).await?;
+    c.change(cap, now.max_size, Some(secs.max(1)), rel).await?;
     Ok(c.probe(cap).await?.seconds_left)
 }
 
@@ -699,6 +696,15 @@ impl std::fmt::Display for Failure {
         match self {
             Failure::Op(e) => e.fmt(f),
             Failure::Skipped(why) | Failure::Silent(why) => f.write_str(why),
+        }
+    }
+}
+
+impl From<&Failure> for Cause {
+    fn from(f: &Failure) -> Cause {
+        match f {
+            Failure::Op(e) => Cause::from(e),
+            other => Cause::local(other.to_string()),
         }
     }
 }

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lors_exnode::Mapping;
-use lors_ibp::proto::{AllocType, Reliability};
+use lors_ibp::proto::{AllocType, Lease, Reliability};
 use lors_ibp::{CapSet, Capability, ClientConfig, Connection, Result};
 
 /// Idle connections kept per depot.
@@ -103,9 +103,9 @@ impl Pool {
         size: u64,
     ) -> Result<CapSet> {
         let mut c = self.get(addr).await?;
-        let secs = i64::try_from(duration.as_secs()).unwrap_or(i64::MAX);
+        let lease = Lease::Secs(duration.as_secs());
         let caps = c
-            .allocate("0", reliability, AllocType::ByteArray, secs, size.max(1))
+            .allocate("0", reliability, AllocType::ByteArray, lease, size.max(1))
             .await?;
         self.put(c);
         Ok(caps)

@@ -35,7 +35,7 @@ use std::sync::Arc;
 
 use lors_exnode::{ExNode, Mapping, Metadata, Value};
 use lors_ibp::caps::{CapSet, Capability};
-use lors_ibp::proto::StatusCode;
+use lors_ibp::proto::{Lease, StatusCode};
 
 use crate::manage::{Failure, by_depot};
 use crate::pool::Pool;
@@ -293,12 +293,13 @@ pub async fn share(x: &ExNode, opts: &Options, pool: &Pool) -> Result<Shared, Sh
         }
     }
     let duration = opts.expires.unwrap_or(0);
+    let lease = alias_lease(duration);
     let windows = cuts.clone();
     let made = by_depot(jobs, pool, &NoProgress, move |mut c, i, cap| {
         let (off, len) = windows[i].window;
         async move {
             let r = async {
-                let caps = c.alias_allocate(&cap, off, len, duration).await?;
+                let caps = c.alias_allocate(&cap, off, len, lease).await?;
                 let left = c.alias_probe(&caps.manage).await;
                 Ok((caps, left.map(|p| p.seconds_left)))
             }
@@ -428,7 +429,7 @@ pub fn access_lost(x: &ExNode, e: &crate::Error) -> Option<String> {
     let Some(Value::String(id)) = x.meta(SHARE_META) else {
         return None;
     };
-    if !e.to_string().contains("IBP_E_CAP_NOT_FOUND") {
+    if e.status() != Some(StatusCode::CAP_NOT_FOUND) {
         return None;
     }
     let until = match x.meta(EXPIRES_META) {
@@ -525,6 +526,14 @@ pub async fn extend(
     each_alias(shared, owner, pool, Some(secs)).await
 }
 
+/// An alias's lease on the wire: 0 seconds is "as long as its allocation".
+fn alias_lease(secs: u64) -> Lease {
+    match secs {
+        0 => Lease::Longest,
+        s => Lease::Secs(s),
+    }
+}
+
 async fn each_alias(
     shared: &ExNode,
     owner: &ExNode,
@@ -563,10 +572,7 @@ async fn each_alias(
         async move {
             let r = match extend {
                 None => c.alias_decr(&alias, &master).await,
-                Some(secs) => {
-                    let secs = i64::try_from(secs).unwrap_or(i64::MAX);
-                    c.alias_extend(&alias, &master, secs).await
-                }
+                Some(secs) => c.alias_extend(&alias, &master, alias_lease(secs)).await,
             };
             (c, r)
         }

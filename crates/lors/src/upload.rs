@@ -19,7 +19,7 @@ use lors_ibp::proto::Reliability;
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::sync::Semaphore;
 
-use crate::error::{Error, Result};
+use crate::error::{Cause, Error, Result};
 use crate::pool::Pool;
 use crate::progress::{Event, Progress};
 use crate::stall::{Kind, Watcher};
@@ -333,8 +333,7 @@ impl Shared {
         avoid: &mut HashSet<usize>,
         salt: usize,
     ) -> Result<(usize, CapSet)> {
-        let mut last = String::from("no usable depot left");
-        let mut code = None;
+        let mut last = Cause::local("no usable depot left");
         // Depots that answered busy (-66) for this block: tried again after
         // a pause once every other depot has been tried, a bounded number
         // of times, rather than given up on as failed.
@@ -344,7 +343,7 @@ impl Shared {
             let picked = self.lock().pick(avoid, salt);
             let Some(i) = picked else {
                 if busy.is_empty() || pauses >= BUSY_PAUSES {
-                    return Err(Error::Store { offset, last, code });
+                    return Err(Error::Store { offset, last });
                 }
                 pauses += 1;
                 let ms = 100 + 50 * (salt as u64 % 8);
@@ -367,14 +366,12 @@ impl Shared {
                     return Err(Error::io(during, source));
                 }
                 Err(e) if e.is_busy() => {
-                    last = e.to_string();
-                    code = e.status();
+                    last = Cause::from(&e);
                     self.lock().release(i);
                     busy.push(i);
                 }
                 Err(e) => {
-                    last = e.to_string();
-                    code = e.status();
+                    last = Cause::from(&e);
                     self.fail(i, &e);
                 }
             }

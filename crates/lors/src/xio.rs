@@ -1886,18 +1886,22 @@ fn xnd_error(e: XndError) -> io::Error {
 /// A LoRS error as the error a program understands: `ENOSPC` when no depot
 /// takes the data, `EIO` (`ErrorKind::Other`) when no replica can be read.
 pub fn lors_error(e: Error) -> io::Error {
-    let kind = match &e {
+    io::Error::new(error_kind(&e), e)
+}
+
+fn error_kind(e: &Error) -> ErrorKind {
+    match e {
         Error::NoDepots | Error::NotEnoughDepots { .. } => ErrorKind::StorageFull,
-        Error::Store { code: Some(c), .. } if NO_ROOM.contains(c) => ErrorKind::StorageFull,
-        Error::Abandoned { cause, .. } => match &**cause {
-            Error::NoDepots | Error::NotEnoughDepots { .. } => ErrorKind::StorageFull,
-            Error::Store { code: Some(c), .. } if NO_ROOM.contains(c) => ErrorKind::StorageFull,
+        Error::Store { last, .. } if last.code.is_some_and(|c| NO_ROOM.contains(&c)) => {
+            ErrorKind::StorageFull
+        }
+        Error::Abandoned { cause, .. } => match error_kind(cause) {
+            ErrorKind::StorageFull => ErrorKind::StorageFull,
             _ => ErrorKind::Other,
         },
         Error::Io { source, .. } => source.kind(),
         _ => ErrorKind::Other,
-    };
-    io::Error::new(kind, e)
+    }
 }
 
 /// The IBP statuses that mean a depot has no room: `ENOSPC` when the last

@@ -5,6 +5,7 @@ use std::time::Duration;
 use lors::Pool;
 use lors::manage::Lease;
 use lors::uri::ExnodeRef;
+use lors_ibp::StatusCode;
 
 use super::duration_arg;
 use crate::UsageError;
@@ -91,7 +92,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 failures.push(Failure {
                     mapping: n,
                     depot,
-                    error: e,
+                    error: &e.text,
+                    code: e.code,
                 });
             }
         }
@@ -99,15 +101,16 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     if !json {
         // One line per depot and cause, not per mapping: a lease past a
         // depot's limit is refused for every allocation there alike.
-        let mut groups: Vec<((&str, &str), Vec<usize>)> = Vec::new();
+        let mut groups: Vec<(&Failure, Vec<usize>)> = Vec::new();
         for f in &failures {
-            let key = (f.depot.as_str(), f.error);
-            match groups.iter_mut().find(|(k, _)| *k == key) {
+            let same = |g: &&mut (&Failure, _)| (&g.0.depot, g.0.error) == (&f.depot, f.error);
+            match groups.iter_mut().find(same) {
                 Some((_, ns)) => ns.push(f.mapping),
-                None => groups.push((key, vec![f.mapping])),
+                None => groups.push((f, vec![f.mapping])),
             }
         }
-        for ((depot, e), ns) in groups {
+        for (f, ns) in groups {
+            let (depot, e) = (&f.depot, f.error);
             let which = match ns.as_slice() {
                 [n] => format!("mapping {n}"),
                 _ => format!(
@@ -118,7 +121,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                         .join(", ")
                 ),
             };
-            let hint = if e.contains("IBP_E_WOULD_EXCEED_POLICY") {
+            let hint = if f.code == Some(StatusCode::WOULD_EXCEED_POLICY) {
                 " (longer than the depot allows: ask for less, or --max for the most it gives)"
             } else {
                 ""
@@ -170,6 +173,8 @@ struct Failure<'a> {
     mapping: usize,
     depot: String,
     error: &'a str,
+    #[serde(skip)]
+    code: Option<StatusCode>,
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@ use tokio::sync::mpsc;
 use super::Ctx;
 use super::output::{Buffers, Data, Held, OutFile};
 use super::sched::{DepotId, Pick};
-use crate::error::Error;
+use crate::error::{Cause, Error};
 
 /// A fetched piece: in memory or pipes, or already written into the output
 /// file.
@@ -28,12 +28,12 @@ enum Got {
 /// Why a fetch failed.
 enum Fail {
     /// This replica (or its depot, when the flag says it is unreachable).
-    Remote(String, bool),
+    Remote(Cause, bool),
     /// This replica's allocation ends before the piece: it holds less than
     /// the exNode claims.
-    Short(String),
+    Short(Cause),
     /// The depot is busy: ask again later.
-    Busy(String),
+    Busy(Cause),
     /// Our own output: no replica can help.
     Local(Error),
 }
@@ -41,13 +41,13 @@ enum Fail {
 fn ibp_err(e: lors_ibp::Error) -> Fail {
     match e {
         lors_ibp::Error::Local { during, source } => Fail::Local(Error::io(during, source)),
-        e if e.is_busy() => Fail::Busy(e.to_string()),
+        e if e.is_busy() => Fail::Busy(Cause::from(&e)),
         e if e.status() == Some(lors_ibp::proto::StatusCode::WOULD_EXCEED_LIMIT) => {
-            Fail::Short(e.to_string())
+            Fail::Short(Cause::from(&e))
         }
         e => {
             let unreachable = e.is_unreachable();
-            Fail::Remote(e.to_string(), unreachable)
+            Fail::Remote(Cause::from(&e), unreachable)
         }
     }
 }
@@ -138,16 +138,16 @@ pub(super) async fn worker(
             Ok(g) => g,
             Err(Fail::Local(e)) => return ctx.fatal(e),
             Err(Fail::Remote(why, unreachable)) => {
-                ctx.update(|g| g.sched.failed(piece, m, &why, unreachable));
+                ctx.update(|g| g.sched.failed(piece, m, why, unreachable));
                 continue;
             }
             Err(Fail::Short(why)) => {
-                ctx.update(|g| g.sched.ends_early(piece, m, &why));
+                ctx.update(|g| g.sched.ends_early(piece, m, why));
                 continue;
             }
             Err(Fail::Busy(why)) => {
                 drop((slot, mem));
-                if ctx.update(|g| g.sched.busy(piece, m, &why)) {
+                if ctx.update(|g| g.sched.busy(piece, m, why)) {
                     // Give the depot room: others' pieces, and a pause that
                     // differs per connection so they do not return together.
                     let ms = 100 + 50 * (conn as u64 % 8);
@@ -205,11 +205,11 @@ pub(super) async fn worker(
             if let Err(e) = r {
                 ctx.fatal(Error::io("writing the output file", e));
             }
-        } else if let (Some(tx), Got::Data(buf)) = (&tx, got) {
-            if tx.send((piece, buf, mem)).await.is_err() {
-                ctx.lock().writing -= 1;
-                return;
-            }
+        } else if let (Some(tx), Got::Data(buf)) = (&tx, got)
+            && tx.send((piece, buf, mem)).await.is_err()
+        {
+            ctx.lock().writing -= 1;
+            return;
         }
         ctx.lock().writing -= 1;
         ctx.wake.notify_waiters();
@@ -245,7 +245,7 @@ async fn fetch(
     let map = &ctx.x.mappings[m];
     let cap = map.read.as_ref().expect("planned mappings are readable");
     match enc {
-        Err(e) => Err(Fail::Remote(e.to_string(), false)),
+        Err(e) => Err(Fail::Remote(Cause::local(e.to_string()), false)),
         Ok(None) => {
             let at = map.alloc_offset + (offset - map.exnode_offset);
             // Taken before any wait, so pieces picked in a row get buffers
@@ -284,10 +284,10 @@ async fn fetch(
             Ok(Got::Data(Data::Mem(buf)))
         }
         Ok(Some(_)) if map.alloc_length > MAX_ENCODED_MAPPING => Err(Fail::Remote(
-            format!(
+            Cause::local(format!(
                 "encoded mapping of {} bytes is larger than the {} bytes decoded in memory",
                 map.alloc_length, MAX_ENCODED_MAPPING
-            ),
+            )),
             false,
         )),
         Ok(Some(e)) => {
@@ -307,8 +307,8 @@ async fn fetch(
             let mapping = map.clone();
             tokio::task::spawn_blocking(move || e.open(&mapping, stored, piece, to_file, &bufs))
                 .await
-                .map_err(|e| Fail::Remote(e.to_string(), false))?
-                .map_err(|e| Fail::Remote(format!("{e} (from {depot})"), false))
+                .map_err(|e| Fail::Remote(Cause::local(e.to_string()), false))?
+                .map_err(|e| Fail::Remote(Cause::local(format!("{e} (from {depot})")), false))
         }
     }
 }

@@ -474,11 +474,10 @@ pub async fn download(
     let s = &g.sched;
     if let Some(first) = s.lost().iter().min_by_key(|l| l.offset) {
         let n = s.lost().len();
-        let last = if n > 1 {
-            format!("{} (and {} more pieces unreadable)", first.why, n - 1)
-        } else {
-            first.why.clone()
-        };
+        let mut last = first.why.clone();
+        if n > 1 {
+            last.text = format!("{} (and {} more pieces unreadable)", last.text, n - 1);
+        }
         let (offset, end) = (first.offset, first.end);
         return Err(Error::Unreadable { offset, end, last });
     }

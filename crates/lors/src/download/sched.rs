@@ -34,6 +34,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
 use super::tune::Tune;
+use crate::error::Cause;
 use crate::plan::Segment;
 
 /// A piece of the plan, by index. Pieces cut at the end game get new
@@ -177,7 +178,7 @@ pub struct Lost {
     /// One past the last byte.
     pub end: u64,
     /// The last error.
-    pub why: String,
+    pub why: Cause,
 }
 
 /// Counters for [`super::Stats`].
@@ -770,7 +771,8 @@ impl Sched {
     /// (`unreachable`) is dead for the whole download: every piece it holds
     /// moves on to other replicas at once. A piece with no replica left is
     /// lost.
-    pub fn failed(&mut self, p: PieceId, m: usize, why: &str, unreachable: bool) {
+    pub fn failed(&mut self, p: PieceId, m: usize, why: impl Into<Cause>, unreachable: bool) {
+        let why = &why.into();
         self.counters.retries += 1;
         let d = self.depot_of[m];
         self.stop_running(p, m);
@@ -779,7 +781,7 @@ impl Sched {
             self.depots[d].dead = true;
             self.events.push(Event::Unreachable {
                 depot: d,
-                why: why.to_owned(),
+                why: why.text.clone(),
             });
             for q in std::mem::take(&mut self.depots[d].holds) {
                 let on_d: Vec<usize> = (self.pieces[q].sources.iter().copied())
@@ -794,7 +796,7 @@ impl Sched {
             if !unreachable {
                 self.events.push(Event::ReadFailed {
                     depot: d,
-                    why: why.to_owned(),
+                    why: why.text.clone(),
                 });
             }
         }
@@ -804,9 +806,10 @@ impl Sched {
     /// the allocation: the mapping holds less than the exNode claims, so it
     /// fails at once for every piece from `p` on, not a read at a time (a
     /// 1 TiB claim on a 1 MiB allocation is one refusal, not a million).
-    pub fn ends_early(&mut self, p: PieceId, m: usize, why: &str) {
+    pub fn ends_early(&mut self, p: PieceId, m: usize, why: impl Into<Cause>) {
+        let why = &why.into();
         let from = self.pieces[p].offset;
-        self.failed(p, m, why, false);
+        self.failed(p, m, why.clone(), false);
         let d = self.depot_of[m];
         let later: Vec<PieceId> = (self.depots[d].holds.iter().copied())
             .filter(|&q| q != p && self.pieces[q].offset >= from)
@@ -817,7 +820,7 @@ impl Sched {
         }
     }
 
-    fn mark_failed(&mut self, p: PieceId, m: usize, why: &str, this_read: bool) {
+    fn mark_failed(&mut self, p: PieceId, m: usize, why: &Cause, this_read: bool) {
         let s = &mut self.pieces[p];
         if s.failed.contains(&m) {
             if !this_read {
@@ -838,7 +841,7 @@ impl Sched {
             self.lost.push(Lost {
                 offset: s.offset,
                 end: s.offset + s.len,
-                why: why.to_owned(),
+                why: why.clone(),
             });
         } else {
             self.refresh(p);
@@ -850,7 +853,7 @@ impl Sched {
     /// count gets fewer connections. Once a piece has met [`BUSY_MAX`] busy
     /// replies, the replica that gave the last counts as failed for it.
     /// Returns whether the caller should pause before asking again.
-    pub fn busy(&mut self, p: PieceId, m: usize, why: &str) -> bool {
+    pub fn busy(&mut self, p: PieceId, m: usize, why: impl Into<Cause>) -> bool {
         let d = self.depot_of[m];
         if let Some(t) = &mut self.depots[d].tune {
             t.back_off();
