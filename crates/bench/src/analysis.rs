@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use crate::fit::{Fit, rank};
 use crate::model::Model;
 use crate::sweep::{Config, Point};
+use lors_ibp::units::Bytes;
 
 const MIB: f64 = (1u64 << 20) as f64;
 
@@ -65,23 +66,6 @@ impl Var {
     }
 }
 
-/// Bytes for people: `1 GiB`, `64 MiB`, `256 KiB`, `1.5 MiB`, `100 B`.
-pub fn human_bytes(b: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    let n = format!("{v:.3}");
-    format!(
-        "{} {}",
-        n.trim_end_matches('0').trim_end_matches('.'),
-        UNITS[u]
-    )
-}
-
 /// Throughput per file against one variable, the others fixed.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Curve {
@@ -110,8 +94,8 @@ impl Curve {
         );
         match self.var {
             Var::Size => format!("{} parallel, {streams}", c.parallel),
-            Var::Parallel => format!("{}, {streams}", human_bytes(c.size)),
-            Var::Streams => format!("{}, {} parallel", human_bytes(c.size), c.parallel),
+            Var::Parallel => format!("{:#}, {streams}", Bytes(c.size)),
+            Var::Streams => format!("{:#}, {} parallel", Bytes(c.size), c.parallel),
         }
     }
 
@@ -249,8 +233,8 @@ impl std::fmt::Display for Prediction {
         }
         write!(
             f,
-            " transfers/min of {} files with {} in parallel ({} stream{} each; {} fit of {}, R² {:.3})",
-            human_bytes(c.size),
+            " transfers/min of {:#} files with {} in parallel ({} stream{} each; {} fit of {}, R² {:.3})",
+            Bytes(c.size),
             c.parallel,
             c.streams,
             if c.streams == 1 { "" } else { "s" },
@@ -390,12 +374,18 @@ pub fn predict(curves: &[Curve], q: Config) -> Result<Prediction, PredictError> 
                 return "none".to_string();
             }
             v.iter()
-                .map(|&x| if h { human_bytes(x) } else { x.to_string() })
+                .map(|&x| {
+                    if h {
+                        format!("{:#}", Bytes(x))
+                    } else {
+                        x.to_string()
+                    }
+                })
                 .collect::<Vec<_>>()
                 .join(", ")
         };
         return Err(PredictError::NoCurve {
-            size: human_bytes(q.size),
+            size: format!("{:#}", Bytes(q.size)),
             parallel: q.parallel,
             streams: q.streams,
             sizes: fmt(sizes, true),
@@ -413,9 +403,9 @@ pub fn predict(curves: &[Curve], q: Config) -> Result<Prediction, PredictError> 
         let (lo, hi) = curve.range();
         match curve.var {
             Var::Size => format!(
-                "sizes {}-{}",
-                human_bytes((lo * MIB).round() as u64),
-                human_bytes((hi * MIB).round() as u64)
+                "sizes {:#}-{:#}",
+                Bytes((lo * MIB).round() as u64),
+                Bytes((hi * MIB).round() as u64)
             ),
             v => format!("{} {lo}-{hi}", v.label()),
         }
@@ -576,9 +566,9 @@ mod tests {
 
     #[test]
     fn human_sizes() {
-        assert_eq!(human_bytes(1 << 30), "1 GiB");
-        assert_eq!(human_bytes(3 << 19), "1.5 MiB");
-        assert_eq!(human_bytes(100), "100 B");
-        assert_eq!(human_bytes(10_000_000), "9.537 MiB");
+        assert_eq!(format!("{:#}", Bytes(1 << 30)), "1 GiB");
+        assert_eq!(format!("{:#}", Bytes(3 << 19)), "1.5 MiB");
+        assert_eq!(format!("{:#}", Bytes(100)), "100 B");
+        assert_eq!(format!("{:#}", Bytes(10_000_000)), "9.537 MiB");
     }
 }

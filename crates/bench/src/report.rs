@@ -4,8 +4,9 @@
 
 use std::fmt::Write as _;
 
-use crate::analysis::{Curve, TableRow, Var, human_bytes, table};
+use crate::analysis::{Curve, TableRow, Var, table};
 use crate::sweep::{Point, mean_total};
+use lors_ibp::units::Bytes;
 
 const MIB: f64 = (1u64 << 20) as f64;
 const COLORS: [&str; 8] = [
@@ -230,10 +231,10 @@ pub fn html(title: &str, meta: &[(String, String)], points: &[Point], curves: &[
     if let Some(top) = points.iter().max_by(|a, b| a.total.total_cmp(&b.total)) {
         let _ = write!(
             h,
-            "<li>Highest total: <b>{:.2} MiB/s</b> with {} files of {} in parallel, {} stream(s) each.</li>",
+            "<li>Highest total: <b>{:.2} MiB/s</b> with {} files of {:#} in parallel, {} stream(s) each.</li>",
             top.total / MIB,
             top.config.parallel,
-            human_bytes(top.config.size),
+            Bytes(top.config.size),
             top.config.streams
         );
     }
@@ -275,8 +276,8 @@ pub fn html(title: &str, meta: &[(String, String)], points: &[Point], curves: &[
         let reps = p.files.iter().map(|f| f.reps).min().unwrap_or(0);
         let _ = write!(
             h,
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{reps}</td><td>{:.2}</td><td>{}</td><td>{:.2}</td></tr>",
-            human_bytes(p.config.size),
+            "<tr><td>{:#}</td><td>{}</td><td>{}</td><td>{reps}</td><td>{:.2}</td><td>{}</td><td>{:.2}</td></tr>",
+            Bytes(p.config.size),
             p.config.parallel,
             p.config.streams,
             p.mean / MIB,

@@ -79,46 +79,46 @@ fn nonzero(n: u64) -> Result<u64, String> {
     Ok(n)
 }
 
-/// The proleptic Gregorian date (year, month, day) of a count of days
-/// since 1970-01-01 (H. Hinnant's civil-from-days).
-pub fn civil_from_days(days: i64) -> (i64, i64, i64) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    (yoe + era * 400 + i64::from(m <= 2), m, d)
-}
-
-/// Seconds since the Unix epoch now.
-pub fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}
-
 /// A Unix time as `YYYY-MM-DD HH:MM UTC`.
 pub fn utc(unix: u64) -> String {
-    let (y, m, d) = civil_from_days(i64::try_from(unix / 86_400).unwrap_or(0));
+    let t = date(unix);
     format!(
-        "{y:04}-{m:02}-{d:02} {:02}:{:02} UTC",
-        unix % 86_400 / 3_600,
-        unix % 3_600 / 60
+        "{:04}-{:02}-{:02} {:02}:{:02} UTC",
+        t.year(),
+        u8::from(t.month()),
+        t.day(),
+        t.hour(),
+        t.minute()
     )
 }
 
-/// `2d 3h`, `3h 5m`, `4m 10s`, `9s`: the two largest units.
-pub fn human_secs(s: u64) -> String {
-    let (d, h, m) = (s / 86_400, s / 3600 % 24, s / 60 % 60);
-    match (d, h, m) {
-        (0, 0, 0) => format!("{s}s"),
-        (0, 0, m) => format!("{m}m {}s", s % 60),
-        (0, h, m) => format!("{h}h {m}m"),
-        (d, h, _) => format!("{d}d {h}h"),
-    }
+/// A Unix time as a UTC date and time (the latest one there is, for a
+/// time past it).
+pub fn date(unix: u64) -> time::OffsetDateTime {
+    i64::try_from(unix)
+        .ok()
+        .and_then(|t| time::OffsetDateTime::from_unix_timestamp(t).ok())
+        .unwrap_or(time::PrimitiveDateTime::MAX.assume_utc())
+}
+
+/// How a command's runtime runs its tasks: on the command's thread (it
+/// waits on depots in turn) or on a pool of workers (it moves data).
+pub enum Threads {
+    /// The current thread.
+    One,
+    /// A worker per core.
+    Many,
+}
+
+/// The async runtime a command runs on.
+pub fn runtime(threads: Threads) -> anyhow::Result<tokio::runtime::Runtime> {
+    let mut b = match threads {
+        Threads::One => tokio::runtime::Builder::new_current_thread(),
+        Threads::Many => tokio::runtime::Builder::new_multi_thread(),
+    };
+    b.enable_all()
+        .build()
+        .map_err(|e| anyhow::anyhow!("cannot start the async runtime: {e}"))
 }
 
 /// Parses `2h`-style durations for clap.
@@ -129,9 +129,7 @@ pub fn duration_arg(s: &str) -> Result<Duration, String> {
 /// Probes every mapping of `x` (what its depots report), all at once, each
 /// under the timeout policy of `s`.
 pub fn probe_all(x: &ExNode, s: &Settings) -> anyhow::Result<Vec<lors::manage::Probe>> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
+    let rt = runtime(Threads::One)?;
     Ok(rt.block_on(async { lors::manage::probe_all(x, &lors::Pool::new(s.client())).await }))
 }
 

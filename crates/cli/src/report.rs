@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use lors::progress::Event;
+use lors_ibp::ewma::Ewma;
+use lors_ibp::units::Bytes;
 
 /// The bars being drawn, if any: log lines must not cut through them.
 static BARS: Mutex<Option<MultiProgress>> = Mutex::new(None);
@@ -101,14 +103,14 @@ impl Unit {
 
     fn amount(self, n: u64) -> String {
         match self {
-            Unit::Bytes => human(n),
+            Unit::Bytes => Bytes(n).to_string(),
             Unit::Allocations => n.to_string(),
         }
     }
 
     fn rate(self, per_s: f64) -> String {
         match self {
-            Unit::Bytes => format!("{}/s", human(per_s as u64)),
+            Unit::Bytes => format!("{}/s", Bytes(per_s as u64)),
             Unit::Allocations => format!("{per_s:.0}/s"),
         }
     }
@@ -123,14 +125,25 @@ enum Mode {
 }
 
 /// One depot's share.
-#[derive(Default)]
 struct Depot {
     done: u64,
     /// `done` at the previous tick, for the rate.
     seen: u64,
-    /// Recent rate (units/s), smoothed over ticks.
-    rate: f64,
+    /// Recent rate (units/s), smoothed over ticks: about a 3-second memory
+    /// at one tick a second.
+    rate: Ewma,
     state: &'static str,
+}
+
+impl Default for Depot {
+    fn default() -> Depot {
+        Depot {
+            done: 0,
+            seen: 0,
+            rate: Ewma::new(0.3),
+            state: "",
+        }
+    }
 }
 
 struct State {
@@ -239,12 +252,7 @@ impl Reporter {
         for d in s.depots.values_mut() {
             let inst = (d.done - d.seen) as f64 / dt;
             d.seen = d.done;
-            // About a 3-second memory at one tick a second.
-            d.rate = if d.rate == 0.0 {
-                inst
-            } else {
-                0.7 * d.rate + 0.3 * inst
-            };
+            d.rate.add(inst);
         }
         match self.mode {
             Mode::Quiet => {}
@@ -270,7 +278,7 @@ impl Reporter {
                         .map(|(name, d)| DepotJson {
                             depot: name,
                             done: d.done,
-                            rate: d.rate.round(),
+                            rate: d.rate.get().unwrap_or(0.0).round(),
                             state: d.state,
                         })
                         .collect(),
@@ -307,13 +315,14 @@ impl Reporter {
             - 1;
         let mut text = vec![self.total_line(s, width)];
         let mut depots: Vec<(&String, &Depot)> = s.depots.iter().collect();
-        depots.sort_by(|a, b| b.1.rate.total_cmp(&a.1.rate).then(a.0.cmp(b.0)));
+        let rate = |d: &Depot| d.rate.get().unwrap_or(0.0);
+        depots.sort_by(|a, b| rate(b.1).total_cmp(&rate(a.1)).then(a.0.cmp(b.0)));
         for (name, d) in depots.iter().take(MAX_DEPOT_LINES) {
             let line = format!(
                 "  {:<24} {:>11} {:>13}  {}",
                 fit(name, 24),
                 self.unit.amount(d.done),
-                self.unit.rate(d.rate),
+                self.unit.rate(rate(d)),
                 d.state
             );
             text.push(fit(line.trim_end(), width));
@@ -582,22 +591,6 @@ fn fit(s: &str, width: usize) -> String {
     out
 }
 
-/// Bytes in binary units, one decimal.
-pub fn human(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = n as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u < UNITS.len() - 1 {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{n} B")
-    } else {
-        format!("{v:.1} {}", UNITS[u])
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -639,7 +632,7 @@ mod tests {
             ),
             "refresh [#######-------]  50% 5/10 5/s ETA 0:01 1 depot"
         );
-        assert_eq!(human(999), "999 B");
+        assert_eq!(Bytes(999).to_string(), "999 B");
     }
 
     #[test]

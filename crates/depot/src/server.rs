@@ -8,6 +8,7 @@ mod copy;
 mod fail;
 mod transfer;
 
+use lors_ibp::units::unix_now;
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -19,7 +20,7 @@ use tokio::sync::{Semaphore, watch};
 
 use crate::config::Config;
 use crate::metrics::{Metrics, Refused};
-use crate::store::{Store, StoreError, now_secs};
+use crate::store::{Store, StoreError};
 use clients::{ClientLimits, ClientSlot, Clients, Wait, acquire, permits_in};
 
 /// Size of one transfer buffer; `buffer_memory` is counted in these.
@@ -47,11 +48,11 @@ pub enum DepotError {
 /// A running depot's shared state.
 pub struct Depot {
     /// Configuration.
-    pub cfg: Config,
+    pub(crate) cfg: Config,
     /// Storage engine.
-    pub store: Arc<Store>,
+    pub(crate) store: Arc<Store>,
     /// Counters.
-    pub metrics: Metrics,
+    pub(crate) metrics: Metrics,
     /// Transfer-buffer budget, in [`CHUNK_BYTES`] units.
     pub(crate) buffers: Arc<Semaphore>,
     /// Per-client connection, data-phase and buffer limits.
@@ -100,6 +101,22 @@ impl Depot {
             started: Instant::now(),
             commands: Default::default(),
         }))
+    }
+
+    /// The configuration it runs with.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// Each resource's space and allocations now.
+    pub fn status(&self) -> Vec<crate::store::ResourceStatus> {
+        self.store.status()
+    }
+
+    /// The storage engine itself, for checks of its own bookkeeping
+    /// (tests, `fsck`-like tools); serving goes through [`run`].
+    pub fn store(&self) -> &Arc<Store> {
+        &self.store
     }
 
     /// Binds the configured addresses.
@@ -324,11 +341,11 @@ async fn expiry_worker(depot: Arc<Depot>, mut shutdown: watch::Receiver<bool>) {
             _ = tokio::time::sleep(every) => {}
             _ = shutdown.changed() => return,
         }
-        if depot.store.next_expiry().is_none_or(|t| t > now_secs()) {
+        if depot.store.next_expiry().is_none_or(|t| t > unix_now()) {
             continue;
         }
         let store = depot.store.clone();
-        if let Ok(n) = tokio::task::spawn_blocking(move || store.reap_expired(now_secs())).await
+        if let Ok(n) = tokio::task::spawn_blocking(move || store.reap_expired(unix_now())).await
             && n > 0
         {
             tracing::info!(count = n, "deleted expired allocations");

@@ -12,12 +12,12 @@ pub mod digests;
 pub mod meta;
 pub mod txn;
 
+use lors_ibp::units::unix_now;
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::fs::File;
 use std::io;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use lors_ibp::ProbeInfo;
 use lors_ibp::caps::{CapKind, Key};
@@ -131,13 +131,6 @@ pub fn out_of_descriptors(e: &io::Error) -> bool {
 
 /// Result alias for the store.
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
-
-/// Current Unix time in seconds.
-pub fn now_secs() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic while holding one of these locks is a bug already reported by
@@ -475,7 +468,7 @@ impl Alloc {
             write_refs: i64::from(info.rec.write_refs),
             size: ext.len.saturating_sub(w.offset).min(wlen),
             max_size: wlen,
-            seconds_left: i64::try_from(info.rec.expires_at.saturating_sub(now_secs()))
+            seconds_left: i64::try_from(info.rec.expires_at.saturating_sub(unix_now()))
                 .unwrap_or(i64::MAX),
             reliability: info.rec.reliability.number(),
             alloc_type: self.atype.number(),
@@ -911,7 +904,7 @@ impl Store {
             return Err(StoreError::InvalidRid);
         }
         let h = key_hash(&token.key);
-        let now = now_secs();
+        let now = unix_now();
         let st = lock(&self.state);
         let (id, kind) = *st.keys.get(&h).ok_or(StoreError::NotFound)?;
         if want.is_some_and(|w| w != kind) {
@@ -965,7 +958,7 @@ impl Store {
                 return Err(StoreError::ChksumBlockSize);
             }
         }
-        let now = now_secs();
+        let now = unix_now();
         let keys = new_keys()?;
         let key_hashes = [key_hash(&keys[0]), key_hash(&keys[1]), key_hash(&keys[2])];
 
@@ -1160,8 +1153,8 @@ impl Store {
                 Some(Lease::Secs(n)) if n > max_dur => {
                     return Err(StoreError::Policy("duration beyond the resource maximum"));
                 }
-                Some(Lease::Secs(n)) => rec.expires_at = now_secs().saturating_add(n),
-                Some(Lease::Longest) => rec.expires_at = now_secs().saturating_add(max_dur),
+                Some(Lease::Secs(n)) => rec.expires_at = unix_now().saturating_add(n),
+                Some(Lease::Longest) => rec.expires_at = unix_now().saturating_add(max_dur),
             }
             check_resize(st, &res, rec, new_size, new_rel)?;
             rec.max_size = new_size;
@@ -1415,7 +1408,7 @@ fn load_data(res: &Resource, id: u64, rec: &AllocRecord) -> Result<(bool, Extent
 fn quarantine(res: &Resource, id: u64) -> Option<PathBuf> {
     let dir = res.data_dir.parent()?.join("damaged");
     std::fs::create_dir_all(&dir).ok()?;
-    let to = dir.join(format!("{id:016x}-{}", now_secs()));
+    let to = dir.join(format!("{id:016x}-{}", unix_now()));
     std::fs::rename(res.data_path(id), &to).ok()?;
     Some(to)
 }

@@ -14,9 +14,10 @@ use std::time::Duration;
 
 use lors_depot::Depot;
 use lors_depot::config::{ByteSize, Config, ResourceConfig, SyncPolicy};
-use lors_depot::store::{ALLOC_CHARGE, now_secs};
+use lors_depot::store::ALLOC_CHARGE;
 use lors_ibp::caps::{CapKind, CapSet};
 use lors_ibp::proto::{AllocType, Lease, Reliability, StatusCode};
+use lors_ibp::units::unix_now;
 use lors_ibp::{ClientConfig, Connection};
 use proptest::prelude::*;
 use tokio::sync::watch;
@@ -148,7 +149,7 @@ async fn start(dir: &std::path::Path) -> (Running, Arc<Depot>) {
     (
         Running {
             depot: Arc::downgrade(&depot),
-            resource: Arc::downgrade(&depot.store.resources()[0]),
+            resource: Arc::downgrade(&depot.store().resources()[0]),
             stop,
             task,
             addr,
@@ -331,8 +332,8 @@ async fn run_ops(ops: Vec<Op>) {
                 }
             }
             Op::Expire => {
-                let store = depot.store.clone();
-                tokio::task::spawn_blocking(move || store.reap_expired(now_secs() + 1_000))
+                let store = depot.store().clone();
+                tokio::task::spawn_blocking(move || store.reap_expired(unix_now() + 1_000))
                     .await
                     .unwrap();
                 live.retain(|m| !m.short);
@@ -349,7 +350,7 @@ async fn run_ops(ops: Vec<Op>) {
             c = connect(&running.addr).await;
         }
         check(&mut c, &mut live, revoked_ok, step, &op).await;
-        if let Err(e) = depot.store.check_accounting() {
+        if let Err(e) = depot.store().check_accounting() {
             panic!("step {step} ({op:?}): {e}");
         }
     }

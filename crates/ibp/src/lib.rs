@@ -20,6 +20,7 @@
 pub mod caps;
 pub mod client;
 pub mod error;
+pub mod ewma;
 pub mod proto;
 pub mod spliced;
 pub mod units;

@@ -1,7 +1,78 @@
-//! Sizes and durations as people write them: `10M`, `1.5G`, `90s`, `30d`.
+//! Sizes, durations and times as people write and read them: `10M`,
+//! `1.5G`, `90s`, `30d` parsed; bytes and seconds printed; the Unix clock.
 //! Binary multiples, as LoRS's `-b 5M` meant.
 
-use std::time::Duration;
+use std::fmt;
+use std::time::{Duration, SystemTime};
+
+/// Seconds since the Unix epoch now (0 on a clock set before it).
+pub fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Bytes for people, in binary units: `{}` gives one decimal (`1.5 MiB`,
+/// `512.0 KiB`, `100 B`), the steady width a progress line wants; `{:#}`
+/// drops a zero fraction (`1 GiB`, `1.5 MiB`), as a report's prose wants.
+///
+/// ```
+/// use lors_ibp::units::Bytes;
+/// assert_eq!(Bytes(1536).to_string(), "1.5 KiB");
+/// assert_eq!(Bytes(1 << 30).to_string(), "1.0 GiB");
+/// assert_eq!(format!("{:#}", Bytes(1 << 30)), "1 GiB");
+/// assert_eq!(format!("{:#}", Bytes(100)), "100 B");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bytes(pub u64);
+
+impl fmt::Display for Bytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+        let mut v = self.0 as f64;
+        let mut u = 0;
+        while v >= 1024.0 && u + 1 < UNITS.len() {
+            v /= 1024.0;
+            u += 1;
+        }
+        if u == 0 {
+            write!(f, "{} B", self.0)
+        } else if f.alternate() {
+            let n = format!("{v:.3}");
+            write!(
+                f,
+                "{} {}",
+                n.trim_end_matches('0').trim_end_matches('.'),
+                UNITS[u]
+            )
+        } else {
+            write!(f, "{v:.1} {}", UNITS[u])
+        }
+    }
+}
+
+/// A span of seconds for people, in its two largest units: `2d 3h`,
+/// `3h 5m`, `4m 10s`, `9s`.
+///
+/// ```
+/// use lors_ibp::units::Secs;
+/// assert_eq!(Secs(93_784).to_string(), "1d 2h");
+/// assert_eq!(Secs(250).to_string(), "4m 10s");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Secs(pub u64);
+
+impl fmt::Display for Secs {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = self.0;
+        match (s / 86_400, s / 3600 % 24, s / 60 % 60) {
+            (0, 0, 0) => write!(f, "{s}s"),
+            (0, 0, m) => write!(f, "{m}m {}s", s % 60),
+            (0, h, m) => write!(f, "{h}h {m}m"),
+            (d, h, _) => write!(f, "{d}d {h}h"),
+        }
+    }
+}
 
 /// Parses `10`, `10K`, `10KiB`, `1.5G` (binary multiples, as LoRS's `-b 5M`).
 pub fn parse_size(s: &str) -> Result<u64, String> {

@@ -41,7 +41,7 @@ impl Forecaster {
                 *e += (p - x).abs();
             }
             self.mean += (x - self.mean) / (self.n + 1) as f64;
-            self.ewma = ALPHA * x + (1.0 - ALPHA) * self.ewma;
+            self.ewma = lors_ibp::ewma::blend(ALPHA, self.ewma, x);
         } else {
             self.mean = x;
             self.ewma = x;

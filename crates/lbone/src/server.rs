@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -229,11 +229,9 @@ impl<T> Fresh<T> {
     }
 }
 
-/// Unix seconds now.
+/// Unix seconds now, as the store keeps times.
 pub fn now() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64)
+    i64::try_from(lors_ibp::units::unix_now()).unwrap_or(i64::MAX)
 }
 
 fn secs(d: Duration) -> i64 {

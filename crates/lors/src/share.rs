@@ -258,12 +258,6 @@ fn cuts(x: &ExNode, opts: &Options) -> Result<Vec<Cut>, ShareError> {
     Ok(out)
 }
 
-fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}
-
 /// Whether a depot's refusal means it does not know aliases at all.
 fn unsupported(e: &lors_ibp::Error) -> bool {
     e.status()
@@ -308,7 +302,7 @@ pub async fn share(x: &ExNode, opts: &Options, pool: &Pool) -> Result<Shared, Sh
         }
     })
     .await;
-    let now = unix_now();
+    let now = lors_ibp::units::unix_now();
     let mut got: BTreeMap<usize, CapSet> = BTreeMap::new();
     let mut expires_at = u64::MAX;
     let mut failures: Vec<(usize, Failure)> = Vec::new();
@@ -433,7 +427,9 @@ pub fn access_lost(x: &ExNode, e: &crate::Error) -> Option<String> {
         return None;
     }
     let until = match x.meta(EXPIRES_META) {
-        Some(Value::Integer(t)) if u64::try_from(*t).is_ok_and(|t| t <= unix_now()) => {
+        Some(Value::Integer(t))
+            if u64::try_from(*t).is_ok_and(|t| t <= lors_ibp::units::unix_now()) =>
+        {
             " (its lease ended)".to_owned()
         }
         _ => " (its owner revoked it, or an allocation it reads went)".to_owned(),

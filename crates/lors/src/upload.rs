@@ -90,7 +90,7 @@ enum Job<'a> {
     CopyFrom(&'a CapSet),
 }
 
-struct Shared {
+struct Uploader {
     opts: UploadOptions,
     pool: Arc<Pool>,
     depots: Mutex<Depots>,
@@ -106,7 +106,7 @@ struct Shared {
     watch: Arc<Watcher>,
 }
 
-impl Shared {
+impl Uploader {
     fn lock(&self) -> std::sync::MutexGuard<'_, Depots> {
         self.depots.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -584,7 +584,7 @@ async fn run<R: AsyncRead + Unpin>(
     let n = addrs.len();
     let watch = pool.watcher();
     watch.know(&addrs);
-    let shared = Arc::new(Shared {
+    let shared = Arc::new(Uploader {
         opts: opts.clone(),
         pool,
         depots: Mutex::new(Depots {

@@ -66,7 +66,7 @@ use lors_exnode::{ExNode, Mapping};
 use tokio::runtime::Runtime;
 
 use attrs::{Stamp, metadata_of, set_attrs, stamp};
-use cache::{Shared, Source, clip};
+use cache::{Cache, Source, clip};
 use errno::{invalid, xnd_error};
 use write::Flush;
 
@@ -140,7 +140,7 @@ pub struct File {
     unsaved: Vec<Mapping>,
     /// Allocations no mapping uses any more: released after the next save.
     to_release: Vec<Mapping>,
-    reader: Arc<Shared>,
+    reader: Arc<Cache>,
     last_resort: Option<HashSet<String>>,
     /// The settings' L-Bone, once resolved (`Some(None)`: none named).
     lbone: Option<Option<lors_lbone::client::Directory>>,

@@ -40,9 +40,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let s = super::settings(&a.net, flags, Some(&a.exnode))?;
     let x = lors::xnd::load(&a.exnode.path)?;
     let progress = Reporter::new("augment", Unit::Bytes, &a.report, false);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    let rt = super::runtime(super::Threads::Many)?;
     // From an L-Bone, the best depots that hold none of the file yet.
     let found = a.targets.find(&rt, &x, &s, a.copies, true)?;
     let (stop, signal) = super::stop_on_signal(&rt);

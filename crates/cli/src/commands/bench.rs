@@ -3,15 +3,16 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use lors_bench::analysis::{self, Curve, human_bytes};
+use lors_bench::analysis::{self, Curve};
 use lors_bench::sweep::{self, Check, Config, Mover, Plan, Point};
 use serde::{Deserialize, Serialize};
 
 use super::size_arg;
 use crate::UsageError;
+use lors_ibp::units::{Bytes, Secs};
 
 /// Measure, fit and predict the throughput of a data mover (after "Simulations
 /// of Distributed Systems in a Computing Centre", "Simulations of Distributed Systems in a Computing Centre").
@@ -198,12 +199,6 @@ fn first_line(path: &str, key: Option<&str>) -> String {
     line.unwrap_or("unknown").trim().to_string()
 }
 
-fn now_unix() -> u64 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}
-
 fn check_plan(a: &SweepArgs) -> Result<Plan, UsageError> {
     let bad = |m: &str| Err(UsageError(m.to_string()));
     if a.sizes.is_empty() || a.sizes.contains(&0) {
@@ -384,7 +379,7 @@ fn sweep_cmd(mut a: SweepArgs) -> anyhow::Result<()> {
         for (c, rep) in &todo {
             super::outln!(
                 "  {:>10} × {:>3} parallel, {:>2} stream{}, repetition {}",
-                human_bytes(c.size),
+                format!("{:#}", Bytes(c.size)),
                 c.parallel,
                 c.streams,
                 if c.streams == 1 { " " } else { "s" },
@@ -392,9 +387,9 @@ fn sweep_cmd(mut a: SweepArgs) -> anyhow::Result<()> {
             );
         }
         super::outln!(
-            "staging: {} files, {} ({} scenario{})",
+            "staging: {} files, {:#} ({} scenario{})",
             plan.sizes.len() * slots,
-            human_bytes(plan.staged_bytes()),
+            Bytes(plan.staged_bytes()),
             format!("{scenario:?}").to_lowercase(),
             if matches!(scenario, Scenario::Loopback | Scenario::Depots) && !a.upload {
                 ", uploaded to the depots"
@@ -445,7 +440,9 @@ fn sweep_cmd(mut a: SweepArgs) -> anyhow::Result<()> {
             cpu: first_line("/proc/cpuinfo", Some("model name")),
             cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
             memory: first_line("/proc/meminfo", Some("MemTotal")),
-            started: old.as_ref().map_or_else(now_unix, |o| o.meta.started),
+            started: old
+                .as_ref()
+                .map_or_else(lors_ibp::units::unix_now, |o| o.meta.started),
             plan: plan.clone(),
         };
         // An upload's allocations go as soon as it is timed.
@@ -488,17 +485,17 @@ fn sweep_cmd(mut a: SweepArgs) -> anyhow::Result<()> {
                 let left =
                     t0.elapsed().as_secs_f64() / (i + 1) as f64 * (todo.len() - i - 1) as f64;
                 eprintln!(
-                    "[{}/{}] {} × {} parallel, {} stream{}, rep {}: {:.3} s/file, {:.1} MiB/s per file — ETA {}",
+                    "[{}/{}] {:#} × {} parallel, {} stream{}, rep {}: {:.3} s/file, {:.1} MiB/s per file — ETA {}",
                     i + 1,
                     todo.len(),
-                    human_bytes(c.size),
+                    Bytes(c.size),
                     c.parallel,
                     c.streams,
                     if c.streams == 1 { "" } else { "s" },
                     rep + 1,
                     mean,
                     c.size as f64 / mean / (1u64 << 20) as f64,
-                    super::human_secs(left.round() as u64)
+                    Secs(left.round() as u64)
                 );
             }
         }
@@ -582,9 +579,9 @@ fn prepare(
     }
     if !a.quiet {
         eprintln!(
-            "staging {} files, {}",
+            "staging {} files, {:#}",
             plan.sizes.len() * slots,
-            human_bytes(plan.staged_bytes())
+            Bytes(plan.staged_bytes())
         );
     }
     let depots = match scenario {
@@ -617,8 +614,8 @@ fn prepare(
                 .context("running lors upload to stage a file")?;
             if !out.status.success() {
                 anyhow::bail!(
-                    "staging {} on {} failed: {}",
-                    human_bytes(size),
+                    "staging {:#} on {} failed: {}",
+                    Bytes(size),
                     depots.join(", "),
                     String::from_utf8_lossy(&out.stderr).trim()
                 );
@@ -859,7 +856,7 @@ fn print_points(points: &[Point]) -> anyhow::Result<()> {
     for p in points {
         super::outln!(
             "{:>10} {:>8} {:>7} {:>16.2} {:>12} {:>13.2}",
-            human_bytes(p.config.size),
+            format!("{:#}", Bytes(p.config.size)),
             p.config.parallel,
             p.config.streams,
             p.mean / MIB,
@@ -1002,7 +999,7 @@ fn report_cmd(d: &DirArgs) -> anyhow::Result<()> {
                 "sizes {}; parallel {:?}; streams {:?}; {} repetitions",
                 p.sizes
                     .iter()
-                    .map(|&s| human_bytes(s))
+                    .map(|&s| format!("{:#}", Bytes(s)))
                     .collect::<Vec<_>>()
                     .join(", "),
                 p.parallel,

@@ -53,9 +53,7 @@ fn mib_s(bytes: u64, d: Duration) -> f64 {
 
 pub fn run(a: Args) -> anyhow::Result<()> {
     let dir = std::env::temp_dir().join(format!("lors-demo-{}", std::process::id()));
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    let rt = super::runtime(super::Threads::Many)?;
     let res = rt.block_on(demo(&a, &dir));
     let _ = std::fs::remove_dir_all(&dir);
     res

@@ -222,12 +222,11 @@ pub fn registration(
     use lors_depot::config::TypeName;
     let (host, port) = depot.advertised();
     let resources = depot
-        .store
         .status()
         .into_iter()
         .map(|r| {
             let types = depot
-                .cfg
+                .config()
                 .resources
                 .iter()
                 .find(|c| c.rid == r.rid)
@@ -335,10 +334,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let cfg = config(&args)?;
     let nofile = lors_depot::server::raise_open_file_limit();
     tracing::info!(limit = ?nofile, "open-file limit");
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
+    let rt = super::runtime(super::Threads::Many)?;
     rt.block_on(async move {
         let depot = Depot::open(cfg).await.context("opening the depot")?;
         let listeners = depot.bind().await?;
@@ -360,7 +356,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             if let Some(m) = metrics {
                 writeln!(out, "lors depot: metrics on http://{m}/metrics")?;
             }
-            for r in depot.store.status() {
+            for r in depot.status() {
                 writeln!(
                     out,
                     "lors depot: resource {} — {} bytes, {} allocations",

@@ -9,7 +9,8 @@ use lors::Pool;
 use lors::dissem::{Input, Options, disseminate};
 
 use crate::UsageError;
-use crate::report::{ReportOpts, Reporter, Unit, human};
+use crate::report::{ReportOpts, Reporter, Unit};
+use lors_ibp::units::Bytes;
 
 /// Send a file (or an exNode's data) to many depots at once: each ends with
 /// a full replica, in about the time of one transfer.
@@ -118,9 +119,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         opts.sched.client_slots = a.slots.max(1) * to.len();
     }
     let progress = Reporter::new("disseminate", Unit::Bytes, &a.report, false);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    let rt = super::runtime(super::Threads::Many)?;
     let (stop, signal) = super::stop_on_signal(&rt);
     opts.stop = Some(stop);
     let done = rt.block_on(async {
@@ -164,8 +163,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                     "lors: {}: complete in {:.2}s (received {}, relayed {})",
                     r.depot,
                     t.as_secs_f64(),
-                    human(r.received),
-                    human(r.relayed)
+                    Bytes(r.received),
+                    Bytes(r.relayed)
                 ),
                 (None, None) if r.complete => {
                     eprintln!("lors: {}: complete (held everything already)", r.depot)
@@ -180,8 +179,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         eprintln!(
             "lors: {complete} of {} sites hold a full replica after {secs:.2}s; the source sent {}, the sites relayed {}{}",
             done.sites.len(),
-            human(done.source_bytes),
-            human(done.relayed_bytes),
+            Bytes(done.source_bytes),
+            Bytes(done.relayed_bytes),
             if complete > 0 {
                 format!(" -> {}", out.display())
             } else {

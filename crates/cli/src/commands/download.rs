@@ -156,9 +156,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     if (stdout || device) && a.resume {
         return Err(UsageError("-R needs an output file, not a stream".into()).into());
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    let rt = super::runtime(super::Threads::Many)?;
     let directory = super::directory(&rt, &s);
     let last_resort = rt.block_on(lors::directory::last_resort(directory.as_ref(), &x));
     let opts = DownloadOptions {

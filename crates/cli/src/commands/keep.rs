@@ -13,6 +13,7 @@ use lors::uri::ExnodeRef;
 use lors_http::metrics::prometheus_client::metrics::{counter::Counter, gauge::Gauge};
 
 use crate::report::ReportOpts;
+use lors_ibp::units::Secs;
 
 /// Keep exNodes' data alive and whole: refresh leases before they end,
 /// remake lost replicas from live ones, drop dead mappings.
@@ -150,7 +151,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         return Err(crate::UsageError(format!(
             "--lease {} is not longer than --every {}: leases would end between cycles",
             a.lease,
-            super::human_secs(a.every.as_secs())
+            Secs(a.every.as_secs())
         ))
         .into());
     }
@@ -159,9 +160,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         _ => Duration::from_secs(86_400),
     };
     let margin = a.margin.unwrap_or((a.every * 2).max(tenth));
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    let rt = super::runtime(super::Threads::Many)?;
     let (stop, _signal) = super::stop_on_signal(&rt);
     let metrics = Arc::new(Metrics::default());
     if let Some(addr) = a.metrics {
@@ -584,7 +583,7 @@ impl Metrics {
         self.healed.inc_by(n(t.healed));
         self.trimmed.inc_by(n(t.trimmed));
         self.last_seconds.set(took.as_secs_f64());
-        self.last_end.set(g(super::unix_now()));
+        self.last_end.set(g(lors_ibp::units::unix_now()));
         self.exnodes.set(g(n(t.exnodes)));
         self.lost_bytes.set(g(t.lost_bytes));
         self.short_blocks.set(g(n(t.short_blocks)));

@@ -162,10 +162,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         a.legacy_listen
             .unwrap_or_else(|| SocketAddr::new(a.listen.ip(), lors_lbone::LEGACY_PORT))
     });
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
+    let rt = super::runtime(super::Threads::Many)?;
     rt.block_on(async move {
         let http = tokio::net::TcpListener::bind(a.listen)
             .await

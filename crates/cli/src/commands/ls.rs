@@ -42,23 +42,16 @@ pub struct Args {
 
 /// `ctime()`-style UTC text, as the original lors_ls prints expiries.
 fn ctime(unix: u64) -> String {
-    let days = i64::try_from(unix / 86_400).unwrap_or(0);
-    let secs = unix % 86_400;
-    let (y, m, d) = super::civil_from_days(days);
-    let wd = (days + 4).rem_euclid(7);
-    const W: [&str; 7] = ["Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"];
-    const M: [&str; 12] = [
-        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
-    ];
+    let t = super::date(unix);
     format!(
         "{} {} {:2} {:02}:{:02}:{:02} {}",
-        W[wd as usize],
-        M[(m - 1) as usize],
-        d,
-        secs / 3600,
-        secs / 60 % 60,
-        secs % 60,
-        y
+        &t.weekday().to_string()[..3],
+        &t.month().to_string()[..3],
+        t.day(),
+        t.hour(),
+        t.minute(),
+        t.second(),
+        t.year()
     )
 }
 
@@ -77,7 +70,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     } else {
         super::probe_all(&x, &s)?
     };
-    let now = super::unix_now();
+    let now = lors_ibp::units::unix_now();
     // Rows are numbered and ordered as lors_ls does, so `lors trim -m N` and
     // `lors_trim -m N` name the same mapping.
     let numbering = x.numbering();

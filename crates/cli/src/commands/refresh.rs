@@ -10,6 +10,7 @@ use lors_ibp::StatusCode;
 use super::duration_arg;
 use crate::UsageError;
 use crate::report::{ReportOpts, Reporter, Unit};
+use lors_ibp::units::Secs;
 
 /// Extend the leases of an exNode's allocations (MANAGE CHNG).
 #[derive(clap::Args)]
@@ -54,9 +55,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     };
     let s = super::settings(&a.net, Default::default(), Some(&a.exnode))?;
     let x = lors::xnd::load(&a.exnode.path)?;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
+    let rt = super::runtime(super::Threads::One)?;
     let progress = Reporter::new("refresh", Unit::Allocations, &a.report, false);
     let res = rt.block_on(lors::manage::refresh(
         &x,
@@ -145,7 +144,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             if ok == 1 { "" } else { "s" },
             depots.len(),
             if depots.len() == 1 { "" } else { "s" },
-            super::human_secs(u64::try_from(*secs).unwrap_or(0))
+            Secs(u64::try_from(*secs).unwrap_or(0))
         );
     }
     anyhow::ensure!(
@@ -187,7 +186,7 @@ mod tests {
             (3 * 3600 + 300, "3h 5m"),
             (2 * 86_400 + 3 * 3600 + 59, "2d 3h"),
         ] {
-            assert_eq!(crate::commands::human_secs(s), want);
+            assert_eq!(lors_ibp::units::Secs(s).to_string(), want);
         }
     }
 }

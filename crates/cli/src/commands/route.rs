@@ -45,9 +45,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let x = lors::xnd::load(&a.exnode.path)?;
     // Replicas already on a target count toward the copies wanted.
     let progress = Reporter::new("route", Unit::Bytes, &a.report, false);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    let rt = super::runtime(super::Threads::Many)?;
     let targets = a.targets.find(&rt, &x, &s, a.copies, false)?.depots;
     let (stop, signal) = super::stop_on_signal(&rt);
     let opts = lors::manage::CopyOptions {

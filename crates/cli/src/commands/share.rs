@@ -8,6 +8,7 @@ use lors::share::{Options, Revoked};
 use lors::uri::ExnodeRef;
 
 use crate::UsageError;
+use lors_ibp::units::Secs;
 
 /// Write an exNode that reads a file (or a range of it) through IBP
 /// aliases: revocable, time-limited, read-only.
@@ -88,9 +89,7 @@ fn range_arg(s: &str) -> Result<(u64, u64), String> {
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
+    let rt = super::runtime(super::Threads::One)?;
     let expires = a.expires.map(|d| d.as_secs().max(1));
     if let (Some(shared), Some(owner)) = (a.revoke.as_ref().or(a.renew.as_ref()), &a.owner) {
         let s = super::settings(&a.net, Default::default(), None)?;
@@ -132,7 +131,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 "lors: warning: bytes {from}..{to}: the replica on {depot} is not in the share ({why}); other replicas are"
             );
         }
-        let left = made.expires_at.saturating_sub(super::unix_now());
+        let left = made.expires_at.saturating_sub(lors_ibp::units::unix_now());
         eprintln!(
             "lors: shared {} bytes of {} as {} ({} replicas, read-only) until {} ({}); revoke with: lors share --revoke {} --owner {}",
             made.exnode.logical_size(),
@@ -140,7 +139,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             out.path.display(),
             made.exnode.mappings.len(),
             super::utc(made.expires_at),
-            super::human_secs(left),
+            Secs(left),
             out.path.display(),
             src.path.display(),
         );
@@ -166,7 +165,7 @@ fn report(
             n => format!(", {n} already gone (revoked or expired)"),
         };
         let until = match (verb, expires) {
-            ("renewed", Some(s)) => format!(" for {}", super::human_secs(s)),
+            ("renewed", Some(s)) => format!(" for {}", Secs(s)),
             ("renewed", None) => " to the end of the owner's leases".into(),
             _ => String::new(),
         };

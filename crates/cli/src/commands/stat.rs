@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use lors::manage::Probe;
 use lors::uri::ExnodeRef;
+use lors_ibp::units::{Bytes, Secs};
 
 /// Summarize an exNode: size, blocks, replicas, depots, leases, problems;
 /// or many exNodes (several files, directories), a line each.
@@ -197,9 +198,7 @@ pub(crate) fn xnd_files(dir: &Path, out: &mut Vec<PathBuf>) -> anyhow::Result<()
 
 /// Many exNodes, a line each.
 fn many(a: &Args) -> anyhow::Result<()> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
+    let rt = super::runtime(super::Threads::One)?;
     let mut total = Totals::default();
     for r in &a.exnodes {
         let s = super::settings(&a.net, Default::default(), Some(r))?;
@@ -247,16 +246,13 @@ fn many(a: &Args) -> anyhow::Result<()> {
             }
             let mut line = format!(
                 "{name}: {}, {} blocks, {} of {} copies",
-                crate::report::human(h.size),
+                Bytes(h.size),
                 h.blocks,
                 h.min_live_replicas,
                 h.copies
             );
             if let Some(s) = h.soonest_expiry_s {
-                line += &format!(
-                    ", expires in {}",
-                    super::human_secs(u64::try_from(s).unwrap_or(0))
-                );
+                line += &format!(", expires in {}", Secs(u64::try_from(s).unwrap_or(0)));
             }
             if h.lost_bytes > 0 {
                 line += &format!("; LOST {} bytes", h.lost_bytes);
@@ -271,13 +267,7 @@ fn many(a: &Args) -> anyhow::Result<()> {
     } else {
         let within = a
             .expiring
-            .map(|d| {
-                format!(
-                    "{} expire within {}, ",
-                    total.expiring,
-                    super::human_secs(d.as_secs())
-                )
-            })
+            .map(|d| format!("{} expire within {}, ", total.expiring, Secs(d.as_secs())))
             .unwrap_or_default();
         super::outln!(
             "{} exNodes: {within}{} under their copy count, {} with lost bytes{}",

@@ -76,9 +76,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             .into());
         }
     };
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
+    let rt = super::runtime(super::Threads::One)?;
     let progress = Reporter::new("trim", Unit::Allocations, &a.report, false);
     let t = rt.block_on(lors::manage::trim(
         &x,

@@ -476,9 +476,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             .file_name()
             .map_or_else(String::new, |s| s.to_string_lossy().into_owned())
     };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    let rt = super::runtime(super::Threads::Many)?;
     let block_size = s.block_size.unwrap_or(10 << 20);
     check_block_size(block_size, a.small_blocks, (!stdin).then_some(&a.file))?;
     // Room for the e2e overhead on top of the block.

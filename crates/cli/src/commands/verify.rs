@@ -40,9 +40,7 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
+    let rt = super::runtime(super::Threads::One)?;
     let progress = Reporter::new("verify", Unit::Bytes, &a.report, false);
     let json = progress.is_json();
     let mut total = Summary::default();

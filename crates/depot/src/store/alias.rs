@@ -4,6 +4,7 @@
 //! bytes and takes no space; it goes when its counts reach zero, its lease
 //! ends, or its allocation goes.
 
+use lors_ibp::units::unix_now;
 use std::sync::Arc;
 
 use lors_ibp::caps::CapKind;
@@ -12,7 +13,6 @@ use lors_ibp::proto::{AllocType, KeyToken};
 use super::meta::AliasRecord;
 use super::{
     Alloc, Lease, NewAlloc, RefCount, Resource, Result, State, Store, StoreError, key_hash, lock,
-    now_secs,
 };
 
 /// Most aliases one allocation may have. An alias costs no space, so
@@ -200,7 +200,7 @@ impl Store {
         length: u64,
         lease: Lease,
     ) -> Result<NewAlloc> {
-        let now = now_secs();
+        let now = unix_now();
         let (max_size, expires) = {
             let info = lock(&master.info);
             (info.rec.max_size, info.rec.expires_at)
@@ -254,7 +254,7 @@ impl Store {
 
     /// ALIAS_MANAGE PROBE.
     pub fn alias_probe(&self, token: &KeyToken) -> Result<AliasProbe> {
-        let now = now_secs();
+        let now = unix_now();
         let st = lock(&self.state);
         let (_, rec) = st.alias_by_manage_key(token, now)?;
         // An alias lives no longer than its allocation, whose lease may
@@ -298,7 +298,7 @@ impl Store {
         length: u64,
         lease: Option<Lease>,
     ) -> Result<()> {
-        let now = now_secs();
+        let now = unix_now();
         self.alias_update(token, master, |rec, m| {
             let (max_size, m_expires, queue) = {
                 let info = lock(&m.info);
@@ -331,7 +331,7 @@ impl Store {
         master: &KeyToken,
         f: impl FnOnce(&mut AliasRecord, &Arc<Alloc>) -> Result<bool>,
     ) -> Result<()> {
-        let now = now_secs();
+        let now = unix_now();
         let st = lock(&self.state);
         let (id, rec) = st.alias_by_manage_key(token, now)?;
         st.check_master(rec, master)?;

@@ -40,6 +40,7 @@
 //! assert!(s.finished());
 //! ```
 
+use lors_ibp::ewma::Ewma;
 use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
@@ -149,13 +150,22 @@ enum Has {
 }
 
 /// Smoothed bytes per second.
-#[derive(Debug, Clone, Copy, Default)]
-struct Rate(Option<f64>);
+#[derive(Debug, Clone, Copy)]
+struct Rate(Ewma);
+
+impl Default for Rate {
+    fn default() -> Rate {
+        Rate(Ewma::new(0.3))
+    }
+}
 
 impl Rate {
     fn add(&mut self, bytes: u64, took: Duration) {
-        let r = bytes as f64 / took.as_secs_f64().max(1e-6);
-        self.0 = Some(self.0.map_or(r, |x| 0.7 * x + 0.3 * r));
+        self.0.add(bytes as f64 / took.as_secs_f64().max(1e-6));
+    }
+
+    fn get(&self) -> Option<f64> {
+        self.0.get()
     }
 }
 
@@ -202,7 +212,7 @@ pub struct Sched {
     running: HashMap<u64, (Transfer, Instant)>,
     next_id: u64,
     /// Typical seconds per byte of a completed transfer.
-    typical: Option<f64>,
+    typical: Ewma,
     client_bytes: u64,
     notes: Vec<Note>,
     /// Refreshed at each [`Sched::next`]: the median receiving and sending
@@ -216,7 +226,7 @@ pub struct Sched {
 /// links are mostly as fast one way as the other, and a slow site must not
 /// be taken for the best holder just because nothing is known of it.
 fn sent_or_received(x: &Site) -> Option<f64> {
-    x.rate_out.0.or(x.rate_in.0)
+    x.rate_out.get().or(x.rate_in.get())
 }
 
 /// How many missing blocks a site looks at for a relay before it asks the
@@ -281,7 +291,7 @@ impl Sched {
             unsent: BTreeSet::new(),
             running: HashMap::new(),
             next_id: 0,
-            typical: None,
+            typical: Ewma::new(0.2),
             client_bytes: 0,
             notes: Vec::new(),
             median_in: None,
@@ -413,7 +423,7 @@ impl Sched {
         // Nothing new left: a block nobody has yet whose copies in flight
         // are overdue goes again (a slow or failing receiver must not hold
         // everyone's last blocks).
-        let late = self.typical? * self.cfg.hedge_after;
+        let late = self.typical.get()? * self.cfg.hedge_after;
         let overdue = (self.running.values())
             .filter(|(t, started)| {
                 self.holders[t.block].is_empty()
@@ -433,7 +443,7 @@ impl Sched {
             return None;
         }
         let median = self.median_out;
-        let fast = |r: Rate| match (r.0, median) {
+        let fast = |r: Option<f64>| match (r, median) {
             (Some(r), Some(m)) => r >= self.cfg.slow * m,
             _ => true,
         };
@@ -442,16 +452,11 @@ impl Sched {
         let mut slow_free = None;
         let sites = (self.holders[b].iter()).map(|&h| {
             let x = &self.sites[h];
-            (
-                Source::Site(h),
-                Rate(sent_or_received(x)),
-                x.out_busy,
-                x.dead,
-            )
+            (Source::Site(h), sent_or_received(x), x.out_busy, x.dead)
         });
         let origins = (self.origin_of[b].iter()).map(|&o| {
             let x = &self.origins[o];
-            (Source::Origin(o), x.rate_out, x.out_busy, x.dead)
+            (Source::Origin(o), x.rate_out.get(), x.out_busy, x.dead)
         });
         let relays = if self.cfg.relay { Some(sites) } else { None };
         for (src, rate, busy, dead) in relays.into_iter().flatten().chain(origins) {
@@ -463,7 +468,7 @@ impl Sched {
                 any_fast = true;
                 // Unknown rates first: a holder that has not sent yet is
                 // tried, and its rate learned.
-                let r = rate.0.unwrap_or(f64::INFINITY);
+                let r = rate.unwrap_or(f64::INFINITY);
                 if free && best.is_none_or(|(br, _)| r > br) {
                     best = Some((r, src));
                 }
@@ -493,7 +498,7 @@ impl Sched {
     /// The medians rates are judged by, once per decision round rather than
     /// per site asked (with 1,000 sites that was most of the work).
     fn refresh_medians(&mut self) {
-        self.median_in = self.median(|x| x.rate_in.0);
+        self.median_in = self.median(|x| x.rate_in.get());
         self.median_out = self.median(sent_or_received);
         self.fast_sites = (0..self.sites.len())
             .filter(|&s| !self.sites[s].dead && !self.is_slow(s))
@@ -514,7 +519,7 @@ impl Sched {
     /// Whether site `s` receives at less than the slow fraction of the
     /// median site (as the rates stood at the last [`Sched::next`]).
     pub fn is_slow(&self, s: SiteId) -> bool {
-        match (self.sites[s].rate_in.0, self.median_in) {
+        match (self.sites[s].rate_in.get(), self.median_in) {
             (Some(r), Some(m)) => r < self.cfg.slow * m,
             _ => false,
         }
@@ -575,7 +580,7 @@ impl Sched {
             return;
         }
         let per_byte = took.as_secs_f64() / len.max(1) as f64;
-        self.typical = Some(self.typical.map_or(per_byte, |x| 0.8 * x + 0.2 * per_byte));
+        self.typical.add(per_byte);
         let x = &mut self.sites[t.to];
         x.has[t.block] = Has::Have;
         x.have += 1;
@@ -732,7 +737,7 @@ impl Sched {
     /// How long a transfer of `len` bytes may take before it is given up:
     /// `floor`, or eight times the typical transfer of that size.
     pub fn deadline(&self, len: u64, floor: Duration) -> Duration {
-        let typical = self.typical.map_or(0.0, |x| x * len as f64 * 8.0);
+        let typical = self.typical.get().map_or(0.0, |x| x * len as f64 * 8.0);
         floor.max(Duration::from_secs_f64(typical.min(86_400.0)))
     }
 

@@ -38,7 +38,7 @@ mod output;
 pub mod sched;
 mod tune;
 
-pub use output::{Buffers, Data, Piece, partial_path, record_path};
+pub use output::{Buffers, Data, Frozen, Piece, partial_path, record_path};
 use output::{Held, OutFile, Sink};
 use sched::{Event, Sched};
 pub use tune::AUTO_CONNECTIONS;
@@ -163,7 +163,7 @@ pub struct Stats {
 }
 
 /// What the workers share under one lock: the scheduler and the outcome.
-struct Shared {
+struct Scheduled {
     sched: Sched,
     /// Local failures (the output cannot be written): stop at once.
     fatal: Option<Error>,
@@ -173,7 +173,7 @@ struct Shared {
 
 struct Ctx {
     x: ExNode,
-    state: Mutex<Shared>,
+    state: Mutex<Scheduled>,
     /// Told of every change a waiting worker or the supervisor may act on.
     wake: Notify,
     /// Told when a fetch starts: a depot that had nothing in flight may now
@@ -202,13 +202,13 @@ struct Ctx {
 }
 
 impl Ctx {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Shared> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Scheduled> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Runs `f` on the shared state, then tells the user what the
     /// scheduler noticed and wakes everyone waiting for a change.
-    fn update<R>(&self, f: impl FnOnce(&mut Shared) -> R) -> R {
+    fn update<R>(&self, f: impl FnOnce(&mut Scheduled) -> R) -> R {
         let mut g = self.lock();
         let r = f(&mut g);
         self.report(g);
@@ -218,7 +218,7 @@ impl Ctx {
 
     /// Releases the lock and tells the user what the scheduler noticed;
     /// whether it noticed anything.
-    fn report(&self, mut g: std::sync::MutexGuard<'_, Shared>) -> bool {
+    fn report(&self, mut g: std::sync::MutexGuard<'_, Scheduled>) -> bool {
         let events: Vec<progress::Event> = (g.sched.take_events().into_iter())
             .map(|e| user_event(&g.sched, e))
             .collect();
@@ -405,7 +405,7 @@ pub async fn download(
     let depots = sched.depots();
     let ctx = Arc::new(Ctx {
         x: x.clone(),
-        state: Mutex::new(Shared {
+        state: Mutex::new(Scheduled {
             sched,
             fatal: None,
             writing: 0,

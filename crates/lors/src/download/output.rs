@@ -319,16 +319,59 @@ pub(super) type Held = (usize, Data, Option<OwnedSemaphorePermit>);
 
 /// A piece's bytes: in memory, or kept in kernel pipes
 /// ([`super::Output::Pieces`] with `spliced`), which a FUSE mount hands on
-/// to the kernel without copying them through memory first.
-#[derive(Debug)]
-pub enum Data {
-    /// In a buffer of the download's pool.
-    Mem(BytesMut),
+/// to the kernel without copying them through memory first. As delivered
+/// (the default parameters: a pool buffer, pipes owned), or
+/// [`frozen`](Data::freeze) to be shared by many readers (a cache's
+/// pieces).
+#[derive(Debug, Clone)]
+pub enum Data<M = BytesMut, P = lors_ibp::spliced::Spliced> {
+    /// In memory (a buffer of the download's pool, as delivered).
+    Mem(M),
     /// In pipes ([`lors_ibp::spliced`]).
-    Spliced(lors_ibp::spliced::Spliced),
+    Spliced(P),
+}
+
+/// [`Data`] frozen: shared, read any number of times.
+pub type Frozen = Data<Bytes, std::sync::Arc<lors_ibp::spliced::Spliced>>;
+
+impl Frozen {
+    /// How many bytes.
+    pub fn len(&self) -> usize {
+        match self {
+            Data::Mem(b) => b.len(),
+            Data::Spliced(h) => h.len(),
+        }
+    }
+
+    /// Whether it holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Copies the bytes from `from` into `out`.
+    ///
+    /// # Errors
+    /// A pipe could not be read.
+    pub fn copy_to(&self, from: usize, out: &mut [u8]) -> std::io::Result<()> {
+        match self {
+            Data::Mem(b) => {
+                out.copy_from_slice(&b[from..from + out.len()]);
+                Ok(())
+            }
+            Data::Spliced(h) => h.copy_to(from, out),
+        }
+    }
 }
 
 impl Data {
+    /// The bytes made shareable: a buffer frozen, pipes put behind an `Arc`.
+    pub fn freeze(self) -> Frozen {
+        match self {
+            Data::Mem(b) => Data::Mem(b.freeze()),
+            Data::Spliced(h) => Data::Spliced(std::sync::Arc::new(h)),
+        }
+    }
+
     /// How many bytes.
     pub fn len(&self) -> usize {
         match self {

@@ -8,9 +8,8 @@ use std::os::fd::BorrowedFd;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use lors_exnode::ExNode;
-use lors_ibp::spliced::Spliced;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
@@ -18,7 +17,7 @@ use super::errno::lors_error;
 use super::readahead::{Miss, Running, Step, decide};
 use super::{FETCH, runtime};
 use crate::download::{
-    Buffers, Data, DownloadOptions, Output, Piece, STREAM_PIECE, Stats, download,
+    Buffers, Data, DownloadOptions, Frozen, Output, Piece, STREAM_PIECE, Stats, download,
 };
 use crate::{NoProgress, Pool};
 
@@ -39,7 +38,7 @@ use crate::{NoProgress, Pool};
 /// ```
 #[derive(Clone)]
 pub struct Reads {
-    pub(super) shared: Arc<Shared>,
+    pub(super) shared: Arc<Cache>,
     pub(super) size: u64,
 }
 
@@ -103,21 +102,21 @@ pub(super) struct Source {
 /// waits, puts the piece in the cache and gives the receiver back; others
 /// needing bytes the read-ahead is bringing wait for `arrived`, others
 /// still read what is cached.
-pub(super) struct Shared {
-    state: Mutex<Reader>,
+pub(super) struct Cache {
+    state: Mutex<CacheState>,
     /// A piece came in, or a stream failed or changed hands.
     pub(super) arrived: Condvar,
 }
 
-impl Shared {
-    pub(super) fn new(cache: u64, readahead: usize, spliced: bool) -> Arc<Shared> {
-        Arc::new(Shared {
-            state: Mutex::new(Reader::new(cache, readahead, spliced)),
+impl Cache {
+    pub(super) fn new(cache: u64, readahead: usize, spliced: bool) -> Arc<Cache> {
+        Arc::new(Cache {
+            state: Mutex::new(CacheState::new(cache, readahead, spliced)),
             arrived: Condvar::new(),
         })
     }
 
-    pub(super) fn lock(&self) -> MutexGuard<'_, Reader> {
+    pub(super) fn lock(&self) -> MutexGuard<'_, CacheState> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -134,7 +133,7 @@ impl Shared {
         }
         let (at, p) = self.piece(off, n)?;
         let within = (off - at) as usize;
-        if let Chunk::Mem(p) = &p
+        if let Data::Mem(p) = &p
             && within + n <= p.len()
         {
             return Ok(f(&p[within..within + n]));
@@ -153,7 +152,7 @@ impl Shared {
             .map(|()| f(&buf[..n]));
         drop(p);
         let mut st = self.lock();
-        if st.scratch.len() < Reader::SCRATCH && buf.len() <= Reader::SCRATCH_MAX {
+        if st.scratch.len() < CacheState::SCRATCH && buf.len() <= CacheState::SCRATCH_MAX {
             st.scratch.push(buf);
         }
         r
@@ -180,8 +179,8 @@ impl Shared {
             let within = (off - at) as usize;
             let k = n.min(p.len() - within);
             match &p {
-                Chunk::Pipes(h) => h.tee_to(within, k, to)?,
-                Chunk::Mem(b) => lors_ibp::spliced::write_to(to, &b[within..within + k])?,
+                Data::Spliced(h) => h.tee_to(within, k, to)?,
+                Data::Mem(b) => lors_ibp::spliced::write_to(to, &b[within..within + k])?,
             }
             off += k as u64;
             n -= k;
@@ -192,7 +191,7 @@ impl Shared {
     /// The piece holding byte `off` and where it starts, with the (up to)
     /// `want` bytes from `off` in it counted as read: from the cache, the
     /// read-ahead or the depots.
-    fn piece(&self, off: u64, want: usize) -> io::Result<(u64, Chunk)> {
+    fn piece(&self, off: u64, want: usize) -> io::Result<(u64, Frozen)> {
         let mut st = self.lock();
         // The stream this read waited for, to hear if it failed.
         let mut waited = None;
@@ -278,7 +277,7 @@ impl Shared {
             // answered in place, not gathered.
             let mut took = 0;
             while s.next < s.end
-                && took < 2 * Reader::SLAB
+                && took < 2 * CacheState::SLAB
                 && !done
                     .iter()
                     .any(|(at, r)| *at <= off && off < at + r.len() as u64)
@@ -293,7 +292,7 @@ impl Shared {
             if s.next < s.end {
                 s.rx = Some(rx);
             } else {
-                done.extend(s.tail.take().map(|(at, t)| (at, Chunk::Mem(t.freeze()))));
+                done.extend(s.tail.take().map(|(at, t)| (at, Data::Mem(t.freeze()))));
                 st.stream = None;
             }
             for (at, run) in done {
@@ -305,11 +304,11 @@ impl Shared {
 
     /// Ends the read-ahead `id` with an error (`None`: the download's
     /// own), which every reader waiting for it gets too.
-    fn fail(&self, mut st: MutexGuard<'_, Reader>, id: u64, e: Option<io::Error>) -> io::Error {
+    fn fail(&self, mut st: MutexGuard<'_, CacheState>, id: u64, e: Option<io::Error>) -> io::Error {
         let mut s = st.stream.take();
         // What arrived before is good.
         if let Some((at, t)) = s.as_mut().and_then(|s| s.tail.take()) {
-            st.put(at, Chunk::Mem(t.freeze()));
+            st.put(at, Data::Mem(t.freeze()));
         }
         drop(st);
         let e = match (e, s) {
@@ -330,7 +329,7 @@ impl Shared {
         mut side: Stream,
         off: u64,
         want: usize,
-    ) -> io::Result<(u64, Chunk)> {
+    ) -> io::Result<(u64, Frozen)> {
         let mut rx = side.rx.take().expect("a new stream");
         loop {
             let Some(piece) = rx.blocking_recv() else {
@@ -341,7 +340,7 @@ impl Shared {
                 return Err(e);
             }
             side.next += piece.len() as u64;
-            let p = Chunk::from(piece.into_data());
+            let p = piece.into_data().freeze();
             let mut st = self.lock();
             if st.epoch == epoch {
                 st.put(at, p.clone());
@@ -385,15 +384,15 @@ fn copy(e: &io::Error) -> io::Error {
 }
 
 /// The read cache and the read-ahead.
-pub(super) struct Reader {
+pub(super) struct CacheState {
     /// Pieces of the file as the read-ahead delivered them, by first byte,
     /// with the bytes read from each.
-    pieces: BTreeMap<u64, (Chunk, usize)>,
+    pieces: BTreeMap<u64, (Frozen, usize)>,
     /// First bytes of the pieces not yet read whole, least recently used
     /// first.
     order: VecDeque<u64>,
     /// First bytes of the pieces read whole, oldest first: kept
-    /// [`Reader::BEHIND`] deep for a look back, then their buffers go back
+    /// [`CacheState::BEHIND`] deep for a look back, then their buffers go back
     /// to the read-ahead. A cache filled with what a scan read once would
     /// only make the read-ahead take fresh memory (a page fault and a
     /// zeroed page per 4 KiB) for every piece until it is full.
@@ -409,7 +408,7 @@ pub(super) struct Reader {
     /// Where the read-ahead takes its buffers from and dropped pieces go
     /// back to.
     buffers: Arc<Buffers>,
-    /// See [`Shared::read_with`].
+    /// See [`Cache::read_with`].
     scratch: Vec<Vec<u8>>,
     /// What to fetch from; `None` once the file changed, until the next
     /// read.
@@ -424,7 +423,7 @@ pub(super) struct Reader {
     spliced: bool,
 }
 
-impl Reader {
+impl CacheState {
     /// Slabs kept for the read-ahead: what it takes while a reader goes
     /// through a few of them.
     const SPARE: usize = 4;
@@ -441,8 +440,8 @@ impl Reader {
     const SCRATCH: usize = 4;
     const SCRATCH_MAX: usize = 4 << 20;
 
-    fn new(cache: u64, readahead: usize, spliced: bool) -> Reader {
-        Reader {
+    fn new(cache: u64, readahead: usize, spliced: bool) -> CacheState {
+        CacheState {
             pieces: BTreeMap::new(),
             order: VecDeque::new(),
             passed: VecDeque::new(),
@@ -464,7 +463,7 @@ impl Reader {
 
     /// The cached piece holding byte `off`, with the (up to) `want` bytes
     /// from `off` in it counted as read.
-    fn take(&mut self, off: u64, want: usize) -> Option<(u64, Chunk)> {
+    fn take(&mut self, off: u64, want: usize) -> Option<(u64, Frozen)> {
         let (at, p) = self.get(off)?;
         self.served(at, p.len(), off, want);
         Some((at, p))
@@ -519,18 +518,18 @@ impl Reader {
             .tail
             .take_if(|(at, t)| *at <= off && off < *at + t.len() as u64)
         {
-            self.put(at, Chunk::Mem(t.freeze()));
+            self.put(at, Data::Mem(t.freeze()));
         }
     }
 
     /// The cached piece holding byte `off` and where it starts.
-    fn find(&self, off: u64) -> Option<(u64, &Chunk)> {
+    fn find(&self, off: u64) -> Option<(u64, &Frozen)> {
         let (&at, (p, _)) = self.pieces.range(..=off).next_back()?;
         (off < at + p.len() as u64).then_some((at, p))
     }
 
-    /// As [`Reader::find`], marking the piece used.
-    fn get(&mut self, off: u64) -> Option<(u64, Chunk)> {
+    /// As [`CacheState::find`], marking the piece used.
+    fn get(&mut self, off: u64) -> Option<(u64, Frozen)> {
         let (at, p) = self.find(off)?;
         let p = p.clone();
         if self.order.back() != Some(&at) {
@@ -551,7 +550,7 @@ impl Reader {
         }
     }
 
-    fn put(&mut self, at: u64, p: Chunk) {
+    fn put(&mut self, at: u64, p: Frozen) {
         self.bytes += p.len() as u64;
         if let Some((old, _)) = self.pieces.insert(at, (p, 0)) {
             self.unlink(at, old.len() as u64);
@@ -609,8 +608,8 @@ impl Reader {
 
     /// Gives a dropped piece's buffer back to the read-ahead, unless a
     /// caller still holds it.
-    fn recycle(&self, p: Chunk) {
-        if let Chunk::Mem(p) = p
+    fn recycle(&self, p: Frozen) {
+        if let Data::Mem(p) = p
             && let Ok(b) = p.try_into_mut()
         {
             self.buffers.give(b);
@@ -629,43 +628,6 @@ impl Reader {
         self.stream = None;
         self.source = None;
         self.epoch += 1;
-    }
-}
-
-/// A cached piece's bytes.
-#[derive(Clone)]
-enum Chunk {
-    Mem(Bytes),
-    /// Held in kernel pipes ([`OpenOptions::spliced`]).
-    Pipes(Arc<Spliced>),
-}
-
-impl Chunk {
-    fn len(&self) -> usize {
-        match self {
-            Chunk::Mem(b) => b.len(),
-            Chunk::Pipes(h) => h.len(),
-        }
-    }
-
-    /// Copies the bytes from `from` into `out`.
-    fn copy_to(&self, from: usize, out: &mut [u8]) -> io::Result<()> {
-        match self {
-            Chunk::Mem(b) => {
-                out.copy_from_slice(&b[from..from + out.len()]);
-                Ok(())
-            }
-            Chunk::Pipes(h) => h.copy_to(from, out),
-        }
-    }
-}
-
-impl From<Data> for Chunk {
-    fn from(d: Data) -> Chunk {
-        match d {
-            Data::Mem(b) => Chunk::Mem(b.freeze()),
-            Data::Spliced(h) => Chunk::Pipes(Arc::new(h)),
-        }
     }
 }
 
@@ -690,14 +652,14 @@ impl Stream {
     /// the cache. Bytes in memory join the tail if they lie right after it;
     /// otherwise they start the tail, and the tail before it, whole, is
     /// returned. Bytes in pipes are returned at once, after the tail.
-    fn add(&mut self, p: Data) -> Vec<(u64, Chunk)> {
+    fn add(&mut self, p: Data) -> Vec<(u64, Frozen)> {
         let at = self.next;
         self.next += p.len() as u64;
         let p = match p {
             Data::Mem(p) => p,
             held @ Data::Spliced(_) => {
-                let tail = self.tail.take().map(|(at, t)| (at, Chunk::Mem(t.freeze())));
-                return tail.into_iter().chain([(at, Chunk::from(held))]).collect();
+                let tail = self.tail.take().map(|(at, t)| (at, Data::Mem(t.freeze())));
+                return tail.into_iter().chain([(at, held.freeze())]).collect();
             }
         };
         let p = match &mut self.tail {
@@ -708,7 +670,7 @@ impl Stream {
             None => p,
         };
         (self.tail.replace((at, p)))
-            .map(|(at, t)| (at, Chunk::Mem(t.freeze())))
+            .map(|(at, t)| (at, Data::Mem(t.freeze())))
             .into_iter()
             .collect()
     }
@@ -741,11 +703,11 @@ mod tests {
 
     const P: usize = 256 << 10;
 
-    fn piece(fill: u8) -> Chunk {
-        Chunk::Mem(Bytes::from(vec![fill; P]))
+    fn piece(fill: u8) -> Frozen {
+        Data::Mem(bytes::Bytes::from(vec![fill; P]))
     }
 
-    fn bytes(c: &Chunk) -> Vec<u8> {
+    fn bytes(c: &Frozen) -> Vec<u8> {
         let mut v = vec![0u8; c.len()];
         c.copy_to(0, &mut v).unwrap();
         v
@@ -755,8 +717,8 @@ mod tests {
     /// until every byte of them was read, however far later reads ran.
     #[test]
     fn a_piece_stays_until_read_whole_in_any_order() {
-        let mut r = Reader::new(DEFAULT_CACHE, DEFAULT_READAHEAD, false);
-        let n = 2 * (Reader::BEHIND as usize / P) + 4;
+        let mut r = CacheState::new(DEFAULT_CACHE, DEFAULT_READAHEAD, false);
+        let n = 2 * (CacheState::BEHIND as usize / P) + 4;
         for i in 0..n {
             r.put((i * P) as u64, piece(i as u8));
         }
@@ -770,7 +732,7 @@ mod tests {
         let (at, p) = r.get(10).expect("piece 0 is not read whole yet");
         assert_eq!((at, bytes(&p)[0]), (0, 0));
         let kept: Vec<u64> = r.pieces.keys().map(|k| k / P as u64).collect();
-        let behind = Reader::BEHIND / P as u64;
+        let behind = CacheState::BEHIND / P as u64;
         let want: Vec<u64> = std::iter::once(0)
             .chain(n as u64 - behind..n as u64)
             .collect();
@@ -779,7 +741,7 @@ mod tests {
         // Its other half read, it goes behind too, and the oldest goes.
         r.consumed(0, P / 2);
         assert!(r.find(0).is_some(), "just read: kept for a look back");
-        assert_eq!(r.passed_bytes, Reader::BEHIND);
+        assert_eq!(r.passed_bytes, CacheState::BEHIND);
     }
 
     /// The read-ahead's pieces, cut in a row from slabs, become one piece
@@ -814,7 +776,7 @@ mod tests {
             (4 * P as u64, 2 * P, 6 * P as u64)
         );
         // A reader needing them puts them in the cache as they are.
-        let mut r = Reader::new(DEFAULT_CACHE, DEFAULT_READAHEAD, false);
+        let mut r = CacheState::new(DEFAULT_CACHE, DEFAULT_READAHEAD, false);
         r.stream = Some(s);
         r.settle_tail(5 * P as u64 + 7);
         assert!(r.stream.as_ref().unwrap().tail.is_none());
@@ -825,7 +787,7 @@ mod tests {
     /// The cache's capacity drops what was read whole before what was not.
     #[test]
     fn a_full_cache_drops_read_pieces_first() {
-        let mut r = Reader::new(0, DEFAULT_READAHEAD, false); // the floor: 4 MiB
+        let mut r = CacheState::new(0, DEFAULT_READAHEAD, false); // the floor: 4 MiB
         let fit = (r.capacity as usize) / P;
         for i in 0..fit {
             r.put((i * P) as u64, piece(1));

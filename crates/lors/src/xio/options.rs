@@ -9,7 +9,7 @@ use std::time::SystemTime;
 use lors_exnode::{ExNode, Metadata as Meta};
 
 use super::attrs::stamp;
-use super::cache::Shared;
+use super::cache::Cache;
 use super::errno::{invalid, xnd_error};
 use super::{DEFAULT_BUFFER, DEFAULT_CACHE, DEFAULT_READAHEAD, FETCH, File};
 use crate::Pool;
@@ -239,7 +239,7 @@ impl OpenOptions {
             broken: None,
             unsaved: Vec::new(),
             to_release,
-            reader: Shared::new(self.cache, self.readahead, self.spliced),
+            reader: Cache::new(self.cache, self.readahead, self.spliced),
             last_resort: None,
             lbone: None,
             closed: false,
