@@ -4,11 +4,13 @@
 //! functions to throughput against each variable and rank them by R²;
 //! report with plots; predict how many transfers a setup sustains.
 //!
-//! The library holds the arithmetic and the bookkeeping; `lors bench` runs
-//! the movers.
+//! The library holds the arithmetic, the bookkeeping and the lab ([`lab`]:
+//! staging, movers, a loopback depot, a GridFTP server); `lors bench` maps
+//! its flags onto it.
 
 pub mod analysis;
 pub mod fit;
+pub mod lab;
 pub mod model;
 pub mod report;
 pub mod stats;
