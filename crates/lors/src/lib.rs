@@ -19,6 +19,7 @@ pub mod dissem;
 pub mod download;
 pub mod error;
 pub mod keep;
+pub mod leftover;
 pub mod manage;
 pub mod plan;
 pub mod pool;

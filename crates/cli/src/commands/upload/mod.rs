@@ -1,0 +1,256 @@
+//! `lors upload`: store a file on depots as an exNode.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use lors::Pool;
+use lors::leftover;
+use lors::upload::UploadOptions;
+use lors::uri::ExnodeRef;
+
+mod checks;
+mod leftover_notes;
+mod store;
+
+pub(crate) use checks::check_output;
+use checks::{chain, check_block_size};
+pub(crate) use leftover_notes::{copies_outcome, record_unreleased};
+use store::store;
+
+use super::{block_size_arg, nonzero_block_size_arg};
+use crate::UsageError;
+use crate::report::{ReportOpts, Reporter, Unit};
+use lors::settings::Layer;
+
+/// Store a file on IBP depots, striped and replicated; write its exNode.
+#[derive(clap::Args)]
+#[command(after_help = "EXAMPLES:
+  lors upload --depot d1:6714 --depot d2:6714 -c 2 -b 10M -o run42.xnd run42.dat
+  tar c data/ | lors upload --depot d1:6714 -c 1 -o data.tar.xnd -
+  lors upload --depot d1:6714 -c 1 -f video.mp4          # writes video.mp4.xnd
+  lors upload --depot d1:6714 -c 1 -z -e aes -o s.xnd secret.tar   # compress + encrypt
+  lors upload --depot d1:6714 -c 1 -k md5 -o old.xnd f   # readable by LoRS 0.82 tools
+  lors upload --depot d1:6714 -c 1 --zlib -o z.xnd f      # LoRS zlib + MD5, ditto
+
+Every e2e block is checksummed with BLAKE3 unless -n or -k none (MD5 with --zlib).")]
+pub struct Args {
+    /// Most bytes per second moved in all, over every connection (e.g.
+    /// `10M` = 10 MiB/s), as rclone's --bwlimit [default: no limit].
+    #[arg(long, value_name = "RATE", value_parser = super::nonzero_size_arg)]
+    bwlimit: Option<u64>,
+    /// File to upload; `-` reads standard input.
+    file: PathBuf,
+    /// Where the exNode goes, as with -o (`lors upload FILE OUT.xnd`).
+    #[arg(value_name = "OUT.xnd", conflicts_with_all = ["output", "auto_name"], value_parser = super::exnode_arg)]
+    dest: Option<ExnodeRef>,
+    /// Depot HOST or HOST:PORT (port 6714 unless given) to use (repeat, or a
+    /// comma list) [default: ask the L-Bone
+    /// (-H, LBONE_SERVER, a lors://HOST URI), else the DEPOT lines of
+    /// ~/.xndrc, else its LBONE_SERVER lines].
+    #[arg(
+        long = "depot",
+        value_name = "HOST[:PORT]",
+        value_delimiter = ',',
+        value_parser = super::depot_arg
+    )]
+    depots: Vec<String>,
+    #[command(flatten)]
+    lbone: super::LboneOpts,
+    #[command(flatten)]
+    place: super::PlaceOpts,
+    /// Copies of each block, on distinct depots [default: copies= of the
+    /// -o URI, else LORS_COPIES, else COPIES in ~/.xndrc, else 3].
+    #[arg(short, long)]
+    copies: Option<usize>,
+    /// Block (allocation) size, e.g. 10M [default: bs=, else
+    /// LORS_BLOCKSIZE, else DATA_BLOCKSIZE, else 10M].
+    #[arg(short = 'b', long = "block-size", value_parser = nonzero_block_size_arg)]
+    block_size: Option<u64>,
+    /// Blocks transferred at once [default: threads=, else LORS_THREADS,
+    /// else THREADS, else 8].
+    #[arg(short, long)]
+    threads: Option<usize>,
+    #[command(flatten)]
+    lease: super::LeaseOpts,
+    #[command(flatten)]
+    net: super::NetOpts,
+    /// No end-to-end functions: store the bytes as they are.
+    #[arg(short = 'n', long = "none", conflicts_with_all = ["checksum", "compress", "encrypt", "zlib"])]
+    no_e2e: bool,
+    /// Checksum every e2e block: `blake3` (default), `md5` (the original
+    /// LoRS format with the digest LoRS 0.82 computes on 64-bit hosts, so
+    /// lors_download 0.82 reads it), or `md5-rfc1321` (the same format with
+    /// standard MD5, for 32-bit LoRS builds). Downloads accept either digest.
+    #[arg(short = 'k', long, value_name = "KIND", value_parser = ["blake3", "md5", "md5-rfc1321", "none"])]
+    checksum: Option<String>,
+    /// Compress every e2e block with zstd.
+    #[arg(short = 'z', long)]
+    compress: bool,
+    /// Compress each block with zlib in the original LoRS format
+    /// (`zlib_compress`, whole block), MD5-checksummed unless `-k none`:
+    /// exNodes the LoRS 0.82 tools can download.
+    #[arg(long, conflicts_with_all = ["compress", "encrypt"])]
+    zlib: bool,
+    /// Encrypt every e2e block: `aes` (AES-256-GCM) or `chacha`
+    /// (ChaCha20-Poly1305). The key is kept in the exNode (written 0600).
+    #[arg(short = 'e', long, value_name = "CIPHER", value_parser = ["aes", "chacha"])]
+    encrypt: Option<String>,
+    /// e2e block size: the unit checksums, compression and encryption work
+    /// on [default: E2E_BLOCKSIZE, else 1M].
+    #[arg(short = 'E', long = "e2e-block-size", value_parser = block_size_arg)]
+    e2e_block_size: Option<u64>,
+    /// Write the exNode here (a path or `lors://[LBONE]/OUT.xnd?bs=&copies=…`).
+    #[arg(short, long, value_name = "OUT.xnd", conflicts_with = "auto_name", value_parser = super::exnode_arg)]
+    output: Option<ExnodeRef>,
+    /// Write the exNode to FILE.xnd.
+    #[arg(short = 'f', long = "auto-name")]
+    auto_name: bool,
+    /// Replace an existing exNode file (its allocations are not freed).
+    #[arg(long)]
+    force: bool,
+    /// Allow blocks smaller than 64 KiB (every block is an allocation on a
+    /// depot: tiny blocks make millions of them).
+    #[arg(long)]
+    small_blocks: bool,
+    #[command(flatten)]
+    report: ReportOpts,
+}
+
+pub fn run(a: Args) -> anyhow::Result<()> {
+    let uri = output(&a)?;
+    let out = uri.path.clone();
+    check_output(&out, a.force)?;
+    let flags = Layer {
+        copies: a.copies,
+        block_size: a.block_size,
+        threads: a.threads,
+        ..a.lease.layer(a.place.layer(a.lbone.layer()))
+    };
+    let s = super::settings(&a.net, flags, Some(&uri))?;
+    let rt = super::runtime(super::Threads::Many)?;
+    let stdin = a.file.as_os_str() == "-";
+    let block_size = s.block_size.unwrap_or(10 << 20);
+    check_block_size(block_size, a.small_blocks, (!stdin).then_some(&a.file))?;
+    let copies = s.copies.unwrap_or(3);
+    // Room for the e2e overhead on top of the block.
+    let bytes = block_size + block_size / 64 + (64 << 10);
+    let found = super::Placement {
+        depots: &a.depots,
+        settings: &s,
+    }
+    .find(&rt, copies, bytes, Vec::new())?;
+    let opts = UploadOptions {
+        depots: found.depots,
+        block_size,
+        copies,
+        threads: s.threads.unwrap_or(8),
+        duration: s.duration,
+        reliability: s.reliability,
+        filename: filename(&a, &out),
+        e2e: chain(&a, &s.rc)?,
+    };
+    let started = std::time::Instant::now();
+    let pool = Arc::new(Pool::new(s.client()).with_limit(a.bwlimit));
+    let progress = Reporter::new("upload", Unit::Bytes, &a.report, false);
+    let (x, resumed) = store(&a, &out, &opts, &rt, &pool, &progress)?;
+    if let Err(e) = lors::xnd::save(&out, &x) {
+        // Without its exNode nobody can reach the data: free it now.
+        let kept = rt.block_on(pool.release_all(x.mappings.clone())).len();
+        let freed = x.mappings.len() - kept;
+        return Err(anyhow::Error::new(e).context(format!(
+            "the upload finished but its exNode could not be written; {freed} of {} allocations were released",
+            x.mappings.len()
+        )));
+    }
+    if resumed {
+        // Its blocks are in the exNode now.
+        let _ = std::fs::remove_file(leftover::record_path(&out));
+    }
+    let mut per_depot: std::collections::BTreeMap<String, u64> = Default::default();
+    for m in &x.mappings {
+        if let Some(d) = m.depot() {
+            *per_depot.entry(d).or_default() += m.alloc_length;
+        }
+    }
+    let per_depot: Vec<(String, u64)> = per_depot.into_iter().collect();
+    rt.block_on(lors::directory::report_rates(
+        found.directory.as_ref(),
+        &per_depot,
+        started.elapsed(),
+    ));
+    summary(&a, &progress, &out, &x, copies, started.elapsed());
+    Ok(())
+}
+
+/// Where the exNode goes: `-o`, or `FILE.xnd` with `-f`.
+fn output(a: &Args) -> anyhow::Result<ExnodeRef> {
+    let stdin = a.file.as_os_str() == "-";
+    match (a.output.clone().or_else(|| a.dest.clone()), a.auto_name) {
+        (Some(o), _) => Ok(o),
+        (None, true) if !stdin => {
+            let mut s = a.file.clone().into_os_string();
+            s.push(".xnd");
+            Ok(ExnodeRef {
+                path: PathBuf::from(s),
+                ..ExnodeRef::default()
+            })
+        }
+        _ => Err(UsageError(
+            "say where the exNode goes: -o OUT.xnd (or -f to write FILE.xnd)".into(),
+        )
+        .into()),
+    }
+}
+
+/// The file's name as the exNode records it.
+fn filename(a: &Args, out: &std::path::Path) -> String {
+    if a.file.as_os_str() == "-" {
+        out.file_stem()
+            .map_or_else(|| "stdin".into(), |s| s.to_string_lossy().into_owned())
+    } else {
+        a.file
+            .file_name()
+            .map_or_else(String::new, |s| s.to_string_lossy().into_owned())
+    }
+}
+
+/// The last word: a line on stderr, or the `--json` summary.
+fn summary(
+    a: &Args,
+    progress: &Reporter,
+    out: &std::path::Path,
+    x: &lors_exnode::ExNode,
+    copies: usize,
+    took: std::time::Duration,
+) {
+    let size = x.logical_size();
+    let secs = took.as_secs_f64();
+    let mib_per_s = size as f64 / 1048576.0 / secs.max(1e-9);
+    if progress.is_json() {
+        progress.done(&Report {
+            exnode: &out.display().to_string(),
+            size,
+            mappings: x.mappings.len(),
+            copies,
+            seconds: super::json_secs(took),
+            mib_per_s: (mib_per_s * 10.0).round() / 10.0,
+        });
+    } else if !a.report.quiet {
+        eprintln!(
+            "lors: uploaded {size} bytes as {} mappings ({copies} copies) in {secs:.2}s, {mib_per_s:.1} MiB/s -> {}",
+            x.mappings.len(),
+            out.display()
+        );
+    }
+}
+
+/// `--json`: what an upload made.
+#[derive(serde::Serialize)]
+struct Report<'a> {
+    exnode: &'a str,
+    size: u64,
+    mappings: usize,
+    copies: usize,
+    seconds: f64,
+    mib_per_s: f64,
+}

@@ -1,0 +1,178 @@
+//! `OUT.partial`: what an upload (or augment, route, disseminate) that
+//! could not finish leaves on the depots, recorded so nothing stays there
+//! unnamed. An interrupted upload's record also says which input and
+//! settings it was (its identity), so running the same upload again resumes
+//! from it: the blocks it stored are not sent again.
+//!
+//! ```
+//! use std::path::Path;
+//! assert_eq!(
+//!     lors::leftover::record_path(Path::new("run42.xnd")),
+//!     Path::new("run42.xnd.partial")
+//! );
+//! ```
+
+use std::path::{Path, PathBuf};
+
+use lors_exnode::{ExNode, Mapping, Metadata, Value};
+
+use crate::xnd::{self, XndError};
+
+/// The metadata item that makes an `OUT.partial` a record an upload can
+/// resume from, and its value: the input (size, modification time) and the
+/// settings that decide the blocks.
+const RESUME_META: &str = "lors_resume";
+
+/// Per-mapping metadata of an allocation cut off mid-block: its bytes are
+/// incomplete, it is recorded only so it can be freed.
+const INCOMPLETE_META: &str = "lors_incomplete";
+
+/// Where the record of `out` goes.
+pub fn record_path(out: &Path) -> PathBuf {
+    let mut p = out.as_os_str().to_owned();
+    p.push(".partial");
+    PathBuf::from(p)
+}
+
+/// What makes two runs the same upload: the input file's size and
+/// modification time, and the settings that decide its blocks.
+pub fn identity(m: &std::fs::Metadata, block: u64, copies: usize, e2e: bool) -> String {
+    let mtime = m
+        .modified()
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .unwrap_or_default();
+    format!(
+        "size={} mtime={}.{:09} block={block} copies={copies} e2e={e2e}",
+        m.len(),
+        mtime.as_secs(),
+        mtime.subsec_nanos()
+    )
+}
+
+/// Why a record cannot be resumed from.
+#[derive(Debug, thiserror::Error)]
+pub enum LeftoverError {
+    /// The record is of another input or other settings: it names
+    /// allocations nothing else does, so it is not overwritten.
+    #[error(
+        "{path} records an interrupted upload of another version of this file or with other settings ({recorded}; now {now}): run it with those again to resume, or free what it names with `lors trim --decrement --allow-holes {trim}` and delete it"
+    )]
+    Foreign {
+        /// The record.
+        path: String,
+        /// Its identity.
+        recorded: String,
+        /// This run's.
+        now: String,
+        /// The `lors trim` arguments that free what it names.
+        trim: String,
+    },
+    /// The record could not be read.
+    #[error(transparent)]
+    Read(#[from] XndError),
+}
+
+/// The blocks an interrupted run of this same upload stored, from its
+/// record at `path`; none when there is no record, or it is not one an
+/// upload can resume from.
+pub fn resumable(path: &Path, identity: &str) -> Result<Vec<Mapping>, LeftoverError> {
+    if std::fs::symlink_metadata(path).is_err() {
+        return Ok(Vec::new());
+    }
+    let x = xnd::load(path)?;
+    let recorded = match x.meta(RESUME_META) {
+        Some(Value::String(s)) => s.clone(),
+        // A record of allocations a failed upload could not release.
+        _ => return Ok(Vec::new()),
+    };
+    if recorded != identity {
+        return Err(LeftoverError::Foreign {
+            path: path.display().to_string(),
+            recorded,
+            now: identity.to_owned(),
+            trim: trim_args(&x, path),
+        });
+    }
+    Ok(x.mappings
+        .into_iter()
+        .filter(|m| !m.metadata.iter().any(|d| d.name == INCOMPLETE_META))
+        .collect())
+}
+
+/// `--depot A --depot B … PATH`: the `lors trim` arguments that free every
+/// allocation `x` (saved at `path`) names.
+pub fn trim_args(x: &ExNode, path: &Path) -> String {
+    let mut s: Vec<String> = depots(x).iter().map(|d| format!("--depot {d}")).collect();
+    s.push(path.display().to_string());
+    s.join(" ")
+}
+
+/// The depots `x` names, sorted, once each.
+pub fn depots(x: &ExNode) -> Vec<String> {
+    let mut depots: Vec<String> = x.mappings.iter().filter_map(|m| m.depot()).collect();
+    depots.sort();
+    depots.dedup();
+    depots
+}
+
+/// The record of an unfinished upload: the blocks `stored` whole, the
+/// allocations `stranded` mid-block (marked incomplete: only to be freed)
+/// and, for an upload that can be resumed, its `identity`.
+pub fn record(stored: &ExNode, stranded: &ExNode, identity: Option<&str>) -> ExNode {
+    let mut rec = stored.clone();
+    for m in &stranded.mappings {
+        let mut m = m.clone();
+        m.metadata.push(Metadata::string(INCOMPLETE_META, "1"));
+        rec.mappings.push(m);
+    }
+    if let Some(id) = identity {
+        rec.set_meta(Metadata::string(RESUME_META, id));
+    }
+    rec
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_record_resumes_only_the_same_upload_and_only_whole_blocks() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.xnd.partial");
+        let whole = Mapping {
+            logical_length: 10,
+            ..Mapping::default()
+        };
+        let cut = Mapping {
+            exnode_offset: 10,
+            logical_length: 10,
+            ..Mapping::default()
+        };
+        let stored = ExNode {
+            mappings: vec![whole.clone()],
+            ..ExNode::default()
+        };
+        let stranded = ExNode {
+            mappings: vec![cut],
+            ..ExNode::default()
+        };
+        xnd::save(&path, &record(&stored, &stranded, Some("size=1"))).unwrap();
+        let back = resumable(&path, "size=1").unwrap();
+        assert_eq!(back.len(), 1, "the block cut off is not resumed from");
+        assert_eq!(back[0].logical_length, whole.logical_length);
+        assert!(matches!(
+            resumable(&path, "size=2"),
+            Err(LeftoverError::Foreign { .. })
+        ));
+        // A record without an identity (allocations a failed upload could
+        // not release) is nothing to resume from.
+        xnd::save(&path, &record(&stored, &stranded, None)).unwrap();
+        assert!(resumable(&path, "size=1").unwrap().is_empty());
+        assert!(
+            resumable(&dir.path().join("none"), "size=1")
+                .unwrap()
+                .is_empty()
+        );
+    }
+}
