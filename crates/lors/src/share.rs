@@ -317,42 +317,7 @@ pub async fn share(x: &ExNode, opts: &Options, pool: &Pool) -> Result<Shared, Sh
             Err(f) => failures.push((i, f)),
         }
     }
-    let fatal = |i: usize, f: &Failure| -> Option<ShareError> {
-        let Failure::Op(e) = f else { return None };
-        let depot = x.mappings[cuts[i].index].depot().unwrap_or_default();
-        if unsupported(e) {
-            Some(ShareError::NoAliases { depot })
-        } else if e.status() == Some(StatusCode::LONG_DURATION) {
-            Some(ShareError::TooLong {
-                depot,
-                asked: duration,
-            })
-        } else {
-            None
-        }
-    };
-    let mut error = failures.iter().find_map(|(i, f)| fatal(*i, f));
-    // Every byte must keep at least one replica.
-    let covered: BTreeSet<(u64, u64)> = got
-        .keys()
-        .map(|&i| {
-            let m = &cuts[i].mapping;
-            (m.exnode_offset, m.logical_end())
-        })
-        .collect();
-    if error.is_none() {
-        error = failures.iter().find_map(|(i, f)| {
-            let m = &cuts[*i].mapping;
-            let (from, to) = (m.exnode_offset, m.logical_end());
-            let other = covered.iter().any(|&(a, b)| a <= from && b >= to);
-            (!other).then(|| ShareError::Unshared {
-                from: from + at,
-                to: to + at,
-                why: f.to_string(),
-            })
-        });
-    }
-    if let Some(e) = error {
+    if let Some(e) = refusal(x, &cuts, &got, &failures, duration, at) {
         let made: Vec<(Capability, Capability)> = got
             .iter()
             .filter_map(|(&i, caps)| {
@@ -363,26 +328,7 @@ pub async fn share(x: &ExNode, opts: &Options, pool: &Pool) -> Result<Shared, Sh
         delete_aliases(made, pool).await;
         return Err(e);
     }
-    let mut y = ExNode {
-        metadata: x.metadata.clone(),
-        mappings: Vec::with_capacity(got.len()),
-    };
-    let mut ids = blake3::Hasher::new();
-    for (i, caps) in got {
-        let c = &cuts[i];
-        let master = x.mappings[c.index].manage.as_ref().expect("checked above");
-        let mut m = c.mapping.clone();
-        let sealed = seal(
-            &seal_key(master, &caps.read),
-            caps.manage.to_url().as_bytes(),
-        );
-        m.metadata.push(Metadata::string(SEAL_META, &sealed));
-        ids.update(caps.read.key.expose().as_bytes());
-        m.read = Some(caps.read);
-        y.mappings.push(m);
-    }
-    let id = ids.finalize().to_hex();
-    y.set_meta(Metadata::string(SHARE_META, &id[..16]));
+    let mut y = shared_exnode(x, &cuts, got);
     let expires_at = if expires_at == u64::MAX {
         now + duration
     } else {
@@ -414,6 +360,79 @@ pub async fn share(x: &ExNode, opts: &Options, pool: &Pool) -> Result<Shared, Sh
         skipped,
         expires_at,
     })
+}
+
+/// Why a share cannot be made of what was made (`got`) and what failed:
+/// a depot without aliases, a lease longer than one allows, or a byte no
+/// replica shares any more.
+fn refusal(
+    x: &ExNode,
+    cuts: &[Cut],
+    got: &BTreeMap<usize, CapSet>,
+    failures: &[(usize, Failure)],
+    duration: u64,
+    at: u64,
+) -> Option<ShareError> {
+    let fatal = |i: usize, f: &Failure| -> Option<ShareError> {
+        let Failure::Op(e) = f else { return None };
+        let depot = x.mappings[cuts[i].index].depot().unwrap_or_default();
+        if unsupported(e) {
+            Some(ShareError::NoAliases { depot })
+        } else if e.status() == Some(StatusCode::LONG_DURATION) {
+            Some(ShareError::TooLong {
+                depot,
+                asked: duration,
+            })
+        } else {
+            None
+        }
+    };
+    if let Some(e) = failures.iter().find_map(|(i, f)| fatal(*i, f)) {
+        return Some(e);
+    }
+    // Every byte must keep at least one replica.
+    let covered: BTreeSet<(u64, u64)> = (got.keys())
+        .map(|&i| {
+            let m = &cuts[i].mapping;
+            (m.exnode_offset, m.logical_end())
+        })
+        .collect();
+    failures.iter().find_map(|(i, f)| {
+        let m = &cuts[*i].mapping;
+        let (from, to) = (m.exnode_offset, m.logical_end());
+        let other = covered.iter().any(|&(a, b)| a <= from && b >= to);
+        (!other).then(|| ShareError::Unshared {
+            from: from + at,
+            to: to + at,
+            why: f.to_string(),
+        })
+    })
+}
+
+/// The shared exNode: each alias's read capability, its manage key sealed
+/// for the owner, and the share's id.
+fn shared_exnode(x: &ExNode, cuts: &[Cut], got: BTreeMap<usize, CapSet>) -> ExNode {
+    let mut y = ExNode {
+        metadata: x.metadata.clone(),
+        mappings: Vec::with_capacity(got.len()),
+    };
+    let mut ids = blake3::Hasher::new();
+    for (i, caps) in got {
+        let c = &cuts[i];
+        let master = x.mappings[c.index].manage.as_ref().expect("checked above");
+        let mut m = c.mapping.clone();
+        let sealed = seal(
+            &seal_key(master, &caps.read),
+            caps.manage.to_url().as_bytes(),
+        );
+        m.metadata.push(Metadata::string(SEAL_META, &sealed));
+        ids.update(caps.read.key.expose().as_bytes());
+        m.read = Some(caps.read);
+        y.mappings.push(m);
+    }
+    let id = ids.finalize().to_hex();
+    y.set_meta(Metadata::string(SHARE_META, &id[..16]));
+    y
 }
 
 /// When `e` (from reading `x`) is a depot refusing a key of `x`, and `x`

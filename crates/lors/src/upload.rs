@@ -568,35 +568,8 @@ async fn run<R: AsyncRead + Unpin>(
     progress: Arc<dyn Progress>,
     control: Control,
 ) -> Result<Uploaded> {
-    let mut addrs = opts.depots.clone();
-    addrs.sort();
-    addrs.dedup();
-    if addrs.is_empty() {
-        return Err(Error::NoDepots);
-    }
+    let shared = Uploader::new(opts, pool, progress.clone())?;
     let copies = opts.copies.max(1);
-    if copies > addrs.len() {
-        return Err(Error::NotEnoughDepots {
-            copies,
-            depots: addrs.len(),
-        });
-    }
-    let n = addrs.len();
-    let watch = pool.watcher();
-    watch.know(&addrs);
-    let shared = Arc::new(Uploader {
-        opts: opts.clone(),
-        pool,
-        depots: Mutex::new(Depots {
-            addrs,
-            busy: vec![0; n],
-            dead: vec![false; n],
-        }),
-        progress: progress.clone(),
-        made: Arc::new(Mutex::new(Vec::new())),
-        allocating: Arc::new(tokio::sync::watch::channel(Vec::new()).0),
-        watch,
-    });
     progress.start(size);
     let bs = usize::try_from(opts.block_size.max(1)).unwrap_or(usize::MAX);
     let slots = Arc::new(Semaphore::new(opts.threads.max(1)));
@@ -667,42 +640,7 @@ async fn run<R: AsyncRead + Unpin>(
         let (block_off, salt) = (offset, index);
         tasks.spawn(async move {
             let _permit = permit;
-            let len = data.len();
-            // Checksums, compression and encryption are CPU work: off the
-            // async threads.
-            let (stored, e2e) = match (sh.opts.e2e.clone(), data) {
-                (Some(codec), Data::Mem(buf)) => {
-                    let bs = codec.e2e_blocksize();
-                    let (stored, f, digest) = tokio::task::spawn_blocking(move || {
-                        let (stored, f) = codec.encode(&buf)?;
-                        let digest = codec.needs_stored_digest().then(|| stored_digest(&stored));
-                        Ok::<_, E2eError>((stored, f, digest))
-                    })
-                    .await
-                    .map_err(|e| {
-                        Error::io("encoding a block", std::io::Error::other(e.to_string()))
-                    })?
-                    .map_err(|e| {
-                        Error::io("encoding a block", std::io::Error::other(e.to_string()))
-                    })?;
-                    (Data::Mem(stored), Some((bs, f, digest)))
-                }
-                (_, data) => (data, None),
-            };
-            let slen = stored.len();
-            let mut avoid = HashSet::new();
-            let first = sh
-                .on_some_depot((block_off, len), &stored, Job::Store, &mut avoid, salt)
-                .await?;
-            let mut out = vec![mapping(block_off, len, slen, &e2e, first.1.clone())];
-            for _ in 1..copies {
-                let job = Job::CopyFrom(&first.1);
-                let c = sh
-                    .on_some_depot((block_off, len), &stored, job, &mut avoid, salt)
-                    .await?;
-                out.push(mapping(block_off, len, slen, &e2e, c.1));
-            }
-            sh.progress.advance(&first.1.write.address(), len);
+            let out = sh.store_block(block_off, salt, data, copies).await?;
             Ok::<_, Error>((salt, out))
         });
         offset += got;
@@ -719,6 +657,26 @@ async fn run<R: AsyncRead + Unpin>(
     if interrupted {
         tasks.abort_all();
     }
+    let interrupted = settle_blocks(tasks, &control, interrupted, &mut results, &mut failure).await;
+    if interrupted {
+        return Err(shared.interrupted(results).await);
+    }
+    if let Some(e) = failure {
+        return Err(shared.abandon(e).await);
+    }
+    shared.finish(results, copies).await
+}
+
+/// Waits for the blocks in flight, each pushed to `results` or its error
+/// kept in `failure` (the first); a stop cuts them off. Whether the upload
+/// was stopped.
+async fn settle_blocks(
+    mut tasks: tokio::task::JoinSet<Result<(usize, Vec<Mapping>)>>,
+    control: &Control,
+    mut interrupted: bool,
+    results: &mut Vec<(usize, Vec<Mapping>)>,
+    failure: &mut Option<Error>,
+) -> bool {
     loop {
         let next = tokio::select! {
             d = tasks.join_next() => d,
@@ -739,45 +697,133 @@ async fn run<R: AsyncRead + Unpin>(
             },
         }
     }
-    if interrupted {
-        return Err(shared.interrupted(results).await);
+    interrupted
+}
+
+impl Uploader {
+    /// The upload's shared state, once its depots are known to be enough.
+    fn new(
+        opts: &UploadOptions,
+        pool: Arc<Pool>,
+        progress: Arc<dyn Progress>,
+    ) -> Result<Arc<Self>> {
+        let mut addrs = opts.depots.clone();
+        addrs.sort();
+        addrs.dedup();
+        if addrs.is_empty() {
+            return Err(Error::NoDepots);
+        }
+        let copies = opts.copies.max(1);
+        if copies > addrs.len() {
+            return Err(Error::NotEnoughDepots {
+                copies,
+                depots: addrs.len(),
+            });
+        }
+        let n = addrs.len();
+        let watch = pool.watcher();
+        watch.know(&addrs);
+        Ok(Arc::new(Uploader {
+            opts: opts.clone(),
+            pool,
+            depots: Mutex::new(Depots {
+                addrs,
+                busy: vec![0; n],
+                dead: vec![false; n],
+            }),
+            progress,
+            made: Arc::new(Mutex::new(Vec::new())),
+            allocating: Arc::new(tokio::sync::watch::channel(Vec::new()).0),
+            watch,
+        }))
     }
-    if let Some(e) = failure {
-        return Err(shared.abandon(e).await);
+
+    /// Encodes one block (off the async threads: checksums, compression
+    /// and encryption are CPU work) and stores its `copies`: the first
+    /// from memory, the others copied from it.
+    async fn store_block(
+        &self,
+        block_off: u64,
+        salt: usize,
+        data: Data,
+        copies: usize,
+    ) -> Result<Vec<Mapping>> {
+        let len = data.len();
+        let (stored, e2e) = match (self.opts.e2e.clone(), data) {
+            (Some(codec), Data::Mem(buf)) => {
+                let bs = codec.e2e_blocksize();
+                let encoding = |e: &dyn std::fmt::Display| {
+                    Error::io("encoding a block", std::io::Error::other(e.to_string()))
+                };
+                let (stored, f, digest) = tokio::task::spawn_blocking(move || {
+                    let (stored, f) = codec.encode(&buf)?;
+                    let digest = codec.needs_stored_digest().then(|| stored_digest(&stored));
+                    Ok::<_, E2eError>((stored, f, digest))
+                })
+                .await
+                .map_err(|e| encoding(&e))?
+                .map_err(|e| encoding(&e))?;
+                (Data::Mem(stored), Some((bs, f, digest)))
+            }
+            (_, data) => (data, None),
+        };
+        let slen = stored.len();
+        let mut avoid = HashSet::new();
+        let range = (block_off, len);
+        let first = (self.on_some_depot(range, &stored, Job::Store, &mut avoid, salt)).await?;
+        let mut out = vec![mapping(block_off, len, slen, &e2e, first.1.clone())];
+        for _ in 1..copies {
+            let job = Job::CopyFrom(&first.1);
+            let c = self
+                .on_some_depot(range, &stored, job, &mut avoid, salt)
+                .await?;
+            out.push(mapping(block_off, len, slen, &e2e, c.1));
+        }
+        self.progress.advance(&first.1.write.address(), len);
+        Ok(out)
     }
-    results.sort_by_key(|(i, _)| *i);
-    let mut x = ExNode::default();
-    x.set_meta(Metadata::string("filename", &opts.filename));
-    x.set_meta(Metadata::double(
-        "lorsversion",
-        lors_exnode::xml::LORS_VERSION,
-    ));
-    // The policy writes through xio and the mount keep.
-    let n = i64::try_from(copies).unwrap_or(i64::MAX);
-    x.set_meta(Metadata::integer(crate::manage::COPIES_META, n));
-    x.mappings = results.into_iter().flat_map(|(_, m)| m).collect();
-    // The ledger still holds allocations of attempts that failed and could
-    // not be released then (their depot was down): try again now that the
-    // depot may be back; what remains goes to the caller to record.
-    let used: HashSet<&lors_ibp::Capability> = x
-        .mappings
-        .iter()
-        .filter_map(|m| m.manage.as_ref())
-        .collect();
-    shared.settle().await;
-    let leftover: Vec<Mapping> = std::mem::take(&mut *shared.made())
-        .into_iter()
-        .filter(|m| m.manage.as_ref().is_some_and(|c| !used.contains(c)))
-        .collect();
-    let unreleased = shared.unreleased(if leftover.is_empty() {
-        leftover
-    } else {
-        shared.pool.release_all(leftover).await
-    });
-    Ok(Uploaded {
-        exnode: x,
-        unreleased,
-    })
+
+    /// The exNode of the blocks stored; the allocations of failed attempts
+    /// released now if their depots are back, the rest returned to record.
+    async fn finish(
+        &self,
+        mut results: Vec<(usize, Vec<Mapping>)>,
+        copies: usize,
+    ) -> Result<Uploaded> {
+        results.sort_by_key(|(i, _)| *i);
+        let mut x = ExNode::default();
+        x.set_meta(Metadata::string("filename", &self.opts.filename));
+        x.set_meta(Metadata::double(
+            "lorsversion",
+            lors_exnode::xml::LORS_VERSION,
+        ));
+        // The policy writes through xio and the mount keep.
+        let n = i64::try_from(copies).unwrap_or(i64::MAX);
+        x.set_meta(Metadata::integer(crate::manage::COPIES_META, n));
+        x.mappings = results.into_iter().flat_map(|(_, m)| m).collect();
+        // The ledger still holds allocations of attempts that failed and could
+        // not be released then (their depot was down): try again now that the
+        // depot may be back; what remains goes to the caller to record.
+        let used: HashSet<&lors_ibp::Capability> = x
+            .mappings
+            .iter()
+            .filter_map(|m| m.manage.as_ref())
+            .collect();
+        self.settle().await;
+        let leftover: Vec<Mapping> = std::mem::take(&mut *self.made())
+            .into_iter()
+            .filter(|m| m.manage.as_ref().is_some_and(|c| !used.contains(c)))
+            .collect();
+        let unreleased = self.unreleased(if leftover.is_empty() {
+            leftover
+        } else {
+            self.pool.release_all(leftover).await
+        });
+        Ok(Uploaded {
+            exnode: x,
+            unreleased,
+        })
+    }
 }
 
 fn joined<T>(r: std::result::Result<Result<T>, tokio::task::JoinError>) -> Result<T> {

@@ -312,101 +312,176 @@ pub async fn disseminate(
         .map(|b| b.from_origin.iter().map(|&(o, _)| o).collect())
         .collect();
     let origins = matches!(input, Input::ExNode(_)).then_some(&origins[..]);
-    let mut s = Sched::new(lens, sites.len(), Some(opts.sched.clone()), origins, &pre);
-    // Per site and block: the mapping it holds, and whether this run made it.
-    let mut held: Vec<HashMap<BlockId, (Mapping, bool)>> = vec![HashMap::new(); sites.len()];
-    for (site, b, m) in &lay.preheld {
-        held[*site].insert(*b, (m.clone(), false));
-    }
-    let mut reports: Vec<SiteReport> = sites
-        .iter()
-        .map(|d| SiteReport {
-            depot: d.clone(),
-            complete: false,
-            received: 0,
-            relayed: 0,
-            finished: None,
-            error: None,
-        })
-        .collect();
-    let total: u64 = (0..sites.len())
-        .map(|i| {
-            (lay.blocks.iter().enumerate())
-                .filter(|(b, _)| !held[i].contains_key(b))
-                .map(|(_, x)| x.len())
-                .sum::<u64>()
-        })
-        .sum();
-    progress.start(Some(total));
-    let lay = Arc::new(lay);
-    // A hung site's copies are given up at the pace of the others
-    // (crate::stall), not after the full per-copy deadline.
-    let watch = Arc::new(crate::stall::Watcher::new(opts.stall, pool.config()));
-    watch.know(sites);
-    let mut set: JoinSet<(Transfer, Copied)> = JoinSet::new();
-    let mut tasks: HashMap<u64, tokio::task::AbortHandle> = HashMap::new();
-    let mut void_since: Option<tokio::time::Instant> = None;
-    let mut relayed_bytes = 0;
-    // Allocations of failed copies that could not be released.
-    let mut stranded_all: Vec<Mapping> = Vec::new();
+    let sched = Sched::new(lens, sites.len(), Some(opts.sched.clone()), origins, &pre);
+    let mut run = Spread::new(sched, lay, sites, opts, pool, progress, t0);
     let mut stop = opts.stop.clone();
     loop {
         if stop.as_ref().is_some_and(|st| *st.borrow()) {
             stop = None; // once
-            for (site, report) in reports.iter_mut().enumerate() {
-                if !s.is_complete(site) && !s.is_dropped(site) {
-                    report.error = Some("interrupted".into());
-                    s.drop_site(site);
-                }
+            run.interrupt();
+        }
+        run.start_copies();
+        let Some(joined) = run.next_done(stop.clone()).await else {
+            break;
+        };
+        let (t, r) = match joined {
+            Ok(Some(done)) => done,
+            Ok(None) => continue,
+            Err(e) if e.is_cancelled() => continue,
+            Err(e) => return Err(Error::io("a copy task", std::io::Error::other(e))),
+        };
+        run.take(t, r).await;
+    }
+    Ok(run.finish(&input).await)
+}
+
+/// A dissemination under way: the scheduler, what each site holds, the
+/// copies running, and what each site did.
+struct Spread<'a> {
+    s: Sched,
+    lay: Arc<Layout>,
+    sites: &'a [String],
+    opts: &'a Options,
+    pool: Arc<Pool>,
+    progress: Arc<dyn Progress>,
+    t0: Instant,
+    /// Per site and block: the mapping it holds, and whether this run
+    /// made it.
+    held: Vec<HashMap<BlockId, (Mapping, bool)>>,
+    reports: Vec<SiteReport>,
+    /// A hung site's copies are given up at the pace of the others
+    /// (crate::stall), not after the full per-copy deadline.
+    watch: Arc<crate::stall::Watcher>,
+    set: JoinSet<(Transfer, Copied)>,
+    tasks: HashMap<u64, tokio::task::AbortHandle>,
+    void_since: Option<tokio::time::Instant>,
+    relayed_bytes: u64,
+    /// Allocations of failed copies that could not be released.
+    stranded: Vec<Mapping>,
+}
+
+impl<'a> Spread<'a> {
+    fn new(
+        s: Sched,
+        lay: Layout,
+        sites: &'a [String],
+        opts: &'a Options,
+        pool: Arc<Pool>,
+        progress: Arc<dyn Progress>,
+        t0: Instant,
+    ) -> Self {
+        let mut held: Vec<HashMap<BlockId, (Mapping, bool)>> = vec![HashMap::new(); sites.len()];
+        for (site, b, m) in &lay.preheld {
+            held[*site].insert(*b, (m.clone(), false));
+        }
+        let reports = (sites.iter())
+            .map(|d| SiteReport {
+                depot: d.clone(),
+                complete: false,
+                received: 0,
+                relayed: 0,
+                finished: None,
+                error: None,
+            })
+            .collect();
+        let total: u64 = (0..sites.len())
+            .map(|i| {
+                (lay.blocks.iter().enumerate())
+                    .filter(|(b, _)| !held[i].contains_key(b))
+                    .map(|(_, x)| x.len())
+                    .sum::<u64>()
+            })
+            .sum();
+        progress.start(Some(total));
+        let watch = Arc::new(crate::stall::Watcher::new(opts.stall, pool.config()));
+        watch.know(sites);
+        Spread {
+            s,
+            lay: Arc::new(lay),
+            sites,
+            opts,
+            pool,
+            progress,
+            t0,
+            held,
+            reports,
+            watch,
+            set: JoinSet::new(),
+            tasks: HashMap::new(),
+            void_since: None,
+            relayed_bytes: 0,
+            stranded: Vec::new(),
+        }
+    }
+
+    /// Told to stop: every site not yet complete is given up.
+    fn interrupt(&mut self) {
+        for (site, report) in self.reports.iter_mut().enumerate() {
+            if !self.s.is_complete(site) && !self.s.is_dropped(site) {
+                report.error = Some("interrupted".into());
+                self.s.drop_site(site);
             }
         }
-        let now = Instant::now();
-        for t in s.next(now) {
+    }
+
+    /// Starts the copies the scheduler hands out now, and says what it noted.
+    fn start_copies(&mut self) {
+        for t in self.s.next(Instant::now()) {
             let src = match t.from {
                 Source::Client => None,
-                Source::Origin(o) => Some(lay.blocks[t.block].origin(o).clone()),
-                Source::Site(h) => Some(held[h][&t.block].0.clone()),
+                Source::Origin(o) => Some(self.lay.blocks[t.block].origin(o).clone()),
+                Source::Site(h) => Some(self.held[h][&t.block].0.clone()),
             };
-            let deadline = s.deadline(lay.blocks[t.block].len(), opts.stall);
-            let (pool, lay, site) = (pool.clone(), lay.clone(), sites[t.to].clone());
-            let (rel, dur, watch) = (opts.reliability, opts.duration, watch.clone());
+            let deadline = self
+                .s
+                .deadline(self.lay.blocks[t.block].len(), self.opts.stall);
+            let (pool, lay, site) = (
+                self.pool.clone(),
+                self.lay.clone(),
+                self.sites[t.to].clone(),
+            );
+            let (rel, dur) = (self.opts.reliability, self.opts.duration);
+            let watch = self.watch.clone();
             let id = t.id;
-            let task = set.spawn(async move {
-                let r = copy(
-                    &pool,
-                    &lay,
-                    t.block,
-                    src.as_ref(),
-                    &site,
-                    (rel, dur),
-                    (deadline, &watch),
-                )
-                .await;
+            let task = self.set.spawn(async move {
+                let how = (rel, dur);
+                let within = (deadline, &*watch);
+                let r = copy(&pool, &lay, t.block, src.as_ref(), &site, how, within).await;
                 (t, r)
             });
-            tasks.insert(id, task);
+            self.tasks.insert(id, task);
         }
-        for n in s.take_notes() {
+        for n in self.s.take_notes() {
+            let origins = &self.lay.origin_depots;
             note(
                 &n,
-                sites,
-                &lay.origin_depots,
-                &mut reports,
-                progress.as_ref(),
+                self.sites,
+                origins,
+                &mut self.reports,
+                self.progress.as_ref(),
             );
         }
-        // Once only copies made void (their site was given up) are left,
-        // they get RELEASE_WAIT to end — a site that answers finishes them
-        // and they are released below — then are cut off: a hung site
-        // would hold the command to the copy deadline. Whatever a cut-off
-        // copy allocated there, if the site ever answers, is named by no
-        // exNode and ends with its lease.
-        let all_void = !tasks.is_empty() && tasks.keys().all(|&id| !s.is_running(id));
+    }
+
+    /// The next copy to end: `None` when none is left, `Ok(None)` when the
+    /// wait ended without one (a stop, void copies cut off).
+    ///
+    /// Once only copies made void (their site was given up) are left, they
+    /// get RELEASE_WAIT to end — a site that answers finishes them and they
+    /// are released — then are cut off: a hung site would hold the command
+    /// to the copy deadline. Whatever a cut-off copy allocated there, if
+    /// the site ever answers, is named by no exNode and ends with its lease.
+    async fn next_done(
+        &mut self,
+        stop: Option<tokio::sync::watch::Receiver<bool>>,
+    ) -> Option<std::result::Result<Option<(Transfer, Copied)>, tokio::task::JoinError>> {
+        let all_void =
+            !self.tasks.is_empty() && self.tasks.keys().all(|&id| !self.s.is_running(id));
         if !all_void {
-            void_since = None;
+            self.void_since = None;
         }
         let stopping = async {
-            match stop.clone() {
+            match stop {
                 Some(mut st) => {
                     let _ = st.wait_for(|&v| v).await;
                 }
@@ -414,61 +489,58 @@ pub async fn disseminate(
             }
         };
         let joined = if all_void {
-            let until = *void_since
+            let until = *self
+                .void_since
                 .get_or_insert_with(|| tokio::time::Instant::now() + crate::stall::RELEASE_WAIT);
-            match tokio::time::timeout_at(until, set.join_next()).await {
+            match tokio::time::timeout_at(until, self.set.join_next()).await {
                 Ok(j) => j,
                 Err(_) => {
-                    for (_, task) in tasks.drain() {
+                    for (_, task) in self.tasks.drain() {
                         task.abort();
                     }
-                    continue;
+                    return Some(Ok(None));
                 }
             }
         } else {
             tokio::select! {
-                j = set.join_next() => j,
-                () = stopping => continue,
+                j = self.set.join_next() => j,
+                () = stopping => return Some(Ok(None)),
             }
         };
-        let Some(joined) = joined else {
-            break;
-        };
-        let (t, r) = match joined {
-            Ok(done) => done,
-            Err(e) if e.is_cancelled() => continue,
-            Err(e) => return Err(Error::io("a copy task", std::io::Error::other(e))),
-        };
-        tasks.remove(&t.id);
-        let running = s.is_running(t.id);
+        joined.map(|j| j.map(Some))
+    }
+
+    /// Takes in the end of copy `t`.
+    async fn take(&mut self, t: Transfer, r: Copied) {
+        self.tasks.remove(&t.id);
+        let running = self.s.is_running(t.id);
         match r {
             Ok(m) if running => {
-                s.done(t.id, Instant::now());
-                let len = lay.blocks[t.block].len();
-                reports[t.to].received += len;
+                self.s.done(t.id, Instant::now());
+                let len = self.lay.blocks[t.block].len();
+                self.reports[t.to].received += len;
                 match t.from {
                     Source::Site(h) => {
-                        reports[h].relayed += len;
-                        relayed_bytes += len;
+                        self.reports[h].relayed += len;
+                        self.relayed_bytes += len;
                     }
-                    Source::Origin(_) => relayed_bytes += len,
+                    Source::Origin(_) => self.relayed_bytes += len,
                     Source::Client => {}
                 }
-                held[t.to].insert(t.block, (m, true));
-                progress.advance(&sites[t.to], len);
-                if s.is_complete(t.to) {
-                    reports[t.to].finished = Some(t0.elapsed());
+                self.held[t.to].insert(t.block, (m, true));
+                self.progress.advance(&self.sites[t.to], len);
+                if self.s.is_complete(t.to) {
+                    self.reports[t.to].finished = Some(self.t0.elapsed());
                 }
             }
             Ok(m) => {
                 // Made void by a site given up meanwhile: no exNode will
                 // name it.
                 let cap = m.manage.as_ref().expect("copies have every capability");
-                if !matches!(
-                    tokio::time::timeout(crate::stall::RELEASE_WAIT, pool.release(cap)).await,
-                    Ok(Ok(()))
-                ) {
-                    stranded_all.push(m);
+                let released =
+                    tokio::time::timeout(crate::stall::RELEASE_WAIT, self.pool.release(cap)).await;
+                if !matches!(released, Ok(Ok(()))) {
+                    self.stranded.push(m);
                 }
             }
             Err(Failed {
@@ -476,82 +548,82 @@ pub async fn disseminate(
                 why,
                 stranded,
             }) => {
-                stranded_all.extend(stranded);
+                self.stranded.extend(stranded);
                 if running {
                     let blamed = match (blame, t.from) {
                         (Blame::From, Source::Site(h)) => h,
                         _ => t.to,
                     };
-                    reports[blamed].error = Some(why.clone());
-                    progress.event(&Event::Retry {
-                        depot: sites[t.to].clone(),
+                    self.reports[blamed].error = Some(why.clone());
+                    self.progress.event(&Event::Retry {
+                        depot: self.sites[t.to].clone(),
                         why: format!(
                             "copy of the block at byte {} failed: {why}",
-                            lay.blocks[t.block].offset()
+                            self.lay.blocks[t.block].offset()
                         ),
                     });
-                    let _void = s.failed(t.id, blame);
+                    let _void = self.s.failed(t.id, blame);
                 }
             }
         }
     }
-    // The result: the input's mappings, then each complete site's replica.
-    let mut x = match &input {
-        Input::ExNode(x) => x.clone(),
-        Input::File(_) => {
-            let mut x = ExNode::default();
-            x.set_meta(Metadata::string("filename", &opts.filename));
-            x.set_meta(Metadata::double(
-                "lorsversion",
-                lors_exnode::xml::LORS_VERSION,
-            ));
-            x
-        }
-    };
-    let unreachable = s.unreachable();
-    let mut release = Vec::new();
-    for (i, r) in reports.iter_mut().enumerate() {
-        let mut mine: Vec<(BlockId, (Mapping, bool))> = held[i].drain().collect();
-        mine.sort_by_key(|(b, _)| *b);
-        if s.is_complete(i) {
-            r.complete = true;
-            x.mappings.extend(
-                mine.into_iter()
-                    .filter(|(_, (_, new))| *new)
-                    .map(|(_, (m, _))| m),
-            );
-            continue;
-        }
-        if r.error.is_none() {
-            r.error = Some(if unreachable.is_empty() {
-                "did not complete".into()
-            } else {
-                format!("{} blocks are on no depot that answers", unreachable.len())
-            });
-        }
-        release.extend(
-            mine.into_iter()
+
+    /// The result: the input's mappings, then each complete site's
+    /// replica; the copies of incomplete sites released.
+    async fn finish(mut self, input: &Input) -> Outcome {
+        let mut x = match input {
+            Input::ExNode(x) => x.clone(),
+            Input::File(_) => {
+                let mut x = ExNode::default();
+                x.set_meta(Metadata::string("filename", &self.opts.filename));
+                x.set_meta(Metadata::double(
+                    "lorsversion",
+                    lors_exnode::xml::LORS_VERSION,
+                ));
+                x
+            }
+        };
+        let unreachable = self.s.unreachable();
+        let mut release = Vec::new();
+        for (i, r) in self.reports.iter_mut().enumerate() {
+            let mut mine: Vec<(BlockId, (Mapping, bool))> = self.held[i].drain().collect();
+            mine.sort_by_key(|(b, _)| *b);
+            let made = mine
+                .into_iter()
                 .filter(|(_, (_, new))| *new)
-                .map(|(_, (m, _))| m),
-        );
+                .map(|(_, (m, _))| m);
+            if self.s.is_complete(i) {
+                r.complete = true;
+                x.mappings.extend(made);
+                continue;
+            }
+            if r.error.is_none() {
+                r.error = Some(if unreachable.is_empty() {
+                    "did not complete".into()
+                } else {
+                    format!("{} blocks are on no depot that answers", unreachable.len())
+                });
+            }
+            release.extend(made);
+        }
+        let mut unreleased = ExNode {
+            metadata: x.metadata.clone(),
+            mappings: if release.is_empty() {
+                Vec::new()
+            } else {
+                self.pool.release_all(release).await
+            },
+        };
+        unreleased.mappings.extend(self.stranded);
+        Outcome {
+            exnode: x,
+            sites: self.reports,
+            source_bytes: self.s.client_bytes(),
+            relayed_bytes: self.relayed_bytes,
+            elapsed: self.t0.elapsed(),
+            unreleased,
+        }
     }
-    let mut unreleased = ExNode {
-        metadata: x.metadata.clone(),
-        mappings: if release.is_empty() {
-            Vec::new()
-        } else {
-            pool.release_all(release).await
-        },
-    };
-    unreleased.mappings.extend(stranded_all);
-    Ok(Outcome {
-        exnode: x,
-        sites: reports,
-        source_bytes: s.client_bytes(),
-        relayed_bytes,
-        elapsed: t0.elapsed(),
-        unreleased,
-    })
 }
 
 fn note(

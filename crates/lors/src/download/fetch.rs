@@ -68,23 +68,7 @@ pub(super) async fn worker(
             Some(s) => Some(s.clone().acquire_owned().await),
             None => None,
         };
-        // A file output frees its memory slots by itself: wait for one. A
-        // stream's are freed by the writer, which may be waiting for a
-        // piece only a worker without a slot can fetch. A depot's share of
-        // the slots is taken first: a hung depot's fetches then cannot
-        // hold every slot, and the others' deliveries time the pieces its
-        // stall is judged by.
-        let mut share = match ctx.mem_share.get(d) {
-            Some(s) if ctx.stream => s.clone().try_acquire_owned().ok(),
-            Some(s) => s.clone().acquire_owned().await.ok(),
-            None => None,
-        };
-        let mut mem = match &ctx.mem {
-            _ if share.is_none() && !ctx.mem_share.is_empty() => None,
-            Some(s) if ctx.stream => s.clone().try_acquire_owned().ok(),
-            Some(s) => s.clone().acquire_owned().await.ok(),
-            None => None,
-        };
+        let (mut share, mut mem) = memory(&ctx, d).await;
         let head_only = ctx.stream && ctx.mem.is_some() && mem.is_none();
         // Armed before asking, so a change between the answer and the wait
         // still wakes this worker.
@@ -168,41 +152,7 @@ pub(super) async fn worker(
         }
         ctx.progress.advance(&depot, len);
         if let Some(f) = &out {
-            let pos = offset - ctx.base;
-            let r = match got {
-                // One short line appended to the record: a hop to a
-                // blocking thread for it would cost more than the write.
-                Got::Written => f.record(offset, len),
-                Got::Checked(stored, parts) => {
-                    let (f, bufs) = (f.clone(), ctx.bufs.clone());
-                    tokio::task::spawn_blocking(move || {
-                        let r = f.write_parts(
-                            pos,
-                            parts.iter().map(|(r, at)| (&stored[r.clone()], *at)),
-                        );
-                        bufs.give(stored);
-                        r.and_then(|()| f.record(offset, len))
-                    })
-                    .await
-                    .map_err(|e| std::io::Error::other(e.to_string()))
-                    .and_then(|r| r)
-                }
-                Got::Data(data) => {
-                    let f = f.clone();
-                    let bufs = ctx.bufs.clone();
-                    tokio::task::spawn_blocking(move || {
-                        // (A file output never splices into pipes.)
-                        let buf = data.into_mem()?;
-                        let r = f.write_piece(pos, offset, &buf);
-                        bufs.give(buf);
-                        r
-                    })
-                    .await
-                    .map_err(|e| std::io::Error::other(e.to_string()))
-                    .and_then(|r| r)
-                }
-            };
-            if let Err(e) = r {
+            if let Err(e) = to_file(&ctx, f, offset, len, got).await {
                 ctx.fatal(Error::io("writing the output file", e));
             }
         } else if let (Some(tx), Got::Data(buf)) = (&tx, got)
@@ -213,6 +163,72 @@ pub(super) async fn worker(
         }
         ctx.lock().writing -= 1;
         ctx.wake.notify_waiters();
+    }
+}
+
+/// A memory slot for a piece, and depot `d`'s share of the slots it is
+/// taken from. A file output frees its memory slots by itself: wait for
+/// one. A stream's are freed by the writer, which may be waiting for a
+/// piece only a worker without a slot can fetch. A depot's share is taken
+/// first: a hung depot's fetches then cannot hold every slot, and the
+/// others' deliveries time the pieces its stall is judged by.
+async fn memory(
+    ctx: &Ctx,
+    d: DepotId,
+) -> (
+    Option<tokio::sync::OwnedSemaphorePermit>,
+    Option<tokio::sync::OwnedSemaphorePermit>,
+) {
+    let share = match ctx.mem_share.get(d) {
+        Some(s) if ctx.stream => s.clone().try_acquire_owned().ok(),
+        Some(s) => s.clone().acquire_owned().await.ok(),
+        None => None,
+    };
+    let mem = match &ctx.mem {
+        _ if share.is_none() && !ctx.mem_share.is_empty() => None,
+        Some(s) if ctx.stream => s.clone().try_acquire_owned().ok(),
+        Some(s) => s.clone().acquire_owned().await.ok(),
+        None => None,
+    };
+    (share, mem)
+}
+
+/// Puts a piece fetched for a file output in place, and records it done.
+async fn to_file(
+    ctx: &Ctx,
+    f: &Arc<OutFile>,
+    offset: u64,
+    len: u64,
+    got: Got,
+) -> std::io::Result<()> {
+    let pos = offset - ctx.base;
+    let joined = |e: tokio::task::JoinError| std::io::Error::other(e.to_string());
+    match got {
+        // One short line appended to the record: a hop to a blocking
+        // thread for it would cost more than the write.
+        Got::Written => f.record(offset, len),
+        Got::Checked(stored, parts) => {
+            let (f, bufs) = (f.clone(), ctx.bufs.clone());
+            tokio::task::spawn_blocking(move || {
+                let r = f.write_parts(pos, parts.iter().map(|(r, at)| (&stored[r.clone()], *at)));
+                bufs.give(stored);
+                r.and_then(|()| f.record(offset, len))
+            })
+            .await
+            .map_err(joined)?
+        }
+        Got::Data(data) => {
+            let (f, bufs) = (f.clone(), ctx.bufs.clone());
+            tokio::task::spawn_blocking(move || {
+                // (A file output never splices into pipes.)
+                let buf = data.into_mem()?;
+                let r = f.write_piece(pos, offset, &buf);
+                bufs.give(buf);
+                r
+            })
+            .await
+            .map_err(joined)?
+        }
     }
 }
 

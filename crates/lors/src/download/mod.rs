@@ -283,89 +283,23 @@ pub async fn download(
     let size = x.logical_size();
     let start = opts.offset.min(size);
     let len = opts.length.unwrap_or(size - start).min(size - start);
-    // Encoded mappings are read in whole e2e blocks, each verified on its
-    // own, where their layout allows (`Codec::slice`); those whose layout
-    // does not (compression, a digest of all stored bytes) are read whole,
-    // and then nothing is cut smaller than a mapping.
-    let codecs: Vec<Option<Codec>> = (x.mappings.iter())
-        .map(|m| Codec::from_mapping(m).ok().flatten())
-        .collect();
-    let whole = (x.mappings.iter().zip(&codecs))
-        .any(|(m, c)| m.function.is_some() && !c.as_ref().is_some_and(|c| c.is_sliceable(m)));
-    let e2e_block = (codecs.iter().flatten())
-        .map(Codec::e2e_blocksize)
-        .max()
-        .unwrap_or(1)
-        .max(1);
-    // A stream is cut finer: it keeps only a few seconds' worth in flight
-    // (sched::STREAM_HORIZON), and that should still be many connections,
-    // or a lossy narrow link is not filled. The window keeps its size in
-    // bytes.
     let streaming = matches!(out, Output::Stream { .. } | Output::Pieces { .. });
-    let (piece, window) = if streaming && opts.block_size > STREAM_PIECE {
-        let k = usize::try_from(opts.block_size / STREAM_PIECE).unwrap_or(usize::MAX);
-        // Capped: the scheduler walks the window on every pick.
-        (STREAM_PIECE, opts.window.max(1).saturating_mul(k).min(4096))
-    } else {
-        (opts.block_size, opts.window.max(1))
-    };
-    // However long the range, no more than MAX_SEGMENTS pieces: larger
-    // pieces for very large ranges, a refusal past what that allows.
-    // Pieces of whole e2e blocks, so a piece is read with no more blocks
-    // than it needs.
-    let piece = crate::plan::piece_for(len, piece)?.next_multiple_of(e2e_block);
-    let planned = plan(
-        &x.mappings,
-        start,
-        len,
-        if whole { u64::MAX } else { piece },
-    )?;
-    // Depots as indices: every mapping's read address, each named once.
-    let addrs: Vec<String> = (x.mappings.iter())
-        .map(|m| m.read.as_ref().map(|c| c.address()).unwrap_or_default())
-        .collect();
-    let mut names: Vec<String> = (planned.iter().flat_map(|s| s.sources.iter()))
-        .map(|&m| addrs[m].clone())
-        .collect();
-    names.sort();
-    names.dedup();
-    let depot_of: Vec<usize> = (addrs.iter())
-        .map(|a| names.binary_search(a).unwrap_or(usize::MAX))
-        .collect();
-    let mut spliced = false;
-    let (file_out, stream, shared_bufs) = match out {
-        Output::File(path) => {
-            let (f, done) = OutFile::open(path, x, start, len, opts.block_size, opts.resume)?;
-            (Some((Arc::new(f), done)), None, None)
-        }
-        Output::Stream { writer, name } => (None, Some((Sink::Writer(writer), name)), None),
-        Output::Pieces {
-            tx,
-            buffers,
-            spliced: sp,
-        } => {
-            spliced = sp;
-            let name = "the reader of the pieces".to_owned();
-            (None, Some((Sink::Pieces(tx), name)), Some(buffers))
-        }
-    };
-    // What a piece of each mapping holds in memory: an encoded mapping the
-    // stored and decoded bytes of the blocks it is read in (a piece not on
-    // their edges takes one block more); a raw one its piece, unless
-    // spliced.
-    let mem_need: Vec<u64> = (x.mappings.iter().zip(&codecs))
-        .map(|(m, c)| match (&m.function, c, stream.is_some()) {
-            (Some(_), Some(c), _) if !whole => {
-                let blocks =
-                    (piece.div_ceil(c.e2e_blocksize()) + 1).saturating_mul(c.e2e_blocksize());
-                let stored = blocks.saturating_add(m.alloc_length.saturating_sub(m.logical_length));
-                stored.min(m.alloc_length) + blocks.min(m.logical_length)
-            }
-            (Some(_), _, _) => m.alloc_length.saturating_add(m.logical_length),
-            (None, _, true) => m.logical_length.min(piece),
-            (None, _, false) => 0,
-        })
-        .collect();
+    let Layout {
+        codecs,
+        whole,
+        piece,
+        window,
+        planned,
+        names,
+        depot_of,
+    } = layout(x, opts, start, len, streaming)?;
+    let Opened {
+        file_out,
+        stream,
+        shared_bufs,
+        spliced,
+    } = open_output(out, x, start, len, opts)?;
+    let mem_need = memory_per_piece(x, &codecs, whole, piece, stream.is_some());
     let largest = (planned.iter().flat_map(|s| s.sources.iter()))
         .map(|&m| mem_need[m])
         .max()
@@ -383,15 +317,10 @@ pub async fn download(
             .collect(),
     };
     let mut sched = Sched::new(cfg, names, depot_of, planned, t0);
-    let mut resumed_bytes = 0;
-    if let Some((_, done)) = &file_out {
-        for p in 0..sched.len() {
-            if done.contains(&sched.piece(p)) {
-                sched.skip(p);
-                resumed_bytes += sched.piece(p).1;
-            }
-        }
-    }
+    let resumed_bytes = match &file_out {
+        Some((_, done)) => sched.skip_done(done),
+        None => 0,
+    };
     progress.start(Some(len - resumed_bytes));
     let slots = usize::try_from(opts.memory / largest.max(1))
         .unwrap_or(usize::MAX)
@@ -429,22 +358,13 @@ pub async fn download(
         bufs: shared_bufs.unwrap_or_else(|| Arc::new(Buffers::new(keep))),
         spliced: spliced.into(),
     });
+    let hold = output::Hold {
+        bytes: opts.start_buffer,
+        pieces: window.min(slots),
+    };
     let (tx, writer) = match stream {
         Some((w, name)) => {
-            let (tx, rx) = mpsc::channel::<Held>(window);
-            let hold = output::Hold {
-                bytes: opts.start_buffer,
-                pieces: window.min(slots),
-            };
-            let c = ctx.clone();
-            let writer = tokio::spawn(async move {
-                // A failed write (reader gone, disk full) is fatal at once:
-                // the fetches waiting for the window to move must stop, not
-                // wait for a writer that will never write again.
-                let written = |next| c.update(|g| g.sched.written(next));
-                let failed = |e| c.fatal(Error::io(format!("writing {name}"), e));
-                output::write_in_order(w, rx, &c.bufs, hold, written, failed).await;
-            });
+            let (tx, writer) = spawn_writer(&ctx, w, name, window, hold);
             (Some(tx), Some(writer))
         }
         None => (None, None),
@@ -467,6 +387,190 @@ pub async fn download(
         w.await
             .map_err(|e| Error::io("output writer", std::io::Error::other(e.to_string())))?;
     }
+    outcome(&ctx, file_out.as_ref().map(|f| &f.0), resumed_bytes, t0)
+}
+
+/// Pieces by (offset, length).
+type Pieces = std::collections::HashSet<(u64, u64)>;
+
+/// The output, opened: a file (with the pieces a resumed download has
+/// already), or a stream of pieces in order (its sink and its name), with
+/// the buffers and whether pieces stay in pipes.
+struct Opened {
+    /// The file, and the pieces (offset, length) a resumed one has.
+    file_out: Option<(Arc<OutFile>, Pieces)>,
+    stream: Option<(Sink, String)>,
+    shared_bufs: Option<Arc<Buffers>>,
+    spliced: bool,
+}
+
+fn open_output(
+    out: Output,
+    x: &ExNode,
+    start: u64,
+    len: u64,
+    opts: &DownloadOptions,
+) -> Result<Opened> {
+    let mut o = Opened {
+        file_out: None,
+        stream: None,
+        shared_bufs: None,
+        spliced: false,
+    };
+    match out {
+        Output::File(path) => {
+            let (f, done) = OutFile::open(path, x, start, len, opts.block_size, opts.resume)?;
+            o.file_out = Some((Arc::new(f), done));
+        }
+        Output::Stream { writer, name } => o.stream = Some((Sink::Writer(writer), name)),
+        Output::Pieces {
+            tx,
+            buffers,
+            spliced,
+        } => {
+            let name = "the reader of the pieces".to_owned();
+            o.stream = Some((Sink::Pieces(tx), name));
+            o.shared_bufs = Some(buffers);
+            o.spliced = spliced;
+        }
+    }
+    Ok(o)
+}
+
+/// What a piece of each mapping holds in memory: an encoded mapping the
+/// stored and decoded bytes of the blocks it is read in (a piece not on
+/// their edges takes one block more); a raw one its piece, unless spliced.
+fn memory_per_piece(
+    x: &ExNode,
+    codecs: &[Option<Codec>],
+    whole: bool,
+    piece: u64,
+    stream: bool,
+) -> Vec<u64> {
+    (x.mappings.iter().zip(codecs))
+        .map(|(m, c)| match (&m.function, c, stream) {
+            (Some(_), Some(c), _) if !whole => {
+                let blocks =
+                    (piece.div_ceil(c.e2e_blocksize()) + 1).saturating_mul(c.e2e_blocksize());
+                let stored = blocks.saturating_add(m.alloc_length.saturating_sub(m.logical_length));
+                stored.min(m.alloc_length) + blocks.min(m.logical_length)
+            }
+            (Some(_), _, _) => m.alloc_length.saturating_add(m.logical_length),
+            (None, _, true) => m.logical_length.min(piece),
+            (None, _, false) => 0,
+        })
+        .collect()
+}
+
+/// How a range of an exNode is cut and read: each mapping's codec, whether
+/// encoded mappings are read whole, the piece size and stream window, the
+/// pieces planned, and the depots (names, and each mapping's index).
+struct Layout {
+    codecs: Vec<Option<Codec>>,
+    whole: bool,
+    piece: u64,
+    window: usize,
+    planned: Vec<crate::plan::Segment>,
+    names: Vec<String>,
+    depot_of: Vec<usize>,
+}
+
+fn layout(
+    x: &ExNode,
+    opts: &DownloadOptions,
+    start: u64,
+    len: u64,
+    streaming: bool,
+) -> Result<Layout> {
+    // Encoded mappings are read in whole e2e blocks, each verified on its
+    // own, where their layout allows (`Codec::slice`); those whose layout
+    // does not (compression, a digest of all stored bytes) are read whole,
+    // and then nothing is cut smaller than a mapping.
+    let codecs: Vec<Option<Codec>> = (x.mappings.iter())
+        .map(|m| Codec::from_mapping(m).ok().flatten())
+        .collect();
+    let whole = (x.mappings.iter().zip(&codecs))
+        .any(|(m, c)| m.function.is_some() && !c.as_ref().is_some_and(|c| c.is_sliceable(m)));
+    let e2e_block = (codecs.iter().flatten())
+        .map(Codec::e2e_blocksize)
+        .max()
+        .unwrap_or(1)
+        .max(1);
+    // A stream is cut finer: it keeps only a few seconds' worth in flight
+    // (sched::STREAM_HORIZON), and that should still be many connections,
+    // or a lossy narrow link is not filled. The window keeps its size in
+    // bytes.
+    let (piece, window) = if streaming && opts.block_size > STREAM_PIECE {
+        let k = usize::try_from(opts.block_size / STREAM_PIECE).unwrap_or(usize::MAX);
+        // Capped: the scheduler walks the window on every pick.
+        (STREAM_PIECE, opts.window.max(1).saturating_mul(k).min(4096))
+    } else {
+        (opts.block_size, opts.window.max(1))
+    };
+    // However long the range, no more than MAX_SEGMENTS pieces: larger
+    // pieces for very large ranges, a refusal past what that allows.
+    // Pieces of whole e2e blocks, so a piece is read with no more blocks
+    // than it needs.
+    let piece = crate::plan::piece_for(len, piece)?.next_multiple_of(e2e_block);
+    let planned = plan(
+        &x.mappings,
+        start,
+        len,
+        if whole { u64::MAX } else { piece },
+    )?;
+    // Depots as indices: every mapping's read address, each named once.
+    let addrs: Vec<String> = (x.mappings.iter())
+        .map(|m| m.read.as_ref().map(|c| c.address()).unwrap_or_default())
+        .collect();
+    let mut names: Vec<String> = (planned.iter().flat_map(|s| s.sources.iter()))
+        .map(|&m| addrs[m].clone())
+        .collect();
+    names.sort();
+    names.dedup();
+    let depot_of: Vec<usize> = (addrs.iter())
+        .map(|a| names.binary_search(a).unwrap_or(usize::MAX))
+        .collect();
+    Ok(Layout {
+        codecs,
+        whole,
+        piece,
+        window,
+        planned,
+        names,
+        depot_of,
+    })
+}
+
+/// Starts the writer of an ordered output: pieces in order to `w`, up to
+/// `window` of them queued.
+fn spawn_writer(
+    ctx: &Arc<Ctx>,
+    w: Sink,
+    name: String,
+    window: usize,
+    hold: output::Hold,
+) -> (mpsc::Sender<Held>, tokio::task::JoinHandle<()>) {
+    let (tx, rx) = mpsc::channel::<Held>(window);
+    let c = ctx.clone();
+    let writer = tokio::spawn(async move {
+        // A failed write (reader gone, disk full) is fatal at once: the
+        // fetches waiting for the window to move must stop, not wait for a
+        // writer that will never write again.
+        let written = |next| c.update(|g| g.sched.written(next));
+        let failed = |e| c.fatal(Error::io(format!("writing {name}"), e));
+        output::write_in_order(w, rx, &c.bufs, hold, written, failed).await;
+    });
+    (tx, writer)
+}
+
+/// What a finished download comes to: its statistics, or why part of the
+/// range could not be read.
+fn outcome(
+    ctx: &Ctx,
+    file_out: Option<&Arc<OutFile>>,
+    resumed_bytes: u64,
+    t0: Instant,
+) -> Result<Stats> {
     let mut g = ctx.lock();
     if let Some(e) = g.fatal.take() {
         return Err(e);
@@ -489,7 +593,7 @@ pub async fn download(
             last: "every depot holding it failed".into(),
         });
     }
-    if let Some((f, _)) = &file_out {
+    if let Some(f) = file_out {
         f.finish()?;
     }
     let c = s.counters();

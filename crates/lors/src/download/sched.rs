@@ -366,6 +366,19 @@ impl Sched {
         }
     }
 
+    /// Skips every piece whose range `done` holds (a resumed download's
+    /// finished pieces); the bytes skipped.
+    pub fn skip_done(&mut self, done: &std::collections::HashSet<(u64, u64)>) -> u64 {
+        let mut bytes = 0;
+        for p in 0..self.len() {
+            if done.contains(&self.piece(p)) {
+                self.skip(p);
+                bytes += self.piece(p).1;
+            }
+        }
+        bytes
+    }
+
     /// The byte range of a piece: (offset, length).
     pub fn piece(&self, p: PieceId) -> (u64, u64) {
         (self.pieces[p].offset, self.pieces[p].len)

@@ -35,7 +35,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lors_exnode::ExNode;
+use lors_exnode::{ExNode, Mapping};
 use lors_ibp::proto::Reliability;
 
 use crate::error::{Error, Result};
@@ -164,8 +164,37 @@ pub async fn cycle(
         .or_else(|| manage::copies_policy(x))
         .unwrap_or(1)
         .max(1);
-
     // Leases first: they are what is lost soonest.
+    let (refreshed, not_refreshed) = refresh_due(x, &probes, policy, pool).await;
+    let blocks = manage::blocks(x);
+    let (new, heal_error) = heal(x, &blocks, &live, copies, depots, policy, pool).await?;
+    let healed = new.len();
+    let s = settle(x, &blocks, &probes, &live, new, copies);
+    Ok(Kept {
+        changed: s.trimmed > 0 || healed > 0,
+        scrubbed,
+        corrupt,
+        dropped_corrupt: s.bad,
+        exnode: s.kept,
+        copies,
+        refreshed,
+        not_refreshed,
+        healed,
+        trimmed: s.trimmed,
+        lost: s.lost,
+        short: s.short,
+        heal_error,
+    })
+}
+
+/// Extends the leases of the live mappings with less than the margin
+/// left: how many were, and those that could not be, with why.
+async fn refresh_due(
+    x: &ExNode,
+    probes: &[Probe],
+    policy: &Policy,
+    pool: &Arc<Pool>,
+) -> (usize, Vec<(usize, String)>) {
     let due: Vec<usize> = (0..x.mappings.len())
         .filter(|&i| match &probes[i] {
             Probe::Live(p) => u64::try_from(p.seconds_left).unwrap_or(0) < policy.margin.as_secs(),
@@ -174,22 +203,34 @@ pub async fn cycle(
         .collect();
     let mut refreshed = 0;
     let mut not_refreshed = Vec::new();
-    if !due.is_empty() {
-        let sub = ExNode {
-            metadata: Vec::new(),
-            mappings: due.iter().map(|&i| x.mappings[i].clone()).collect(),
-        };
-        for (j, r) in manage::refresh(&sub, policy.lease, pool, &NoProgress).await {
-            match r {
-                Ok(_) => refreshed += 1,
-                Err(e) => not_refreshed.push((due[j], e.text)),
-            }
+    if due.is_empty() {
+        return (refreshed, not_refreshed);
+    }
+    let sub = ExNode {
+        metadata: Vec::new(),
+        mappings: due.iter().map(|&i| x.mappings[i].clone()).collect(),
+    };
+    for (j, r) in manage::refresh(&sub, policy.lease, pool, &NoProgress).await {
+        match r {
+            Ok(_) => refreshed += 1,
+            Err(e) => not_refreshed.push((due[j], e.text)),
         }
     }
+    (refreshed, not_refreshed)
+}
 
-    // Blocks short of live replicas, grouped by how many they lack, each
-    // group copied from its live replicas alone.
-    let blocks = manage::blocks(x);
+/// New replicas for the blocks short of live ones, grouped by how many
+/// they lack, each group copied from its live replicas alone; and why
+/// healing fell short, if it did. Stopped, it releases what it made.
+async fn heal(
+    x: &ExNode,
+    blocks: &Blocks,
+    live: &(dyn Fn(usize) -> bool + Sync),
+    copies: usize,
+    depots: &[String],
+    policy: &Policy,
+    pool: &Arc<Pool>,
+) -> Result<(Vec<Mapping>, Option<String>)> {
     let mut by_lack: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
     for idx in blocks.values() {
         let good: Vec<usize> = idx.iter().copied().filter(|&i| live(i)).collect();
@@ -204,16 +245,8 @@ pub async fn cycle(
             metadata: x.metadata.clone(),
             mappings: sources.iter().map(|&i| x.mappings[i].clone()).collect(),
         };
-        match manage::replicate(
-            &sub,
-            depots,
-            Replicas::More(lack),
-            &policy.copy,
-            pool,
-            &NoProgress,
-        )
-        .await
-        {
+        let more = Replicas::More(lack);
+        match manage::replicate(&sub, depots, more, &policy.copy, pool, &NoProgress).await {
             Ok(y) => new.extend(y.mappings.into_iter().skip(sub.mappings.len())),
             Err(e @ Error::Interrupted { .. }) => {
                 // This run's earlier groups were not released by it.
@@ -223,9 +256,33 @@ pub async fn cycle(
             Err(e) => heal_error = Some(e.to_string()),
         }
     }
-    let healed = new.len();
+    Ok((new, heal_error))
+}
 
-    // What each block has live now, counting the new replicas.
+/// The blocks of an exNode: mapping indices by (offset, length).
+type Blocks = BTreeMap<(u64, u64), Vec<usize>>;
+
+/// The exNode after a cycle, and what it found.
+struct Settled {
+    kept: ExNode,
+    trimmed: usize,
+    short: Vec<(u64, u64)>,
+    lost: Vec<(u64, u64)>,
+    /// Corrupt replicas dropped.
+    bad: Vec<Mapping>,
+}
+
+/// What each block has live now, counting the `new` replicas: the
+/// mappings to keep and to drop (see the module docs), the blocks still
+/// short, the bytes lost.
+fn settle(
+    x: &ExNode,
+    blocks: &Blocks,
+    probes: &[Probe],
+    live: &(dyn Fn(usize) -> bool + Sync),
+    new: Vec<Mapping>,
+    copies: usize,
+) -> Settled {
     let mut kept = ExNode {
         metadata: x.metadata.clone(),
         mappings: Vec::new(),
@@ -240,7 +297,7 @@ pub async fn cycle(
     let mut trimmed = 0;
     let mut short = Vec::new();
     let mut bad = Vec::new();
-    for (range, idx) in &blocks {
+    for (range, idx) in blocks {
         let alive = live_after(*range, idx);
         let whole = alive >= copies;
         if !whole && alive > 0 {
@@ -280,21 +337,13 @@ pub async fn cycle(
     live_now.extend(new.iter().map(|_| true));
     kept.mappings.extend(new);
     let lost = manage::uncovered(&kept, &live_now);
-    Ok(Kept {
-        changed: trimmed > 0 || healed > 0,
-        scrubbed,
-        corrupt,
-        dropped_corrupt: bad,
-        exnode: kept,
-        copies,
-        refreshed,
-        not_refreshed,
-        healed,
+    Settled {
+        kept,
         trimmed,
-        lost,
         short,
-        heal_error,
-    })
+        lost,
+        bad,
+    }
 }
 
 /// Frees the allocations of `made`, each within [`crate::stall::RELEASE_WAIT`].
@@ -318,3 +367,6 @@ pub async fn release(made: &[lors_exnode::Mapping], pool: &Arc<Pool>) {
         );
     }
 }
+
+mod files;
+pub use files::{Cursor, SaveError, Scrub, Totals, save_kept};
