@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, exactly as CI runs it (`.ci/run` calls this):
-# format, lints, unit + integration tests, a build with the declared
-# minimum Rust, docs, benchmark build, fuzz smoke.
+# format, lints, unit + integration tests, size rules, a build with the
+# declared minimum Rust, docs, benchmark build, fuzz smoke.
 # Installs what it needs on a fresh machine (cargo-fuzz; PostgreSQL and
 # Chromium from Debian's packages, via scripts/services.sh, which also starts
 # a throwaway PostgreSQL for the L-Bone store tests). Env: FUZZ_SECONDS (default 20
@@ -33,6 +33,9 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 
 step "cargo test"
 cargo test --workspace --locked
+
+step "size rules (scripts/sizes.py)"
+python3 scripts/sizes.py
 
 step "minimum Rust (rust-version)"
 msrv=$(sed -n 's/^rust-version = "\(.*\)"/\1/p' Cargo.toml)

@@ -53,84 +53,141 @@ fn num(v: f64) -> String {
 /// One plot: throughput per file against `var`, every curve along it.
 /// Sizes spanning more than a factor of 20 go on a log axis.
 pub fn svg(var: Var, curves: &[&Curve]) -> String {
-    // Tall enough for the legend: two lines per curve.
-    let h = (440.0f64).max(40.0 + 30.0 * curves.len() as f64);
-    let (w, ml, mr, mt, mb) = (720.0, 70.0, 200.0, 20.0, 50.0);
-    let (pw, ph) = (w - ml - mr, h - mt - mb);
-    let xs: Vec<f64> = curves.iter().flat_map(|c| c.x.iter().copied()).collect();
-    let (xmin, xmax) = xs
-        .iter()
-        .fold((f64::MAX, f64::MIN), |(a, b), &x| (a.min(x), b.max(x)));
-    let log = var == Var::Size && xmin > 0.0 && xmax / xmin > 20.0;
-    let ymax = curves
-        .iter()
-        .flat_map(|c| c.y.iter().zip(&c.sigma).map(|(y, s)| y + s))
-        .fold(0.0f64, f64::max)
-        * 1.08;
-    let (xl, xh) = if log {
-        (xmin.log10(), xmax.log10())
-    } else {
-        (0.0f64.min(xmin), xmax)
-    };
-    let xh = if xh > xl { xh } else { xl + 1.0 };
-    let px = |x: f64| ml + pw * ((if log { x.log10() } else { x }) - xl) / (xh - xl);
-    let py = |y: f64| mt + ph * (1.0 - y / ymax.max(f64::MIN_POSITIVE));
+    let f = Frame::new(var, curves);
     let mut s = String::new();
+    let (w, h) = (f.w, f.h);
     let _ = write!(
         s,
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="12">"#
     );
-    let _ = write!(
-        s,
-        r##"<rect x="{ml}" y="{mt}" width="{pw}" height="{ph}" fill="none" stroke="#333"/>"##
-    );
-    let xt: Vec<f64> = if log {
+    f.axes(&mut s, var);
+    for (i, c) in curves.iter().enumerate() {
+        f.curve(&mut s, i, c);
+    }
+    s.push_str("</svg>");
+    s
+}
+
+/// A plot's geometry: its size and margins, the plotting area, the axes'
+/// ranges, and whether x is on a log scale.
+struct Frame {
+    w: f64,
+    h: f64,
+    ml: f64,
+    mt: f64,
+    pw: f64,
+    ph: f64,
+    log: bool,
+    xmin: f64,
+    xmax: f64,
+    xl: f64,
+    xh: f64,
+    ymax: f64,
+}
+
+impl Frame {
+    fn new(var: Var, curves: &[&Curve]) -> Frame {
+        // Tall enough for the legend: two lines per curve.
+        let h = (440.0f64).max(40.0 + 30.0 * curves.len() as f64);
+        let (w, ml, mr, mt, mb) = (720.0, 70.0, 200.0, 20.0, 50.0);
+        let xs = curves.iter().flat_map(|c| c.x.iter().copied());
+        let (xmin, xmax) = xs.fold((f64::MAX, f64::MIN), |(a, b), x| (a.min(x), b.max(x)));
+        let log = var == Var::Size && xmin > 0.0 && xmax / xmin > 20.0;
+        let ymax = (curves.iter())
+            .flat_map(|c| c.y.iter().zip(&c.sigma).map(|(y, s)| y + s))
+            .fold(0.0f64, f64::max)
+            * 1.08;
+        let (xl, xh) = if log {
+            (xmin.log10(), xmax.log10())
+        } else {
+            (0.0f64.min(xmin), xmax)
+        };
+        let xh = if xh > xl { xh } else { xl + 1.0 };
+        Frame {
+            w,
+            h,
+            ml,
+            mt,
+            pw: w - ml - mr,
+            ph: h - mt - mb,
+            log,
+            xmin,
+            xmax,
+            xl,
+            xh,
+            ymax,
+        }
+    }
+
+    fn px(&self, x: f64) -> f64 {
+        let x = if self.log { x.log10() } else { x };
+        self.ml + self.pw * (x - self.xl) / (self.xh - self.xl)
+    }
+
+    fn py(&self, y: f64) -> f64 {
+        self.mt + self.ph * (1.0 - y / self.ymax.max(f64::MIN_POSITIVE))
+    }
+
+    /// The x ticks: 1, 2, 5 per decade on a log axis.
+    fn xticks(&self) -> Vec<f64> {
+        if !self.log {
+            return ticks(self.xl, self.xh, 8);
+        }
         let mut v = Vec::new();
-        let mut d = 10f64.powf(xl.floor());
-        while d <= xmax * 1.0001 {
+        let mut d = 10f64.powf(self.xl.floor());
+        while d <= self.xmax * 1.0001 {
             for m in [1.0, 2.0, 5.0] {
-                if d * m >= xmin * 0.9999 && d * m <= xmax * 1.0001 {
+                if d * m >= self.xmin * 0.9999 && d * m <= self.xmax * 1.0001 {
                     v.push(d * m);
                 }
             }
             d *= 10.0;
         }
         v
-    } else {
-        ticks(xl, xh, 8)
-    };
-    for t in xt {
-        let x = px(t);
+    }
+
+    /// The frame, grid, ticks and axis labels.
+    fn axes(&self, s: &mut String, var: Var) {
+        let (ml, mt, pw, ph) = (self.ml, self.mt, self.pw, self.ph);
         let _ = write!(
             s,
-            r##"<line x1="{x:.1}" y1="{}" x2="{x:.1}" y2="{}" stroke="#ddd"/><text x="{x:.1}" y="{}" text-anchor="middle">{}</text>"##,
-            mt,
-            mt + ph,
-            mt + ph + 16.0,
-            num(t)
+            r##"<rect x="{ml}" y="{mt}" width="{pw}" height="{ph}" fill="none" stroke="#333"/>"##
         );
-    }
-    for t in ticks(0.0, ymax, 6) {
-        let y = py(t);
+        for t in self.xticks() {
+            let x = self.px(t);
+            let _ = write!(
+                s,
+                r##"<line x1="{x:.1}" y1="{}" x2="{x:.1}" y2="{}" stroke="#ddd"/><text x="{x:.1}" y="{}" text-anchor="middle">{}</text>"##,
+                mt,
+                mt + ph,
+                mt + ph + 16.0,
+                num(t)
+            );
+        }
+        for t in ticks(0.0, self.ymax, 6) {
+            let y = self.py(t);
+            let _ = write!(
+                s,
+                r##"<line x1="{ml}" y1="{y:.1}" x2="{}" y2="{y:.1}" stroke="#ddd"/><text x="{}" y="{:.1}" text-anchor="end">{}</text>"##,
+                ml + pw,
+                ml - 6.0,
+                y + 4.0,
+                num(t)
+            );
+        }
         let _ = write!(
             s,
-            r##"<line x1="{ml}" y1="{y:.1}" x2="{}" y2="{y:.1}" stroke="#ddd"/><text x="{}" y="{:.1}" text-anchor="end">{}</text>"##,
-            ml + pw,
-            ml - 6.0,
-            y + 4.0,
-            num(t)
+            r#"<text x="{}" y="{}" text-anchor="middle">{}{}</text><text transform="translate(16 {}) rotate(-90)" text-anchor="middle">throughput per file (MiB/s)</text>"#,
+            ml + pw / 2.0,
+            self.h - 12.0,
+            var.label(),
+            if self.log { ", log scale" } else { "" },
+            mt + ph / 2.0
         );
     }
-    let _ = write!(
-        s,
-        r#"<text x="{}" y="{}" text-anchor="middle">{}{}</text><text transform="translate(16 {}) rotate(-90)" text-anchor="middle">throughput per file (MiB/s)</text>"#,
-        ml + pw / 2.0,
-        h - 12.0,
-        var.label(),
-        if log { ", log scale" } else { "" },
-        mt + ph / 2.0
-    );
-    for (i, c) in curves.iter().enumerate() {
+
+    /// Curve `i`: its best fit, its points with error bars, its legend.
+    fn curve(&self, s: &mut String, i: usize, c: &Curve) {
         let color = COLORS[i % COLORS.len()];
         // Past the palette, curves are told apart by dashes.
         let dash = if i >= COLORS.len() {
@@ -143,13 +200,13 @@ pub fn svg(var: Var, curves: &[&Curve]) -> String {
             let pts: Vec<String> = (0..=100)
                 .map(|k| {
                     let t = k as f64 / 100.0;
-                    let x = if log {
+                    let x = if self.log {
                         10f64.powf(a.log10() + t * (b.log10() - a.log10()))
                     } else {
                         a + t * (b - a)
                     };
-                    let y = f.eval(x).clamp(0.0, ymax);
-                    format!("{:.1},{:.1}", px(x), py(y))
+                    let y = f.eval(x).clamp(0.0, self.ymax);
+                    format!("{:.1},{:.1}", self.px(x), self.py(y))
                 })
                 .collect();
             let _ = write!(
@@ -159,13 +216,13 @@ pub fn svg(var: Var, curves: &[&Curve]) -> String {
             );
         }
         for ((&x, &y), &e) in c.x.iter().zip(&c.y).zip(&c.sigma) {
-            let (cx, cy) = (px(x), py(y));
+            let (cx, cy) = (self.px(x), self.py(y));
             if e > 0.0 {
                 let _ = write!(
                     s,
                     r#"<line x1="{cx:.1}" y1="{:.1}" x2="{cx:.1}" y2="{:.1}" stroke="{color}"/>"#,
-                    py((y - e).max(0.0)),
-                    py(y + e)
+                    self.py((y - e).max(0.0)),
+                    self.py(y + e)
                 );
             }
             let _ = write!(
@@ -173,28 +230,26 @@ pub fn svg(var: Var, curves: &[&Curve]) -> String {
                 r#"<circle cx="{cx:.1}" cy="{cy:.1}" r="3" fill="{color}"/>"#
             );
         }
-        let ly = mt + 14.0 + 30.0 * i as f64;
-        let fit = c
-            .best()
+        let ly = self.mt + 14.0 + 30.0 * i as f64;
+        let lx = self.ml + self.pw;
+        let fit = (c.best())
             .map(|f| format!("{} R² {:.3}", f.model, f.r2))
             .unwrap_or_else(|| "no fit".into());
         let _ = write!(
             s,
             r##"<line x1="{}" y1="{:.1}" x2="{}" y2="{:.1}" stroke="{color}" stroke-width="2"{dash}/><text x="{}" y="{:.1}">{}</text><text x="{}" y="{:.1}" fill="#555">{}</text>"##,
-            ml + pw + 6.0,
+            lx + 6.0,
             ly - 4.0,
-            ml + pw + 20.0,
+            lx + 20.0,
             ly - 4.0,
-            ml + pw + 24.0,
+            lx + 24.0,
             ly,
             esc(&c.describe_fixed()),
-            ml + pw + 24.0,
+            lx + 24.0,
             ly + 14.0,
             esc(&fit)
         );
     }
-    s.push_str("</svg>");
-    s
 }
 
 /// The whole report. `meta` is shown as a table of key and value;
@@ -219,7 +274,24 @@ pub fn html(title: &str, meta: &[(String, String)], points: &[Point], curves: &[
         );
     }
     h.push_str("</table>\n");
+    let rows = table(curves);
+    summary(&mut h, points, &rows);
+    throughput(&mut h, points);
+    fits(&mut h, &rows);
+    per_variable(&mut h, curves);
+    if curves.is_empty() {
+        let _ = writeln!(
+            h,
+            "<p>No curves: a variable needs {} values or more to be fitted.</p>",
+            crate::analysis::MIN_CURVE_POINTS
+        );
+    }
+    h.push_str("</body></html>\n");
+    h
+}
 
+/// The summary: the totals, and the best model for each variable.
+fn summary(h: &mut String, points: &[Point], rows: &[TableRow]) {
     h.push_str("<h2>Summary</h2>\n<ul>");
     if let Some(t) = mean_total(points) {
         let _ = write!(
@@ -238,7 +310,6 @@ pub fn html(title: &str, meta: &[(String, String)], points: &[Point], curves: &[
             top.config.streams
         );
     }
-    let rows = table(curves);
     for var in Var::ALL {
         let all: Vec<&TableRow> = rows
             .iter()
@@ -270,7 +341,10 @@ pub fn html(title: &str, meta: &[(String, String)], points: &[Point], curves: &[
         h.push_str(".</li>");
     }
     h.push_str("</ul>\n");
+}
 
+/// The table of mean throughput per configuration.
+fn throughput(h: &mut String, points: &[Point]) {
     h.push_str("<h2>Throughput</h2>\n<p>Mean throughput per file (<i>Simulations of Distributed Systems in a Computing Centre</i>, eqs. 1–3) and the total of the files moved in parallel.</p>\n<table><tr><th>size</th><th>parallel</th><th>streams</th><th>repetitions</th><th>per file (MiB/s)</th><th>± error</th><th>total (MiB/s)</th></tr>");
     for p in points {
         let reps = p.files.iter().map(|f| f.reps).min().unwrap_or(0);
@@ -295,9 +369,12 @@ pub fn html(title: &str, meta: &[(String, String)], points: &[Point], curves: &[
             t / MIB
         );
     }
+}
 
+/// The table of every model's mean R² per variable.
+fn fits(h: &mut String, rows: &[TableRow]) {
     h.push_str("<h2>Fits</h2>\n<p>Every model fitted to every curve by weighted least squares; mean R² (eq. 4) over a variable's curves, best first (<i>Simulations of Distributed Systems in a Computing Centre</i>, Table III). The adjusted R² charges each parameter: a model with nearly as many parameters as a curve has points fits any shape, and only the adjusted figure shows it.</p>\n<table><tr><th class=\"l\">variable</th><th class=\"l\">model</th><th class=\"l\">function</th><th>curves fitted</th><th>mean R²</th><th>mean adjusted R²</th></tr>");
-    for r in &rows {
+    for r in rows {
         let _ = write!(
             h,
             "<tr><td class=\"l\">{}</td><td class=\"l\">{}</td><td class=\"l\">{}</td><td>{} of {}</td><td>{:.4}</td><td>{}</td></tr>",
@@ -312,6 +389,10 @@ pub fn html(title: &str, meta: &[(String, String)], points: &[Point], curves: &[
         );
     }
     h.push_str("</table>\n");
+}
+
+/// Per variable: its plot and each curve's best model.
+fn per_variable(h: &mut String, curves: &[Curve]) {
     for var in Var::ALL {
         let along: Vec<&Curve> = curves.iter().filter(|c| c.var == var).collect();
         if along.is_empty() {
@@ -348,15 +429,6 @@ pub fn html(title: &str, meta: &[(String, String)], points: &[Point], curves: &[
         }
         h.push_str("</table>\n");
     }
-    if curves.is_empty() {
-        let _ = writeln!(
-            h,
-            "<p>No curves: a variable needs {} values or more to be fitted.</p>",
-            crate::analysis::MIN_CURVE_POINTS
-        );
-    }
-    h.push_str("</body></html>\n");
-    h
 }
 
 #[cfg(test)]

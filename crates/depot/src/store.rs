@@ -551,6 +551,30 @@ fn new_keys() -> Result<[Key; 3]> {
     }
 }
 
+/// What no resource could grant, refused before any is looked at.
+fn check_request(req: &AllocRequest) -> Result<()> {
+    if req.size == 0 {
+        return Err(StoreError::Invalid("size 0"));
+    }
+    if req.lease == Lease::Secs(0) {
+        return Err(StoreError::Invalid("duration"));
+    }
+    if req.atype == AllocType::Buffer {
+        return Err(StoreError::TypeNotSupported);
+    }
+    if let Some(cs) = &req.disk_chksum {
+        // Digests are per block of a byte array (the ACCRE depot serves
+        // nothing else); a block is read whole to check it.
+        if req.atype != AllocType::ByteArray {
+            return Err(StoreError::TypeNotSupported);
+        }
+        if cs.block_size > MAX_DISK_CHKSUM_BLOCK || !digests::overhead_fits(*cs, req.size) {
+            return Err(StoreError::ChksumBlockSize);
+        }
+    }
+    Ok(())
+}
+
 /// How long an allocation or alias is leased for: the request's own type.
 pub use lors_ibp::proto::Lease;
 
@@ -939,25 +963,7 @@ impl Store {
 
     /// ALLOCATE. Blocking (one metadata transaction).
     pub fn allocate(&self, req: &AllocRequest) -> Result<NewAlloc> {
-        if req.size == 0 {
-            return Err(StoreError::Invalid("size 0"));
-        }
-        if req.lease == Lease::Secs(0) {
-            return Err(StoreError::Invalid("duration"));
-        }
-        if req.atype == AllocType::Buffer {
-            return Err(StoreError::TypeNotSupported);
-        }
-        if let Some(cs) = &req.disk_chksum {
-            // Digests are per block of a byte array (the ACCRE depot serves
-            // nothing else); a block is read whole to check it.
-            if req.atype != AllocType::ByteArray {
-                return Err(StoreError::TypeNotSupported);
-            }
-            if cs.block_size > MAX_DISK_CHKSUM_BLOCK || !digests::overhead_fits(*cs, req.size) {
-                return Err(StoreError::ChksumBlockSize);
-            }
-        }
+        check_request(req)?;
         let now = unix_now();
         let keys = new_keys()?;
         let key_hashes = [key_hash(&keys[0]), key_hash(&keys[1]), key_hash(&keys[2])];
@@ -968,47 +974,7 @@ impl Store {
                 "the depot holds as many allocations as it is configured for",
             ));
         }
-        let candidates: Vec<&Arc<Resource>> = match req.rid.as_deref() {
-            None | Some("0") => self.resources.iter().collect(),
-            Some(rid) => vec![self.resource(rid).ok_or(StoreError::InvalidRid)?],
-        };
-        // Pick the offering resource with the most room; remember the most
-        // telling error for when none fits.
-        let mut err = StoreError::TypeNotSupported;
-        let mut best: Option<Plan<'_>> = None;
-        for r in candidates {
-            if !r.offers(req.atype) {
-                continue;
-            }
-            let max_dur = r.cfg.max_duration.0.as_secs();
-            let dur = match req.lease {
-                Lease::Longest => max_dur,
-                Lease::Secs(n) => n,
-            };
-            if dur > max_dur {
-                err = StoreError::LongDuration;
-                continue;
-            }
-            if req.size > r.alloc_limit(req.atype) {
-                err = StoreError::Policy("allocation larger than the depot allows");
-                continue;
-            }
-            match plan_space(&st, r, req.reliability, req.size) {
-                Some((room, revoke)) => {
-                    if best.as_ref().is_none_or(|b| room > b.room) {
-                        best = Some(Plan {
-                            res: r,
-                            room,
-                            revoke,
-                        });
-                    }
-                }
-                None => err = StoreError::NoSpace,
-            }
-        }
-        let Some(Plan { res, revoke, .. }) = best else {
-            return Err(err);
-        };
+        let Plan { res, revoke, .. } = self.choose(&st, req)?;
         let res = res.clone();
         let dur = match req.lease {
             Lease::Longest => res.cfg.max_duration.0.as_secs(),
@@ -1070,6 +1036,49 @@ impl Store {
             keys,
             revoked: revoked_ids.len(),
         })
+    }
+
+    /// The resource an ALLOCATE goes to: of those it may use (its RID's, or
+    /// all for `0`) that offer its type and lease, the one with the most
+    /// room; else the most telling reason none fits.
+    fn choose<'s>(&'s self, st: &State, req: &AllocRequest) -> Result<Plan<'s>> {
+        let candidates: Vec<&Arc<Resource>> = match req.rid.as_deref() {
+            None | Some("0") => self.resources.iter().collect(),
+            Some(rid) => vec![self.resource(rid).ok_or(StoreError::InvalidRid)?],
+        };
+        let mut err = StoreError::TypeNotSupported;
+        let mut best: Option<Plan<'_>> = None;
+        for r in candidates {
+            if !r.offers(req.atype) {
+                continue;
+            }
+            let max_dur = r.cfg.max_duration.0.as_secs();
+            let dur = match req.lease {
+                Lease::Longest => max_dur,
+                Lease::Secs(n) => n,
+            };
+            if dur > max_dur {
+                err = StoreError::LongDuration;
+                continue;
+            }
+            if req.size > r.alloc_limit(req.atype) {
+                err = StoreError::Policy("allocation larger than the depot allows");
+                continue;
+            }
+            match plan_space(st, r, req.reliability, req.size) {
+                Some((room, revoke)) => {
+                    if best.as_ref().is_none_or(|b| room > b.room) {
+                        best = Some(Plan {
+                            res: r,
+                            room,
+                            revoke,
+                        });
+                    }
+                }
+                None => err = StoreError::NoSpace,
+            }
+        }
+        best.ok_or(err)
     }
 
     /// Persists `a`'s record after `f` changes it; `f` returns whether to keep

@@ -176,6 +176,42 @@ fn fair(flows: &[(usize, usize, f64)], up: &[f64], down: &[f64]) -> Vec<f64> {
     rate
 }
 
+/// Moves every flow on by `dt` at its fair share of the links; the
+/// transfers that ended.
+fn advance(flows: &mut Vec<Flow>, cap: &[f64], client_weight: f64, dt: f64) -> Vec<Transfer> {
+    let moving: Vec<usize> = (0..flows.len())
+        .filter(|&i| flows[i].setup <= 0.0)
+        .collect();
+    // The client's copies run over warm pooled connections; a SEND is a new
+    // depot-to-depot connection per copy, starting slow.
+    let pairs: Vec<(usize, usize, f64)> = (moving.iter())
+        .map(|&i| {
+            let w = if flows[i].from == 0 {
+                client_weight
+            } else {
+                1.0
+            };
+            (flows[i].from, flows[i].to, w)
+        })
+        .collect();
+    let rates = fair(&pairs, cap, cap);
+    for f in flows.iter_mut() {
+        f.setup -= dt;
+    }
+    for (k, &i) in moving.iter().enumerate() {
+        flows[i].left -= rates[k] * dt;
+    }
+    let mut finished = Vec::new();
+    flows.retain(|f| {
+        let end = f.left <= 0.0;
+        if end {
+            finished.push(f.t);
+        }
+        !end
+    });
+    finished
+}
+
 fn main() {
     let a = args();
     let mut rng = Rng(a.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
@@ -235,37 +271,8 @@ fn main() {
         if flows.is_empty() {
             break;
         }
-        let moving: Vec<usize> = (0..flows.len())
-            .filter(|&i| flows[i].setup <= 0.0)
-            .collect();
-        // The client's copies run over warm pooled connections; a SEND is a
-        // new depot-to-depot connection per copy, starting slow.
-        let pairs: Vec<(usize, usize, f64)> = (moving.iter())
-            .map(|&i| {
-                let w = if flows[i].from == 0 {
-                    a.client_weight
-                } else {
-                    1.0
-                };
-                (flows[i].from, flows[i].to, w)
-            })
-            .collect();
-        let rates = fair(&pairs, &cap, &cap);
-        for f in flows.iter_mut() {
-            f.setup -= dt;
-        }
-        for (k, &i) in moving.iter().enumerate() {
-            flows[i].left -= rates[k] * dt;
-        }
+        let finished = advance(&mut flows, &cap, a.client_weight, dt);
         now += dt;
-        let mut finished = Vec::new();
-        flows.retain(|f| {
-            let end = f.left <= 0.0;
-            if end {
-                finished.push(f.t);
-            }
-            !end
-        });
         if std::env::var_os("SIM_TRACE").is_some() {
             let busy_in = flows.iter().filter(|f| f.setup <= 0.0).count();
             if ((now / dt) as u64).is_multiple_of(200) {

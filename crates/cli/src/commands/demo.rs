@@ -84,48 +84,7 @@ async fn demo(a: &Args, dir: &std::path::Path) -> anyhow::Result<()> {
         "== starting 4 depots on 127.0.0.1 (data in {}), registering with the L-Bone",
         dir.display()
     );
-    let mut addrs = Vec::new();
-    let mut cities = std::collections::HashMap::new();
-    let mut stops = Vec::new();
-    for (i, (city, country, lat, lon)) in (1..=4).zip(PLACES) {
-        let mut r = ResourceConfig::new("1", dir.join(format!("depot{i}")));
-        // Room for two copies of the file however it is cut: a file smaller
-        // than one block still asks the L-Bone for depots with room for a
-        // block, and each allocation takes 4 KiB more.
-        r.size = ByteSize(a.size.max(a.block_size).max(1 << 20) * 2 + (1 << 20));
-        let cfg = Config {
-            listen: "127.0.0.1:0".parse()?,
-            sync: SyncPolicy::Never,
-            resources: vec![r],
-            ..Config::default()
-        };
-        let depot = Depot::open(cfg).await.context("opening a demo depot")?;
-        let l = depot.bind().await?;
-        let addr = l.ibp.local_addr()?.to_string();
-        let (tx, rx) = tokio::sync::watch::channel(false);
-        let loc = Location {
-            city: Some(city.into()),
-            country: Some(country.into()),
-            latitude: Some(lat),
-            longitude: Some(lon),
-            ..Location::default()
-        };
-        let (first, _heartbeat) = super::depot::join_lbone(
-            &depot,
-            vec![base.clone()],
-            token.clone(),
-            loc,
-            Duration::from_secs(1),
-            rx.clone(),
-        )
-        .await;
-        first.map_err(anyhow::Error::msg)?;
-        let task = tokio::spawn(lors_depot::server::run(l, depot, rx));
-        println!("   depot {i}: ibp://{addr} ({city}, {country})");
-        cities.insert(addr.clone(), city);
-        addrs.push(addr);
-        stops.push((tx, task));
-    }
+    let (addrs, cities, mut stops) = start_depots(a, dir, &base, &token).await?;
     let directory = Directory::Http(base.clone());
     let ranked = directory
         .depots(
@@ -199,6 +158,99 @@ async fn demo(a: &Args, dir: &std::path::Path) -> anyhow::Result<()> {
     let _ = tx.send(true);
     let _ = task.await;
     println!("== killed depot {victim}; downloading from the survivors");
+    let stats = download_and_check(a, &x, &data, pool).await?;
+    lors::directory::report_rates(Some(&directory), &stats.per_depot, stats.elapsed).await;
+    println!("== verified: every byte identical. demo OK");
+    if !a.linger.is_zero() {
+        println!(
+            "== keeping the L-Bone ({lb_url}/) and the depots up for {}s (Ctrl-C to stop)",
+            a.linger.as_secs()
+        );
+        tokio::select! {
+            _ = tokio::time::sleep(a.linger) => {}
+            _ = super::depot::wait_for_signal() => {}
+        }
+    }
+    for (tx, task) in stops {
+        let _ = tx.send(true);
+        let _ = task.await;
+    }
+    let _ = lb_stop.send(true);
+    let _ = lb_task.await;
+    Ok(())
+}
+
+/// A depot's stop switch and its task.
+type Running = (
+    tokio::sync::watch::Sender<bool>,
+    tokio::task::JoinHandle<std::io::Result<()>>,
+);
+
+/// Starts the four depots, each registered with the L-Bone at `base`:
+/// their addresses, each one's city, and how to stop them.
+async fn start_depots(
+    a: &Args,
+    dir: &std::path::Path,
+    base: &BaseUrl,
+    token: &str,
+) -> anyhow::Result<(
+    Vec<String>,
+    std::collections::HashMap<String, &'static str>,
+    Vec<Running>,
+)> {
+    let mut addrs = Vec::new();
+    let mut cities = std::collections::HashMap::new();
+    let mut stops = Vec::new();
+    for (i, (city, country, lat, lon)) in (1..=4).zip(PLACES) {
+        let mut r = ResourceConfig::new("1", dir.join(format!("depot{i}")));
+        // Room for two copies of the file however it is cut: a file smaller
+        // than one block still asks the L-Bone for depots with room for a
+        // block, and each allocation takes 4 KiB more.
+        r.size = ByteSize(a.size.max(a.block_size).max(1 << 20) * 2 + (1 << 20));
+        let cfg = Config {
+            listen: "127.0.0.1:0".parse()?,
+            sync: SyncPolicy::Never,
+            resources: vec![r],
+            ..Config::default()
+        };
+        let depot = Depot::open(cfg).await.context("opening a demo depot")?;
+        let l = depot.bind().await?;
+        let addr = l.ibp.local_addr()?.to_string();
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        let loc = Location {
+            city: Some(city.into()),
+            country: Some(country.into()),
+            latitude: Some(lat),
+            longitude: Some(lon),
+            ..Location::default()
+        };
+        let (first, _heartbeat) = super::depot::join_lbone(
+            &depot,
+            vec![base.clone()],
+            token.to_owned(),
+            loc,
+            Duration::from_secs(1),
+            rx.clone(),
+        )
+        .await;
+        first.map_err(anyhow::Error::msg)?;
+        let task = tokio::spawn(lors_depot::server::run(l, depot, rx));
+        println!("   depot {i}: ibp://{addr} ({city}, {country})");
+        cities.insert(addr.clone(), city);
+        addrs.push(addr);
+        stops.push((tx, task));
+    }
+    Ok((addrs, cities, stops))
+}
+
+/// Downloads `x` through a pipe from the depots still up, checks every
+/// byte against `data`, and says how it went.
+async fn download_and_check(
+    a: &Args,
+    x: &lors_exnode::ExNode,
+    data: &[u8],
+    pool: Arc<Pool>,
+) -> anyhow::Result<lors::download::Stats> {
     let (wtx, mut rx) = tokio::io::duplex(4 << 20);
     let reader = tokio::spawn(async move {
         let mut v = Vec::new();
@@ -211,7 +263,7 @@ async fn demo(a: &Args, dir: &std::path::Path) -> anyhow::Result<()> {
         ..DownloadOptions::default()
     };
     let stats = download(
-        &x,
+        x,
         Output::Stream {
             writer: Box::new(wtx),
             name: "the checking pipe".into(),
@@ -233,23 +285,5 @@ async fn demo(a: &Args, dir: &std::path::Path) -> anyhow::Result<()> {
         println!("   from {d}: {:.0} MiB", *b as f64 / 1048576.0);
     }
     anyhow::ensure!(back == data, "downloaded data differs from the original");
-    lors::directory::report_rates(Some(&directory), &stats.per_depot, stats.elapsed).await;
-    println!("== verified: every byte identical. demo OK");
-    if !a.linger.is_zero() {
-        println!(
-            "== keeping the L-Bone ({lb_url}/) and the depots up for {}s (Ctrl-C to stop)",
-            a.linger.as_secs()
-        );
-        tokio::select! {
-            _ = tokio::time::sleep(a.linger) => {}
-            _ = super::depot::wait_for_signal() => {}
-        }
-    }
-    for (tx, task) in stops {
-        let _ = tx.send(true);
-        let _ = task.await;
-    }
-    let _ = lb_stop.send(true);
-    let _ = lb_task.await;
-    Ok(())
+    Ok(stats)
 }

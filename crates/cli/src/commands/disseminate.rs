@@ -138,6 +138,41 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             &out,
         );
     }
+    say(&a, &progress, &done, complete, &out);
+    if complete < done.sites.len() {
+        let failed: Vec<&str> = (done.sites.iter())
+            .filter(|r| !r.complete)
+            .map(|r| r.depot.as_str())
+            .collect();
+        let missing = format!(
+            "{} of {} sites did not get a full replica ({}); run the same command on {} to complete them",
+            failed.len(),
+            done.sites.len(),
+            failed.join(", "),
+            if complete > 0 {
+                out.display().to_string()
+            } else {
+                a.input.display().to_string()
+            }
+        );
+        if signal.load(std::sync::atomic::Ordering::SeqCst) != 0 {
+            // Said as for failed sites; the exit status says why.
+            eprintln!("lors: disseminate interrupted (what they got was released): {missing}");
+            return Err(super::interrupted(&signal));
+        }
+        anyhow::bail!(missing);
+    }
+    Ok(())
+}
+
+/// What a dissemination did, per site and in all: lines, or `--json`.
+fn say(
+    a: &Args,
+    progress: &Reporter,
+    done: &lors::dissem::Outcome,
+    complete: usize,
+    out: &std::path::Path,
+) {
     let secs = done.elapsed.as_secs_f64();
     if progress.is_json() {
         progress.done(&Summary {
@@ -188,30 +223,6 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             }
         );
     }
-    if complete < done.sites.len() {
-        let failed: Vec<&str> = (done.sites.iter())
-            .filter(|r| !r.complete)
-            .map(|r| r.depot.as_str())
-            .collect();
-        let missing = format!(
-            "{} of {} sites did not get a full replica ({}); run the same command on {} to complete them",
-            failed.len(),
-            done.sites.len(),
-            failed.join(", "),
-            if complete > 0 {
-                out.display().to_string()
-            } else {
-                a.input.display().to_string()
-            }
-        );
-        if signal.load(std::sync::atomic::Ordering::SeqCst) != 0 {
-            // Said as for failed sites; the exit status says why.
-            eprintln!("lors: disseminate interrupted (what they got was released): {missing}");
-            return Err(super::interrupted(&signal));
-        }
-        anyhow::bail!(missing);
-    }
-    Ok(())
 }
 
 /// `--json`: how a dissemination went.

@@ -73,117 +73,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let now = lors_ibp::units::unix_now();
     // Rows are numbered and ordered as lors_ls does, so `lors trim -m N` and
     // `lors_trim -m N` name the same mapping.
-    let numbering = x.numbering();
-    let mut s = String::new();
-    if a.json {
-        let mappings = numbering
-            .in_order()
-            .enumerate()
-            .map(|(index, i)| {
-                let m = &x.mappings[i];
-                let live = match &probes[i] {
-                    Probe::Live(p) => Some(p),
-                    _ => None,
-                };
-                Row {
-                    index,
-                    exnode_offset: m.exnode_offset,
-                    logical_length: m.logical_length,
-                    alloc_offset: m.alloc_offset,
-                    alloc_length: m.alloc_length,
-                    depot: m.depot().unwrap_or_default(),
-                    read: m.read.is_some(),
-                    write: m.write.is_some(),
-                    manage: m.manage.is_some(),
-                    function: m.function.as_ref().map(|f| f.name.as_str()),
-                    state: match (&probes[i], a.offline) {
-                        (Probe::Live(_), _) => "live",
-                        (_, true) => "not probed",
-                        (p, false) => p.state(),
-                    },
-                    reliability: live.map(|p| if p.reliability == 2 { "hard" } else { "soft" }),
-                    read_refs: live.map(|p| p.read_refs),
-                    stored: live.map(|p| p.size),
-                    max_size: live.map(|p| p.max_size),
-                    expires: live
-                        .map(|p| now.saturating_add(u64::try_from(p.seconds_left).unwrap_or(0))),
-                    error: live.is_none().then(|| probes[i].reason()),
-                }
-            })
-            .collect();
-        let listing = Listing {
-            filename: x.filename().unwrap_or(""),
-            size: x.logical_size(),
-            mappings,
-        };
-        s.push_str(&super::json_line(&listing)?);
-        s.push('\n');
+    let s = if a.json {
+        json(&x, &probes, a.offline, now)?
     } else {
-        let _ = writeln!(
-            s,
-            "{}: {} bytes, {} mappings",
-            exnode.path.display(),
-            x.logical_size(),
-            x.mappings.len()
-        );
-        for (n, i) in numbering.in_order().enumerate() {
-            let (m, p) = (&x.mappings[i], &probes[i]);
-            let rel = match p {
-                Probe::Live(p) if p.reliability == 2 => 'H',
-                Probe::Live(p) if p.reliability == 1 => 'S',
-                _ => '?',
-            };
-            let kind = match p {
-                Probe::Live(p) if p.alloc_type == 1 => 'a',
-                _ => '?',
-            };
-            let flags = format!(
-                "{rel}{}{}{}{kind}",
-                if m.read.is_some() { 'r' } else { '-' },
-                if m.write.is_some() { 'w' } else { '-' },
-                if m.manage.is_some() { 'm' } else { '-' }
-            );
-            let (refs, exp) = match p {
-                Probe::Live(p) => (
-                    p.read_refs.to_string(),
-                    ctime(now.saturating_add(u64::try_from(p.seconds_left).unwrap_or(0))),
-                ),
-                _ if a.offline => ("-1".into(), "Unknown".into()),
-                p => ("-1".into(), format!("Unknown ({})", p.state())),
-            };
-            let _ = writeln!(
-                s,
-                "{n:>2} {flags} {refs:>2} {:>9} {:>9} {} {exp}",
-                m.exnode_offset,
-                m.logical_length,
-                m.depot().unwrap_or_else(|| "-".into())
-            );
-        }
-        if !a.offline {
-            // One line per distinct reason, not per mapping: a dead depot
-            // may hold thousands.
-            let mut why: Vec<(String, Vec<usize>)> = Vec::new();
-            for (n, i) in numbering.in_order().enumerate() {
-                if probes[i].is_live() {
-                    continue;
-                }
-                let r = probes[i].reason();
-                match why.iter_mut().find(|(w, _)| *w == r) {
-                    Some((_, v)) => v.push(n),
-                    None => why.push((r, vec![n])),
-                }
-            }
-            for (r, idx) in why {
-                let shown: Vec<String> = idx.iter().take(8).map(usize::to_string).collect();
-                let more = if idx.len() > 8 {
-                    format!(" and {} more", idx.len() - 8)
-                } else {
-                    String::new()
-                };
-                let _ = writeln!(s, "mapping {}{more}: {r}", shown.join(", "));
-            }
-        }
-    }
+        table(&exnode, &x, &probes, a.offline, now)
+    };
     if !s.is_empty() {
         super::outln!("{}", s.trim_end_matches('\n'));
     }
@@ -191,6 +85,137 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         return Ok(());
     }
     super::unreadable(&x, &probes)
+}
+
+/// The listing as one JSON line.
+fn json(
+    x: &lors_exnode::ExNode,
+    probes: &[Probe],
+    offline: bool,
+    now: u64,
+) -> anyhow::Result<String> {
+    let numbering = x.numbering();
+    let mut s = String::new();
+    let mappings = numbering
+        .in_order()
+        .enumerate()
+        .map(|(index, i)| {
+            let m = &x.mappings[i];
+            let live = match &probes[i] {
+                Probe::Live(p) => Some(p),
+                _ => None,
+            };
+            Row {
+                index,
+                exnode_offset: m.exnode_offset,
+                logical_length: m.logical_length,
+                alloc_offset: m.alloc_offset,
+                alloc_length: m.alloc_length,
+                depot: m.depot().unwrap_or_default(),
+                read: m.read.is_some(),
+                write: m.write.is_some(),
+                manage: m.manage.is_some(),
+                function: m.function.as_ref().map(|f| f.name.as_str()),
+                state: match (&probes[i], offline) {
+                    (Probe::Live(_), _) => "live",
+                    (_, true) => "not probed",
+                    (p, false) => p.state(),
+                },
+                reliability: live.map(|p| if p.reliability == 2 { "hard" } else { "soft" }),
+                read_refs: live.map(|p| p.read_refs),
+                stored: live.map(|p| p.size),
+                max_size: live.map(|p| p.max_size),
+                expires: live
+                    .map(|p| now.saturating_add(u64::try_from(p.seconds_left).unwrap_or(0))),
+                error: live.is_none().then(|| probes[i].reason()),
+            }
+        })
+        .collect();
+    let listing = Listing {
+        filename: x.filename().unwrap_or(""),
+        size: x.logical_size(),
+        mappings,
+    };
+    s.push_str(&super::json_line(&listing)?);
+    s.push('\n');
+    Ok(s)
+}
+
+/// The listing as `lors_ls` prints it, with the reasons mappings are not live.
+fn table(
+    exnode: &ExnodeRef,
+    x: &lors_exnode::ExNode,
+    probes: &[Probe],
+    offline: bool,
+    now: u64,
+) -> String {
+    let numbering = x.numbering();
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "{}: {} bytes, {} mappings",
+        exnode.path.display(),
+        x.logical_size(),
+        x.mappings.len()
+    );
+    for (n, i) in numbering.in_order().enumerate() {
+        let (m, p) = (&x.mappings[i], &probes[i]);
+        let rel = match p {
+            Probe::Live(p) if p.reliability == 2 => 'H',
+            Probe::Live(p) if p.reliability == 1 => 'S',
+            _ => '?',
+        };
+        let kind = match p {
+            Probe::Live(p) if p.alloc_type == 1 => 'a',
+            _ => '?',
+        };
+        let flags = format!(
+            "{rel}{}{}{}{kind}",
+            if m.read.is_some() { 'r' } else { '-' },
+            if m.write.is_some() { 'w' } else { '-' },
+            if m.manage.is_some() { 'm' } else { '-' }
+        );
+        let (refs, exp) = match p {
+            Probe::Live(p) => (
+                p.read_refs.to_string(),
+                ctime(now.saturating_add(u64::try_from(p.seconds_left).unwrap_or(0))),
+            ),
+            _ if offline => ("-1".into(), "Unknown".into()),
+            p => ("-1".into(), format!("Unknown ({})", p.state())),
+        };
+        let _ = writeln!(
+            s,
+            "{n:>2} {flags} {refs:>2} {:>9} {:>9} {} {exp}",
+            m.exnode_offset,
+            m.logical_length,
+            m.depot().unwrap_or_else(|| "-".into())
+        );
+    }
+    if !offline {
+        // One line per distinct reason, not per mapping: a dead depot
+        // may hold thousands.
+        let mut why: Vec<(String, Vec<usize>)> = Vec::new();
+        for (n, i) in numbering.in_order().enumerate() {
+            if probes[i].is_live() {
+                continue;
+            }
+            let r = probes[i].reason();
+            match why.iter_mut().find(|(w, _)| *w == r) {
+                Some((_, v)) => v.push(n),
+                None => why.push((r, vec![n])),
+            }
+        }
+        for (r, idx) in why {
+            let shown: Vec<String> = idx.iter().take(8).map(usize::to_string).collect();
+            let more = if idx.len() > 8 {
+                format!(" and {} more", idx.len() - 8)
+            } else {
+                String::new()
+            };
+            let _ = writeln!(s, "mapping {}{more}: {r}", shown.join(", "));
+        }
+    }
+    s
 }
 
 #[cfg(test)]

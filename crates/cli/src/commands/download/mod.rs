@@ -13,6 +13,9 @@ use super::{duration_arg, nonzero_block_size_arg, nonzero_size_arg, size_arg};
 use crate::UsageError;
 use crate::report::{ReportOpts, Reporter, Unit};
 
+mod summary;
+use summary::summary;
+
 /// Download a file from the depots its exNode names (fastest replicas first).
 #[derive(clap::Args)]
 #[command(after_help = "EXAMPLES:
@@ -124,32 +127,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         ))
         .into());
     }
-    let recorded = || -> Result<PathBuf, UsageError> {
-        x.filename()
-            .filter(|f| !f.is_empty() && !f.contains('/') && *f != "." && *f != "..")
-            .map(PathBuf::from)
-            .ok_or_else(|| UsageError("the exNode records no usable file name; use -o FILE".into()))
-    };
-    let output = a.output.clone().or_else(|| a.dest.clone());
-    let out =
-        match (&output, a.auto_name) {
-            (Some(o), _)
-                if o.as_os_str() != "-"
-                    && (o.is_dir() || o.as_os_str().to_string_lossy().ends_with('/')) =>
-            {
-                if !o.is_dir() {
-                    return Err(UsageError(format!("{} is not a directory", o.display())).into());
-                }
-                o.join(recorded()?)
-            }
-            (Some(o), _) => o.clone(),
-            (None, true) => recorded()?,
-            (None, false) => return Err(UsageError(
-                "say where the data goes: -o OUT (or -o - for stdout, -f for the recorded name)"
-                    .into(),
-            )
-            .into()),
-        };
+    let out = output(&a, &x)?;
     let stdout = out.as_os_str() == "-";
     // A device or pipe (/dev/null, a FIFO) is written as a stream, in order.
     let device = !stdout && std::fs::metadata(&out).is_ok_and(|m| !m.is_file() && !m.is_dir());
@@ -224,66 +202,40 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         &stats.per_depot,
         stats.elapsed,
     ));
-    if progress.is_json() {
-        progress.done(&Report {
-            bytes: stats.bytes,
-            resumed_bytes: stats.resumed_bytes,
-            retries: stats.retries,
-            hedged: stats.hedged,
-            seconds: super::json_secs(stats.elapsed),
-            per_depot: stats
-                .per_depot
-                .iter()
-                .map(|(depot, bytes)| DepotBytes {
-                    depot,
-                    bytes: *bytes,
-                })
-                .collect(),
-        });
-    } else if !a.report.quiet {
-        let secs = stats.elapsed.as_secs_f64();
-        let depots: Vec<String> = stats
-            .per_depot
-            .iter()
-            .map(|(d, b)| format!("{d} {:.1} MiB", *b as f64 / 1048576.0))
-            .collect();
-        eprintln!(
-            "lors: downloaded {} bytes in {:.2}s, {:.1} MiB/s{}{} [{}]",
-            stats.bytes,
-            secs,
-            stats.bytes as f64 / 1048576.0 / secs.max(1e-9),
-            if stats.resumed_bytes > 0 {
-                format!(", {} bytes resumed", stats.resumed_bytes)
-            } else {
-                String::new()
-            },
-            if stats.retries > 0 {
-                format!(", {} reads retried on replicas", stats.retries)
-            } else {
-                String::new()
-            },
-            depots.join(", ")
-        );
-    }
+    summary(&a, &progress, &stats);
     Ok(())
 }
 
-/// `--json`: what a download did.
-#[derive(serde::Serialize)]
-struct Report<'a> {
-    bytes: u64,
-    resumed_bytes: u64,
-    retries: u64,
-    hedged: u64,
-    seconds: f64,
-    per_depot: Vec<DepotBytes<'a>>,
-}
-
-/// Bytes one depot delivered.
-#[derive(serde::Serialize)]
-struct DepotBytes<'a> {
-    depot: &'a str,
-    bytes: u64,
+/// Where the data goes: `-o` (a directory takes the recorded name), or
+/// the recorded name with `-f`.
+fn output(a: &Args, x: &lors_exnode::ExNode) -> anyhow::Result<PathBuf> {
+    let recorded = || -> Result<PathBuf, UsageError> {
+        x.filename()
+            .filter(|f| !f.is_empty() && !f.contains('/') && *f != "." && *f != "..")
+            .map(PathBuf::from)
+            .ok_or_else(|| UsageError("the exNode records no usable file name; use -o FILE".into()))
+    };
+    let output = a.output.clone().or_else(|| a.dest.clone());
+    Ok(match (&output, a.auto_name) {
+        (Some(o), _)
+            if o.as_os_str() != "-"
+                && (o.is_dir() || o.as_os_str().to_string_lossy().ends_with('/')) =>
+        {
+            if !o.is_dir() {
+                return Err(UsageError(format!("{} is not a directory", o.display())).into());
+            }
+            o.join(recorded()?)
+        }
+        (Some(o), _) => o.clone(),
+        (None, true) => recorded()?,
+        (None, false) => {
+            return Err(UsageError(
+                "say where the data goes: -o OUT (or -o - for stdout, -f for the recorded name)"
+                    .into(),
+            )
+            .into());
+        }
+    })
 }
 
 /// A download through a shared exNode whose depots no longer know its
