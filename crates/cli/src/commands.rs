@@ -101,6 +101,22 @@ pub fn date(unix: u64) -> time::OffsetDateTime {
         .unwrap_or(time::PrimitiveDateTime::MAX.assume_utc())
 }
 
+/// `--bwlimit`, for the commands that move data.
+#[derive(clap::Args, Clone, Copy, Debug, Default)]
+pub struct Bwlimit {
+    /// Most bytes per second moved in all, over every connection (e.g.
+    /// `10M` = 10 MiB/s), as rclone's --bwlimit [default: no limit].
+    #[arg(long = "bwlimit", value_name = "RATE", value_parser = nonzero_size_arg)]
+    rate: Option<u64>,
+}
+
+impl Bwlimit {
+    /// A connection pool held to the limit.
+    pub fn pool(self, cfg: lors_ibp::ClientConfig) -> lors::Pool {
+        lors::Pool::new(cfg).with_limit(self.rate)
+    }
+}
+
 /// How a command's runtime runs its tasks: on the command's thread (it
 /// waits on depots in turn) or on a pool of workers (it moves data).
 pub enum Threads {

@@ -1,6 +1,5 @@
 //! `lors augment`: add replicas, copied depot to depot.
 
-use lors::Pool;
 use lors::uri::ExnodeRef;
 
 use crate::report::{ReportOpts, Reporter, Unit};
@@ -12,10 +11,8 @@ use crate::report::{ReportOpts, Reporter, Unit};
   lors augment --depot d4:6714 --depot d5:6714 -c 2 run42.xnd     # in place
   LBONE_SERVER=lbone.example.org:8767 lors augment -c 1 -l \"city= Tokyo\" run42.xnd")]
 pub struct Args {
-    /// Most bytes per second moved in all, over every connection (e.g.
-    /// `10M` = 10 MiB/s), as rclone's --bwlimit [default: no limit].
-    #[arg(long, value_name = "RATE", value_parser = super::nonzero_size_arg)]
-    bwlimit: Option<u64>,
+    #[command(flatten)]
+    bwlimit: super::Bwlimit,
     /// The exNode.
     #[arg(value_parser = super::exnode_arg, value_name = "FILE.xnd|lors://…")]
     exnode: ExnodeRef,
@@ -51,7 +48,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     };
     let out = a.output.map_or(a.exnode.path, |o| o.path);
     let y = rt.block_on(async {
-        let pool = std::sync::Arc::new(Pool::new(s.client()).with_limit(a.bwlimit));
+        let pool = std::sync::Arc::new(a.bwlimit.pool(s.client()));
         lors::manage::augment(&x, &found.depots, a.copies, &opts, &pool, progress.as_ref()).await
     });
     progress.finish();

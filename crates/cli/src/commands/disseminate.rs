@@ -5,7 +5,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context;
-use lors::Pool;
 use lors::dissem::{Input, Options, disseminate};
 
 use crate::UsageError;
@@ -27,10 +26,8 @@ EXAMPLES:
   lors disseminate run42.dat --to d1,d2 --unicast        # baseline: the client sends all"
 )]
 pub struct Args {
-    /// Most bytes per second moved in all, over every connection (e.g.
-    /// `10M` = 10 MiB/s), as rclone's --bwlimit [default: no limit].
-    #[arg(long, value_name = "RATE", value_parser = super::nonzero_size_arg)]
-    bwlimit: Option<u64>,
+    #[command(flatten)]
+    bwlimit: super::Bwlimit,
     /// A local file, or an exNode whose replicas are the sources.
     #[arg(value_name = "FILE|FILE.xnd")]
     input: PathBuf,
@@ -123,7 +120,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let (stop, signal) = super::stop_on_signal(&rt);
     opts.stop = Some(stop);
     let done = rt.block_on(async {
-        let pool = Arc::new(Pool::new(s.client()).with_limit(a.bwlimit));
+        let pool = Arc::new(a.bwlimit.pool(s.client()));
         disseminate(input, to, &opts, pool, progress.clone()).await
     })?;
     progress.finish();

@@ -1,6 +1,5 @@
 //! `lors route`: move a file onto other depots.
 
-use lors::Pool;
 use lors::manage::{Replicas, Selection};
 use lors::uri::ExnodeRef;
 
@@ -13,10 +12,8 @@ use crate::report::{ReportOpts, Reporter, Unit};
   lors route --depot d7:6714 --depot d8:6714 -c 2 run42.xnd
   lors route -H lbone.example.org:8767 -l \"city= Brno\" run42.xnd   # onto the depot nearest Brno")]
 pub struct Args {
-    /// Most bytes per second moved in all, over every connection (e.g.
-    /// `10M` = 10 MiB/s), as rclone's --bwlimit [default: no limit].
-    #[arg(long, value_name = "RATE", value_parser = super::nonzero_size_arg)]
-    bwlimit: Option<u64>,
+    #[command(flatten)]
+    bwlimit: super::Bwlimit,
     /// The exNode.
     #[arg(value_parser = super::exnode_arg, value_name = "FILE.xnd|lors://…")]
     exnode: ExnodeRef,
@@ -55,7 +52,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     };
     let out = a.output.clone().map_or(a.exnode.path.clone(), |o| o.path);
     let t = rt.block_on(async {
-        let pool = std::sync::Arc::new(Pool::new(s.client()).with_limit(a.bwlimit));
+        let pool = std::sync::Arc::new(a.bwlimit.pool(s.client()));
         let want = Replicas::OnTargets(a.copies);
         let y =
             lors::manage::replicate(&x, &targets, want, &opts, &pool, progress.as_ref()).await?;

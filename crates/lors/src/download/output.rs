@@ -334,12 +334,12 @@ pub enum Data<M = BytesMut, P = lors_ibp::spliced::Spliced> {
 /// [`Data`] frozen: shared, read any number of times.
 pub type Frozen = Data<Bytes, std::sync::Arc<lors_ibp::spliced::Spliced>>;
 
-impl Frozen {
+impl<M: AsRef<[u8]>, P: std::borrow::Borrow<lors_ibp::spliced::Spliced>> Data<M, P> {
     /// How many bytes.
     pub fn len(&self) -> usize {
         match self {
-            Data::Mem(b) => b.len(),
-            Data::Spliced(h) => h.len(),
+            Data::Mem(b) => b.as_ref().len(),
+            Data::Spliced(h) => h.borrow().len(),
         }
     }
 
@@ -347,7 +347,9 @@ impl Frozen {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+}
 
+impl Frozen {
     /// Copies the bytes from `from` into `out`.
     ///
     /// # Errors
@@ -370,19 +372,6 @@ impl Data {
             Data::Mem(b) => Data::Mem(b.freeze()),
             Data::Spliced(h) => Data::Spliced(std::sync::Arc::new(h)),
         }
-    }
-
-    /// How many bytes.
-    pub fn len(&self) -> usize {
-        match self {
-            Data::Mem(b) => b.len(),
-            Data::Spliced(h) => h.len(),
-        }
-    }
-
-    /// Whether it holds no bytes.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 
     /// The bytes in memory: spliced ones are copied out.

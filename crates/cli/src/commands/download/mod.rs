@@ -4,7 +4,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lors::Pool;
 use lors::download::{DownloadOptions, Output, download};
 use lors::settings::Layer;
 use lors::uri::ExnodeRef;
@@ -31,10 +30,8 @@ use summary::summary;
 -q is --quiet here as in every lors command (lors_download's -q, the
 prebuffer depth, is --prebuffer).")]
 pub struct Args {
-    /// Most bytes per second moved in all, over every connection (e.g.
-    /// `10M` = 10 MiB/s), as rclone's --bwlimit [default: no limit].
-    #[arg(long, value_name = "RATE", value_parser = super::nonzero_size_arg)]
-    bwlimit: Option<u64>,
+    #[command(flatten)]
+    bwlimit: super::Bwlimit,
     /// The exNode.
     #[arg(value_parser = super::exnode_arg, value_name = "FILE.xnd|lors://…")]
     exnode: ExnodeRef,
@@ -156,7 +153,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let cfg = s.client();
     let progress = Reporter::new("download", Unit::Bytes, &a.report, stdout);
     let stats = rt.block_on(async {
-        let pool = Arc::new(Pool::new(cfg).with_limit(a.bwlimit));
+        let pool = Arc::new(a.bwlimit.pool(cfg));
         let output = if stdout {
             Output::Stream {
                 writer: Box::new(tokio::io::stdout()),

@@ -3,7 +3,6 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use lors::Pool;
 use lors::leftover;
 use lors::upload::UploadOptions;
 use lors::uri::ExnodeRef;
@@ -34,10 +33,8 @@ use lors::settings::Layer;
 
 Every e2e block is checksummed with BLAKE3 unless -n or -k none (MD5 with --zlib).")]
 pub struct Args {
-    /// Most bytes per second moved in all, over every connection (e.g.
-    /// `10M` = 10 MiB/s), as rclone's --bwlimit [default: no limit].
-    #[arg(long, value_name = "RATE", value_parser = super::nonzero_size_arg)]
-    bwlimit: Option<u64>,
+    #[command(flatten)]
+    bwlimit: super::Bwlimit,
     /// File to upload; `-` reads standard input.
     file: PathBuf,
     /// Where the exNode goes, as with -o (`lors upload FILE OUT.xnd`).
@@ -150,7 +147,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         e2e: chain(&a, &s.rc)?,
     };
     let started = std::time::Instant::now();
-    let pool = Arc::new(Pool::new(s.client()).with_limit(a.bwlimit));
+    let pool = Arc::new(a.bwlimit.pool(s.client()));
     let progress = Reporter::new("upload", Unit::Bytes, &a.report, false);
     let (x, resumed) = store(&a, &out, &opts, &rt, &pool, &progress)?;
     if let Err(e) = lors::xnd::save(&out, &x) {
