@@ -5,6 +5,7 @@ limits (iperf3 single stream, tmpfs write) measured beside them.
 
     python3 bench/loopback.py                 # 2 GiB, 5 rounds, in /dev/shm/lors-bench
     python3 bench/loopback.py --size 512M --rounds 3 --out docs/bench/loopback.md
+    python3 bench/loopback.py --baseline /tmp/old/lors   # and an earlier build, side by side
 
 Every server serves from and every client writes to tmpfs (/dev/shm), so the
 disk is out of the picture. Each case runs once untimed (its output is
@@ -47,10 +48,11 @@ def parse_size(s: str) -> int:
 class Servers:
     """The depot and the peer servers, all on ephemeral loopback ports."""
 
-    def __init__(self, lors: Path, d: Path, size: int):
+    def __init__(self, lors: Path, d: Path, size: int, baseline: Path | None = None):
         self.procs: list[subprocess.Popen] = []
         self.d = d
-        self.ports = {k: free_port() for k in ("depot", "gridftp", "xrootd", "nginx", "iperf3")}
+        names = ("depot", "gridftp", "xrootd", "nginx", "iperf3") + (("depot-base",) if baseline else ())
+        self.ports = {k: free_port() for k in names}
         logs = d / "logs"
         logs.mkdir(exist_ok=True)
         logs.chmod(0o777)  # xrootd, dropped to nobody, writes its log here
@@ -61,6 +63,15 @@ class Servers:
              "--data", str(depot_dir), "--size", f"{3 * size // (1 << 20) + 64}M", "--sync", "never"],
             logs / "depot.log",
         )
+        if baseline:
+            # The earlier build's own depot: a before/after compares both ends.
+            base_dir = d / "depot-base"
+            shutil.rmtree(base_dir, ignore_errors=True)
+            self.spawn(
+                [str(baseline), "depot", "--listen", f"127.0.0.1:{self.ports['depot-base']}",
+                 "--data", str(base_dir), "--size", f"{3 * size // (1 << 20) + 64}M", "--sync", "never"],
+                logs / "depot-base.log",
+            )
         # GridFTP refuses anonymous root: serve as nobody from a world-writable dir.
         self.spawn(
             ["globus-gridftp-server", "-aa", "-anonymous-user", "nobody", "-p",
@@ -116,6 +127,23 @@ def iperf3_seconds(size: int):
         return size / (bps / 8)
 
     return parse
+
+
+def baseline_cases(base: Path, s: Servers, d: Path, size: int) -> tuple[list[Case], list[Case]]:
+    """The earlier build's download and upload with defaults, against its own depot."""
+    src, out, rm = d / "src.bin", d / "out.bin", ["rm", "-f", str(d / "out.bin")]
+    depot = f"127.0.0.1:{s.ports['depot-base']}"
+    up_xnd = d / "up-base.xnd"
+    trim_help = subprocess.run([str(base), "trim", "--help"], capture_output=True, text=True).stdout
+    decrement = "--decrement" if "--decrement" in trim_help else "-d"
+    free = [str(base), "trim", "--depot", depot, decrement, "--allow-holes", str(up_xnd)]
+    down = [Case("lors download (defaults), baseline build", "baseline",
+                 [str(base), "download", "--quiet", "-o", str(out), str(d / "src-base.xnd")], size,
+                 before=[rm], after=[rm], verify=(out, src))]
+    up = [Case("lors upload (defaults), baseline build", "baseline",
+               [str(base), "upload", "--quiet", "--force", "--depot", depot, "-c", "1", "-n",
+                "-o", str(up_xnd), str(src)], size, before=[free], after=[free])]
+    return down, up
 
 
 def cases(lors: Path, s: Servers, d: Path, size: int, threads: list[int]) -> tuple[list[Case], list[Case]]:
@@ -206,7 +234,9 @@ def main() -> int:
                     help="hand-picked thread counts run beside the defaults (default 1,2,4,8)")
     ap.add_argument("--only", choices=["download", "upload"], help="run one direction only")
     ap.add_argument("--out", help="also write the Markdown report here")
+    ap.add_argument("--baseline", help="an earlier lors binary, run with its own depot beside this build")
     a = ap.parse_args()
+    base = Path(a.baseline) if a.baseline else None
     size = parse_size(a.size)
     d = Path(a.dir)
     d.mkdir(parents=True, exist_ok=True)
@@ -216,7 +246,7 @@ def main() -> int:
     src = d / "src.bin"
     make_file(src, size)
     src.chmod(0o644)
-    s = Servers(lors, d, size)
+    s = Servers(lors, d, size, base)
     report = [
         f"## Loopback, {size / GiB:.2f} GiB, one server, tmpfs to tmpfs",
         "",
@@ -229,8 +259,16 @@ def main() -> int:
         log("uploading the download source with lors")
         subprocess.run([str(lors), "upload", "--quiet", "--force", "--depot", depot, "-c", "1", "-n",
                         "-o", str(d / "src.xnd"), str(src)], check=True)
+        if base:
+            log("uploading the download source with the baseline build")
+            subprocess.run([str(base), "upload", "--quiet", "--force", "--depot",
+                            f"127.0.0.1:{s.ports['depot-base']}", "-c", "1", "-n",
+                            "-o", str(d / "src-base.xnd"), str(src)], check=True)
         threads = [int(t) for t in a.threads.split(",") if t]
         down, up = cases(lors, s, d, size, threads)
+        if base:
+            bdown, bup = baseline_cases(base, s, d, size)
+            down, up = down + bdown, up + bup
         for name, cs in (("download", down), ("upload", up)):
             if a.only and a.only != name:
                 continue
@@ -249,7 +287,11 @@ def main() -> int:
                 f"limit ({limit:.3f}); defaults / best hand-picked thread count = "
                 f"**{ours / tuned:.2f}**.\n"
             )
-            print("\n".join(report[-2:]), flush=True)
+            old = next((median(c.rates()) for c in cs if c.kind == "baseline" and c.times), None)
+            if old:
+                report.append(f"{name}: this build / the baseline build (defaults, each with its own "
+                              f"depot) = **{ours / old:.2f}x**.\n")
+            print("\n".join(report[-3:] if old else report[-2:]), flush=True)
     finally:
         s.stop()
     save_report("\n".join(report), a.out)

@@ -58,7 +58,7 @@ pub fn size_arg(s: &str) -> Result<u64, String> {
 /// [`size_arg`] for sizes that cannot be zero (a memory bound, a file
 /// size to predict for).
 pub fn nonzero_size_arg(s: &str) -> Result<u64, String> {
-    nonzero(size_arg(s)?)
+    lors_ibp::units::parse_nonzero_size(s)
 }
 
 /// Parses block sizes for clap: a bare number is megabytes, as in a

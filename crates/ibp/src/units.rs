@@ -137,6 +137,15 @@ pub fn parse_block_size(s: &str) -> Result<u64, String> {
     parse_size(t)
 }
 
+/// [`parse_size`] for a size that cannot be zero (a memory bound, a file
+/// size to predict for).
+pub fn parse_nonzero_size(s: &str) -> Result<u64, String> {
+    match parse_size(s)? {
+        0 => Err("give at least 1 byte (0 would mean nothing to do)".into()),
+        n => Ok(n),
+    }
+}
+
 /// Parses `3600`, `90s`, `30m`, `12h`, `30d`, `2w`.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let t = s.trim();

@@ -88,6 +88,81 @@ pub struct DownloadOptions {
     pub start_buffer: u64,
 }
 
+/// The flags of `lors download` that tune how it reads, as a command
+/// takes them (`#[command(flatten)]` with the `clap` feature); with the
+/// settings resolved, [`Tuning::options`] makes the [`DownloadOptions`].
+#[derive(Debug, Clone)]
+#[cfg_attr(feature = "clap", derive(clap::Args))]
+pub struct Tuning {
+    /// First byte to fetch.
+    #[cfg_attr(feature = "clap", arg(short = 'O', long, value_parser = lors_ibp::units::parse_size, default_value = "0"))]
+    pub offset: u64,
+    /// Bytes to fetch [default: to the end].
+    #[cfg_attr(feature = "clap", arg(short = 'L', long, value_parser = lors_ibp::units::parse_size))]
+    pub length: Option<u64>,
+    /// Connections per depot [default: 8, halved for a depot each time it
+    /// says it is busy]
+    #[cfg_attr(feature = "clap", arg(short = 'a', long = "connections", value_parser = clap::value_parser!(u16).range(1..=256)))]
+    pub connections: Option<u16>,
+    /// Most data fetched ahead of the writer when streaming in order
+    /// (-o -), in blocks of -b: a slow reader's cushion. Within it a stream
+    /// keeps about 1 s of data in flight at the rate it measures, in pieces
+    /// of 256 KiB, so the bytes the writer needs next are not slowed by
+    /// many others.
+    #[cfg_attr(
+        feature = "clap",
+        arg(long = "prebuffer", value_name = "BLOCKS", default_value_t = 16)
+    )]
+    pub prebuffer: usize,
+    /// When streaming (-o -), hold the first SIZE bytes until they are all
+    /// fetched, as a player's start-up buffer: a reader at a constant rate
+    /// then rides out the network's dips [default: write at once].
+    #[cfg_attr(feature = "clap", arg(long = "start-buffer", value_name = "SIZE", value_parser = lors_ibp::units::parse_size, default_value = "0"))]
+    pub start_buffer: u64,
+    /// Most fetched data held in memory at once, whatever the file size
+    /// (encoded blocks while they are verified, stream pieces until
+    /// written). More lets more encoded blocks be fetched at once.
+    #[cfg_attr(feature = "clap", arg(long, value_name = "SIZE", value_parser = lors_ibp::units::parse_nonzero_size, default_value = "96M"))]
+    pub memory: u64,
+    /// Move a depot's pieces to other replicas once it has sent nothing for
+    /// this long while others deliver (`0` = wait for the timeout, -T).
+    #[cfg_attr(feature = "clap", arg(long, value_name = "DURATION", value_parser = lors_ibp::units::parse_duration, default_value = "30s"))]
+    pub stall: Duration,
+    /// Start over, discarding what an interrupted download left in OUT.lors-part.
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub restart: bool,
+    /// Never fetch a slow block twice from another replica.
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub no_redundancy: bool,
+}
+
+impl Tuning {
+    /// The options of a download of pieces of at most `block_size` bytes
+    /// with at most `threads` fetches in flight (0: no cap), reading the
+    /// `last_resort` depots only when nothing else is left.
+    pub fn options(
+        &self,
+        block_size: u64,
+        threads: usize,
+        last_resort: HashSet<String>,
+    ) -> DownloadOptions {
+        DownloadOptions {
+            offset: self.offset,
+            length: self.length,
+            block_size,
+            conns_per_depot: self.connections.map_or(0, usize::from),
+            hedge: !self.no_redundancy,
+            resume: !self.restart,
+            window: self.prebuffer.max(1),
+            threads,
+            last_resort,
+            memory: self.memory,
+            stall: self.stall,
+            start_buffer: self.start_buffer,
+        }
+    }
+}
+
 impl Default for DownloadOptions {
     fn default() -> Self {
         DownloadOptions {

@@ -2,13 +2,12 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
 use lors::download::{DownloadOptions, Output, download};
 use lors::settings::Layer;
 use lors::uri::ExnodeRef;
 
-use super::{duration_arg, nonzero_block_size_arg, nonzero_size_arg, size_arg};
+use super::nonzero_block_size_arg;
 use crate::UsageError;
 use crate::report::{ReportOpts, Reporter, Unit};
 
@@ -47,46 +46,17 @@ pub struct Args {
     /// Write to the exNode's recorded file name.
     #[arg(short = 'f', long = "auto-name", conflicts_with = "output")]
     auto_name: bool,
-    /// First byte to fetch.
-    #[arg(short = 'O', long, value_parser = size_arg, default_value = "0")]
-    offset: u64,
-    /// Bytes to fetch [default: to the end].
-    #[arg(short = 'L', long, value_parser = size_arg)]
-    length: Option<u64>,
+    #[command(flatten)]
+    tuning: lors::download::Tuning,
     /// Largest piece fetched in one request [default: bs= of a lors://
     /// URI, else LORS_BLOCKSIZE, else DATA_BLOCKSIZE in ~/.xndrc, else 2M]. Small pieces keep every depot
     /// busy to the end of the transfer.
     #[arg(short = 'b', long = "block-size", value_parser = nonzero_block_size_arg)]
     block_size: Option<u64>,
-    /// Connections per depot [default: 8, halved for a depot each time it
-    /// says it is busy]
-    #[arg(short = 'a', long = "connections", value_parser = clap::value_parser!(u16).range(1..=256))]
-    connections: Option<u16>,
     /// Fetches in flight across all depots [default: threads=, else
     /// LORS_THREADS, else THREADS in ~/.xndrc, else connections × depots].
     #[arg(short = 't', long)]
     threads: Option<usize>,
-    /// Most data fetched ahead of the writer when streaming in order
-    /// (-o -), in blocks of -b: a slow reader's cushion. Within it a stream
-    /// keeps about 1 s of data in flight at the rate it measures, in pieces
-    /// of 256 KiB, so the bytes the writer needs next are not slowed by
-    /// many others.
-    #[arg(long = "prebuffer", value_name = "BLOCKS", default_value_t = 16)]
-    prebuffer: usize,
-    /// When streaming (-o -), hold the first SIZE bytes until they are all
-    /// fetched, as a player's start-up buffer: a reader at a constant rate
-    /// then rides out the network's dips [default: write at once].
-    #[arg(long = "start-buffer", value_name = "SIZE", value_parser = size_arg, default_value = "0")]
-    start_buffer: u64,
-    /// Most fetched data held in memory at once, whatever the file size
-    /// (encoded blocks while they are verified, stream pieces until
-    /// written). More lets more encoded blocks be fetched at once.
-    #[arg(long, value_name = "SIZE", value_parser = nonzero_size_arg, default_value = "96M")]
-    memory: u64,
-    /// Move a depot's pieces to other replicas once it has sent nothing for
-    /// this long while others deliver (`0` = wait for the timeout, -T).
-    #[arg(long, value_name = "DURATION", value_parser = duration_arg, default_value = "30s")]
-    stall: Duration,
     /// With an L-Bone (-H, LBONE_SERVER): depots it does not list as online
     /// are read only when no other replica is left, and the measured rates
     /// are reported back to it.
@@ -96,12 +66,6 @@ pub struct Args {
     /// default whenever OUT.lors-part is there from the same exNode).
     #[arg(short = 'R', long, conflicts_with = "restart")]
     resume: bool,
-    /// Start over, discarding what an interrupted download left in OUT.lors-part.
-    #[arg(long)]
-    restart: bool,
-    /// Never fetch a slow block twice from another replica.
-    #[arg(long)]
-    no_redundancy: bool,
     #[command(flatten)]
     net: super::NetOpts,
     #[command(flatten)]
@@ -117,10 +81,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let s = super::settings(&a.net, flags, Some(&a.exnode))?;
     let x = lors::xnd::load(&a.exnode.path)?;
     let size = x.logical_size();
-    if a.offset > size || (a.offset == size && size > 0) {
+    let offset = a.tuning.offset;
+    if offset > size || (offset == size && size > 0) {
         return Err(UsageError(format!(
             "-O {} is past the end of the file ({size} bytes)",
-            a.offset
+            offset
         ))
         .into());
     }
@@ -134,22 +99,12 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let rt = super::runtime(super::Threads::Many)?;
     let directory = super::directory(&rt, &s);
     let last_resort = rt.block_on(lors::directory::last_resort(directory.as_ref(), &x));
-    let opts = DownloadOptions {
-        last_resort,
-        offset: a.offset,
-        length: a.length,
-        block_size: s
-            .block_size
-            .unwrap_or(DownloadOptions::default().block_size),
-        conns_per_depot: a.connections.map_or(0, usize::from),
-        hedge: !a.no_redundancy,
-        resume: !a.restart,
-        window: a.prebuffer.max(1),
-        threads: s.threads.unwrap_or(0),
-        memory: a.memory,
-        stall: a.stall,
-        start_buffer: a.start_buffer,
-    };
+    let block_size = s
+        .block_size
+        .unwrap_or(DownloadOptions::default().block_size);
+    let opts = a
+        .tuning
+        .options(block_size, s.threads.unwrap_or(0), last_resort);
     let cfg = s.client();
     let progress = Reporter::new("download", Unit::Bytes, &a.report, stdout);
     let stats = rt.block_on(async {
