@@ -5,6 +5,7 @@ tbf-limited veth links). Needs root.
 
     python3 bench/lab.py                       # k = 1,2,4,8 at 100 Mbit/s, 3 rounds
     python3 bench/lab.py --ks 2,4 --rate 200 --out docs/bench/lab.md
+    python3 bench/lab.py --ks 4 --baseline /tmp/old/lors   # an earlier build's download beside
 
 For every k it measures, in the same lab and interleaved round after round:
   * iperf3 single-link TCP goodput G (depot host 1 -> client, one stream);
@@ -160,13 +161,23 @@ def meta4(lab: Lab, src: Path, www: Path) -> Path:
     return m
 
 
+# An earlier lors binary (--baseline): its download runs beside this
+# build's, against the same depots, in the same rounds.
+BASELINE: Path | None = None
+
+
 def download_cases(lab: Lab, src: Path, xnd: Path, www: Path, size: int,
                    threads: list[int]) -> list[Case]:
     out = lab.d / "out.bin"
     rm = ["rm", "-f", str(out)]
     mirrors = [f"http://{lab.addr[i]}:{HTTP_PORT}/{src.name}" for i in range(1, lab.k + 1)]
     lors = str(lab.lors)
-    return [
+    baseline = [
+        Case("lors download (defaults), baseline build", "baseline",
+             lab.at_client([str(BASELINE), "download", "--quiet", "-o", str(out), str(xnd)]), size,
+             before=[rm], verify=(out, src)),
+    ] if BASELINE else []
+    return baseline + [
         Case("lors download (defaults)", "ours",
              lab.at_client([lors, "download", "--quiet", "-o", str(out), str(xnd)]), size,
              before=[rm], verify=(out, src)),
@@ -234,12 +245,14 @@ def scaling(lors: Path, d: Path, k: int, rate: int, per_link: int, rounds: int,
         m = median(rs)
         lines.append(f"| {c.name} | {m:.2f} | {min(rs):.2f}-{max(rs):.2f} | {m / ref:.3f} |")
     ours = next(median(c.rates()) for c in cases if c.kind == "ours")
+    old = next((median(c.rates()) for c in cases if c.kind == "baseline" and c.times), None)
     tuned = max((median(c.rates()) for c in cases if c.kind == "ours-tuned" and c.times), default=0)
     peer_name, peer = best(cases, "peer")
     summary = {"k": k, "ours_vs_ideal": ours / ideal, "peer": peer_name, "peer_vs_ideal": peer / ideal,
                "defaults_vs_best_tuned": ours / tuned if tuned else float("nan")}
     lines += ["", f"lors defaults: **{ours / ideal:.3f}** x k x link goodput; best peer {peer_name} "
-                  f"{peer / ideal:.3f}; defaults / best `-a` = **{summary['defaults_vs_best_tuned']:.2f}**.", ""]
+                  f"{peer / ideal:.3f}; defaults / best `-a` = **{summary['defaults_vs_best_tuned']:.2f}**"
+                  + (f"; this build / the baseline build = **{ours / old:.2f}**" if old else "") + ".", ""]
     return "\n".join(lines), summary
 
 
@@ -297,7 +310,10 @@ def main() -> int:
     ap.add_argument("--fault-k", type=int, default=4, help="depots in the fault runs (0 skips; default 4)")
     ap.add_argument("--dir", default="/dev/shm/lors-lab", help="working directory on tmpfs")
     ap.add_argument("--out", help="also write the Markdown report here")
+    ap.add_argument("--baseline", help="an earlier lors binary whose download runs beside this build's")
     a = ap.parse_args()
+    global BASELINE
+    BASELINE = Path(a.baseline) if a.baseline else None
     if os.geteuid() != 0:
         sys.exit("lab.py needs root (network namespaces)")
     d = Path(a.dir)
