@@ -3,7 +3,7 @@
 //! one, the mover's command line, and the timed runs themselves, appended
 //! to `DIR/runs.csv` as they complete so an interrupted sweep resumes.
 //! `lors bench sweep` maps its flags onto [`SweepOptions`] and calls
-//! [`sweep`].
+//! [`sweep()`].
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -31,7 +31,7 @@ pub(super) fn stamp(path: &Path) -> Option<Stamp> {
     })
 }
 
-/// What [`File::metadata`] and [`stat`] report.
+/// What [`File::metadata`](super::File::metadata) and [`stat`] report.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Metadata {
     /// Logical size in bytes.

@@ -24,7 +24,7 @@ use crate::{NoProgress, Pool};
 /// The reads of a file opened read-only, for many threads at once (the
 /// FUSE mount's threads read a file so): each waits only for its own
 /// bytes, so a read waiting on the network holds back none whose bytes are
-/// cached or arrive sooner. From [`File::reads`]; clones share the cache
+/// cached or arrive sooner. From [`File::reads`](super::File::reads); clones share the cache
 /// and the read-ahead.
 ///
 /// ```no_run
@@ -59,7 +59,7 @@ impl Reads {
     /// Appends up to `len` bytes at `offset` (fewer only at the end of the
     /// file) to the pipe `to` (its write end, with room for them) and says
     /// how many. Bytes the read-ahead keeps in pipes
-    /// ([`OpenOptions::spliced`]) go by reference, others are copied.
+    /// ([`OpenOptions::spliced`](super::OpenOptions::spliced)) go by reference, others are copied.
     ///
     /// # Errors
     /// As a read, or `WouldBlock` when `to` has no room; `to` may then hold

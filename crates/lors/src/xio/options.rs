@@ -110,7 +110,7 @@ impl OpenOptions {
 
     /// Keep what the read-ahead fetches in kernel pipes rather than in
     /// memory ([`lors_ibp::spliced`]), for a server that hands the bytes on
-    /// to the kernel: [`Reads::splice_to`] then moves them without a copy
+    /// to the kernel: [`Reads::splice_to`](super::Reads::splice_to) then moves them without a copy
     /// through user space. Plain reads copy them out of the pipes. Off by
     /// default; costs two descriptors per cached piece.
     pub fn spliced(&mut self, on: bool) -> &mut Self {
