@@ -567,15 +567,15 @@ fn delete_during_store(h: &Harness, c: &mut Client, caps: &Caps, len: u32, read_
 fn check(h: &Harness) {
     // Wait for the depot to finish with our connections.
     for _ in 0..1000 {
-        if h.depot.metrics.connections_open.get() == 0 {
+        if h.depot.open_connections() == 0 {
             break;
         }
         std::thread::sleep(Duration::from_millis(2));
     }
-    if let Err(e) = h.depot.store.check_accounting() {
+    if let Err(e) = h.depot.store().check_accounting() {
         panic!("accounting: {e}");
     }
-    let st = &h.depot.store.status()[0];
+    let st = &h.depot.store().status()[0];
     assert!(
         st.usage.used() <= st.total && st.usage.hard <= st.hard_total,
         "usage {:?} beyond the resource ({} bytes)",
@@ -588,15 +588,15 @@ fn check(h: &Harness) {
     assert_eq!(c.line().as_deref(), Some("1 1 \n"));
     drop(c);
     // Delete everything (as if every lease ran out): back to zero.
-    h.depot.store.reap_expired(u64::MAX);
-    let st = &h.depot.store.status()[0];
+    h.depot.store().reap_expired(u64::MAX);
+    let st = &h.depot.store().status()[0];
     assert_eq!(
         (st.usage.hard, st.usage.soft, st.usage.count),
         (0, 0, 0),
         "usage after deleting all"
     );
     // No alias outlives the allocations, and no key is left over.
-    if let Err(e) = h.depot.store.check_accounting() {
+    if let Err(e) = h.depot.store().check_accounting() {
         panic!("after deleting all: {e}");
     }
     let left: Vec<_> = std::fs::read_dir(&h.data)

@@ -113,6 +113,11 @@ impl Depot {
         self.store.status()
     }
 
+    /// Connections being served now.
+    pub fn open_connections(&self) -> i64 {
+        self.metrics.connections_open.get()
+    }
+
     /// The storage engine itself, for checks of its own bookkeeping
     /// (tests, `fsck`-like tools); serving goes through [`run`].
     pub fn store(&self) -> &Arc<Store> {
