@@ -970,31 +970,51 @@ impl http_body::Body for Held {
     }
 }
 
+/// Lets a request through only with the L-Bone's token (`Authorization:
+/// Bearer TOKEN`); a refusal is counted and logged.
+async fn require_token(
+    State(lb): State<Arc<LBone>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let given = (req.headers().get(AUTHORIZATION))
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    if lb.token_ok(given) {
+        return next.run(req).await;
+    }
+    lb.metrics.refused_token();
+    let path = req.uri().path();
+    tracing::warn!(peer = %peer.ip(), path, "refused: wrong or missing token");
+    error(
+        401,
+        "registration needs the L-Bone token: Authorization: Bearer TOKEN",
+    )
+}
+
 /// The HTTP API and the dashboard.
 pub fn router(lb: Arc<LBone>) -> Router {
     type S = State<Arc<LBone>>;
     type Peer = ConnectInfo<SocketAddr>;
     let dashboard = || async { ([(CONTENT_TYPE, "text/html; charset=utf-8")], DASHBOARD) };
-    let token = |lb: &LBone, headers: &HeaderMap, peer: Peer, path: &str| {
-        let given = headers
-            .get(AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim);
-        let ok = lb.token_ok(given);
-        if !ok {
-            lb.metrics.refused_token();
-            tracing::warn!(peer = %peer.0.ip(), path, "refused: wrong or missing token");
-        }
-        ok
-    };
     let http = lb.metrics.http.clone();
-    let refused = || {
-        error(
-            401,
-            "registration needs the L-Bone token: Authorization: Bearer TOKEN",
+    // The routes that change the directory: the token is checked before
+    // the body is read.
+    let registration = Router::new()
+        .route(
+            "/api/v1/register",
+            post(|State(lb): S, body: Bytes| async move { lb.register(&body).await }),
         )
-    };
+        .route(
+            "/api/v1/deregister",
+            post(|State(lb): S, body: Bytes| async move { lb.deregister(&body).await }),
+        )
+        .route_layer(axum::middleware::from_fn_with_state(
+            lb.clone(),
+            require_token,
+        ));
     let router = Router::new()
         .route("/", get(dashboard))
         .route("/index.html", get(dashboard))
@@ -1028,28 +1048,7 @@ pub fn router(lb: Arc<LBone>) -> Router {
                 },
             ),
         )
-        .route(
-            "/api/v1/register",
-            post(
-                move |State(lb): S, peer: Peer, h: HeaderMap, body: Bytes| async move {
-                    if !token(&lb, &h, peer, "/api/v1/register") {
-                        return refused();
-                    }
-                    lb.register(&body).await
-                },
-            ),
-        )
-        .route(
-            "/api/v1/deregister",
-            post(
-                move |State(lb): S, peer: Peer, h: HeaderMap, body: Bytes| async move {
-                    if !token(&lb, &h, peer, "/api/v1/deregister") {
-                        return refused();
-                    }
-                    lb.deregister(&body).await
-                },
-            ),
-        )
+        .merge(registration)
         .route(
             "/api/v1/rates",
             post(|State(lb): S, peer: Peer, body: Bytes| async move {
