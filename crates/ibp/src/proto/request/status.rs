@@ -103,11 +103,9 @@ impl Status {
     /// The request line. A v1.3 request never carries a RID; RES and
     /// VERSION always go in the v1.4 RID-less form.
     pub fn encode(&self) -> String {
-        let (v14, version) = match (self.version, &self.op) {
-            (Version::V13, StatusOp::Inquire { .. } | StatusOp::Change { .. }) => {
-                (false, Version::V13)
-            }
-            _ => (true, Version::V14),
+        let version = match (self.version, &self.op) {
+            (Version::V13, StatusOp::Inquire { .. } | StatusOp::Change { .. }) => Version::V13,
+            _ => Version::V14,
         };
         let mut l = Line::new(version, Command::Status.number());
         let (code, rid, password) = match &self.op {
@@ -116,7 +114,7 @@ impl Status {
             StatusOp::Resources => (RES, None, None),
             StatusOp::Version => (VERSION, None, None),
         };
-        if let (true, Some(rid)) = (v14, rid) {
+        if let (Version::V14, Some(rid)) = (version, rid) {
             l.field(rid);
         }
         l.field(code);
