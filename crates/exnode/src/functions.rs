@@ -543,6 +543,14 @@ impl Codec {
         stored: &[u8],
         out: &mut Vec<u8>,
     ) -> Result<(), E2eError> {
+        Self::check_stored_digest(m, stored)?;
+        self.decode_into(stored, m.logical_length, out)
+    }
+
+    /// Checks a mapping's stored bytes against its [`STORED_BLAKE3`]
+    /// digest, when it records one (a malformed digest is an error, never
+    /// a pass).
+    pub fn check_stored_digest(m: &Mapping, stored: &[u8]) -> Result<(), E2eError> {
         if let Some(v) = m.metadata.iter().find(|x| x.name == STORED_BLAKE3) {
             let want = match &v.value {
                 Value::String(h) => unhex(h).filter(|d| d.len() == 32),
@@ -556,7 +564,7 @@ impl Codec {
                 });
             }
         }
-        self.decode_into(stored, m.logical_length, out)
+        Ok(())
     }
 
     /// Encodes a mapping's data; returns the stored bytes and the function

@@ -3,6 +3,8 @@
 //! allocation, after these end-to-end functions" ("IBP Deployment Tests and Integration with DiDaS Project" §3.2.2).
 //!
 //! * [`model`] — [`ExNode`], [`Mapping`], [`Function`], [`Metadata`]; no I/O.
+//! * [`erasure`] — erasure-coded files: stripes of k data and m parity
+//!   blocks (Reed-Solomon), their layout in the exNode, encode and rebuild.
 //! * [`numbering`] — [`Numbering`]: mapping numbers as the LoRS tools show
 //!   and accept them.
 //! * [`xml`] — the LoRS `.xnd` format, read with hard limits (size, depth,
@@ -20,6 +22,7 @@
 //! assert_eq!(xml::parse(xml::write(&x).as_bytes()).unwrap(), x);
 //! ```
 
+pub mod erasure;
 pub mod functions;
 pub mod model;
 pub mod numbering;

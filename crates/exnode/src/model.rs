@@ -126,6 +126,20 @@ impl Mapping {
         }
     }
 
+    /// The stripe and index of an erasure-coded block (`ec_stripe`,
+    /// `ec_index` metadata): index `< k` a data block, else parity.
+    pub fn shard(&self) -> Option<(u64, usize)> {
+        let int = |name| match self.metadata.iter().find(|m| m.name == name) {
+            Some(Metadata {
+                value: Value::Integer(v),
+                ..
+            }) => u64::try_from(*v).ok(),
+            _ => None,
+        };
+        let index = usize::try_from(int(crate::erasure::META_INDEX)?).ok()?;
+        Some((int(crate::erasure::META_STRIPE)?, index))
+    }
+
     /// `host:port` of the depot holding this mapping.
     pub fn depot(&self) -> Option<String> {
         self.read
@@ -166,9 +180,20 @@ pub struct ExNode {
     pub metadata: Vec<Metadata>,
     /// The mappings, in document order; replicas are mappings with the same range.
     pub mappings: Vec<Mapping>,
+    /// The parity blocks of an erasure-coded file (`<exnode:parity>`; see
+    /// [`crate::erasure`]), never file data: kept apart from `mappings`
+    /// so that nothing that reads mappings can take them for it.
+    pub parity: Vec<Mapping>,
 }
 
 impl ExNode {
+    /// Every allocation: the mappings, then the parity blocks. Where
+    /// commands number allocations (probes, refresh, trim), parity block
+    /// `j` is number `mappings.len() + j`.
+    pub fn allocations(&self) -> impl Iterator<Item = &Mapping> {
+        self.mappings.iter().chain(&self.parity)
+    }
+
     /// A metadata item by name.
     pub fn meta(&self, name: &str) -> Option<&Value> {
         self.metadata
@@ -193,9 +218,17 @@ impl ExNode {
         }
     }
 
-    /// The numbers the LoRS tools (and `lors ls`) give the mappings.
+    /// The numbers the LoRS tools (and `lors ls`) give the mappings; the
+    /// parity blocks are numbered after them ([`ExNode::allocations`]).
     pub fn numbering(&self) -> crate::Numbering {
-        crate::Numbering::of(&self.mappings)
+        crate::Numbering::of(&self.mappings).then(self.parity.len())
+    }
+
+    /// Allocation `i` in the numbering of [`ExNode::allocations`].
+    pub fn allocation(&self, i: usize) -> Option<&Mapping> {
+        self.mappings
+            .get(i)
+            .or_else(|| self.parity.get(i.checked_sub(self.mappings.len())?))
     }
 
     /// The file's logical size: the end of the furthest mapping.
@@ -207,9 +240,10 @@ impl ExNode {
             .unwrap_or(0)
     }
 
-    /// Checks ranges and capability kinds.
+    /// Checks ranges and capability kinds (parity blocks are numbered after
+    /// the mappings).
     pub fn validate(&self) -> Result<(), ModelError> {
-        for (index, m) in self.mappings.iter().enumerate() {
+        for (index, m) in self.allocations().enumerate() {
             if m.exnode_offset.checked_add(m.logical_length).is_none() {
                 return Err(ModelError::Overflow {
                     index,
@@ -244,8 +278,7 @@ impl ExNode {
     /// Whether any mapping still carries a write or manage capability: such an
     /// exNode is a secret and is written with mode 0600.
     pub fn holds_secrets(&self) -> bool {
-        self.mappings
-            .iter()
+        self.allocations()
             .any(|m| m.write.is_some() || m.manage.is_some())
     }
 }

@@ -79,6 +79,16 @@ impl Numbering {
         }
     }
 
+    /// `extra` more allocations (an exNode's parity blocks) numbered
+    /// after the mappings, in file order: the LoRS tools never list them,
+    /// so their numbers stay as they were.
+    pub fn then(mut self, extra: usize) -> Self {
+        let n = self.number_of.len();
+        self.by_number.extend(n..n + extra);
+        self.number_of.extend(n..n + extra);
+        self
+    }
+
     /// The number shown for the mapping at file index `index`.
     ///
     /// # Panics

@@ -420,7 +420,11 @@ proptest! {
         metadata in proptest::collection::vec(metadata(), 0..4),
         mappings in proptest::collection::vec(mapping(), 0..6),
     ) {
-        let x = ExNode { metadata, mappings };
+        let x = ExNode {
+            metadata,
+            mappings,
+            parity: Vec::new(),
+        };
         let text = xml::write(&x);
         prop_assert_eq!(xml::parse(text.as_bytes()).unwrap(), x);
     }

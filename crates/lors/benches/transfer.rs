@@ -140,6 +140,7 @@ fn main() {
                 duration: Duration::from_secs(600),
                 reliability: Reliability::Hard,
                 filename: "bench".into(),
+                erasure: None,
                 e2e: e2e.map(|()| {
                     Codec::Native(Chain {
                         block_size: MIB,

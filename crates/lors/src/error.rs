@@ -66,6 +66,24 @@ pub enum Error {
         /// Depots usable.
         depots: usize,
     },
+    /// Fewer depots than the blocks of an erasure-coded stripe.
+    #[error(
+        "a {scheme} stripe needs {} distinct depots but only {depots} are usable: add depots or choose a smaller code", scheme.blocks()
+    )]
+    NotEnoughDepotsForStripe {
+        /// The code asked for.
+        scheme: lors_exnode::erasure::Scheme,
+        /// Depots usable.
+        depots: usize,
+    },
+    /// A repair asked of a file that is not erasure-coded.
+    #[error(
+        "the file is not erasure-coded: --repair remakes lost blocks of files uploaded with --ec; add copies with -c"
+    )]
+    NotErasureCoded,
+    /// An erasure code could not be computed or its record read.
+    #[error(transparent)]
+    Erasure(#[from] lors_exnode::erasure::ErasureError),
     /// A block could not be stored on any depot.
     #[error("block at offset {offset} could not be stored on any depot; last error: {last}")]
     Store {
@@ -92,7 +110,7 @@ pub enum Error {
     Interrupted {
         /// The blocks stored whole, every copy: what a resumed upload
         /// need not send again.
-        stored: lors_exnode::ExNode,
+        stored: Box<lors_exnode::ExNode>,
         /// Allocations of blocks in flight, released.
         released: usize,
         /// Allocations of blocks in flight that could not be released in
@@ -109,6 +127,21 @@ pub enum Error {
         /// One past the last byte.
         end: u64,
     },
+    /// A trim would leave a stripe of an erasure-coded file with fewer
+    /// blocks than it needs to be read.
+    #[error(
+        "trimming would leave stripe {stripe} (bytes {}..{}) with {left} of the {need} blocks it needs (pass --allow-holes to do it anyway)", bytes.start, bytes.end
+    )]
+    StripeBelowNeed {
+        /// The stripe.
+        stripe: u64,
+        /// Its bytes.
+        bytes: std::ops::Range<u64>,
+        /// Blocks it would keep.
+        left: usize,
+        /// Blocks it needs (`k`).
+        need: usize,
+    },
     /// Part of the file cannot be read from any replica.
     #[error("bytes {offset}..{end} could not be read from any replica; last error: {last}")]
     Unreadable {
@@ -116,6 +149,19 @@ pub enum Error {
         offset: u64,
         /// One past the last byte.
         end: u64,
+        /// Last depot error.
+        last: Cause,
+    },
+    /// Stripes of an erasure-coded file with more blocks lost than its
+    /// parity covers.
+    #[error("{} of an erasure-coded ({scheme}) file cannot be read: more than {} of their {} blocks are lost: {}; last error: {last}",
+        if stripes.len() == 1 { "1 stripe".to_owned() } else { format!("{} stripes", stripes.len()) },
+        scheme.parity, scheme.blocks(), list_stripes(stripes))]
+    StripesLost {
+        /// The code.
+        scheme: lors_exnode::erasure::Scheme,
+        /// Each stripe lost and its bytes.
+        stripes: Vec<(u64, std::ops::Range<u64>)>,
         /// Last depot error.
         last: Cause,
     },
@@ -153,7 +199,9 @@ impl Error {
     pub fn status(&self) -> Option<StatusCode> {
         match self {
             Error::Ibp(e) => e.status(),
-            Error::Store { last, .. } | Error::Unreadable { last, .. } => last.code,
+            Error::Store { last, .. }
+            | Error::Unreadable { last, .. }
+            | Error::StripesLost { last, .. } => last.code,
             Error::Abandoned { cause, .. } => cause.status(),
             _ => None,
         }
@@ -165,4 +213,15 @@ impl Error {
             source,
         }
     }
+}
+
+/// `stripe 0 (bytes 0..6291456), …`: the first ten.
+fn list_stripes(stripes: &[(u64, std::ops::Range<u64>)]) -> String {
+    let mut out: Vec<String> = (stripes.iter().take(10))
+        .map(|(s, r)| format!("stripe {s} (bytes {}..{})", r.start, r.end))
+        .collect();
+    if stripes.len() > 10 {
+        out.push(format!("and {} more", stripes.len() - 10));
+    }
+    out.join(", ")
 }

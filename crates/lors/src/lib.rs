@@ -25,6 +25,7 @@ pub mod plan;
 pub mod pool;
 pub mod progress;
 pub mod rate;
+pub mod repair;
 pub mod settings;
 pub mod share;
 pub mod stall;

@@ -172,7 +172,7 @@ pub async fn replicate(
         let kept = pool.release_all(all).await;
         if stopped {
             return Err(Error::Interrupted {
-                stored: ExNode::default(),
+                stored: Box::default(),
                 released: total - kept.len(),
                 stranded: ExNode {
                     mappings: kept,
@@ -432,11 +432,13 @@ pub struct Trimmed {
     pub release_errors: Vec<(usize, String)>,
 }
 
-/// Removes the selected mappings. With `release`, each removed allocation's
-/// read reference is dropped first (MANAGE DECR), so the depot frees it now
-/// instead of at expiry; the depots are asked in parallel and `progress`
-/// counts allocations released. Refuses to remove the last replica of any
-/// block unless `allow_holes`.
+/// Removes the selected allocations (mappings, and parity blocks numbered
+/// after them). With `release`, each removed allocation's read reference
+/// is dropped first (MANAGE DECR), so the depot frees it now instead of
+/// at expiry; the depots are asked in parallel and `progress` counts
+/// allocations released. Unless `allow_holes`, refuses to remove the last
+/// replica of any block — or, for an erasure-coded file, to leave any
+/// stripe with fewer blocks than it needs to be read.
 pub async fn trim(
     x: &ExNode,
     sel: &Selection,
@@ -445,7 +447,20 @@ pub async fn trim(
     pool: &Pool,
     progress: &dyn Progress,
 ) -> Result<Trimmed> {
-    if !allow_holes {
+    let erasure = lors_exnode::erasure::Erasure::of(x)?;
+    if let (Some(e), false) = (&erasure, allow_holes) {
+        // A data block's last copy may go while its stripe can rebuild it.
+        let kept = |i: usize| x.allocation(i).is_some_and(|m| !sel.contains(i, m));
+        if let Some(m) = e.margins(x, kept).into_iter().find(|m| m.margin < 0) {
+            return Err(Error::StripeBelowNeed {
+                stripe: m.stripe,
+                bytes: m.bytes,
+                left: m.blocks,
+                need: e.scheme.data,
+            });
+        }
+    }
+    if !allow_holes && erasure.is_none() {
         for ((offset, len), idx) in blocks(x) {
             if idx.iter().all(|&i| sel.contains(i, &x.mappings[i])) {
                 return Err(Error::LastReplica {
@@ -456,15 +471,19 @@ pub async fn trim(
         }
     }
     let mut keep = ExNode {
+        parity: Vec::new(),
         metadata: x.metadata.clone(),
         mappings: Vec::new(),
     };
     let mut removed = 0;
     let mut jobs = Vec::new();
     let mut release_errors = Vec::new();
-    for (i, m) in x.mappings.iter().enumerate() {
+    for (i, m) in x.allocations().enumerate() {
         if !sel.contains(i, m) {
-            keep.mappings.push(m.clone());
+            match i < x.mappings.len() {
+                true => keep.mappings.push(m.clone()),
+                false => keep.parity.push(m.clone()),
+            }
             continue;
         }
         removed += 1;
@@ -503,9 +522,10 @@ pub enum Lease {
     Max,
 }
 
-/// Extends the lease of every mapping that has a manage capability, the
-/// depots in parallel; `progress` counts allocations done. Returns
-/// per-mapping outcomes in exNode order: new seconds left, or the error.
+/// Extends the lease of every allocation (parity blocks too, numbered
+/// after the mappings) that has a manage capability, the depots in
+/// parallel; `progress` counts allocations done. Returns per-allocation
+/// outcomes in exNode order: new seconds left, or the error.
 pub async fn refresh(
     x: &ExNode,
     lease: Lease,
@@ -514,7 +534,7 @@ pub async fn refresh(
 ) -> Vec<(usize, std::result::Result<i64, Cause>)> {
     let mut out = Vec::new();
     let mut jobs = Vec::new();
-    for (i, m) in x.mappings.iter().enumerate() {
+    for (i, m) in x.allocations().enumerate() {
         match &m.manage {
             None => out.push((i, Err("no manage capability".into()))),
             Some(cap) => jobs.push((i, cap.clone())),
@@ -565,7 +585,7 @@ async fn extend(
 /// write and manage to hand out a read-only file.
 pub fn modify(x: &ExNode, strip_read: bool, strip_write: bool, strip_manage: bool) -> ExNode {
     let mut y = x.clone();
-    for m in &mut y.mappings {
+    for m in y.mappings.iter_mut().chain(&mut y.parity) {
         if strip_read {
             m.read = None;
         }
@@ -648,21 +668,21 @@ impl Probe {
     }
 }
 
-/// Probes every mapping (manage key, else read key): what the depots report.
-/// Depots are probed in parallel, each over one connection; once a depot
-/// cannot be reached its other mappings are reported unreachable without
-/// waiting for it again.
+/// Probes every allocation (manage key, else read key) — the mappings,
+/// then the parity blocks ([`ExNode::allocations`]): what the depots
+/// report. Depots are probed in parallel, each over one connection; once a
+/// depot cannot be reached its other mappings are reported unreachable
+/// without waiting for it again.
 pub async fn probe_all(x: &ExNode, pool: &Pool) -> Vec<Probe> {
     let jobs = x
-        .mappings
-        .iter()
+        .allocations()
         .enumerate()
         .filter_map(|(i, m)| {
             let c = m.manage.as_ref().or(m.read.as_ref()).or(m.write.as_ref())?;
             Some((i, c.clone()))
         })
         .collect();
-    let mut out = vec![Probe::Failed("no capability".into()); x.mappings.len()];
+    let mut out = vec![Probe::Failed("no capability".into()); x.allocations().count()];
     for (i, r) in by_depot(jobs, pool, &NoProgress, |mut c, _, cap| async move {
         let r = c.probe(&cap).await;
         (c, r)

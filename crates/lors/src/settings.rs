@@ -33,6 +33,7 @@
 
 use std::time::Duration;
 
+use lors_exnode::erasure::Scheme;
 use lors_ibp::ClientConfig;
 use lors_ibp::proto::{Reliability, Timeout};
 use lors_ibp::units::{parse_block_size, parse_duration};
@@ -48,11 +49,12 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 pub const DEFAULT_DURATION: Duration = Duration::from_secs(86_400);
 
 /// The environment variables read, in the order `lors --help` lists them.
-pub const ENV_VARS: [&str; 9] = [
+pub const ENV_VARS: [&str; 10] = [
     "LORS_TIMEOUT",
     "LORS_BLOCKSIZE",
     "LORS_THREADS",
     "LORS_COPIES",
+    "LORS_EC",
     "LORS_DURATION",
     "LORS_LOCATION",
     "LORS_MAXDEPOTS",
@@ -135,6 +137,10 @@ pub struct Layer {
     pub threads: Option<usize>,
     /// Copies of each block (`-c`, `copies=`, `LORS_COPIES`, `COPIES`).
     pub copies: Option<usize>,
+    /// Erasure code of new uploads (`--ec`, `ec=`, `LORS_EC`, `EC`);
+    /// `Some(None)`: copies. A source that sets copies and no code says
+    /// copies: the highest source that says either decides.
+    pub ec: Option<Option<Scheme>>,
     /// Lease of new allocations (`-d`, `duration=`, `LORS_DURATION`,
     /// `DURATION`).
     pub duration: Option<Duration>,
@@ -160,6 +166,7 @@ impl Layer {
             block_size: u.block_size,
             threads: u.threads,
             copies: u.copies,
+            ec: u.ec.or(u.copies.map(|_| None)),
             duration: u.duration,
             lbone: u
                 .lbone
@@ -203,6 +210,10 @@ impl Layer {
             block_size: parse(env, "LORS_BLOCKSIZE", parse_block_size)?,
             threads: parse(env, "LORS_THREADS", count)?,
             copies: parse(env, "LORS_COPIES", count)?,
+            ec: match parse(env, "LORS_EC", crate::uri::parse_ec)? {
+                None if env.get("LORS_COPIES").is_some() => Some(None),
+                ec => ec,
+            },
             duration: parse(env, "LORS_DURATION", secs)?,
             hard: None,
             location: env.get("LORS_LOCATION").map(str::to_owned),
@@ -226,6 +237,7 @@ impl Layer {
             block_size: rc.block_size,
             threads: rc.threads,
             copies: rc.copies,
+            ec: rc.ec,
             duration: rc.duration,
             hard: rc.hard,
             location: rc.location.clone(),
@@ -242,6 +254,7 @@ impl Layer {
             block_size: self.block_size.or(lower.block_size),
             threads: self.threads.or(lower.threads),
             copies: self.copies.or(lower.copies),
+            ec: self.ec.or(lower.ec),
             duration: self.duration.or(lower.duration),
             hard: self.hard.or(lower.hard),
             location: self.location.or(lower.location),
@@ -276,6 +289,9 @@ pub struct Settings {
     pub threads: Option<usize>,
     /// Copies of each block, if any source set it.
     pub copies: Option<usize>,
+    /// The erasure code new uploads use instead of copies, if the highest
+    /// source to say either chose one.
+    pub erasure: Option<Scheme>,
     /// Lease of new allocations.
     pub duration: Duration,
     /// Hard storage (the default) or soft.
@@ -332,6 +348,7 @@ impl Settings {
             block_size: l.block_size,
             threads: l.threads,
             copies: l.copies,
+            erasure: l.ec.flatten(),
             duration: l.duration.unwrap_or(DEFAULT_DURATION),
             reliability: if l.hard.unwrap_or(true) {
                 Reliability::Hard

@@ -415,6 +415,7 @@ fn shared_exnode(x: &ExNode, cuts: &[Cut], got: BTreeMap<usize, CapSet>) -> ExNo
     let mut y = ExNode {
         metadata: x.metadata.clone(),
         mappings: Vec::with_capacity(got.len()),
+        parity: Vec::new(),
     };
     let mut ids = blake3::Hasher::new();
     for (i, caps) in got {
@@ -717,6 +718,7 @@ mod tests {
         let mut x = ExNode {
             metadata: vec![],
             mappings: vec![raw(0, 100), raw(100, 100)],
+            parity: vec![],
         };
         let c = cuts(
             &x,

@@ -45,6 +45,18 @@ pub struct ExnodeRef {
     pub threads: Option<usize>,
     /// `timeout=`.
     pub timeout: Option<Duration>,
+    /// `ec=K+M` (`ec=none`: copies): erasure-code new uploads.
+    pub ec: Option<Option<lors_exnode::erasure::Scheme>>,
+}
+
+/// An erasure code as users write it: `K+M`, or `none` (copies).
+pub fn parse_ec(v: &str) -> Result<Option<lors_exnode::erasure::Scheme>, String> {
+    if v.trim().eq_ignore_ascii_case("none") {
+        return Ok(None);
+    }
+    lors_exnode::erasure::Scheme::parse(v)
+        .map(Some)
+        .map_err(|e| e.to_string())
 }
 
 /// With no unit, a number is `unit` (the paper's units).
@@ -67,7 +79,7 @@ impl ExnodeRef {
         };
         let bad = |why: &str| {
             format!(
-                "{arg:?}: {why} (form: lors://[HOST[:PORT]]/PATH[?bs=MB&duration=S&copies=N&threads=N&timeout=S])"
+                "{arg:?}: {why} (form: lors://[HOST[:PORT]]/PATH[?bs=MB&duration=S&copies=N&ec=K+M&threads=N&timeout=S])"
             )
         };
         let slash = rest.find('/').ok_or_else(|| bad("no path"))?;
@@ -113,6 +125,7 @@ impl ExnodeRef {
                 }
                 "copies" => r.copies = Some(num(v)?),
                 "threads" => r.threads = Some(num(v)?),
+                "ec" => r.ec = Some(parse_ec(v).map_err(|e| bad(&e))?),
                 other => return Err(bad(&format!("unknown parameter {other:?}"))),
             }
         }

@@ -36,6 +36,8 @@ pub struct Xndrc {
     pub e2e_block_size: Option<u64>,
     /// `COPIES` (1–1000).
     pub copies: Option<usize>,
+    /// `EC K+M` (or `EC none`): erasure-code uploads instead of copying.
+    pub ec: Option<Option<lors_exnode::erasure::Scheme>>,
     /// `THREADS`.
     pub threads: Option<usize>,
     /// `MAXDEPOTS`.
@@ -114,6 +116,7 @@ pub fn parse(text: &str) -> Result<Xndrc, String> {
                 }
                 x.copies = Some(c);
             }
+            "EC" => x.ec = Some(crate::uri::parse_ec(one()?).map_err(|e| bad(&e))?),
             "THREADS" => x.threads = Some(one()?.parse().map_err(|_| bad("must be a number"))?),
             "MAXDEPOTS" => {
                 x.max_depots = Some(one()?.parse().map_err(|_| bad("must be a number"))?)

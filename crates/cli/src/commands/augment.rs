@@ -4,12 +4,14 @@ use lors::uri::ExnodeRef;
 
 use crate::report::{ReportOpts, Reporter, Unit};
 
-/// Add replicas of every block on other depots (copied depot to depot).
+/// Add replicas of every block on other depots (copied depot to depot);
+/// with --repair, remake the lost blocks of an erasure-coded file.
 #[derive(clap::Args)]
 #[command(after_help = "EXAMPLES:
   lors augment --depot d4:6714 -c 1 -o run42-3copies.xnd run42.xnd
   lors augment --depot d4:6714 --depot d5:6714 -c 2 run42.xnd     # in place
-  LBONE_SERVER=lbone.example.org:8767 lors augment -c 1 -l \"city= Tokyo\" run42.xnd")]
+  LBONE_SERVER=lbone.example.org:8767 lors augment -c 1 -l \"city= Tokyo\" run42.xnd
+  lors augment --repair --depot d10:6714,d11:6714,d12:6714 run42.xnd   # --ec file")]
 pub struct Args {
     #[command(flatten)]
     bwlimit: super::Bwlimit,
@@ -19,8 +21,15 @@ pub struct Args {
     #[command(flatten)]
     targets: super::Targets,
     /// New replicas per block, each on a depot that does not hold it yet.
-    #[arg(short, long, default_value_t = 1)]
+    #[arg(short, long, default_value_t = 1, conflicts_with = "repair")]
     copies: usize,
+    /// For an erasure-coded file (`lors upload --ec`): remake every block
+    /// that is lost (its depot does not answer, its allocation is gone)
+    /// or corrupt, from k good blocks of its stripe, each on a depot that
+    /// holds no block of that stripe; the stripes get their full margin
+    /// back (see `lors stat`).
+    #[arg(long)]
+    repair: bool,
     #[command(flatten)]
     lease: super::LeaseOpts,
     #[command(flatten)]
@@ -38,6 +47,13 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let x = lors::xnd::load(&a.exnode.path)?;
     let progress = Reporter::new("augment", Unit::Bytes, &a.report, false);
     let rt = super::runtime(super::Threads::Many)?;
+    if a.repair {
+        return repair(&a, &s, &x, &rt, progress);
+    }
+    super::refuse_erasure(
+        &x,
+        "lors augment -c (to add redundancy to it, use a stronger code)",
+    )?;
     // From an L-Bone, the best depots that hold none of the file yet.
     let found = a.targets.find(&rt, &x, &s, a.copies, true)?;
     let (stop, signal) = super::stop_on_signal(&rt);
@@ -70,5 +86,66 @@ pub fn run(a: Args) -> anyhow::Result<()> {
 #[derive(serde::Serialize)]
 struct Summary<'a> {
     added: usize,
+    exnode: &'a str,
+}
+
+/// `--repair`: the lost blocks of an erasure-coded file made again.
+fn repair(
+    a: &Args,
+    s: &lors::settings::Settings,
+    x: &lors_exnode::ExNode,
+    rt: &tokio::runtime::Runtime,
+    progress: std::sync::Arc<Reporter>,
+) -> anyhow::Result<()> {
+    let e = lors_exnode::erasure::Erasure::of(x)?.ok_or(lors::Error::NotErasureCoded)?;
+    let probes = super::probe_all(x, s)?;
+    // Any depot can take a block of a stripe it holds none of.
+    let found = a.targets.find(rt, x, s, e.scheme.blocks(), false)?;
+    let (stop, signal) = super::stop_on_signal(rt);
+    let opts = lors::manage::CopyOptions {
+        duration: s.duration,
+        reliability: s.reliability,
+        stop: Some(stop),
+    };
+    let out = a.output.as_ref().map_or(&a.exnode.path, |o| &o.path);
+    let r = rt.block_on(async {
+        let pool = std::sync::Arc::new(a.bwlimit.pool(s.client()));
+        lors::repair::repair(x, &probes, &found.depots, &opts, &pool, progress.as_ref()).await
+    });
+    progress.finish();
+    let r = match r {
+        Err(e @ lors::Error::Abandoned { .. }) => return Err(super::upload::failed(e, out)),
+        r => super::upload::copies_outcome("repair", r, out, &signal)?,
+    };
+    lors::xnd::save(out, &r.exnode)?;
+    if progress.is_json() {
+        progress.done(&RepairSummary {
+            stripes: r.stripes,
+            blocks: r.blocks,
+            dropped: r.dropped,
+            exnode: &out.display().to_string(),
+        });
+    } else if !a.report.quiet {
+        eprintln!(
+            "lors: repaired {} stripes: {} blocks made again{} -> {}",
+            r.stripes,
+            r.blocks,
+            if r.dropped > 0 {
+                format!(", {} gone allocations dropped", r.dropped)
+            } else {
+                String::new()
+            },
+            out.display()
+        );
+    }
+    Ok(())
+}
+
+/// `--json`: what a repair did.
+#[derive(serde::Serialize)]
+struct RepairSummary<'a> {
+    stripes: usize,
+    blocks: usize,
+    dropped: usize,
     exnode: &'a str,
 }

@@ -120,6 +120,7 @@ async fn demo(a: &Args, dir: &std::path::Path) -> anyhow::Result<()> {
         duration: Duration::from_secs(3600),
         reliability: Reliability::Hard,
         filename: "demo.bin".into(),
+        erasure: None,
         e2e: Some(Codec::Native(Chain {
             block_size: 1 << 20,
             steps: vec![Step::Blake3],

@@ -63,8 +63,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let s = super::settings(&a.net, Default::default(), Some(&exnode))?;
     let x = lors::xnd::load(&exnode.path)?;
     let probes: Vec<Probe> = if a.offline {
-        x.mappings
-            .iter()
+        x.allocations()
             .map(|_| Probe::Failed("not probed".to_string()))
             .collect()
     } else {
@@ -100,7 +99,7 @@ fn json(
         .in_order()
         .enumerate()
         .map(|(index, i)| {
-            let m = &x.mappings[i];
+            let m = x.allocation(i).expect("numbered allocations exist");
             let live = match &probes[i] {
                 Probe::Live(p) => Some(p),
                 _ => None,
@@ -128,12 +127,16 @@ fn json(
                 expires: live
                     .map(|p| now.saturating_add(u64::try_from(p.seconds_left).unwrap_or(0))),
                 error: live.is_none().then(|| probes[i].reason()),
+                stripe: m.shard().map(|(s, _)| s),
+                block: m.shard().map(|(_, b)| b),
+                parity: i >= x.mappings.len(),
             }
         })
         .collect();
     let listing = Listing {
         filename: x.filename().unwrap_or(""),
         size: x.logical_size(),
+        ec: (lors_exnode::erasure::Erasure::of(x).ok().flatten()).map(|e| e.scheme.to_string()),
         mappings,
     };
     s.push_str(&super::json_line(&listing)?);
@@ -151,15 +154,27 @@ fn table(
 ) -> String {
     let numbering = x.numbering();
     let mut s = String::new();
+    let ec = (lors_exnode::erasure::Erasure::of(x).ok().flatten())
+        .map(|e| {
+            format!(
+                " and {} parity blocks (erasure code {})",
+                x.parity.len(),
+                e.scheme
+            )
+        })
+        .unwrap_or_default();
     let _ = writeln!(
         s,
-        "{}: {} bytes, {} mappings",
+        "{}: {} bytes, {} mappings{ec}",
         exnode.path.display(),
         x.logical_size(),
         x.mappings.len()
     );
     for (n, i) in numbering.in_order().enumerate() {
-        let (m, p) = (&x.mappings[i], &probes[i]);
+        let (m, p) = (
+            x.allocation(i).expect("numbered allocations exist"),
+            &probes[i],
+        );
         let rel = match p {
             Probe::Live(p) if p.reliability == 2 => 'H',
             Probe::Live(p) if p.reliability == 1 => 'S',
@@ -183,9 +198,14 @@ fn table(
             _ if offline => ("-1".into(), "Unknown".into()),
             p => ("-1".into(), format!("Unknown ({})", p.state())),
         };
+        // Parity blocks hold no file bytes: their stripe instead.
+        let what = match (m.shard(), i >= x.mappings.len()) {
+            (Some((st, b)), true) => format!(" [parity {b} of stripe {st}]"),
+            _ => String::new(),
+        };
         let _ = writeln!(
             s,
-            "{n:>2} {flags} {refs:>2} {:>9} {:>9} {} {exp}",
+            "{n:>2} {flags} {refs:>2} {:>9} {:>9} {} {exp}{what}",
             m.exnode_offset,
             m.logical_length,
             m.depot().unwrap_or_else(|| "-".into())
@@ -233,6 +253,9 @@ mod tests {
 struct Listing<'a> {
     filename: &'a str,
     size: u64,
+    /// The erasure code (`6+3`), for an erasure-coded file.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ec: Option<String>,
     mappings: Vec<Row<'a>>,
 }
 
@@ -261,4 +284,12 @@ struct Row<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     expires: Option<u64>,
     error: Option<String>,
+    /// An erasure-coded block's stripe and index in it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stripe: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    block: Option<usize>,
+    /// A parity block (no file bytes).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    parity: bool,
 }

@@ -76,7 +76,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let mut soonest: Option<(i64, String)> = None;
     let mut failures = Vec::new();
     for (n, i, r) in rows {
-        let depot = x.mappings[i].depot().unwrap_or_default();
+        let depot = (x.allocation(i).and_then(|m| m.depot())).unwrap_or_default();
         match r {
             Ok(secs) => {
                 if a.verbose > 0 && !json {

@@ -61,8 +61,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                         UsageError(format!(
                             "there is no mapping {n}: {} has {} (numbered 0 to {}, see lors ls)",
                             a.exnode.path.display(),
-                            x.mappings.len(),
-                            x.mappings.len().saturating_sub(1)
+                            x.allocations().count(),
+                            x.allocations().count().saturating_sub(1)
                         ))
                     })
                 })

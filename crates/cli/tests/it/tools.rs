@@ -103,6 +103,7 @@ fn round_trips_over_sizes_block_sizes_copies_and_threads() {
                     duration: std::time::Duration::from_secs(600),
                     reliability: Reliability::Hard,
                     filename: "p.bin".into(),
+                    erasure: None,
                     e2e: chain.clone(),
                 };
                 let (x, back) = rt.block_on(async {

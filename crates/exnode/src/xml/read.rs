@@ -293,10 +293,19 @@ impl Parser<'_> {
                     x.metadata.push(self.metadata(&e)?);
                 }
                 Ev::Start(e) if e.exnode_ns && e.local == "mapping" => {
-                    if x.mappings.len() == self.limits.max_mappings {
+                    if x.mappings.len() + x.parity.len() == self.limits.max_mappings {
                         return Err(self.limit("mappings"));
                     }
                     x.mappings.push(self.mapping(&e)?);
+                }
+                // Parity blocks of an erasure-coded file: their own element,
+                // which the LoRS 0.82 tools skip (they would read parity as
+                // file data otherwise).
+                Ev::Start(e) if e.exnode_ns && e.local == "parity" => {
+                    if x.mappings.len() + x.parity.len() == self.limits.max_mappings {
+                        return Err(self.limit("mappings"));
+                    }
+                    x.parity.push(self.mapping(&e)?);
                 }
                 Ev::Start(e) => self.skip(&e)?,
                 Ev::Text(_) => {}

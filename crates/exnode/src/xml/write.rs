@@ -66,8 +66,8 @@ fn function(out: &mut String, indent: usize, f: &Function) {
     let _ = writeln!(out, "{pad}</exnode:function>");
 }
 
-fn mapping(out: &mut String, m: &Mapping) {
-    out.push_str("  <exnode:mapping>\n");
+fn mapping(out: &mut String, tag: &str, m: &Mapping) {
+    let _ = writeln!(out, "  <exnode:{tag}>");
     // libexnode keeps mapping metadata sorted by name; so do we.
     for (name, v) in [
         ("alloc_length", m.alloc_length),
@@ -100,20 +100,23 @@ fn mapping(out: &mut String, m: &Mapping) {
             let _ = writeln!(out, "</exnode:{tag}>");
         }
     }
-    out.push_str("  </exnode:mapping>\n");
+    let _ = writeln!(out, "  </exnode:{tag}>");
 }
 
 /// Serializes an exNode. Values are written as given; callers set
 /// `filename`/`lorsversion` metadata (see [`super::LORS_VERSION`]).
 pub fn write(x: &ExNode) -> String {
-    let mut out = String::with_capacity(256 + 700 * x.mappings.len());
+    let mut out = String::with_capacity(256 + 700 * (x.mappings.len() + x.parity.len()));
     out.push_str("<?xml version=\"1.0\"?>\n");
     let _ = writeln!(out, "<exnode xmlns:exnode=\"{NAMESPACE}\">");
     for m in &x.metadata {
         item(&mut out, 1, "metadata", m);
     }
     for m in &x.mappings {
-        mapping(&mut out, m);
+        mapping(&mut out, "mapping", m);
+    }
+    for m in &x.parity {
+        mapping(&mut out, "parity", m);
     }
     out.push_str("</exnode>\n");
     out

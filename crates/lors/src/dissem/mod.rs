@@ -607,6 +607,7 @@ impl<'a> Spread<'a> {
             release.extend(made);
         }
         let mut unreleased = ExNode {
+            parity: x.parity.clone(),
             metadata: x.metadata.clone(),
             mappings: if release.is_empty() {
                 Vec::new()

@@ -26,7 +26,7 @@ enum Got {
 }
 
 /// Why a fetch failed.
-enum Fail {
+pub(super) enum Fail {
     /// This replica (or its depot, when the flag says it is unreachable).
     Remote(Cause, bool),
     /// This replica's allocation ends before the piece: it holds less than
@@ -259,6 +259,9 @@ async fn fetch(
     out: Option<&OutFile>,
 ) -> Result<Got, Fail> {
     let map = &ctx.x.mappings[m];
+    if let Some(rb) = ctx.rebuild.as_ref().filter(|r| r.is_virtual(m)) {
+        return rebuilt(ctx, rb, m, offset, len, enc, out.is_some()).await;
+    }
     let cap = map.read.as_ref().expect("planned mappings are readable");
     match enc {
         Err(e) => Err(Fail::Remote(Cause::local(e.to_string()), false)),
@@ -329,6 +332,62 @@ async fn fetch(
     }
 }
 
+/// Piece `offset..offset+len` of the data block virtual mapping `m`
+/// stands for, rebuilt from its stripe: its stored bytes, then checked and
+/// decoded as a fetched piece is. When the check fails, the blocks used
+/// may hold the damage: the piece is rebuilt again without the parity
+/// used (or, with none used, without the data blocks), a bounded number
+/// of times.
+async fn rebuilt(
+    ctx: &Ctx,
+    rb: &super::rebuild::Rebuild,
+    m: usize,
+    offset: u64,
+    len: u64,
+    enc: Result<Option<Encoded>, E2eError>,
+    to_file: bool,
+) -> Result<Got, Fail> {
+    let map = &ctx.x.mappings[m];
+    let at = offset - map.exnode_offset;
+    let enc = enc.map_err(|e| Fail::Remote(Cause::local(e.to_string()), false))?;
+    let want = match &enc {
+        None => at..at + len,
+        Some(e) => e.stored.clone(),
+    };
+    let Some(e) = enc else {
+        let (bytes, _) = rb.load(ctx, m, want, &Default::default()).await?;
+        return Ok(Got::Data(Data::Mem(bytes)));
+    };
+    let mut exclude = std::collections::HashSet::new();
+    let mut attempts = 0;
+    loop {
+        let (stored, used) = rb.load(ctx, m, want.clone(), &exclude).await?;
+        let piece = at..at + len;
+        let (bufs, mapping) = (ctx.bufs.clone(), map.clone());
+        let (e2, piece2) = (e.again(), piece.clone());
+        let opened =
+            tokio::task::spawn_blocking(move || e2.open(&mapping, stored, piece2, to_file, &bufs))
+                .await
+                .map_err(|e| Fail::Remote(Cause::local(e.to_string()), false))?;
+        match opened {
+            Ok(got) => return Ok(got),
+            Err(err) if attempts < 3 => {
+                tracing::debug!(error = %err, "a rebuilt piece failed its check: rebuilding it from other blocks");
+                let k = rb.data_blocks();
+                let parity: Vec<_> = used.iter().filter(|(i, _)| *i >= k).cloned().collect();
+                exclude.extend(if parity.is_empty() { used } else { parity });
+                attempts += 1;
+            }
+            Err(err) => {
+                return Err(Fail::Remote(
+                    Cause::local(format!("{err} (rebuilt from parity)")),
+                    false,
+                ));
+            }
+        }
+    }
+}
+
 /// How a piece of an encoded mapping is read.
 struct Encoded {
     codec: Codec,
@@ -341,6 +400,16 @@ struct Encoded {
 }
 
 impl Encoded {
+    /// The same reading, for another attempt.
+    fn again(&self) -> Encoded {
+        Encoded {
+            codec: self.codec.clone(),
+            slice: self.slice.clone(),
+            stored: self.stored.clone(),
+            logical: self.logical.clone(),
+        }
+    }
+
     /// For bytes `offset..offset+len` of the file in `map`; `None` for a
     /// mapping stored as is.
     fn of(map: &lors_exnode::Mapping, offset: u64, len: u64) -> Result<Option<Encoded>, E2eError> {

@@ -35,6 +35,7 @@ use crate::progress::{self, Progress};
 
 mod fetch;
 mod output;
+mod rebuild;
 pub mod sched;
 mod tune;
 
@@ -248,6 +249,9 @@ struct Scheduled {
 
 struct Ctx {
     x: ExNode,
+    /// How an erasure-coded file's data blocks are rebuilt (its virtual
+    /// mappings follow the real ones in `x`).
+    rebuild: Option<rebuild::Rebuild>,
     state: Mutex<Scheduled>,
     /// Told of every change a waiting worker or the supervisor may act on.
     wake: Notify,
@@ -354,6 +358,14 @@ pub async fn download(
     progress: Arc<dyn Progress>,
 ) -> Result<Stats> {
     let t0 = Instant::now();
+    let original = x;
+    // An erasure-coded file: each data block also rebuilt from parity, as
+    // a last resort.
+    let (extended, rebuild) = match rebuild::Rebuild::extend(x)? {
+        Some((y, r)) => (Some(y), Some(r)),
+        None => (None, None),
+    };
+    let x = extended.as_ref().unwrap_or(x);
     check_geometry(&x.mappings)?;
     let size = x.logical_size();
     let start = opts.offset.min(size);
@@ -367,13 +379,13 @@ pub async fn download(
         planned,
         names,
         depot_of,
-    } = layout(x, opts, start, len, streaming)?;
+    } = layout(x, opts, start, len, streaming, rebuild.as_ref())?;
     let Opened {
         file_out,
         stream,
         shared_bufs,
         spliced,
-    } = open_output(out, x, start, len, opts)?;
+    } = open_output(out, original, start, len, opts)?;
     let mem_need = memory_per_piece(x, &codecs, whole, piece, stream.is_some());
     let largest = (planned.iter().flat_map(|s| s.sources.iter()))
         .map(|&m| mem_need[m])
@@ -388,7 +400,7 @@ pub async fn download(
         split_tail: stream.is_none() && codecs.iter().all(Option::is_none),
         stall: opts.stall,
         last_resort: (0..names.len())
-            .filter(|&d| opts.last_resort.contains(&names[d]))
+            .filter(|&d| opts.last_resort.contains(&names[d]) || names[d] == rebuild::SOURCE)
             .collect(),
     };
     let mut sched = Sched::new(cfg, names, depot_of, planned, t0);
@@ -409,6 +421,7 @@ pub async fn download(
     let depots = sched.depots();
     let ctx = Arc::new(Ctx {
         x: x.clone(),
+        rebuild,
         state: Mutex::new(Scheduled {
             sched,
             fatal: None,
@@ -556,6 +569,7 @@ fn layout(
     start: u64,
     len: u64,
     streaming: bool,
+    rebuild: Option<&rebuild::Rebuild>,
 ) -> Result<Layout> {
     // Encoded mappings are read in whole e2e blocks, each verified on its
     // own, where their layout allows (`Codec::slice`); those whose layout
@@ -594,8 +608,11 @@ fn layout(
         if whole { u64::MAX } else { piece },
     )?;
     // Depots as indices: every mapping's read address, each named once.
-    let addrs: Vec<String> = (x.mappings.iter())
-        .map(|m| m.read.as_ref().map(|c| c.address()).unwrap_or_default())
+    let addrs: Vec<String> = (x.mappings.iter().enumerate())
+        .map(|(i, m)| match rebuild {
+            Some(r) if r.is_virtual(i) => rebuild::SOURCE.to_owned(),
+            _ => m.read.as_ref().map(|c| c.address()).unwrap_or_default(),
+        })
         .collect();
     let mut names: Vec<String> = (planned.iter().flat_map(|s| s.sources.iter()))
         .map(|&m| addrs[m].clone())
@@ -651,6 +668,9 @@ fn outcome(
         return Err(e);
     }
     let s = &g.sched;
+    if let (Some(rb), Some(first)) = (&ctx.rebuild, s.lost().iter().min_by_key(|l| l.offset)) {
+        return Err(rb.lost(s.lost().iter().map(|l| l.offset..l.end), first.why.clone()));
+    }
     if let Some(first) = s.lost().iter().min_by_key(|l| l.offset) {
         let n = s.lost().len();
         let mut last = first.why.clone();

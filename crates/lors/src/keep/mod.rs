@@ -122,6 +122,7 @@ async fn scrub_some(
         return (Vec::new(), 0);
     }
     let sub = ExNode {
+        parity: Vec::new(),
         metadata: Vec::new(),
         mappings: idx.iter().map(|&i| x.mappings[i].clone()).collect(),
     };
@@ -207,6 +208,7 @@ async fn refresh_due(
         return (refreshed, not_refreshed);
     }
     let sub = ExNode {
+        parity: Vec::new(),
         metadata: Vec::new(),
         mappings: due.iter().map(|&i| x.mappings[i].clone()).collect(),
     };
@@ -242,6 +244,7 @@ async fn heal(
     let mut heal_error = None;
     for (lack, sources) in by_lack {
         let sub = ExNode {
+            parity: Vec::new(),
             metadata: x.metadata.clone(),
             mappings: sources.iter().map(|&i| x.mappings[i].clone()).collect(),
         };
@@ -284,6 +287,7 @@ fn settle(
     copies: usize,
 ) -> Settled {
     let mut kept = ExNode {
+        parity: x.parity.clone(),
         metadata: x.metadata.clone(),
         mappings: Vec::new(),
     };
@@ -352,6 +356,7 @@ pub async fn release(made: &[lors_exnode::Mapping], pool: &Arc<Pool>) {
         return;
     }
     let x = ExNode {
+        parity: Vec::new(),
         metadata: Vec::new(),
         mappings: made.to_vec(),
     };

@@ -117,6 +117,7 @@ impl File {
             duration: s.duration,
             reliability: s.reliability,
             filename: String::new(),
+            erasure: None,
             e2e: None,
         };
         let pool = self.pool.clone();

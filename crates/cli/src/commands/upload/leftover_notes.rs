@@ -5,7 +5,7 @@ use lors::leftover;
 
 /// The error of a failed upload, after saying what it left on the depots:
 /// allocations it could not release are recorded in `OUT.partial`.
-pub(super) fn failed(e: lors::Error, out: &std::path::Path) -> anyhow::Error {
+pub(crate) fn failed(e: lors::Error, out: &std::path::Path) -> anyhow::Error {
     let lors::Error::Abandoned {
         cause,
         released,

@@ -13,7 +13,7 @@ mod store;
 
 pub(crate) use checks::check_output;
 use checks::{chain, check_block_size};
-pub(crate) use leftover_notes::{copies_outcome, record_unreleased};
+pub(crate) use leftover_notes::{copies_outcome, failed, record_unreleased};
 use store::store;
 
 use super::{block_size_arg, nonzero_block_size_arg};
@@ -59,6 +59,13 @@ pub struct Args {
     /// -o URI, else LORS_COPIES, else COPIES in ~/.xndrc, else 3].
     #[arg(short, long)]
     copies: Option<usize>,
+    /// Erasure-code instead of copying: stripes of K data blocks and M
+    /// parity blocks, each on a depot of its own; any M of a stripe's
+    /// blocks may be lost (6+3: three depots, at 1.5x the space) [default:
+    /// ec= of the -o URI, else LORS_EC, else EC in ~/.xndrc, else copies].
+    /// `none`: copies.
+    #[arg(long, value_name = "K+M", conflicts_with = "copies", value_parser = ec_arg)]
+    ec: Option<EcArg>,
     /// Block (allocation) size, e.g. 10M [default: bs=, else
     /// LORS_BLOCKSIZE, else DATA_BLOCKSIZE, else 10M].
     #[arg(short = 'b', long = "block-size", value_parser = nonzero_block_size_arg)]
@@ -113,12 +120,22 @@ pub struct Args {
     report: ReportOpts,
 }
 
+/// `--ec K+M|none` (a type of its own: clap reads `Option<Option<_>>`
+/// as a flag whose value may be left out).
+#[derive(Clone)]
+struct EcArg(Option<lors_exnode::erasure::Scheme>);
+
+fn ec_arg(v: &str) -> Result<EcArg, String> {
+    lors::uri::parse_ec(v).map(EcArg)
+}
+
 pub fn run(a: Args) -> anyhow::Result<()> {
     let uri = output(&a)?;
     let out = uri.path.clone();
     check_output(&out, a.force)?;
     let flags = Layer {
         copies: a.copies,
+        ec: a.ec.clone().map(|e| e.0).or(a.copies.map(|_| None)),
         block_size: a.block_size,
         threads: a.threads,
         ..a.lease.layer(a.place.layer(a.lbone.layer()))
@@ -131,11 +148,13 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let copies = s.copies.unwrap_or(3);
     // Room for the e2e overhead on top of the block.
     let bytes = block_size + block_size / 64 + (64 << 10);
+    // A stripe's blocks each need a depot of their own, as copies do.
+    let spread = s.erasure.map_or(copies, |e| e.blocks());
     let found = super::Placement {
         depots: &a.depots,
         settings: &s,
     }
-    .find(&rt, copies, bytes, Vec::new())?;
+    .find(&rt, spread, bytes, Vec::new())?;
     let opts = UploadOptions {
         depots: found.depots,
         block_size,
@@ -145,6 +164,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         reliability: s.reliability,
         filename: filename(&a, &out),
         e2e: chain(&a, &s.rc)?,
+        erasure: s.erasure,
     };
     let started = std::time::Instant::now();
     let pool = Arc::new(a.bwlimit.pool(s.client()));
@@ -164,7 +184,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         let _ = std::fs::remove_file(leftover::record_path(&out));
     }
     let mut per_depot: std::collections::BTreeMap<String, u64> = Default::default();
-    for m in &x.mappings {
+    for m in x.mappings.iter().chain(&x.parity) {
         if let Some(d) = m.depot() {
             *per_depot.entry(d).or_default() += m.alloc_length;
         }
@@ -220,6 +240,10 @@ fn summary(
     copies: usize,
     took: std::time::Duration,
 ) {
+    let ec = lors_exnode::erasure::Erasure::of(x)
+        .ok()
+        .flatten()
+        .map(|e| e.scheme);
     let size = x.logical_size();
     let secs = took.as_secs_f64();
     let mib_per_s = size as f64 / 1048576.0 / secs.max(1e-9);
@@ -228,14 +252,25 @@ fn summary(
             exnode: &out.display().to_string(),
             size,
             mappings: x.mappings.len(),
-            copies,
+            copies: if ec.is_some() { 1 } else { copies },
+            ec: ec.map(|e| e.to_string()),
+            parity: x.parity.len(),
             seconds: super::json_secs(took),
             mib_per_s: (mib_per_s * 10.0).round() / 10.0,
         });
     } else if !a.report.quiet {
+        let how = match ec {
+            Some(e) => format!(
+                "{} data and {} parity blocks (erasure code {e}: any {} of each stripe's {} may be lost)",
+                x.mappings.len(),
+                x.parity.len(),
+                e.parity,
+                e.blocks()
+            ),
+            None => format!("{} mappings ({copies} copies)", x.mappings.len()),
+        };
         eprintln!(
-            "lors: uploaded {size} bytes as {} mappings ({copies} copies) in {secs:.2}s, {mib_per_s:.1} MiB/s -> {}",
-            x.mappings.len(),
+            "lors: uploaded {size} bytes as {how} in {secs:.2}s, {mib_per_s:.1} MiB/s -> {}",
             out.display()
         );
     }
@@ -248,6 +283,14 @@ struct Report<'a> {
     size: u64,
     mappings: usize,
     copies: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ec: Option<String>,
+    #[serde(skip_serializing_if = "is_zero")]
+    parity: usize,
     seconds: f64,
     mib_per_s: f64,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }

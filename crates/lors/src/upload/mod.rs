@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lors_exnode::Function;
+use lors_exnode::erasure::Scheme;
 use lors_exnode::functions::{Codec, E2eError, stored_digest};
 use lors_exnode::{ExNode, Mapping, Metadata};
 use lors_ibp::CapSet;
@@ -23,6 +24,8 @@ use crate::error::{Cause, Error, Result};
 use crate::pool::Pool;
 use crate::progress::{Event, Progress};
 use crate::stall::{Kind, Watcher};
+
+mod stripes;
 
 /// Upload settings.
 #[derive(Debug, Clone)]
@@ -43,6 +46,10 @@ pub struct UploadOptions {
     pub filename: String,
     /// End-to-end functions applied to every block (`None`: bytes as they are).
     pub e2e: Option<Codec>,
+    /// Erasure-code the file instead of copying it: stripes of `k` data
+    /// blocks and `m` parity blocks, each on a depot of its own (`copies`
+    /// is then not used). See [`lors_exnode::erasure`].
+    pub erasure: Option<Scheme>,
 }
 
 struct Depots {
@@ -226,7 +233,7 @@ impl Uploader {
         Error::Interrupted {
             released: total - kept.len(),
             stranded: self.unreleased(kept),
-            stored,
+            stored: Box::new(stored),
         }
     }
 
@@ -330,9 +337,10 @@ impl Uploader {
         (offset, len): (u64, u64),
         data: &Data,
         job: Job<'_>,
-        avoid: &mut HashSet<usize>,
+        avoid: &Mutex<HashSet<usize>>,
         salt: usize,
     ) -> Result<(usize, CapSet)> {
+        let avoid = || avoid.lock().unwrap_or_else(|e| e.into_inner());
         let mut last = Cause::local("no usable depot left");
         // Depots that answered busy (-66) for this block: tried again after
         // a pause once every other depot has been tried, a bounded number
@@ -340,7 +348,16 @@ impl Uploader {
         let mut busy: Vec<usize> = Vec::new();
         let mut pauses = 0u32;
         loop {
-            let picked = self.lock().pick(avoid, salt);
+            // Picked and marked under one lock: the blocks of a stripe,
+            // stored at once, each get a depot of their own.
+            let picked = {
+                let mut avoid = avoid();
+                let picked = self.lock().pick(&avoid, salt);
+                if let Some(i) = picked {
+                    avoid.insert(i);
+                }
+                picked
+            };
             let Some(i) = picked else {
                 if busy.is_empty() || pauses >= BUSY_PAUSES {
                     return Err(Error::Store { offset, last });
@@ -349,11 +366,10 @@ impl Uploader {
                 let ms = 100 + 50 * (salt as u64 % 8);
                 tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
                 for b in busy.drain(..) {
-                    avoid.remove(&b);
+                    avoid().remove(&b);
                 }
                 continue;
             };
-            avoid.insert(i);
             let addr = self.lock().addrs[i].clone();
             match self.attempt(&addr, (offset, len), data, &job).await {
                 Ok(caps) => {
@@ -568,6 +584,9 @@ async fn run<R: AsyncRead + Unpin>(
     progress: Arc<dyn Progress>,
     control: Control,
 ) -> Result<Uploaded> {
+    if let Some(scheme) = opts.erasure {
+        return stripes::run(input, size, opts, scheme, pool, progress, control).await;
+    }
     let shared = Uploader::new(opts, pool, progress.clone())?;
     let copies = opts.copies.max(1);
     progress.start(size);
@@ -768,14 +787,14 @@ impl Uploader {
             (_, data) => (data, None),
         };
         let slen = stored.len();
-        let mut avoid = HashSet::new();
+        let avoid = Mutex::new(HashSet::new());
         let range = (block_off, len);
-        let first = (self.on_some_depot(range, &stored, Job::Store, &mut avoid, salt)).await?;
+        let first = (self.on_some_depot(range, &stored, Job::Store, &avoid, salt)).await?;
         let mut out = vec![mapping(block_off, len, slen, &e2e, first.1.clone())];
         for _ in 1..copies {
             let job = Job::CopyFrom(&first.1);
             let c = self
-                .on_some_depot(range, &stored, job, &mut avoid, salt)
+                .on_some_depot(range, &stored, job, &avoid, salt)
                 .await?;
             out.push(mapping(block_off, len, slen, &e2e, c.1));
         }
@@ -785,11 +804,16 @@ impl Uploader {
 
     /// The exNode of the blocks stored; the allocations of failed attempts
     /// released now if their depots are back, the rest returned to record.
-    async fn finish(
-        &self,
-        mut results: Vec<(usize, Vec<Mapping>)>,
-        copies: usize,
-    ) -> Result<Uploaded> {
+    async fn finish(&self, results: Vec<(usize, Vec<Mapping>)>, copies: usize) -> Result<Uploaded> {
+        let mut x = self.exnode_of(results);
+        // The policy writes through xio and the mount keep.
+        let n = i64::try_from(copies).unwrap_or(i64::MAX);
+        x.set_meta(Metadata::integer(crate::manage::COPIES_META, n));
+        self.finished(x).await
+    }
+
+    /// The blocks stored (by their index), in order, as an exNode.
+    fn exnode_of(&self, mut results: Vec<(usize, Vec<Mapping>)>) -> ExNode {
         results.sort_by_key(|(i, _)| *i);
         let mut x = ExNode::default();
         x.set_meta(Metadata::string("filename", &self.opts.filename));
@@ -797,16 +821,17 @@ impl Uploader {
             "lorsversion",
             lors_exnode::xml::LORS_VERSION,
         ));
-        // The policy writes through xio and the mount keep.
-        let n = i64::try_from(copies).unwrap_or(i64::MAX);
-        x.set_meta(Metadata::integer(crate::manage::COPIES_META, n));
         x.mappings = results.into_iter().flat_map(|(_, m)| m).collect();
+        x
+    }
+
+    /// The upload `x`, with the allocations of failed attempts released
+    /// now if their depots are back, the rest returned to record.
+    async fn finished(&self, x: ExNode) -> Result<Uploaded> {
         // The ledger still holds allocations of attempts that failed and could
         // not be released then (their depot was down): try again now that the
         // depot may be back; what remains goes to the caller to record.
-        let used: HashSet<&lors_ibp::Capability> = x
-            .mappings
-            .iter()
+        let used: HashSet<&lors_ibp::Capability> = (x.mappings.iter().chain(&x.parity))
             .filter_map(|m| m.manage.as_ref())
             .collect();
         self.settle().await;

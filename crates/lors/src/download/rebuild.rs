@@ -1,0 +1,292 @@
+//! Data blocks of an erasure-coded file rebuilt from the rest of their
+//! stripe: a last-resort source the scheduler turns to when a block's own
+//! depot fails, stalls or serves corrupt bytes.
+//!
+//! Each data block gets a second, virtual mapping on a depot named
+//! [`SOURCE`], listed as a last resort: while the block's own depot
+//! answers, nothing changes (no parity read, no decode). A piece the
+//! scheduler gives to it is rebuilt from the same 64-byte-aligned window
+//! of `k` other blocks of its stripe: data blocks first (their bytes are
+//! needed anyway), then parity; one more than needed is asked for, the
+//! first `k` to arrive are used and the rest cancelled; a block that
+//! fails is replaced by the next. The rebuilt bytes are the block's
+//! stored bytes, so its own e2e checksums verify them; when they fail,
+//! the parity used is left out and the piece rebuilt again.
+
+use std::collections::{BTreeMap, HashSet};
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use lors_exnode::erasure::{Erasure, window};
+use lors_exnode::{ExNode, Mapping};
+
+use super::Ctx;
+use super::fetch::Fail;
+use crate::error::Cause;
+
+/// The name of the virtual depot rebuilt pieces come from.
+pub const SOURCE: &str = "parity";
+
+/// One block of a stripe that can help rebuild another.
+#[derive(Debug, Clone)]
+struct Member {
+    index: usize,
+    mapping: Mapping,
+}
+
+/// How the data blocks of an exNode are rebuilt.
+pub(super) struct Rebuild {
+    erasure: Erasure,
+    /// The first virtual mapping: virtual mapping `first + j` rebuilds
+    /// `shards[j]`.
+    first: usize,
+    /// (stripe, index) of each virtual mapping.
+    shards: Vec<(u64, usize)>,
+    /// Each stripe's blocks and its shard length.
+    stripes: BTreeMap<u64, (Vec<Member>, u64)>,
+}
+
+impl Rebuild {
+    /// For an erasure-coded `x`: `x` with a virtual mapping per data block
+    /// that parity can rebuild, appended to its mappings, and how to
+    /// rebuild them. `None` for any other exNode.
+    pub(super) fn extend(x: &ExNode) -> crate::error::Result<Option<(ExNode, Rebuild)>> {
+        let Some(erasure) = Erasure::of(x)? else {
+            return Ok(None);
+        };
+        let k = erasure.scheme.data;
+        let mut stripes: BTreeMap<u64, (Vec<Member>, u64)> = BTreeMap::new();
+        // Parity whose record is inconsistent is left out: it could only
+        // rebuild wrong bytes (which the checksums would refuse anyway).
+        for p in &x.parity {
+            let Some((s, index)) = p.shard() else {
+                continue;
+            };
+            let fits = (k..erasure.scheme.blocks()).contains(&index)
+                && s < erasure.stripes()
+                && p.read.is_some()
+                && p.alloc_length > 0
+                && p.alloc_length % 2 == 0;
+            if !fits {
+                continue;
+            }
+            let entry = stripes.entry(s).or_insert((Vec::new(), p.alloc_length));
+            if entry.1 == p.alloc_length {
+                entry.0.push(Member {
+                    index,
+                    mapping: p.clone(),
+                });
+            }
+        }
+        let mut y = x.clone();
+        let first = y.mappings.len();
+        let mut shards = Vec::new();
+        let mut seen = HashSet::new();
+        for m in &x.mappings {
+            let Some((s, index)) = m.shard() else {
+                continue;
+            };
+            let Some((members, len)) = stripes.get_mut(&s) else {
+                continue;
+            };
+            let block = erasure.block(s, index);
+            let fits = index < k
+                && m.read.is_some()
+                && m.alloc_length <= *len
+                && m.exnode_offset == block.start
+                && m.logical_length == block.end - block.start;
+            if !fits {
+                continue;
+            }
+            members.push(Member {
+                index,
+                mapping: m.clone(),
+            });
+            if seen.insert((s, index)) {
+                shards.push((s, index));
+                y.mappings.push(m.clone());
+            }
+        }
+        Ok(Some((
+            y,
+            Rebuild {
+                erasure,
+                first,
+                shards,
+                stripes,
+            },
+        )))
+    }
+
+    /// The error for pieces `lost`: the stripes they are in.
+    pub(super) fn lost(
+        &self,
+        lost: impl Iterator<Item = Range<u64>>,
+        last: Cause,
+    ) -> crate::error::Error {
+        let per = self.erasure.stripe_len().unwrap_or(u64::MAX).max(1);
+        let mut stripes: Vec<u64> = lost
+            .flat_map(|r| r.start / per..=(r.end.max(r.start + 1) - 1) / per)
+            .collect();
+        stripes.sort_unstable();
+        stripes.dedup();
+        crate::error::Error::StripesLost {
+            scheme: self.erasure.scheme,
+            stripes: stripes
+                .into_iter()
+                .map(|s| (s, self.erasure.stripe(s)))
+                .collect(),
+            last,
+        }
+    }
+
+    /// Data blocks per stripe.
+    pub(super) fn data_blocks(&self) -> usize {
+        self.erasure.scheme.data
+    }
+
+    /// Whether mapping `m` is a virtual one.
+    pub(super) fn is_virtual(&self, m: usize) -> bool {
+        m >= self.first
+    }
+
+    /// The stored bytes `want` (within the block) of the data block virtual
+    /// mapping `m` stands for, rebuilt from others of its stripe, leaving
+    /// out the blocks in `exclude`. Also the blocks used.
+    pub(super) async fn load(
+        &self,
+        ctx: &Ctx,
+        m: usize,
+        want: Range<u64>,
+        exclude: &HashSet<(usize, String)>,
+    ) -> Result<(BytesMut, Vec<(usize, String)>), Fail> {
+        let (s, target) = self.shards[m - self.first];
+        let (members, len) = &self.stripes[&s];
+        let w = window(want.clone(), *len);
+        let k = self.erasure.scheme.data;
+        // Data blocks past the end of the file are zeros, not stored.
+        let free: Vec<usize> = (0..k)
+            .filter(|&i| i != target && self.erasure.block(s, i).is_empty())
+            .collect();
+        let mut candidates: Vec<&Member> = (members.iter())
+            .filter(|b| b.index != target && !free.contains(&b.index))
+            .filter(|b| !exclude.contains(&(b.index, key(&b.mapping))))
+            .collect();
+        candidates.sort_by_key(|b| b.index);
+        let need = k - free.len();
+        let mut have: Vec<(usize, Vec<u8>)> = free.iter().map(|&i| (i, Vec::new())).collect();
+        let mut used = Vec::new();
+        let mut tasks = tokio::task::JoinSet::new();
+        let mut next = candidates.iter();
+        let (mut running, mut extra) = (0usize, 1usize);
+        let mut last = Cause::local(format!(
+            "no {need} blocks of stripe {s} left to rebuild block {target} from"
+        ));
+        let started = Instant::now();
+        let mut hedge_at: Option<Instant> = None;
+        let got = |have: &Vec<(usize, Vec<u8>)>| have.len() - free.len();
+        loop {
+            // One more than still needed, while blocks are left to ask.
+            while running < need - got(&have) + extra {
+                let Some(b) = next.next() else { break };
+                if have.iter().any(|(i, _)| *i == b.index) {
+                    continue;
+                }
+                let (b, w) = ((*b).clone(), w.clone());
+                let pool = ctx.pool.clone();
+                tasks.spawn(async move {
+                    let r = read_window(&pool, &b.mapping, w).await;
+                    (b, r)
+                });
+                running += 1;
+            }
+            if got(&have) >= need {
+                break;
+            }
+            if running == 0 {
+                return Err(Fail::Remote(last, false));
+            }
+            let done = match hedge_at {
+                Some(t) => tokio::select! {
+                    d = tasks.join_next() => d,
+                    () = tokio::time::sleep_until(t.into()) => {
+                        // A block is late: ask one more.
+                        hedge_at = None;
+                        extra += 1;
+                        continue;
+                    }
+                },
+                None => tasks.join_next().await,
+            };
+            let Some(done) = done else { break };
+            running -= 1;
+            match done {
+                Ok((b, Ok(bytes))) => {
+                    if !have.iter().any(|(i, _)| *i == b.index) {
+                        used.push((b.index, key(&b.mapping)));
+                        have.push((b.index, bytes));
+                    }
+                    let waited = started.elapsed();
+                    hedge_at = Some(Instant::now() + (waited * 3).max(Duration::from_millis(250)));
+                }
+                Ok((b, Err(e))) => {
+                    last = Cause::local(format!(
+                        "block {} of stripe {s} on {}: {}",
+                        b.index,
+                        b.mapping.depot().unwrap_or_default(),
+                        Cause::from(&e)
+                    ));
+                }
+                Err(e) => last = Cause::local(e.to_string()),
+            }
+        }
+        tasks.abort_all();
+        if got(&have) < need {
+            return Err(Fail::Remote(last, false));
+        }
+        let scheme = self.erasure.scheme;
+        let wlen = usize::try_from(w.end - w.start).unwrap_or(usize::MAX);
+        let rebuilt = tokio::task::spawn_blocking(move || {
+            let refs: Vec<(usize, &[u8])> = have.iter().map(|(i, b)| (*i, b.as_slice())).collect();
+            scheme
+                .recover(&refs, wlen)
+                .map(|mut all| all.swap_remove(target))
+        })
+        .await
+        .map_err(|e| Fail::Remote(Cause::local(e.to_string()), false))?
+        .map_err(|e| Fail::Remote(Cause::local(format!("rebuilding stripe {s}: {e}")), false))?;
+        let from = usize::try_from(want.start - w.start).unwrap_or(usize::MAX);
+        let to = from + usize::try_from(want.end - want.start).unwrap_or(usize::MAX);
+        let cut = rebuilt
+            .get(from..to)
+            .ok_or_else(|| Fail::Remote(Cause::local("rebuilt block shorter than asked"), false))?;
+        Ok((BytesMut::from(cut), used))
+    }
+}
+
+/// What tells two blocks apart: their read capability.
+fn key(m: &Mapping) -> String {
+    m.read.as_ref().map(|c| c.to_url()).unwrap_or_default()
+}
+
+/// Bytes `w` of block `m`: what it stores there, the rest (past its
+/// stored bytes) zeros, as the code pads it.
+async fn read_window(
+    pool: &Arc<crate::pool::Pool>,
+    m: &Mapping,
+    w: Range<u64>,
+) -> Result<Vec<u8>, lors_ibp::Error> {
+    let end = w.end.min(m.alloc_length);
+    if w.start >= end {
+        return Ok(Vec::new());
+    }
+    let cap = m.read.as_ref().expect("members are readable");
+    let mut c = pool.get(&cap.address()).await?;
+    let mut buf = BytesMut::with_capacity(usize::try_from(end - w.start).unwrap_or(0));
+    c.load_buf(cap, m.alloc_offset + w.start, end - w.start, &mut buf)
+        .await?;
+    pool.put(c);
+    Ok(Vec::from(buf))
+}
