@@ -377,6 +377,43 @@ impl Erasure {
         }
     }
 
+    /// The mapping of data block `i` of stripe `s`: one of `x`'s for it;
+    /// else — every copy of it trimmed — one made from a sibling when the
+    /// file's blocks are stored with a layout that follows from their
+    /// length (as they are, or e2e functions of a fixed overhead per
+    /// block): what a rebuild of the block needs to know to decode it.
+    /// Such a mapping keeps the sibling's capabilities; they are not the
+    /// block's. `None` for an empty block or when nothing says how it was
+    /// stored.
+    pub fn data_record(&self, x: &ExNode, s: u64, i: usize) -> Option<Mapping> {
+        let b = self.block(s, i);
+        if b.is_empty() {
+            return None;
+        }
+        if let Some(m) = (x.mappings.iter()).find(|m| self.shard_of(m, false) == Some((s, i))) {
+            return Some(m.clone());
+        }
+        let len = b.end - b.start;
+        x.mappings.iter().find_map(|m| {
+            self.shard_of(m, false)?;
+            let stored = match crate::functions::Codec::from_mapping(m).ok()? {
+                None => len,
+                Some(c) => c.stored_len(len)?,
+            };
+            let mut r = m.clone();
+            r.exnode_offset = b.start;
+            r.logical_length = len;
+            r.alloc_offset = 0;
+            r.alloc_length = stored;
+            r.metadata.retain(|d| {
+                ![META_STRIPE, META_INDEX, crate::functions::STORED_BLAKE3]
+                    .contains(&d.name.as_str())
+            });
+            r.metadata.extend(Erasure::block_meta(s, i));
+            Some(r)
+        })
+    }
+
     /// Each stripe's state: which of its blocks are present — among the
     /// allocations of `x` (numbered as [`ExNode::allocations`]) those
     /// `present` accepts, and the data blocks past the end of the file

@@ -611,6 +611,21 @@ impl Codec {
         }
     }
 
+    /// The stored length of `logical` bytes, when it follows from the
+    /// length alone: a native chain of fixed overhead per e2e block (no
+    /// compression, whose output depends on the data).
+    pub fn stored_len(&self, logical: u64) -> Option<u64> {
+        let Codec::Native(c) = self else { return None };
+        if c.framed() {
+            return None;
+        }
+        let overhead: u64 = c.steps.iter().filter_map(Step::overhead).sum();
+        logical
+            .div_ceil(c.block_size.max(1))
+            .checked_mul(overhead)?
+            .checked_add(logical)
+    }
+
     /// The chain, when `m`'s blocks can be read and checked a few at a time:
     /// a native chain of fixed overhead per block (no compression), stored
     /// bytes adding up to what that layout gives, and no digest of the

@@ -9,8 +9,10 @@
 //! again, and every missing block stored anew. A block whose allocation is
 //! gone is dropped from the exNode; one on a depot that does not answer is
 //! kept (if the depot comes back, its allocation is still named: it is an
-//! extra copy of its block, and `lors trim --depot` frees it). When the
-//! repair fails or is interrupted, the blocks it stored are released.
+//! extra copy of its block, and `lors trim --depot` frees it). A stripe
+//! that cannot be repaired (too few blocks left, no depot to take a block)
+//! is reported and the others go on; an interrupt releases every block
+//! stored.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -36,20 +38,31 @@ pub struct Repaired {
     /// The exNode with the new blocks (and without those whose allocation
     /// is gone).
     pub exnode: ExNode,
-    /// Stripes that had a block missing.
+    /// Stripes that had blocks made again.
     pub stripes: usize,
     /// Blocks made again.
     pub blocks: usize,
-    /// Allocations dropped from the exNode: gone from their depots.
+    /// Allocations dropped from the exNode: gone from their depots, or
+    /// corrupt ones replaced and freed.
     pub dropped: usize,
+    /// Stripes with fewer than `k` blocks left: not repairable (their
+    /// bytes are lost unless a depot comes back).
+    pub lost: Vec<(u64, std::ops::Range<u64>)>,
+    /// Stripes whose repair failed or fell short, and why (the blocks
+    /// made for them are in the exNode all the same).
+    pub failed: Vec<(u64, String)>,
 }
 
 /// Repairs `x` (see the module documentation), storing new blocks on
 /// `depots`; `probes` are of its allocations ([`crate::manage::probe_all`]).
-/// `progress` counts the bytes stored.
+/// With `check_all`, every live block of every stripe is read and checked
+/// (the whole file and its parity are read), so corrupt blocks are made
+/// again too; without, only stripes with a block lost are read, `k` blocks
+/// each. `progress` counts the bytes stored.
 pub async fn repair(
     x: &ExNode,
     probes: &[Probe],
+    check_all: bool,
     depots: &[String],
     opts: &CopyOptions,
     pool: &Arc<Pool>,
@@ -59,22 +72,34 @@ pub async fn repair(
         return Err(Error::NotErasureCoded);
     };
     let live = |i: usize| probes.get(i).is_some_and(Probe::is_live);
-    let todo: Vec<Margin> = (e.margins(x, live).into_iter())
-        .filter(|m| !m.missing.is_empty())
+    let margins = e.margins(x, live);
+    // A stripe with fewer than k blocks left cannot be rebuilt.
+    let lost: Vec<(u64, std::ops::Range<u64>)> = (margins.iter())
+        .filter(|m| m.margin < 0)
+        .map(|m| (m.stripe, m.bytes.clone()))
+        .collect();
+    let todo: Vec<Margin> = (margins.into_iter())
+        .filter(|m| (check_all || !m.missing.is_empty()) && m.margin >= 0)
         .collect();
     let shared = Arc::new(Job {
         x: x.clone(),
         e,
         live: (0..x.allocations().count()).map(live).collect(),
-        gone: (0..x.allocations().count()).map(|i| gone(probes, i)).collect(),
+        gone: (0..x.allocations().count())
+            .map(|i| gone(probes, i))
+            .collect(),
         depots: depots.to_vec(),
         load: Mutex::new(HashMap::new()),
         bad: Mutex::new(HashSet::new()),
         made: Mutex::new(Vec::new()),
+        corrupt: Mutex::new(Vec::new()),
         opts: opts.clone(),
         pool: pool.clone(),
+        check_all,
     });
-    let total: u64 = todo.len() as u64 * e.block_size * e.scheme.parity as u64;
+    let total: u64 = (todo.iter())
+        .map(|m| m.missing.len() as u64 * e.block_size)
+        .sum();
     progress.start(Some(total));
     let slots = Arc::new(Semaphore::new(PARALLEL_STRIPES));
     let mut tasks = tokio::task::JoinSet::new();
@@ -82,11 +107,14 @@ pub async fn repair(
         let (job, m, slots) = (shared.clone(), m.clone(), slots.clone());
         tasks.spawn(async move {
             let _slot = slots.acquire_owned().await;
-            job.stripe(&m).await
+            let mut made = Vec::new();
+            let r = job.stripe(&m, &mut made).await;
+            (m.stripe, made, r)
         });
     }
-    let mut failure = None;
     let mut new = Vec::new();
+    let mut failed = Vec::new();
+    let mut interrupted = false;
     let stopped = async {
         match opts.stop.clone() {
             Some(mut s) => {
@@ -99,59 +127,58 @@ pub async fn repair(
     loop {
         let next = tokio::select! {
             d = tasks.join_next() => d,
-            () = &mut stopped, if failure.is_none() => {
+            () = &mut stopped, if !interrupted => {
                 tasks.abort_all();
-                failure = Some(Error::Interrupted {
-                    stored: Box::default(),
-                    released: 0,
-                    stranded: ExNode::default(),
-                });
+                interrupted = true;
                 continue;
             }
         };
         let Some(done) = next else { break };
         match done {
-            Ok(Ok(blocks)) => {
-                progress.advance("", blocks.iter().map(|m| m.alloc_length).sum());
-                new.extend(blocks);
-            }
-            Ok(Err(err)) => {
-                failure.get_or_insert(err);
-                tasks.abort_all();
+            Ok((s, made, r)) => {
+                progress.advance("", made.iter().map(|m| m.alloc_length).sum());
+                new.extend(made);
+                if let Err(err) = r {
+                    failed.push((s, err.to_string()));
+                }
             }
             Err(j) if j.is_cancelled() => {}
-            Err(j) => {
-                failure.get_or_insert(Error::io(
-                    "repair task",
-                    std::io::Error::other(j.to_string()),
-                ));
-            }
+            Err(j) => failed.push((u64::MAX, j.to_string())),
         }
     }
-    if let Some(err) = failure {
+    if interrupted {
         let made = std::mem::take(&mut *shared.made.lock().unwrap_or_else(|e| e.into_inner()));
         let total = made.len();
         let kept = pool.release_all(made).await;
-        return Err(match err {
-            Error::Interrupted { .. } => Error::Interrupted {
-                stored: Box::default(),
-                released: total - kept.len(),
-                stranded: ExNode {
-                    mappings: kept,
-                    ..ExNode::default()
-                },
-            },
-            err => Error::Abandoned {
-                cause: Box::new(err),
-                released: total - kept.len(),
-                stranded: ExNode {
-                    mappings: kept,
-                    ..ExNode::default()
-                },
+        return Err(Error::Interrupted {
+            stored: Box::default(),
+            released: total - kept.len(),
+            stranded: ExNode {
+                mappings: kept,
+                ..ExNode::default()
             },
         });
     }
-    Ok(shared.result(new, todo.len()))
+    failed.sort();
+    let mut r = shared.result(new);
+    (r.lost, r.failed) = (lost, failed);
+    // Corrupt blocks replaced: freed, and out of the exNode (one that
+    // cannot be freed stays named, never stranded).
+    let bad: Vec<Mapping> =
+        std::mem::take(&mut *shared.corrupt.lock().unwrap_or_else(|e| e.into_inner()))
+            .into_iter()
+            .filter_map(|i| x.allocation(i).cloned())
+            .collect();
+    let kept = pool.release_all(bad.clone()).await;
+    let freed: Vec<&Mapping> = bad
+        .iter()
+        .filter(|m| !kept.iter().any(|k| k.read == m.read))
+        .collect();
+    let named = |m: &Mapping| !freed.iter().any(|f| f.read == m.read);
+    r.exnode.mappings.retain(named);
+    r.exnode.parity.retain(named);
+    r.dropped += freed.len();
+    Ok(r)
 }
 
 /// Whether allocation `i`'s probe says it no longer exists.
@@ -173,8 +200,13 @@ struct Job {
     bad: Mutex<HashSet<String>>,
     /// Every allocation made: what a failure releases.
     made: Mutex<Vec<Mapping>>,
+    /// Allocations found corrupt (their stripes repaired): dropped.
+    corrupt: Mutex<Vec<usize>>,
     opts: CopyOptions,
     pool: Arc<Pool>,
+    /// Read and check every block, not just `k` of each stripe with one
+    /// lost: corrupt blocks are found (and made again) too.
+    check_all: bool,
 }
 
 /// A block of a stripe: its allocation number and mapping.
@@ -196,8 +228,9 @@ impl Job {
             .collect()
     }
 
-    /// Repairs one stripe: its new blocks.
-    async fn stripe(&self, margin: &Margin) -> Result<Vec<Mapping>> {
+    /// Repairs one stripe, its new blocks pushed to `made` as they are
+    /// stored (a failure part way keeps those).
+    async fn stripe(&self, margin: &Margin, made: &mut Vec<Mapping>) -> Result<()> {
         let s = margin.stripe;
         let members = self.members(s);
         let k = self.e.scheme.data;
@@ -220,8 +253,9 @@ impl Job {
         let mut readable: Vec<&Member> = members.iter().filter(|b| self.live[b.at]).collect();
         readable.sort_by_key(|b| b.index);
         let mut last = Cause::local(format!("stripe {s}: fewer than {k} blocks answer"));
+        let mut corrupt = Vec::new();
         for b in &readable {
-            if have.len() >= k {
+            if have.len() >= k && !self.check_all {
                 break;
             }
             if have.iter().any(|(i, _)| *i == b.index) {
@@ -234,11 +268,15 @@ impl Job {
                     last = why;
                     // Made again unless another copy of it is good.
                     missing.insert(b.index);
+                    corrupt.push(b.at);
                 }
             }
         }
         for (i, _) in &have {
             missing.remove(i);
+        }
+        if missing.is_empty() {
+            return Ok(());
         }
         if have.len() < k {
             return Err(Error::StripesLost {
@@ -261,15 +299,24 @@ impl Job {
         // Never two blocks of a stripe on one depot — those it still names
         // on depots that do not answer included (they may come back); a
         // block whose allocation is gone leaves its depot free.
+        // A corrupt block is dropped once replaced: its depot may take a
+        // block of the stripe, after every other depot.
         let taken: HashSet<String> = (members.iter())
-            .filter(|b| !self.gone[b.at])
+            .filter(|b| !self.gone[b.at] && !corrupt.contains(&b.at))
             .filter_map(|b| b.m.depot())
             .collect();
-        let taken = Mutex::new(taken);
-        let mut out = Vec::new();
+        let last_resort: HashSet<String> = (members.iter())
+            .filter(|b| corrupt.contains(&b.at))
+            .filter_map(|b| b.m.depot())
+            .collect();
+        let taken = Mutex::new((taken, last_resort));
+        self.corrupt
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(&corrupt);
         for i in missing {
             let (record, bytes) = if i < k {
-                let record = self.record(&members, s, i)?;
+                let record = self.record(s, i)?;
                 let n = usize::try_from(record.alloc_length).unwrap_or(usize::MAX);
                 let bytes = data[i].get(..n).ok_or_else(|| {
                     Error::Erasure(lors_exnode::erasure::ErasureError::Shard(format!(
@@ -287,22 +334,22 @@ impl Job {
                 record.metadata.extend(Erasure::block_meta(s, i));
                 (record, parity[i - k].clone())
             };
-            out.push(self.place(record, bytes, &taken).await?);
+            made.push(self.place(record, bytes, &taken).await?);
         }
-        Ok(out)
+        Ok(())
     }
 
     /// What a new data block `i` of stripe `s` records: the mapping of a
-    /// lost copy (its length and e2e functions), with fresh capabilities.
-    fn record(&self, members: &[Member], s: u64, i: usize) -> Result<Mapping> {
-        let Some(b) = members.iter().find(|b| b.index == i) else {
+    /// lost copy, or one made from a sibling (its length and e2e
+    /// functions); the caller gives it fresh capabilities.
+    fn record(&self, s: u64, i: usize) -> Result<Mapping> {
+        let Some(mut m) = self.e.data_record(&self.x, s, i) else {
             return Err(Error::Erasure(lors_exnode::erasure::ErasureError::Record(
                 format!(
                     "data block {i} of stripe {s} has no mapping left to say how it was stored"
                 ),
             )));
         };
-        let mut m = b.m.clone();
         m.metadata
             .retain(|d| d.name != lors_exnode::functions::STORED_BLAKE3);
         if m.shard().is_none() {
@@ -317,7 +364,7 @@ impl Job {
         &self,
         record: Mapping,
         bytes: Vec<u8>,
-        taken: &Mutex<HashSet<String>>,
+        taken: &Mutex<(HashSet<String>, HashSet<String>)>,
     ) -> Result<Mapping> {
         let watch = self.pool.watcher();
         let mut last = Cause::local(
@@ -328,12 +375,13 @@ impl Job {
                 let mut taken = taken.lock().unwrap_or_else(|e| e.into_inner());
                 let bad = self.bad.lock().unwrap_or_else(|e| e.into_inner());
                 let mut load = self.load.lock().unwrap_or_else(|e| e.into_inner());
+                let (held, last_resort) = &mut *taken;
                 let d = (self.depots.iter())
-                    .filter(|d| !taken.contains(*d) && !bad.contains(*d))
-                    .min_by_key(|d| load.get(*d).copied().unwrap_or(0))
+                    .filter(|d| !held.contains(*d) && !bad.contains(*d))
+                    .min_by_key(|d| (last_resort.contains(*d), load.get(*d).copied().unwrap_or(0)))
                     .cloned();
                 if let Some(d) = &d {
-                    taken.insert(d.clone());
+                    held.insert(d.clone());
                     *load.entry(d.clone()).or_default() += 1;
                 }
                 d
@@ -432,7 +480,10 @@ impl Job {
 
     /// The exNode after the repair: the new blocks added, those whose
     /// allocation is gone dropped.
-    fn result(&self, new: Vec<Mapping>, stripes: usize) -> Repaired {
+    fn result(&self, new: Vec<Mapping>) -> Repaired {
+        let stripes = (new.iter().filter_map(|m| m.shard().map(|(s, _)| s)))
+            .collect::<BTreeSet<_>>()
+            .len();
         let data = self.x.mappings.len();
         let mut y = ExNode {
             metadata: self.x.metadata.clone(),
@@ -466,6 +517,8 @@ impl Job {
             stripes,
             blocks,
             dropped,
+            lost: Vec::new(),
+            failed: Vec::new(),
         }
     }
 }

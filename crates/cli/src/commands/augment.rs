@@ -27,9 +27,15 @@ pub struct Args {
     /// that is lost (its depot does not answer, its allocation is gone)
     /// or corrupt, from k good blocks of its stripe, each on a depot that
     /// holds no block of that stripe; the stripes get their full margin
-    /// back (see `lors stat`).
+    /// back (see `lors stat`). Reads and checks every block (see
+    /// --lost-only).
     #[arg(long)]
     repair: bool,
+    /// With --repair: read only the stripes with a block lost (k blocks
+    /// each), not every block; quicker after a depot loss, but corrupt
+    /// blocks of whole stripes go unnoticed.
+    #[arg(long, requires = "repair")]
+    lost_only: bool,
     #[command(flatten)]
     lease: super::LeaseOpts,
     #[command(flatten)]
@@ -110,7 +116,17 @@ fn repair(
     let out = a.output.as_ref().map_or(&a.exnode.path, |o| &o.path);
     let r = rt.block_on(async {
         let pool = std::sync::Arc::new(a.bwlimit.pool(s.client()));
-        lors::repair::repair(x, &probes, &found.depots, &opts, &pool, progress.as_ref()).await
+        let check_all = !a.lost_only;
+        lors::repair::repair(
+            x,
+            &probes,
+            check_all,
+            &found.depots,
+            &opts,
+            &pool,
+            progress.as_ref(),
+        )
+        .await
     });
     progress.finish();
     let r = match r {
@@ -136,6 +152,24 @@ fn repair(
                 String::new()
             },
             out.display()
+        );
+    }
+    for (stripe, why) in &r.failed {
+        eprintln!("lors: stripe {stripe} not repaired: {why}");
+    }
+    if let Some((first, bytes)) = r.lost.first() {
+        anyhow::bail!(
+            "{} stripes have fewer than the {} blocks needed to rebuild them (first: stripe {first}, bytes {}..{}): their bytes are lost unless a depot comes back",
+            r.lost.len(),
+            e.scheme.data,
+            bytes.start,
+            bytes.end
+        );
+    }
+    if !r.failed.is_empty() {
+        anyhow::bail!(
+            "{} stripes could not be repaired (above); run it again with more depots",
+            r.failed.len()
         );
     }
     Ok(())

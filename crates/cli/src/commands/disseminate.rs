@@ -76,6 +76,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let s = super::settings(&a.net, a.lease.layer(Default::default()), None)?;
     let (input, out) = if is_xnd {
         let x = lors::xnd::load(&a.input)?;
+        super::refuse_erasure(&x, "lors disseminate")?;
         (
             Input::ExNode(x),
             a.output.clone().unwrap_or_else(|| a.input.clone()),

@@ -40,6 +40,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let flags = a.lease.layer(a.targets.layer());
     let s = super::settings(&a.net, flags, Some(&a.exnode))?;
     let x = lors::xnd::load(&a.exnode.path)?;
+    super::refuse_erasure(&x, "lors route")?;
     // Replicas already on a target count toward the copies wanted.
     let progress = Reporter::new("route", Unit::Bytes, &a.report, false);
     let rt = super::runtime(super::Threads::Many)?;

@@ -119,6 +119,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     }
     let s = super::settings(&a.net, Default::default(), Some(&src))?;
     let x = lors::xnd::load(&src.path)?;
+    super::refuse_erasure(&x, "lors share")?;
     let opts = Options {
         expires,
         range: a.range,

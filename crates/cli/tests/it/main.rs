@@ -5,6 +5,7 @@ mod bench;
 mod dashboard;
 mod depot;
 mod dissem;
+mod erasure;
 mod federation;
 mod fuse;
 mod hostile;

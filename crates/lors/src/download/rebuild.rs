@@ -80,33 +80,35 @@ impl Rebuild {
                 });
             }
         }
-        let mut y = x.clone();
-        let first = y.mappings.len();
-        let mut shards = Vec::new();
-        let mut seen = HashSet::new();
         for m in &x.mappings {
-            let Some((s, index)) = m.shard() else {
+            let Some((s, index)) = erasure.shard_of(m, false) else {
                 continue;
             };
             let Some((members, len)) = stripes.get_mut(&s) else {
                 continue;
             };
-            let block = erasure.block(s, index);
-            let fits = index < k
-                && m.read.is_some()
-                && m.alloc_length <= *len
-                && m.exnode_offset == block.start
-                && m.logical_length == block.end - block.start;
-            if !fits {
-                continue;
+            if m.read.is_some() && m.alloc_length <= *len {
+                members.push(Member {
+                    index,
+                    mapping: m.clone(),
+                });
             }
-            members.push(Member {
-                index,
-                mapping: m.clone(),
-            });
-            if seen.insert((s, index)) {
-                shards.push((s, index));
-                y.mappings.push(m.clone());
+        }
+        // A virtual mapping for every data block its stripe's parity can
+        // rebuild: those with a mapping, and those whose every copy was
+        // trimmed when the file's layout says how they were stored.
+        let mut y = x.clone();
+        let first = y.mappings.len();
+        let mut shards = Vec::new();
+        for (&s, (_, len)) in &stripes {
+            for index in 0..k {
+                let Some(r) = erasure.data_record(x, s, index) else {
+                    continue;
+                };
+                if r.read.is_some() && r.alloc_length <= *len {
+                    shards.push((s, index));
+                    y.mappings.push(r);
+                }
             }
         }
         Ok(Some((

@@ -159,6 +159,14 @@ pub async fn cycle(
 ) -> Result<Kept> {
     let probes = manage::probe_all(x, pool).await;
     let (corrupt, scrubbed) = scrub_some(x, &probes, scrub, pool).await;
+    if let Some(e) = lors_exnode::erasure::Erasure::of(x)? {
+        let seen = stripes::Seen {
+            probes,
+            corrupt,
+            scrubbed,
+        };
+        return stripes::cycle(x, e, seen, depots, policy, pool).await;
+    }
     let live = |i: usize| probes[i].is_live() && !corrupt.iter().any(|(c, _)| *c == i);
     let copies = policy
         .copies
@@ -188,15 +196,16 @@ pub async fn cycle(
     })
 }
 
-/// Extends the leases of the live mappings with less than the margin
-/// left: how many were, and those that could not be, with why.
+/// Extends the leases of the live allocations (parity blocks too) with
+/// less than the margin left: how many were, and those that could not be,
+/// with why.
 async fn refresh_due(
     x: &ExNode,
     probes: &[Probe],
     policy: &Policy,
     pool: &Arc<Pool>,
 ) -> (usize, Vec<(usize, String)>) {
-    let due: Vec<usize> = (0..x.mappings.len())
+    let due: Vec<usize> = (0..probes.len())
         .filter(|&i| match &probes[i] {
             Probe::Live(p) => u64::try_from(p.seconds_left).unwrap_or(0) < policy.margin.as_secs(),
             _ => false,
@@ -210,7 +219,9 @@ async fn refresh_due(
     let sub = ExNode {
         parity: Vec::new(),
         metadata: Vec::new(),
-        mappings: due.iter().map(|&i| x.mappings[i].clone()).collect(),
+        mappings: (due.iter())
+            .filter_map(|&i| x.allocation(i).cloned())
+            .collect(),
     };
     for (j, r) in manage::refresh(&sub, policy.lease, pool, &NoProgress).await {
         match r {
@@ -374,4 +385,5 @@ pub async fn release(made: &[lors_exnode::Mapping], pool: &Arc<Pool>) {
 }
 
 mod files;
+mod stripes;
 pub use files::{Cursor, SaveError, Scrub, Totals, save_kept};

@@ -179,6 +179,16 @@ impl OpenOptions {
             }
         };
         if writable {
+            // A write would change data blocks without their parity.
+            if !x.parity.is_empty() || x.meta(lors_exnode::erasure::META_CODEC).is_some() {
+                return Err(io::Error::new(
+                    ErrorKind::ReadOnlyFilesystem,
+                    format!(
+                        "{}: erasure-coded exNodes are read-only here (write a new file with lors upload --ec)",
+                        path.display()
+                    ),
+                ));
+            }
             if let Some(m) = x.mappings.iter().find(|m| m.write.is_none()) {
                 return Err(io::Error::new(
                     ErrorKind::ReadOnlyFilesystem,

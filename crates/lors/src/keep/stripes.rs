@@ -1,0 +1,105 @@
+//! A keeper cycle over an erasure-coded file: leases as for any file (the
+//! parity blocks' too); healing by repair — each stripe with a block lost
+//! or corrupt gets it made again ([`crate::repair`]) — instead of copies.
+
+use std::sync::Arc;
+
+use lors_exnode::ExNode;
+use lors_exnode::erasure::Erasure;
+
+use super::{Kept, Policy, refresh_due};
+use crate::error::{Error, Result};
+use crate::manage::Probe;
+use crate::pool::Pool;
+use crate::progress::NoProgress;
+
+/// What the cycle found before it acts: the probes of every allocation,
+/// and what the scrub read and found corrupt.
+pub(super) struct Seen {
+    pub probes: Vec<Probe>,
+    pub corrupt: Vec<(usize, String)>,
+    pub scrubbed: u64,
+}
+
+/// One cycle (see [`super::cycle`]) over the erasure-coded `x`.
+pub(super) async fn cycle(
+    x: &ExNode,
+    e: Erasure,
+    seen: Seen,
+    depots: &[String],
+    policy: &Policy,
+    pool: &Arc<Pool>,
+) -> Result<Kept> {
+    let (refreshed, not_refreshed) = refresh_due(x, &seen.probes, policy, pool).await;
+    // A corrupt block is made again like a lost one.
+    let mut probes = seen.probes;
+    for (i, why) in &seen.corrupt {
+        probes[*i] = Probe::Failed(format!("corrupt: {why}"));
+    }
+    let margins = e.margins(x, |i| probes[i].is_live());
+    let whole = margins.iter().all(|m| m.missing.is_empty());
+    let mut kept = Kept {
+        exnode: x.clone(),
+        changed: false,
+        copies: 1,
+        refreshed,
+        not_refreshed,
+        healed: 0,
+        trimmed: 0,
+        lost: (margins.iter())
+            .filter(|m| m.margin < 0)
+            .map(|m| (m.bytes.start, m.bytes.end))
+            .collect(),
+        short: Vec::new(),
+        heal_error: None,
+        scrubbed: seen.scrubbed,
+        corrupt: seen.corrupt,
+        dropped_corrupt: Vec::new(),
+    };
+    if whole {
+        return Ok(kept);
+    }
+    match crate::repair::repair(x, &probes, false, depots, &policy.copy, pool, &NoProgress).await {
+        Ok(r) => {
+            kept.short = (r.failed.iter())
+                .filter(|(s, _)| *s != u64::MAX)
+                .map(|(s, _)| e.stripe(*s))
+                .map(|b| (b.start, b.end))
+                .collect();
+            kept.heal_error = r
+                .failed
+                .first()
+                .map(|(s, why)| format!("stripe {s}: {why}"));
+            kept.healed = r.blocks;
+            kept.trimmed = r.dropped;
+            kept.changed = r.blocks > 0 || r.dropped > 0;
+            kept.exnode = r.exnode;
+            // Corrupt blocks whose stripe was made whole again: dropped,
+            // for the caller to free once the new exNode is written.
+            let data = x.mappings.len();
+            let fixed: Vec<lors_exnode::Mapping> = (kept.corrupt.iter())
+                .filter_map(|(i, _)| {
+                    let m = x.allocation(*i)?;
+                    let (s, _) = e.shard_of(m, *i >= data)?;
+                    (!r.failed.iter().any(|(f, _)| *f == s)).then(|| m.clone())
+                })
+                .collect();
+            if !fixed.is_empty() {
+                drop_from(&mut kept.exnode, &fixed);
+                kept.changed = true;
+                kept.trimmed += fixed.len();
+                kept.dropped_corrupt = fixed;
+            }
+        }
+        Err(err @ Error::Interrupted { .. }) => return Err(err),
+        Err(err) => kept.heal_error = Some(err.to_string()),
+    }
+    Ok(kept)
+}
+
+/// `x` without the allocations in `gone` (by read capability).
+fn drop_from(x: &mut ExNode, gone: &[lors_exnode::Mapping]) {
+    let keep = |m: &lors_exnode::Mapping| !gone.iter().any(|g| g.read == m.read);
+    x.mappings.retain(keep);
+    x.parity.retain(keep);
+}
