@@ -46,6 +46,9 @@ pub(super) struct Rebuild {
     shards: Vec<(u64, usize)>,
     /// Each stripe's blocks and its shard length.
     stripes: BTreeMap<u64, (Vec<Member>, u64)>,
+    /// (stripe, index) of every data block a virtual mapping stands for.
+    wanted: HashSet<(u64, usize)>,
+    cache: Cache,
 }
 
 impl Rebuild {
@@ -116,8 +119,10 @@ impl Rebuild {
             Rebuild {
                 erasure,
                 first,
+                wanted: shards.iter().copied().collect(),
                 shards,
                 stripes,
+                cache: Cache::default(),
             },
         )))
     }
@@ -157,6 +162,11 @@ impl Rebuild {
     /// The stored bytes `want` (within the block) of the data block virtual
     /// mapping `m` stands for, rebuilt from others of its stripe, leaving
     /// out the blocks in `exclude`. Also the blocks used.
+    ///
+    /// One decode gives every lost block of a stripe's window: those the
+    /// reads of the other lost blocks will ask for are kept (a few windows
+    /// at most), and reads of one window wait for each other rather than
+    /// each reading k blocks.
     pub(super) async fn load(
         &self,
         ctx: &Ctx,
@@ -165,8 +175,55 @@ impl Rebuild {
         exclude: &HashSet<(usize, String)>,
     ) -> Result<(BytesMut, Vec<(usize, String)>), Fail> {
         let (s, target) = self.shards[m - self.first];
-        let (members, len) = &self.stripes[&s];
-        let w = window(want.clone(), *len);
+        let w = window(want.clone(), self.stripes[&s].1);
+        let cut = |shard: &[u8]| {
+            let from = usize::try_from(want.start - w.start).unwrap_or(usize::MAX);
+            let to = from + usize::try_from(want.end - want.start).unwrap_or(usize::MAX);
+            (shard.get(from..to).map(BytesMut::from)).ok_or_else(|| {
+                Fail::Remote(Cause::local("rebuilt block shorter than asked"), false)
+            })
+        };
+        if !exclude.is_empty() {
+            // Another try, without blocks that rebuilt bad bytes: no cache.
+            let (got, used) = self.gather(ctx, s, target, w.clone(), exclude).await?;
+            let shard = got.into_iter().find(|(i, _)| *i == target).map(|(_, d)| d);
+            return Ok((cut(&shard.unwrap_or_default())?, used));
+        }
+        let slot = self.cache.slot((s, w.start, w.end));
+        let mut held = slot.lock().await;
+        if let Some(d) = held.remove(&target) {
+            return Ok((cut(&d)?, Vec::new()));
+        }
+        let (got, used) = self.gather(ctx, s, target, w.clone(), exclude).await?;
+        let mut shard = None;
+        for (i, d) in got {
+            if i == target {
+                shard = Some(d);
+            } else if self.wanted.contains(&(s, i)) {
+                held.insert(i, d);
+            }
+        }
+        let empty = held.is_empty();
+        drop(held);
+        drop(slot);
+        if empty {
+            self.cache.forget((s, w.start, w.end));
+        }
+        Ok((cut(&shard.unwrap_or_default())?, used))
+    }
+
+    /// The data blocks of stripe `s` not read, window `w` of each decoded
+    /// from `k` others (leaving out `exclude`, `target` among them), and
+    /// the blocks read.
+    async fn gather(
+        &self,
+        ctx: &Ctx,
+        s: u64,
+        target: usize,
+        w: Range<u64>,
+        exclude: &HashSet<(usize, String)>,
+    ) -> Result<(Vec<(usize, Vec<u8>)>, Vec<(usize, String)>), Fail> {
+        let (members, _) = &self.stripes[&s];
         let k = self.erasure.scheme.data;
         // Data blocks past the end of the file are zeros, not stored.
         let free: Vec<usize> = (0..k)
@@ -252,19 +309,46 @@ impl Rebuild {
         let wlen = usize::try_from(w.end - w.start).unwrap_or(usize::MAX);
         let rebuilt = tokio::task::spawn_blocking(move || {
             let refs: Vec<(usize, &[u8])> = have.iter().map(|(i, b)| (*i, b.as_slice())).collect();
-            scheme
-                .recover(&refs, wlen)
-                .map(|mut all| all.swap_remove(target))
+            scheme.recover_missing(&refs, wlen)
         })
         .await
         .map_err(|e| Fail::Remote(Cause::local(e.to_string()), false))?
         .map_err(|e| Fail::Remote(Cause::local(format!("rebuilding stripe {s}: {e}")), false))?;
-        let from = usize::try_from(want.start - w.start).unwrap_or(usize::MAX);
-        let to = from + usize::try_from(want.end - want.start).unwrap_or(usize::MAX);
-        let cut = rebuilt
-            .get(from..to)
-            .ok_or_else(|| Fail::Remote(Cause::local("rebuilt block shorter than asked"), false))?;
-        Ok((BytesMut::from(cut), used))
+        Ok((rebuilt, used))
+    }
+}
+
+/// Decoded windows kept for the reads of a stripe's other lost blocks, by
+/// (stripe, window start, window end); each behind a lock its readers
+/// take in turn, so one decodes and the others find their bytes.
+#[derive(Default)]
+struct Cache {
+    slots: std::sync::Mutex<Vec<(Key, Slot)>>,
+}
+
+type Key = (u64, u64, u64);
+type Slot = Arc<tokio::sync::Mutex<BTreeMap<usize, Vec<u8>>>>;
+
+/// Windows kept at most (each up to m − 1 decoded blocks of a piece).
+const KEPT_WINDOWS: usize = 4;
+
+impl Cache {
+    fn slot(&self, key: Key) -> Slot {
+        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, s)) = slots.iter().find(|(k, _)| *k == key) {
+            return s.clone();
+        }
+        if slots.len() >= KEPT_WINDOWS {
+            slots.remove(0);
+        }
+        let s = Slot::default();
+        slots.push((key, s.clone()));
+        s
+    }
+
+    fn forget(&self, key: Key) {
+        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        slots.retain(|(k, s)| *k != key || Arc::strong_count(s) > 1);
     }
 }
 

@@ -48,8 +48,9 @@ pub(super) async fn run<R: AsyncRead + Unpin>(
     let shared = Uploader::new(opts, pool, progress.clone())?;
     progress.start(size);
     let bs = usize::try_from(opts.block_size.max(1)).unwrap_or(usize::MAX);
-    // Two stripes at least: one stored while the next is read and encoded.
-    let slots = Arc::new(Semaphore::new((opts.threads / scheme.blocks()).max(2)));
+    // Three stripes at least: one read and encoded while the others are
+    // stored, so the links do not wait for the encoder.
+    let slots = Arc::new(Semaphore::new((opts.threads / scheme.blocks()).max(2) + 1));
     let mut tasks = tokio::task::JoinSet::new();
     let mut results: Vec<(usize, Vec<Mapping>)> = Vec::new();
     let (mut offset, mut stripe) = (0u64, 0usize);
@@ -160,11 +161,11 @@ async fn read_stripe<R: AsyncRead + Unpin>(
     Ok((blocks, false))
 }
 
-/// A stripe, encoded: each data block's stored bytes and e2e record, the
-/// parity shards, and the shard length.
+/// A stripe, encoded: each data block's stored bytes and e2e record, and
+/// the parity shards with their digests.
 struct Encoded {
     data: Vec<(Vec<u8>, E2e)>,
-    parity: Vec<Vec<u8>>,
+    parity: Vec<(Vec<u8>, Metadata)>,
 }
 
 impl Uploader {
@@ -203,11 +204,10 @@ impl Uploader {
                 Ok::<_, Error>(m)
             });
         }
-        for (j, shard) in enc.parity.into_iter().enumerate() {
+        for (j, (shard, digest)) in enc.parity.into_iter().enumerate() {
             let (sh, avoid) = (self.clone(), avoid.clone());
             let i = scheme.data + j;
             stores.spawn(async move {
-                let digest = stored_digest(&shard);
                 let data = Data::Mem(shard);
                 let len = data.len();
                 let (_, caps) =
@@ -252,6 +252,11 @@ fn encode(
     let longest = data.iter().map(|(s, _)| s.len() as u64).max().unwrap_or(0);
     let len = usize::try_from(shard_len(longest)).unwrap_or(usize::MAX);
     let refs: Vec<&[u8]> = data.iter().map(|(s, _)| s.as_slice()).collect();
-    let parity = scheme.encode(&refs, len)?;
+    let parity = (scheme.encode(&refs, len)?.into_iter())
+        .map(|p| {
+            let digest = stored_digest(&p);
+            (p, digest)
+        })
+        .collect();
     Ok(Encoded { data, parity })
 }
