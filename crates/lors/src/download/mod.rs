@@ -402,6 +402,9 @@ pub async fn download(
         last_resort: (0..names.len())
             .filter(|&d| opts.last_resort.contains(&names[d]) || names[d] == rebuild::SOURCE)
             .collect(),
+        rebuilders: (0..names.len())
+            .filter(|&d| names[d] == rebuild::SOURCE)
+            .collect(),
     };
     let mut sched = Sched::new(cfg, names, depot_of, planned, t0);
     let resumed_bytes = match &file_out {

@@ -103,6 +103,10 @@ pub struct Config {
     pub stall: Duration,
     /// Depots read only when a piece has no other replica left.
     pub last_resort: Vec<DepotId>,
+    /// Last-resort depots that rebuild pieces (an erasure-coded file's
+    /// parity): they also hedge a straggler of another depot, so a slow
+    /// depot's pieces are rebuilt rather than waited for.
+    pub rebuilders: Vec<DepotId>,
 }
 
 impl Default for Config {
@@ -115,6 +119,7 @@ impl Default for Config {
             split_tail: true,
             stall: Duration::from_secs(30),
             last_resort: Vec::new(),
+            rebuilders: Vec::new(),
         }
     }
 }
@@ -703,12 +708,14 @@ impl Sched {
                 // Beyond the window or not, this depot may yet be needed
                 // for it: a stall can move it back to the queue.
                 could_later = true;
-                if p >= limit || last_resort {
+                let rebuilds = self.cfg.rebuilders.contains(&d);
+                if p >= limit || (last_resort && !rebuilds) {
                     continue; // a stalled depot does not hedge
                 }
+                let straggles = self.straggles_since(p).is_some_and(|t| t <= now);
                 if self.cfg.hedge
                     && self.pieces[p].running_on.len() == 1
-                    && (idle_here || self.straggles_since(p).is_some_and(|t| t <= now))
+                    && (straggles || (idle_here && !last_resort))
                 {
                     hedge = Some((p, m));
                     break;

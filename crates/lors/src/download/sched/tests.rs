@@ -546,6 +546,49 @@ fn a_last_resort_depot_serves_only_what_no_other_replica_holds() {
 }
 
 #[test]
+fn a_rebuilding_depot_hedges_a_slow_depots_pieces_but_takes_no_others() {
+    // Pieces alternate between depots 0 and 1 (one copy each, as the data
+    // blocks of an erasure-coded file); depot 2 can rebuild any of them
+    // (the parity), last resort. Depot 1 crawls at 1/50 of depot 0's rate:
+    // its pieces are rebuilt once they straggle, not waited for (the stall
+    // rule alone moves them later), and depot 2 takes nothing the others
+    // serve in time.
+    let layout = |i: usize| vec![3 * i + (i % 2), 3 * i + 2];
+    let plan: Vec<Segment> = (0..20)
+        .map(|i| Segment {
+            offset: i as u64 * MIB,
+            len: MIB,
+            sources: layout(i),
+        })
+        .collect();
+    let run = |rebuilders: Vec<DepotId>| {
+        let cfg = Config {
+            last_resort: vec![2],
+            rebuilders,
+            split_tail: false,
+            ..fixed(4)
+        };
+        // Mapping m is on depot m % 3: 3i + (i % 2) on 0 or 1 as i
+        // alternates, 3i + 2 on depot 2 for every i.
+        let kinds = [Kind::Ok(10e6), Kind::Ok(0.2e6), Kind::Ok(10e6)];
+        let mut sim = Sim::new(cfg, &kinds, plan.clone());
+        let t = sim.run();
+        sim.assert_tiles(20 * MIB);
+        (t, sim.bytes_from(2))
+    };
+    let (waited, none) = run(vec![]);
+    let (rebuilt, from_parity) = run(vec![2]);
+    // Without: the stall rule moves some of them (7.2 s); with: every
+    // one of depot 1's ten, and none of depot 0's (3.3 s).
+    assert!(none < 10 * MIB, "{none}");
+    assert_eq!(from_parity, 10 * MIB);
+    assert!(
+        rebuilt < waited * 2 / 3,
+        "rebuilt {rebuilt:?}, waited {waited:?}"
+    );
+}
+
+#[test]
 fn an_ordered_output_never_runs_ahead_of_its_window() {
     let cfg = Config {
         window: Some(4),
