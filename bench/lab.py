@@ -15,7 +15,10 @@ For every k it measures, in the same lab and interleaved round after round:
     a metalink of the k hosts' xrootd.
 Then, with k = --fault-k: one depot slowed to R/10 (time against the ideal
 for the capacity left, beside aria2c and xrdcp) and one depot killed
-mid-download (must complete, byte-identical).
+mid-download (must complete, byte-identical). With --ec: a 6+3 erasure-coded
+file on 9 depots, downloaded with every link at R and with one at R/10.
+
+    python3 bench/lab.py --ks '' --fault-k 0 --ec --rounds 3   # the erasure-code runs alone
 """
 
 from __future__ import annotations
@@ -300,6 +303,63 @@ def faults(lors: Path, d: Path, k: int, rate: int, per_link: int, rounds: int) -
     return "\n".join(lines)
 
 
+def erasure(lors: Path, d: Path, rate: int, per_link: int, rounds: int) -> str:
+    """A 6+3 erasure-coded file on 9 depot hosts at R: its download with
+    every link at R, then with depot 1 at R/10, against the ideal for the
+    capacity left — the slow depot not waited for (issue 43: within 1.1x)."""
+    k = 9
+    size = 6 * per_link
+    www = d / "www"
+    src = www / "src-ec.bin"
+    make_file(src, size)
+    lab = Lab(lors, d, k, rate)
+    xnd = d / "src-ec.xnd"
+    lines = []
+    try:
+        args = [str(lors), "upload", "--quiet", "--force", "--ec", "6+3", "-o", str(xnd), str(src)]
+        for dep in lab.depots():
+            args[2:2] = ["--depot", dep]
+        log(f"placing {size >> 20} MiB on {k} depots as 6+3")
+        subprocess.run(lab.at_client(args), check=True)
+        g = link_goodput(lab, per_link)
+        measure([g], 1, timeout=60)
+        goodput = median(g.rates()) * GiB
+        out = d / "out-ec.bin"
+        rm = [["rm", "-f", str(out)]]
+
+        def case(name: str) -> Case:
+            return Case(name, "ours", lab.at_client([str(lors), "download", "--quiet", "-o", str(out),
+                                                     str(xnd)]), size, before=rm, after=rm,
+                        verify=(out, src))
+
+        whole = case("lors download, 6+3, every link at R")
+        measure([whole], rounds, timeout=900)
+        slow = max(1, rate // 10)
+        netlab("rate", "1", str(slow))
+        slowed = case(f"lors download, 6+3, depot 1 at {slow} Mbit/s")
+        measure([slowed], rounds, timeout=900)
+        netlab("rate", "1", str(rate))
+        # Every link at R: the data blocks spread over the 9 links. One at
+        # R/10: the k blocks of each stripe from the other 8 (and what the
+        # slow one adds), none waited for.
+        ideal_whole = size / (k * goodput)
+        ideal_slow = size / ((k - 1) * goodput + goodput * slow / rate)
+        lines += [f"### Erasure code 6+3 on 9 depots at {rate} Mbit/s, {size >> 20} MiB", "",
+                  f"Link goodput {goodput / (1 << 20):.2f} MiB/s (iperf3).", "",
+                  "| case | median s | min-max s | ideal s | / ideal |", "|---|---|---|---|---|"]
+        for c, ideal in ((whole, ideal_whole), (slowed, ideal_slow)):
+            if c.failed or not c.times:
+                lines.append(f"| {c.name} | failed: {c.failed} | | | |")
+                continue
+            m = median(c.times)
+            lines.append(f"| {c.name} | {m:.2f} | {min(c.times):.2f}-{max(c.times):.2f} | "
+                         f"{ideal:.2f} | {m / ideal:.3f} |")
+        lines.append("")
+    finally:
+        lab.stop()
+    return "\n".join(lines)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ks", default="1,2,4,8", help="depot counts (default 1,2,4,8)")
@@ -308,6 +368,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3, help="timed rounds (default 3)")
     ap.add_argument("--threads", default="1,2,4,8", help="hand-picked -a values (default 1,2,4,8)")
     ap.add_argument("--fault-k", type=int, default=4, help="depots in the fault runs (0 skips; default 4)")
+    ap.add_argument("--ec", action="store_true",
+                    help="also a 6+3 erasure-coded file on 9 depots, one of them slowed to R/10")
     ap.add_argument("--dir", default="/dev/shm/lors-lab", help="working directory on tmpfs")
     ap.add_argument("--out", help="also write the Markdown report here")
     ap.add_argument("--baseline", help="an earlier lors binary whose download runs beside this build's")
@@ -335,6 +397,10 @@ def main() -> int:
         print(text, flush=True)
     if a.fault_k:
         text = faults(lors, d, a.fault_k, a.rate, per_link, a.rounds)
+        report.append(text)
+        print(text, flush=True)
+    if a.ec:
+        text = erasure(lors, d, a.rate, per_link, a.rounds)
         report.append(text)
         print(text, flush=True)
     if summaries:
