@@ -316,7 +316,8 @@ def erasure(lors: Path, d: Path, rate: int, per_link: int, rounds: int) -> str:
     xnd = d / "src-ec.xnd"
     lines = []
     try:
-        args = [str(lors), "upload", "--quiet", "--force", "--ec", "6+3", "-o", str(xnd), str(src)]
+        # Stored as they are, as the other lab runs store theirs (-n).
+        args = [str(lors), "upload", "--quiet", "--force", "-n", "--ec", "6+3", "-o", str(xnd), str(src)]
         for dep in lab.depots():
             args[2:2] = ["--depot", dep]
         log(f"placing {size >> 20} MiB on {k} depots as 6+3")

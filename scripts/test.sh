@@ -57,7 +57,15 @@ cargo fuzz build --fuzz-dir fuzz 2>&1 | tail -n 1
 if [ "$fuzz_seconds" -gt 0 ]; then
     for t in $targets; do
         echo "--- $t"
-        cargo fuzz run --fuzz-dir fuzz "$t" -- -max_total_time="$fuzz_seconds" 2>&1 | grep -E '^Done|ERROR|panicked' || true
+        # Seeds kept in the repository (fuzz/seeds/TARGET) start the search
+        # where blind mutation would take long to reach (an erasure-coded
+        # exNode); the corpus libFuzzer grows stays out of it.
+        seeds=()
+        if [ -d "fuzz/seeds/$t" ]; then
+            mkdir -p "fuzz/corpus/$t"
+            seeds=("fuzz/corpus/$t" "fuzz/seeds/$t")
+        fi
+        cargo fuzz run --fuzz-dir fuzz "$t" "${seeds[@]}" -- -max_total_time="$fuzz_seconds" 2>&1 | grep -E '^Done|ERROR|panicked' || true
         if [ -d "fuzz/artifacts/$t" ] && [ -n "$(ls -A "fuzz/artifacts/$t" 2>/dev/null)" ]; then
             echo "fuzz target $t found a crash: see fuzz/artifacts/$t" >&2
             exit 1

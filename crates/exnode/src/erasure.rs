@@ -352,9 +352,13 @@ impl Erasure {
         }
         // Each stripe's data is at least one mapping: no more stripes than
         // an exNode holds mappings (what is kept per stripe stays bounded).
-        if e.stripes() > MAX_STRIPES {
+        // Nor more stripes than it names blocks: each stripe has some (a
+        // file whose every block is gone has nothing left to describe),
+        // and a few hundred bytes claiming millions would cost millions.
+        let named = x.mappings.len() as u64 + x.parity.len() as u64;
+        if e.stripes() > MAX_STRIPES || e.stripes() > named.max(1) {
             return Err(ErasureError::Record(format!(
-                "{} stripes, more than the {MAX_STRIPES} an exNode can hold",
+                "{} stripes claimed for {named} blocks named (at most {MAX_STRIPES})",
                 e.stripes()
             )));
         }
@@ -473,9 +477,9 @@ impl Erasure {
     /// (zeros, never stored).
     pub fn margins(&self, x: &ExNode, present: impl Fn(usize) -> bool) -> Vec<Margin> {
         let n = usize::try_from(self.stripes()).unwrap_or(usize::MAX);
-        let k = self.scheme.data;
-        let mut have = vec![vec![false; self.scheme.blocks()]; n];
-        for (s, row) in have.iter_mut().enumerate() {
+        let (k, b) = (self.scheme.data, self.scheme.blocks());
+        let mut have = vec![false; n.saturating_mul(b)];
+        for (s, row) in have.chunks_mut(b).enumerate() {
             for (i, h) in row.iter_mut().enumerate().take(k) {
                 *h = self.block(s as u64, i).is_empty();
             }
@@ -485,10 +489,10 @@ impl Erasure {
             if let Some((s, i)) = self.shard_of(m, j >= data)
                 && present(j)
             {
-                have[s as usize][i] = true;
+                have[s as usize * b + i] = true;
             }
         }
-        (have.into_iter().enumerate())
+        (have.chunks(b).enumerate())
             .map(|(s, row)| {
                 let s = s as u64;
                 let blocks = row.iter().filter(|&&h| h).count();
@@ -678,6 +682,9 @@ mod tests {
             metadata: e.metadata(),
             ..ExNode::default()
         };
+        // Two stripes claimed, no block named: refused.
+        assert!(Erasure::of(&x).is_err());
+        x.mappings = vec![Mapping::default(); 2];
         assert_eq!(Erasure::of(&x).unwrap(), Some(e));
         x.set_meta(Metadata::integer(META_DATA, 0));
         assert!(Erasure::of(&x).is_err());

@@ -145,9 +145,18 @@ fn any_three_of_nine_depots_lost_read_back_whole_and_four_fail_naming_stripes() 
     // xio (and so `lors mount` and libxio) reads it the same way: random
     // seeks into blocks of the lost depots.
     let lost = dir.path().join("lost.xnd");
-    lors::xnd::save(&lost, &without(&x, &[&addrs[0], &addrs[4], &addrs[8]], &dead)).unwrap();
+    lors::xnd::save(
+        &lost,
+        &without(&x, &[&addrs[0], &addrs[4], &addrs[8]], &dead),
+    )
+    .unwrap();
     let mut f = lors::xio::File::open(lost.to_str().unwrap()).unwrap();
-    for (at, len) in [(0usize, 4096usize), (70_000, 100_000), (400_000, 1), (1_100_000, 80_000)] {
+    for (at, len) in [
+        (0usize, 4096usize),
+        (70_000, 100_000),
+        (400_000, 1),
+        (1_100_000, 80_000),
+    ] {
         use std::io::{Read, Seek, SeekFrom};
         f.seek(SeekFrom::Start(at as u64)).unwrap();
         let mut buf = vec![0u8; len];

@@ -346,6 +346,12 @@ fn user_event(s: &Sched, e: Event) -> progress::Event {
         Event::Recovered { depot } => progress::Event::Recovered {
             depot: s.name(depot).to_owned(),
         },
+        Event::Slow { depot } => progress::Event::Retry {
+            depot: s.name(depot).to_owned(),
+            why:
+                "slower than rebuilding its blocks from parity: its pieces are rebuilt from here on"
+                    .into(),
+        },
     }
 }
 

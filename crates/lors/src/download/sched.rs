@@ -173,7 +173,24 @@ pub enum Event {
         /// The depot.
         depot: DepotId,
     },
+    /// A depot lost [`SLOW_AFTER`] races in a row to a depot that rebuilds
+    /// pieces (an erasure-coded file's parity) and delivered less than a
+    /// [`SLOW_SHARE`]th of what depots typically did: its pieces are
+    /// rebuilt from now on rather than waited for.
+    Slow {
+        /// The depot.
+        depot: DepotId,
+    },
 }
+
+/// Races a depot loses in a row to a rebuilding depot before its pieces go
+/// there first: one could be a hiccup; two without a delivery between are
+/// a slow link.
+pub const SLOW_AFTER: u32 = 2;
+
+/// A depot is slow only when it has also delivered less than the median
+/// depot's bytes divided by this.
+pub const SLOW_SHARE: u64 = 4;
 
 /// A range no replica could serve.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -235,6 +252,10 @@ struct Depot {
     last_resort: bool,
     dead: bool,
     stalled: bool,
+    /// Races lost to a rebuilding depot.
+    beaten: u32,
+    /// Slower than rebuilding its pieces: they go to the rebuilder.
+    slow: bool,
     tune: Option<Tune>,
     delivered: Option<Instant>,
     bytes: u64,
@@ -298,6 +319,8 @@ impl Sched {
                 last_resort: cfg.last_resort.contains(&d),
                 dead: false,
                 stalled: false,
+                beaten: 0,
+                slow: false,
                 tune: (cfg.conns_per_depot == 0).then(Tune::new),
                 delivered: None,
                 bytes: 0,
@@ -504,7 +527,34 @@ impl Sched {
     }
 
     fn is_last_resort(&self, d: DepotId) -> bool {
-        self.depots[d].last_resort || self.depots[d].stalled
+        self.depots[d].last_resort || self.depots[d].stalled || self.depots[d].slow
+    }
+
+    /// A rebuilder delivered `p` before the depots also fetching it: each
+    /// lost a race, and one that loses [`SLOW_AFTER`] in a row (delivering
+    /// nothing between) is slow.
+    fn beat(&mut self, p: PieceId) {
+        let twins: Vec<DepotId> = (self.pieces[p].running_on.iter())
+            .map(|&m| self.depot_of[m])
+            .filter(|e| !self.cfg.rebuilders.contains(e))
+            .collect();
+        // At the end every depot may lose a race or two, each hedged as it
+        // finishes last; a slow one has also delivered far less.
+        let mut delivered: Vec<u64> = (0..self.depots.len())
+            .filter(|e| !self.cfg.rebuilders.contains(e) && !self.depots[*e].dead)
+            .map(|e| self.depots[e].bytes)
+            .collect();
+        delivered.sort_unstable();
+        let typical = delivered.get(delivered.len() / 2).copied().unwrap_or(0);
+        for e in twins {
+            let dep = &mut self.depots[e];
+            dep.beaten += 1;
+            let behind = dep.bytes.saturating_mul(SLOW_SHARE) < typical;
+            if dep.beaten >= SLOW_AFTER && behind && !dep.slow {
+                dep.slow = true;
+                self.events.push(Event::Slow { depot: e });
+            }
+        }
     }
 
     /// A replica of `p` on `d` that has not failed and is not being read.
@@ -656,8 +706,13 @@ impl Sched {
                 continue;
             };
             let others = &self.keys[k];
-            // A last-resort depot leaves pieces to the others while they can.
-            if last_resort && others.iter().any(|&e| !self.is_last_resort(e)) {
+            // A last-resort depot leaves pieces to the others while they can;
+            // a slow one to a rebuilder too.
+            let rebuilt = |e: &DepotId| self.cfg.rebuilders.contains(e) && !self.depots[*e].dead;
+            if last_resort
+                && (others.iter().any(|&e| !self.is_last_resort(e))
+                    || (self.depots[d].slow && others.iter().any(rebuilt)))
+            {
                 could_later = true;
                 continue;
             }
@@ -900,6 +955,10 @@ impl Sched {
     pub fn claim(&mut self, p: PieceId, m: usize, now: Instant) -> bool {
         let d = self.depot_of[m];
         self.depots[d].delivered = Some(now);
+        // Races lost count in a row: a depot that delivers is not slow.
+        if self.pieces[p].st != St::Done {
+            self.depots[d].beaten = 0;
+        }
         if self.depots[d].stalled {
             self.depots[d].stalled = false;
             self.events.push(Event::Recovered { depot: d });
@@ -917,6 +976,9 @@ impl Sched {
             St::Done => return false,
             St::Running => {
                 self.running.remove(&(started, p));
+                if self.cfg.rebuilders.contains(&d) {
+                    self.beat(p);
+                }
                 if sole && len > 0 {
                     let spb = now.saturating_duration_since(started).as_secs_f64() / len as f64;
                     // The first pieces set it; later ones move it by an

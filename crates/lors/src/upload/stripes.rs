@@ -185,7 +185,10 @@ impl Uploader {
             .map_err(|e| Error::io("encoding a stripe", std::io::Error::other(e.to_string())))??;
         let avoid = Arc::new(Mutex::new(HashSet::new()));
         let mut stores = tokio::task::JoinSet::new();
-        let salt0 = stripe * scheme.blocks();
+        // Where each block's search for a depot starts: block i of stripe
+        // s at depot s + i, so the data blocks (read on every download)
+        // rotate over all the depots rather than always filling the first k.
+        let salt0 = stripe;
         let mut at = start;
         for (i, (stored, e2e)) in enc.data.into_iter().enumerate() {
             let (sh, avoid, len) = (self.clone(), avoid.clone(), lens[i]);

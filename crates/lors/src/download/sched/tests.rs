@@ -579,7 +579,9 @@ fn a_rebuilding_depot_hedges_a_slow_depots_pieces_but_takes_no_others() {
     let (waited, none) = run(vec![]);
     let (rebuilt, from_parity) = run(vec![2]);
     // Without: the stall rule moves some of them (7.2 s); with: every
-    // one of depot 1's ten, and none of depot 0's (3.3 s).
+    // one of depot 1's ten, and none of depot 0's — two races lost and
+    // depot 1's pieces go to the rebuilder first (2.2 s; 3.3 s when each
+    // still had to straggle first).
     assert!(none < 10 * MIB, "{none}");
     assert_eq!(from_parity, 10 * MIB);
     assert!(
