@@ -121,17 +121,23 @@ impl Scheme {
                 self.parity
             )));
         }
-        // A fresh coder each time: `reset` of a kept one measures two to
-        // three times slower (benches/erasure.rs).
-        let mut enc = ReedSolomonEncoder::new(self.data, self.parity, len).map_err(codec)?;
         let zeros = vec![0u8; len];
-        for i in 0..self.data {
-            let d = data.get(i).copied().unwrap_or(&[]);
-            enc.add_original_shard(padded(d, len, &zeros)?)
-                .map_err(codec)?;
+        let data: Vec<std::borrow::Cow<'_, [u8]>> = (0..self.data)
+            .map(|i| padded(data.get(i).copied().unwrap_or(&[]), len, &zeros))
+            .collect::<Result<_, _>>()?;
+        let mut parity = vec![vec![0u8; len]; self.parity];
+        for c in columns(len) {
+            let mut enc =
+                ReedSolomonEncoder::new(self.data, self.parity, c.len()).map_err(codec)?;
+            for d in &data {
+                enc.add_original_shard(&d[c.clone()]).map_err(codec)?;
+            }
+            let out = enc.encode().map_err(codec)?;
+            for (p, r) in parity.iter_mut().zip(out.recovery_iter()) {
+                p[c.clone()].copy_from_slice(r);
+            }
         }
-        let out = enc.encode().map_err(codec)?;
-        Ok(out.recovery_iter().map(<[u8]>::to_vec).collect())
+        Ok(parity)
     }
 
     /// All `k` data shards (each `len` bytes, zero-padded) from any `k` of
@@ -231,28 +237,51 @@ impl Scheme {
                 need: self.data,
             });
         }
-        let mut dec = ReedSolomonDecoder::new(self.data, self.parity, len).map_err(codec)?;
-        for (i, d) in data.iter().enumerate() {
-            if let Some(d) = d {
-                dec.add_original_shard(i, d).map_err(codec)?;
+        let missing: Vec<usize> = (0..self.data).filter(|&i| data[i].is_none()).collect();
+        let mut restored = vec![vec![0u8; len]; missing.len()];
+        let recovery = &recovery[..self.data - known];
+        for c in columns(len) {
+            let mut dec =
+                ReedSolomonDecoder::new(self.data, self.parity, c.len()).map_err(codec)?;
+            for (i, d) in data.iter().enumerate() {
+                if let Some(d) = d {
+                    dec.add_original_shard(i, &d[c.clone()]).map_err(codec)?;
+                }
+            }
+            for &(i, r) in recovery {
+                dec.add_recovery_shard(i - self.data, &r[c.clone()])
+                    .map_err(codec)?;
+            }
+            let out = dec.decode().map_err(codec)?;
+            for (slot, &i) in restored.iter_mut().zip(&missing) {
+                let r = out.restored_original(i).ok_or_else(|| {
+                    ErasureError::Shard(format!("data block {i} was not restored"))
+                })?;
+                slot[c.clone()].copy_from_slice(r);
             }
         }
-        for &(i, r) in recovery.iter().take(self.data - known) {
-            dec.add_recovery_shard(i - self.data, r).map_err(codec)?;
-        }
-        let out = dec.decode().map_err(codec)?;
         for (i, d) in data.iter().enumerate() {
-            match d.as_deref().or_else(|| out.restored_original(i)) {
+            match d {
                 Some(d) => emit(i, d),
                 None => {
-                    return Err(ErasureError::Shard(format!(
-                        "data block {i} was not restored"
-                    )));
+                    let at = missing.iter().position(|&j| j == i).unwrap_or_default();
+                    emit(i, &restored[at]);
                 }
             }
         }
         Ok(())
     }
+}
+
+/// The code works symbol position by symbol position, so shards are coded
+/// a column at a time: the coder's work then stays in the CPU's caches
+/// (whole 10 MiB blocks encode three times slower, benches/erasure.rs). Columns
+/// start on 64-byte chunks; the last takes the shard's partial chunk, as
+/// coding the whole shard would.
+const COLUMN: usize = 1 << 20;
+
+fn columns(len: usize) -> impl Iterator<Item = std::ops::Range<usize>> {
+    (0..len.div_ceil(COLUMN).max(1)).map(move |c| c * COLUMN..((c + 1) * COLUMN).min(len))
 }
 
 impl std::fmt::Display for Scheme {
@@ -651,6 +680,28 @@ mod tests {
                 assert_eq!(&all[2][a - w0..b - w0], &data[2][a..b], "{len}: {a}..{b}");
             }
         }
+    }
+
+    /// Coding a column at a time gives what coding whole shards gives
+    /// (the parity on depots), across column edges and a partial last
+    /// chunk.
+    #[test]
+    fn columns_code_as_whole_shards_do() {
+        let s = Scheme { data: 3, parity: 2 };
+        let len = 3 * COLUMN + 130;
+        let data = stripe(3, len, 5);
+        let refs: Vec<&[u8]> = data.iter().map(Vec::as_slice).collect();
+        let parity = s.encode(&refs, len).unwrap();
+        let mut whole = ReedSolomonEncoder::new(3, 2, len).unwrap();
+        for d in &refs {
+            whole.add_original_shard(d).unwrap();
+        }
+        let out = whole.encode().unwrap();
+        for (p, w) in parity.iter().zip(out.recovery_iter()) {
+            assert!(p.as_slice() == w);
+        }
+        let have = [(1, refs[1]), (3, &parity[0][..]), (4, &parity[1][..])];
+        assert_eq!(s.recover(&have, len).unwrap(), data);
     }
 
     /// The parity of a fixed stripe: what is on depots must stay readable
