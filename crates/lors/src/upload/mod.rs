@@ -59,13 +59,20 @@ struct Depots {
 }
 
 impl Depots {
-    /// Least-busy live depot not in `avoid`; marks it busy.
-    fn pick(&mut self, avoid: &HashSet<usize>, salt: usize) -> Option<usize> {
+    /// A live depot not in `avoid`, marked busy: the least busy; or, with
+    /// `slack`, the first from `salt` on that is within `slack` transfers
+    /// of the least busy (an erasure-coded stripe's blocks keep their
+    /// rotation, so each depot holds its share of data blocks, while a
+    /// depot that falls behind is still passed over).
+    fn pick(&mut self, avoid: &HashSet<usize>, salt: usize, slack: usize) -> Option<usize> {
         let n = self.addrs.len();
-        let best = (0..n)
-            .map(|k| (k + salt) % n)
-            .filter(|i| !self.dead[*i] && !avoid.contains(i))
-            .min_by_key(|i| self.busy[*i])?;
+        let usable = || {
+            (0..n)
+                .map(move |k| (k + salt) % n)
+                .filter(|i| !self.dead[*i] && !avoid.contains(i))
+        };
+        let least = usable().map(|i| self.busy[i]).min()?;
+        let best = usable().find(|&i| self.busy[i] <= least + slack)?;
         self.busy[best] += 1;
         Some(best)
     }
@@ -352,7 +359,8 @@ impl Uploader {
             // stored at once, each get a depot of their own.
             let picked = {
                 let mut avoid = avoid();
-                let picked = self.lock().pick(&avoid, salt);
+                let slack = if self.opts.erasure.is_some() { 2 } else { 0 };
+                let picked = self.lock().pick(&avoid, salt, slack);
                 if let Some(i) = picked {
                     avoid.insert(i);
                 }
