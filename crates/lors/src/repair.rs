@@ -162,22 +162,7 @@ pub async fn repair(
     failed.sort();
     let mut r = shared.result(new);
     (r.lost, r.failed) = (lost, failed);
-    // Corrupt blocks replaced: freed, and out of the exNode (one that
-    // cannot be freed stays named, never stranded).
-    let bad: Vec<Mapping> =
-        std::mem::take(&mut *shared.corrupt.lock().unwrap_or_else(|e| e.into_inner()))
-            .into_iter()
-            .filter_map(|i| x.allocation(i).cloned())
-            .collect();
-    let kept = pool.release_all(bad.clone()).await;
-    let freed: Vec<&Mapping> = bad
-        .iter()
-        .filter(|m| !kept.iter().any(|k| k.read == m.read))
-        .collect();
-    let named = |m: &Mapping| !freed.iter().any(|f| f.read == m.read);
-    r.exnode.mappings.retain(named);
-    r.exnode.parity.retain(named);
-    r.dropped += freed.len();
+    shared.free_corrupt(&mut r).await;
     Ok(r)
 }
 
@@ -476,6 +461,24 @@ impl Job {
         })
         .await
         .map_err(|e| Cause::local(e.to_string()))?
+    }
+
+    /// Corrupt blocks replaced: freed, and out of `r`'s exNode (one that
+    /// cannot be freed stays named, never stranded).
+    async fn free_corrupt(&self, r: &mut Repaired) {
+        let bad: Vec<Mapping> =
+            std::mem::take(&mut *self.corrupt.lock().unwrap_or_else(|e| e.into_inner()))
+                .into_iter()
+                .filter_map(|i| self.x.allocation(i).cloned())
+                .collect();
+        let kept = self.pool.release_all(bad.clone()).await;
+        let freed: Vec<&Mapping> = (bad.iter())
+            .filter(|m| !kept.iter().any(|k| k.read == m.read))
+            .collect();
+        let named = |m: &Mapping| !freed.iter().any(|f| f.read == m.read);
+        r.exnode.mappings.retain(named);
+        r.exnode.parity.retain(named);
+        r.dropped += freed.len();
     }
 
     /// The exNode after the repair: the new blocks added, those whose

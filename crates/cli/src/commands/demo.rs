@@ -112,20 +112,7 @@ async fn demo(a: &Args, dir: &std::path::Path) -> anyhow::Result<()> {
         .map(|i| (i.wrapping_mul(0x9E37_79B9) >> 11) as u8)
         .collect();
     let pool = Arc::new(Pool::new(ClientConfig::default()));
-    let opts = UploadOptions {
-        depots: ranked,
-        block_size: a.block_size,
-        copies: 2,
-        threads: 8,
-        duration: Duration::from_secs(3600),
-        reliability: Reliability::Hard,
-        filename: "demo.bin".into(),
-        erasure: None,
-        e2e: Some(Codec::Native(Chain {
-            block_size: 1 << 20,
-            steps: vec![Step::Blake3],
-        })),
-    };
+    let opts = upload_options(a, ranked);
     let t = Instant::now();
     let x = upload(
         &data[..],
@@ -287,4 +274,22 @@ async fn download_and_check(
     }
     anyhow::ensure!(back == data, "downloaded data differs from the original");
     Ok(stats)
+}
+
+/// The demo's upload: two copies of BLAKE3-checked blocks on `depots`.
+fn upload_options(a: &Args, depots: Vec<String>) -> UploadOptions {
+    UploadOptions {
+        depots,
+        block_size: a.block_size,
+        copies: 2,
+        threads: 8,
+        duration: Duration::from_secs(3600),
+        reliability: Reliability::Hard,
+        filename: "demo.bin".into(),
+        erasure: None,
+        e2e: Some(Codec::Native(Chain {
+            block_size: 1 << 20,
+            steps: vec![Step::Blake3],
+        })),
+    }
 }

@@ -367,10 +367,7 @@ pub async fn download(
     let original = x;
     // An erasure-coded file: each data block also rebuilt from parity, as
     // a last resort.
-    let (extended, rebuild) = match rebuild::Rebuild::extend(x)? {
-        Some((y, r)) => (Some(y), Some(r)),
-        None => (None, None),
-    };
+    let (extended, rebuild) = rebuild::Rebuild::extend(x)?.unzip();
     let x = extended.as_ref().unwrap_or(x);
     check_geometry(&x.mappings)?;
     let size = x.logical_size();
@@ -398,19 +395,10 @@ pub async fn download(
         .max()
         .unwrap_or(0);
     let cfg = sched::Config {
-        conns_per_depot: opts.conns_per_depot,
-        threads: opts.threads,
-        hedge: opts.hedge,
         window: stream.is_some().then_some(window),
         // Halves of an encoded piece would each read its edge block.
         split_tail: stream.is_none() && codecs.iter().all(Option::is_none),
-        stall: opts.stall,
-        last_resort: (0..names.len())
-            .filter(|&d| opts.last_resort.contains(&names[d]) || names[d] == rebuild::SOURCE)
-            .collect(),
-        rebuilders: (0..names.len())
-            .filter(|&d| names[d] == rebuild::SOURCE)
-            .collect(),
+        ..sched_config(opts, &names)
     };
     let mut sched = Sched::new(cfg, names, depot_of, planned, t0);
     let resumed_bytes = match &file_out {
@@ -485,6 +473,21 @@ pub async fn download(
             .map_err(|e| Error::io("output writer", std::io::Error::other(e.to_string())))?;
     }
     outcome(&ctx, file_out.as_ref().map(|f| &f.0), resumed_bytes, t0)
+}
+
+/// The scheduler's settings from `opts`, for depots `names` (the parity
+/// source of an erasure-coded file a last resort that rebuilds).
+fn sched_config(opts: &DownloadOptions, names: &[String]) -> sched::Config {
+    let depots = |f: &dyn Fn(&String) -> bool| (0..names.len()).filter(|&d| f(&names[d])).collect();
+    sched::Config {
+        conns_per_depot: opts.conns_per_depot,
+        threads: opts.threads,
+        hedge: opts.hedge,
+        stall: opts.stall,
+        last_resort: depots(&|n| opts.last_resort.contains(n) || n == rebuild::SOURCE),
+        rebuilders: depots(&|n| n == rebuild::SOURCE),
+        ..sched::Config::default()
+    }
 }
 
 /// Pieces by (offset, length).

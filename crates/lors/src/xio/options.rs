@@ -179,16 +179,7 @@ impl OpenOptions {
             }
         };
         if writable {
-            // A write would change data blocks without their parity.
-            if !x.parity.is_empty() || x.meta(lors_exnode::erasure::META_CODEC).is_some() {
-                return Err(io::Error::new(
-                    ErrorKind::ReadOnlyFilesystem,
-                    format!(
-                        "{}: erasure-coded exNodes are read-only here (write a new file with lors upload --ec)",
-                        path.display()
-                    ),
-                ));
-            }
+            refuse_erasure(&x, &path)?;
             if let Some(m) = x.mappings.iter().find(|m| m.write.is_none()) {
                 return Err(io::Error::new(
                     ErrorKind::ReadOnlyFilesystem,
@@ -271,4 +262,19 @@ fn new_exnode(path: &Path) -> ExNode {
     x.set_meta(Meta::string("filename", &name));
     x.set_meta(Meta::double("lorsversion", lors_exnode::xml::LORS_VERSION));
     x
+}
+
+/// A write would change an erasure-coded file's data blocks without their
+/// parity: such files open read-only.
+fn refuse_erasure(x: &lors_exnode::ExNode, path: &std::path::Path) -> io::Result<()> {
+    if x.parity.is_empty() && x.meta(lors_exnode::erasure::META_CODEC).is_none() {
+        return Ok(());
+    }
+    Err(io::Error::new(
+        ErrorKind::ReadOnlyFilesystem,
+        format!(
+            "{}: erasure-coded exNodes are read-only here (write a new file with lors upload --ec)",
+            path.display()
+        ),
+    ))
 }
