@@ -207,6 +207,19 @@ impl Error {
         }
     }
 
+    /// A copying run told to stop: of the `made` allocations it released
+    /// all but `kept`, which it names as stranded.
+    pub(crate) fn stopped(made: usize, kept: Vec<lors_exnode::Mapping>) -> Self {
+        Error::Interrupted {
+            stored: Box::default(),
+            released: made - kept.len(),
+            stranded: lors_exnode::ExNode {
+                mappings: kept,
+                ..lors_exnode::ExNode::default()
+            },
+        }
+    }
+
     pub(crate) fn io(what: impl Into<String>, source: std::io::Error) -> Self {
         Error::Io {
             what: what.into(),

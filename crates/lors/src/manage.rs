@@ -171,14 +171,7 @@ pub async fn replicate(
         let total = all.len();
         let kept = pool.release_all(all).await;
         if stopped {
-            return Err(Error::Interrupted {
-                stored: Box::default(),
-                released: total - kept.len(),
-                stranded: ExNode {
-                    mappings: kept,
-                    ..ExNode::default()
-                },
-            });
+            return Err(Error::stopped(total, kept));
         }
         return Err(st.failure.expect("checked above"));
     }

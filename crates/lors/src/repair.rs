@@ -150,14 +150,7 @@ pub async fn repair(
         let made = std::mem::take(&mut *shared.made.lock().unwrap_or_else(|e| e.into_inner()));
         let total = made.len();
         let kept = pool.release_all(made).await;
-        return Err(Error::Interrupted {
-            stored: Box::default(),
-            released: total - kept.len(),
-            stranded: ExNode {
-                mappings: kept,
-                ..ExNode::default()
-            },
-        });
+        return Err(Error::stopped(total, kept));
     }
     failed.sort();
     let mut r = shared.result(new);
@@ -386,10 +379,7 @@ impl Job {
                 Ok(c) => c,
                 Err(e) => {
                     last = Cause::from(&e);
-                    self.bad
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .insert(addr);
+                    self.fail(addr);
                     continue;
                 }
             };
@@ -418,13 +408,18 @@ impl Job {
                 }
                 Err(e) => {
                     last = Cause::from(&e);
-                    self.bad
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .insert(addr);
+                    self.fail(addr);
                 }
             }
         }
+    }
+
+    /// Depot `addr` failed a store: no block goes there again.
+    fn fail(&self, addr: String) {
+        self.bad
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(addr);
     }
 
     /// Block `m` read whole and checked: its e2e checksums and its

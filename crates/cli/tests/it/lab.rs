@@ -356,7 +356,18 @@ fn progress_bars_show_each_depot_fit_80_columns_and_name_a_stall() {
         .spawn()
         .expect("run script");
     let frozen = lab.depots[0].as_ref().unwrap();
-    after(500);
+    // Frozen once bytes arrive, not after a guess at how long a loaded
+    // machine takes to start the download: a freeze over before it began
+    // would stall nothing.
+    let part = lors::download::partial_path(Path::new(&out));
+    let t0 = Instant::now();
+    while std::fs::metadata(&part).map_or(true, |m| m.len() == 0) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the download never started"
+        );
+        after(20);
+    }
     frozen.signal("STOP");
     after(3000);
     frozen.signal("CONT");

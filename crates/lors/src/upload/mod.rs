@@ -611,28 +611,18 @@ async fn run<R: AsyncRead + Unpin>(
     for m in &control.done {
         done.entry(m.exnode_offset).or_default().push(m.clone());
     }
-    'blocks: loop {
-        let permit = tokio::select! {
-            p = slots.clone().acquire_owned() => p.expect("semaphore never closed"),
-            () = control.stopping() => {
+    loop {
+        let permit = match next_slot(&slots, &control, &mut tasks, &mut results).await {
+            Next::Go(p) => p,
+            Next::Stopped => {
                 interrupted = true;
                 break;
             }
-        };
-        // Surface failures early instead of reading the whole input first.
-        while let Some(done) = tasks.try_join_next() {
-            match joined(done) {
-                Ok(r) => results.push(r),
-                Err(e) => {
-                    failure = Some(e);
-                    break 'blocks;
-                }
+            Next::Failed(e) => {
+                failure = Some(e);
+                break;
             }
-        }
-        if control.stopped() {
-            interrupted = true;
-            break;
-        }
+        };
         if let Some(stored) = done.remove(&offset) {
             let len = stored[0].logical_length;
             let whole = stored.len() >= copies && len > 0 && len <= bs as u64;
@@ -692,6 +682,44 @@ async fn run<R: AsyncRead + Unpin>(
         return Err(shared.abandon(e).await);
     }
     shared.finish(results, copies).await
+}
+
+/// What the loop reading an upload's input does next.
+enum Next {
+    /// Reads the next block (or stripe) with this slot.
+    Go(tokio::sync::OwnedSemaphorePermit),
+    /// Told to stop.
+    Stopped,
+    /// A block in flight failed.
+    Failed(Error),
+}
+
+/// Blocks stored so far, with their index.
+type Stored = Vec<(usize, Vec<Mapping>)>;
+
+/// Waits for a slot for the next block (or a stop), pushing the blocks
+/// finished meanwhile to `results`: a failure surfaces at once rather
+/// than after the whole input is read.
+async fn next_slot(
+    slots: &Arc<Semaphore>,
+    control: &Control,
+    tasks: &mut tokio::task::JoinSet<Result<(usize, Vec<Mapping>)>>,
+    results: &mut Stored,
+) -> Next {
+    let permit = tokio::select! {
+        p = slots.clone().acquire_owned() => p.expect("semaphore never closed"),
+        () = control.stopping() => return Next::Stopped,
+    };
+    while let Some(done) = tasks.try_join_next() {
+        match joined(done) {
+            Ok(r) => results.push(r),
+            Err(e) => return Next::Failed(e),
+        }
+    }
+    if control.stopped() {
+        return Next::Stopped;
+    }
+    Next::Go(permit)
 }
 
 /// Waits for the blocks in flight, each pushed to `results` or its error

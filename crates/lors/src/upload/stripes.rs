@@ -13,7 +13,9 @@ use lors_exnode::{Function, Mapping, Metadata};
 use tokio::io::AsyncRead;
 use tokio::sync::Semaphore;
 
-use super::{Control, Data, Input, Job, UploadOptions, Uploaded, Uploader, joined, mapping};
+use super::{
+    Control, Data, Input, Job, Next, UploadOptions, Uploaded, Uploader, joined, mapping, next_slot,
+};
 use crate::error::{Error, Result};
 use crate::pool::Pool;
 use crate::progress::Progress;
@@ -56,27 +58,18 @@ pub(super) async fn run<R: AsyncRead + Unpin>(
     let (mut offset, mut stripe) = (0u64, 0usize);
     let mut failure = None;
     let mut interrupted = false;
-    'stripes: loop {
-        let permit = tokio::select! {
-            p = slots.clone().acquire_owned() => p.expect("semaphore never closed"),
-            () = control.stopping() => {
+    loop {
+        let permit = match next_slot(&slots, &control, &mut tasks, &mut results).await {
+            Next::Go(p) => p,
+            Next::Stopped => {
                 interrupted = true;
                 break;
             }
-        };
-        while let Some(done) = tasks.try_join_next() {
-            match joined(done) {
-                Ok(r) => results.push(r),
-                Err(e) => {
-                    failure = Some(e);
-                    break 'stripes;
-                }
+            Next::Failed(e) => {
+                failure = Some(e);
+                break;
             }
-        }
-        if control.stopped() {
-            interrupted = true;
-            break;
-        }
+        };
         let (blocks, end) = match read_stripe(&mut input, offset, bs, scheme.data).await {
             Ok(r) => r,
             Err(e) => {
