@@ -38,11 +38,7 @@ from common import (  # noqa: E402
     table,
     wait_port,
 )
-
-
-def parse_size(s: str) -> int:
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    return int(s[:-1]) * units[s[-1].upper()] if s[-1].upper() in units else int(s)
+from loopback import parse_size  # noqa: E402
 
 
 def stored(xnd: Path) -> int:

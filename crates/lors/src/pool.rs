@@ -111,6 +111,15 @@ impl Pool {
         Ok(caps)
     }
 
+    /// LOAD `len` bytes of `cap` from `offset` over a pooled connection.
+    pub async fn load(&self, cap: &Capability, offset: u64, len: u64) -> Result<Vec<u8>> {
+        let mut c = self.get(&cap.address()).await?;
+        let mut buf = bytes::BytesMut::with_capacity(usize::try_from(len).unwrap_or(0));
+        c.load_buf(cap, offset, len, &mut buf).await?;
+        self.put(c);
+        Ok(Vec::from(buf))
+    }
+
     /// STORE `data` into `cap` over a pooled connection.
     pub async fn store(&self, cap: &Capability, data: &[u8]) -> Result<u64> {
         self.throttle(data.len() as u64).await;

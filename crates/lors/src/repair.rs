@@ -431,13 +431,7 @@ impl Job {
             .ok_or_else(|| Cause::local("no read capability"))?;
         let addr = cap.address();
         let n = m.alloc_length;
-        let read = async {
-            let mut c = self.pool.get(&addr).await?;
-            let mut buf = bytes::BytesMut::with_capacity(usize::try_from(n).unwrap_or(0));
-            c.load_buf(cap, m.alloc_offset, n, &mut buf).await?;
-            self.pool.put(c);
-            Ok(Vec::from(buf))
-        };
+        let read = self.pool.load(cap, m.alloc_offset, n);
         let bytes = self
             .pool
             .watcher()

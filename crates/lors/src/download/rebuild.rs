@@ -369,10 +369,6 @@ async fn read_window(
         return Ok(Vec::new());
     }
     let cap = m.read.as_ref().expect("members are readable");
-    let mut c = pool.get(&cap.address()).await?;
-    let mut buf = BytesMut::with_capacity(usize::try_from(end - w.start).unwrap_or(0));
-    c.load_buf(cap, m.alloc_offset + w.start, end - w.start, &mut buf)
-        .await?;
-    pool.put(c);
-    Ok(Vec::from(buf))
+    pool.load(cap, m.alloc_offset + w.start, end - w.start)
+        .await
 }

@@ -604,24 +604,16 @@ async fn run<R: AsyncRead + Unpin>(
     let mut results: Vec<(usize, Vec<Mapping>)> = Vec::new();
     let mut offset = 0u64;
     let mut index = 0usize;
-    let mut failure = None;
-    let mut interrupted = false;
+    let mut stop = Stop::default();
     // Blocks an earlier run stored whole, by offset.
     let mut done: std::collections::BTreeMap<u64, Vec<Mapping>> = Default::default();
     for m in &control.done {
         done.entry(m.exnode_offset).or_default().push(m.clone());
     }
     loop {
-        let permit = match next_slot(&slots, &control, &mut tasks, &mut results).await {
-            Next::Go(p) => p,
-            Next::Stopped => {
-                interrupted = true;
-                break;
-            }
-            Next::Failed(e) => {
-                failure = Some(e);
-                break;
-            }
+        let Some(permit) = next_slot(&slots, &control, &mut tasks, &mut results, &mut stop).await
+        else {
+            break;
         };
         if let Some(stored) = done.remove(&offset) {
             let len = stored[0].logical_length;
@@ -639,7 +631,7 @@ async fn run<R: AsyncRead + Unpin>(
                 }
                 Ok(_) => {}
                 Err(e) => {
-                    failure = Some(e);
+                    stop.failure = Some(e);
                     break;
                 }
             }
@@ -648,7 +640,7 @@ async fn run<R: AsyncRead + Unpin>(
             Ok(Some(data)) => data,
             Ok(None) => break,
             Err(e) => {
-                failure = Some(e);
+                stop.failure = Some(e);
                 break;
             }
         };
@@ -671,55 +663,68 @@ async fn run<R: AsyncRead + Unpin>(
     // Unless the upload is told to stop: then they are cut off, and what
     // they allocated is in the ledger (an ALLOCATE whose reply never came
     // is not: the depot frees it at the end of its lease).
-    if interrupted {
+    if stop.interrupted {
         tasks.abort_all();
     }
-    let interrupted = settle_blocks(tasks, &control, interrupted, &mut results, &mut failure).await;
+    let interrupted = settle_blocks(
+        tasks,
+        &control,
+        stop.interrupted,
+        &mut results,
+        &mut stop.failure,
+    )
+    .await;
     if interrupted {
         return Err(shared.interrupted(results).await);
     }
-    if let Some(e) = failure {
+    if let Some(e) = stop.failure {
         return Err(shared.abandon(e).await);
     }
     shared.finish(results, copies).await
 }
 
-/// What the loop reading an upload's input does next.
-enum Next {
-    /// Reads the next block (or stripe) with this slot.
-    Go(tokio::sync::OwnedSemaphorePermit),
-    /// Told to stop.
-    Stopped,
-    /// A block in flight failed.
-    Failed(Error),
+/// Why the loop reading an upload's input ended early: told to stop, or
+/// the first block that failed.
+#[derive(Default)]
+struct Stop {
+    interrupted: bool,
+    failure: Option<Error>,
 }
 
 /// Blocks stored so far, with their index.
 type Stored = Vec<(usize, Vec<Mapping>)>;
 
-/// Waits for a slot for the next block (or a stop), pushing the blocks
-/// finished meanwhile to `results`: a failure surfaces at once rather
-/// than after the whole input is read.
+/// Waits for a slot for the next block, pushing the blocks finished
+/// meanwhile to `results`: a failure surfaces at once rather than after
+/// the whole input is read. `None` (with why in `stop`) ends the loop.
 async fn next_slot(
     slots: &Arc<Semaphore>,
     control: &Control,
     tasks: &mut tokio::task::JoinSet<Result<(usize, Vec<Mapping>)>>,
     results: &mut Stored,
-) -> Next {
+    stop: &mut Stop,
+) -> Option<tokio::sync::OwnedSemaphorePermit> {
     let permit = tokio::select! {
         p = slots.clone().acquire_owned() => p.expect("semaphore never closed"),
-        () = control.stopping() => return Next::Stopped,
+        () = control.stopping() => {
+            stop.interrupted = true;
+            return None;
+        }
     };
     while let Some(done) = tasks.try_join_next() {
         match joined(done) {
             Ok(r) => results.push(r),
-            Err(e) => return Next::Failed(e),
+            Err(e) => {
+                stop.failure = Some(e);
+                return None;
+            }
         }
     }
     if control.stopped() {
-        return Next::Stopped;
+        stop.interrupted = true;
+        return None;
     }
-    Next::Go(permit)
+    Some(permit)
 }
 
 /// Waits for the blocks in flight, each pushed to `results` or its error

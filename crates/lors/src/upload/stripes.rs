@@ -14,7 +14,7 @@ use tokio::io::AsyncRead;
 use tokio::sync::Semaphore;
 
 use super::{
-    Control, Data, Input, Job, Next, UploadOptions, Uploaded, Uploader, joined, mapping, next_slot,
+    Control, Data, Input, Job, Stop, UploadOptions, Uploaded, Uploader, joined, mapping, next_slot,
 };
 use crate::error::{Error, Result};
 use crate::pool::Pool;
@@ -56,24 +56,16 @@ pub(super) async fn run<R: AsyncRead + Unpin>(
     let mut tasks = tokio::task::JoinSet::new();
     let mut results: Vec<(usize, Vec<Mapping>)> = Vec::new();
     let (mut offset, mut stripe) = (0u64, 0usize);
-    let mut failure = None;
-    let mut interrupted = false;
+    let mut stop = Stop::default();
     loop {
-        let permit = match next_slot(&slots, &control, &mut tasks, &mut results).await {
-            Next::Go(p) => p,
-            Next::Stopped => {
-                interrupted = true;
-                break;
-            }
-            Next::Failed(e) => {
-                failure = Some(e);
-                break;
-            }
+        let Some(permit) = next_slot(&slots, &control, &mut tasks, &mut results, &mut stop).await
+        else {
+            break;
         };
         let (blocks, end) = match read_stripe(&mut input, offset, bs, scheme.data).await {
             Ok(r) => r,
             Err(e) => {
-                failure = Some(e);
+                stop.failure = Some(e);
                 break;
             }
         };
@@ -93,15 +85,21 @@ pub(super) async fn run<R: AsyncRead + Unpin>(
             break;
         }
     }
-    if interrupted {
+    if stop.interrupted {
         tasks.abort_all();
     }
-    let interrupted =
-        super::settle_blocks(tasks, &control, interrupted, &mut results, &mut failure).await;
+    let interrupted = super::settle_blocks(
+        tasks,
+        &control,
+        stop.interrupted,
+        &mut results,
+        &mut stop.failure,
+    )
+    .await;
     if interrupted {
         return Err(shared.interrupted(Vec::new()).await);
     }
-    if let Some(e) = failure {
+    if let Some(e) = stop.failure {
         return Err(shared.abandon(e).await);
     }
     let mut x = shared.exnode_of(results);
