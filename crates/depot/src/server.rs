@@ -113,6 +113,11 @@ impl Depot {
         self.store.status()
     }
 
+    /// Bytes sent in LOAD replies so far (what clients read).
+    pub fn bytes_sent(&self) -> u64 {
+        self.metrics.bytes_out.get()
+    }
+
     /// Connections being served now.
     pub fn open_connections(&self) -> i64 {
         self.metrics.connections_open.get()

@@ -21,6 +21,15 @@ use lors_ibp::proto::Reliability;
 
 /// Nine depots serving from `dir`, for as long as the runtime runs.
 async fn depots(dir: &std::path::Path) -> Vec<String> {
+    served_depots(dir)
+        .await
+        .into_iter()
+        .map(|(a, _)| a)
+        .collect()
+}
+
+/// Nine depots serving from `dir`, and each one's handle.
+async fn served_depots(dir: &std::path::Path) -> Vec<(String, Arc<Depot>)> {
     let (stop, rx) = tokio::sync::watch::channel(false);
     std::mem::forget(stop);
     let mut v = Vec::new();
@@ -33,7 +42,7 @@ async fn depots(dir: &std::path::Path) -> Vec<String> {
         };
         let d = Depot::open(cfg).await.unwrap();
         let l = d.bind().await.unwrap();
-        v.push(l.ibp.local_addr().unwrap().to_string());
+        v.push((l.ibp.local_addr().unwrap().to_string(), d.clone()));
         tokio::spawn(lors_depot::server::run(l, d, rx.clone()));
     }
     v
@@ -182,5 +191,70 @@ fn any_three_of_nine_depots_lost_read_back_whole_and_four_fail_naming_stripes() 
             other => panic!("lost {four:?}: {other:?}"),
         }
         assert!(!out.exists(), "no output file that looks complete");
+    }
+}
+
+/// A lost block is rebuilt from reads the download makes anyway: the
+/// other data blocks' bytes at the same place, read for the rebuild, are
+/// delivered as their own pieces rather than read again. With one of nine
+/// depots gone the depots send about the file once (the lost blocks' share
+/// coming from parity), where reading a stripe's blocks for the rebuild
+/// apart from the download sends more than half again as much.
+#[test]
+fn a_lost_depots_blocks_are_rebuilt_from_reads_the_download_makes_anyway() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let served = rt.block_on(served_depots(dir.path()));
+    let addrs: Vec<String> = served.iter().map(|(a, _)| a.clone()).collect();
+    let data = pattern(8 * 6 * (1 << 20));
+    let src = dir.path().join("src");
+    std::fs::write(&src, &data).unwrap();
+    let pool = Arc::new(Pool::new(lors_ibp::ClientConfig::default()));
+    let opts = UploadOptions {
+        depots: addrs.clone(),
+        block_size: 1 << 20,
+        copies: 1,
+        threads: 8,
+        duration: std::time::Duration::from_secs(600),
+        reliability: Reliability::Hard,
+        filename: "src".into(),
+        e2e: None,
+        erasure: Some(Scheme::parse("6+3").unwrap()),
+    };
+    let file = std::fs::File::open(&src).unwrap();
+    let x = rt
+        .block_on(upload_file(file, &opts, pool.clone(), Arc::new(NoProgress)))
+        .unwrap()
+        .exnode;
+    let stored: u64 = x.mappings.iter().map(|m| m.alloc_length).sum();
+    let dead = dead_address();
+    let out = dir.path().join("out");
+    let sent = || served.iter().map(|(_, d)| d.bytes_sent()).sum::<u64>();
+    for lost in [0, 4, 8] {
+        let _ = std::fs::remove_file(&out);
+        let y = without(&x, &[&addrs[lost]], &dead);
+        let o = DownloadOptions {
+            block_size: 64 << 10,
+            ..DownloadOptions::default()
+        };
+        let before = sent();
+        let stats = rt
+            .block_on(download(
+                &y,
+                Output::File(out.clone()),
+                &o,
+                pool.clone(),
+                Arc::new(NoProgress),
+            ))
+            .unwrap();
+        assert!(
+            std::fs::read(&out).unwrap() == data,
+            "lost {lost}: bytes differ"
+        );
+        let ratio = (sent() - before) as f64 / stored as f64;
+        eprintln!(
+            "depot {lost} lost: the depots sent {ratio:.3}x the data blocks' bytes; {stats:?}"
+        );
+        assert!(ratio < 1.15, "lost {lost}: {ratio:.3}x the bytes sent");
     }
 }

@@ -12,7 +12,7 @@ use tokio::sync::mpsc;
 
 use super::Ctx;
 use super::output::{Buffers, Data, Held, OutFile};
-use super::sched::{DepotId, Pick};
+use super::sched::{DepotId, Pick, PieceId};
 use crate::error::{Cause, Error};
 
 /// A fetched piece: in memory or pipes, or already written into the output
@@ -54,14 +54,9 @@ fn ibp_err(e: lors_ibp::Error) -> Fail {
 
 /// Connection `conn` of depot `d`: fetches what the scheduler hands it
 /// until told to exit.
-pub(super) async fn worker(
-    ctx: Arc<Ctx>,
-    d: DepotId,
-    conn: usize,
-    tx: Option<mpsc::Sender<Held>>,
-    out: Option<Arc<OutFile>>,
-) {
+pub(super) async fn worker(ctx: Arc<Ctx>, d: DepotId, conn: usize, tx: Option<mpsc::Sender<Held>>) {
     let depot = ctx.lock().sched.name(d).to_owned();
+    let out = ctx.out.clone();
     loop {
         // Taken before picking, so a worker waiting for a slot holds no piece.
         let slot = match &ctx.slots {
@@ -80,8 +75,16 @@ pub(super) async fn worker(
             if g.fatal.is_some() {
                 return;
             }
-            g.sched.pick(d, conn, head_only, Instant::now())
+            let picked = g.sched.pick(d, conn, head_only, Instant::now());
+            let with = match picked {
+                Pick::Fetch { piece, .. } => g.sched.taken_with(piece),
+                _ => Vec::new(),
+            };
+            (picked, with)
         };
+        let (picked, with) = picked;
+        // Held from here, so whatever stops this fetch gives them back.
+        let mut taken = Taken::new(&ctx, with);
         let (piece, m) = match picked {
             Pick::Exit => return,
             Pick::Wait => {
@@ -106,7 +109,7 @@ pub(super) async fn worker(
         ctx.pool.throttle(cost).await;
         let began = Instant::now();
         let fetched = tokio::select! {
-            r = fetch(&ctx, &depot, m, offset, len, enc, out.as_deref()) => r,
+            r = fetch(&ctx, &depot, m, (offset, len), enc, out.as_deref(), &mut taken) => r,
             () = cancelled(&ctx, piece, m) => {
                 // Dropped mid-command, its connection is closed, not pooled.
                 tracing::debug!(%depot, conn, offset, len, "fetch no longer needed: stopped");
@@ -115,6 +118,11 @@ pub(super) async fn worker(
             }
         };
         drop(share);
+        // Pieces read beside a rebuilt one are good whatever became of it.
+        if let Some(f) = &out {
+            taken.deliver(&depot, f).await;
+        }
+        drop(taken);
         // One line per fetch at -vvv: how long each piece took on which
         // connection is what shows a straggling connection.
         tracing::trace!(%depot, conn, offset, len, ms = began.elapsed().as_millis(), ok = fetched.is_ok(), "fetched");
@@ -140,14 +148,7 @@ pub(super) async fn worker(
                 continue;
             }
         };
-        // Claimed and counted as being written at once: the download is
-        // not settled while a claimed piece is on its way to the output.
-        let claimed = ctx.update(|g| {
-            let won = g.sched.claim(piece, m, Instant::now());
-            g.writing += usize::from(won);
-            won
-        });
-        if !claimed {
+        if !claim(&ctx, piece, m) {
             continue; // a hedged copy arrived first
         }
         ctx.progress.advance(&depot, len);
@@ -163,6 +164,109 @@ pub(super) async fn worker(
         }
         ctx.lock().writing -= 1;
         ctx.wake.notify_waiters();
+    }
+}
+
+/// Claims `piece`, fetched through `m`, and counts it as being written at
+/// once: the download is not settled while a claimed piece is on its way
+/// to the output. False when another fetch delivered it first.
+fn claim(ctx: &Ctx, piece: PieceId, m: usize) -> bool {
+    ctx.update(|g| {
+        let won = g.sched.claim(piece, m, Instant::now());
+        g.writing += usize::from(won);
+        won
+    })
+}
+
+/// Pieces of a stripe's other data blocks a rebuilder took with the one it
+/// picked ([`super::sched::Sched::set_rows`]): their bytes are read for the
+/// rebuild anyway. Those not delivered go back to the scheduler when this
+/// is dropped (a fetch cancelled, a block not read or failing its check).
+struct Taken<'a> {
+    ctx: &'a Ctx,
+    /// Each piece and its virtual mapping.
+    pieces: Vec<(PieceId, usize)>,
+    /// Read and checked, ready to be claimed and written: each piece, its
+    /// mapping, offset and length, and its bytes.
+    ready: Vec<(PieceId, usize, u64, u64, Got)>,
+}
+
+impl<'a> Taken<'a> {
+    fn new(ctx: &'a Ctx, pieces: Vec<(PieceId, usize)>) -> Self {
+        Taken {
+            ctx,
+            pieces,
+            ready: Vec::new(),
+        }
+    }
+
+    /// Indices in the stripe of the blocks taken.
+    fn indices(&self, rb: &super::rebuild::Rebuild) -> Vec<usize> {
+        self.pieces.iter().map(|&(_, m)| rb.index_of(m)).collect()
+    }
+
+    /// Checks the bytes read for the blocks taken (by index in the stripe);
+    /// those that pass are ready to be delivered.
+    async fn open(&mut self, rb: &super::rebuild::Rebuild, got: Vec<(usize, BytesMut)>) {
+        for (index, stored) in got {
+            let Some(i) = self
+                .pieces
+                .iter()
+                .position(|&(_, m)| rb.index_of(m) == index)
+            else {
+                continue;
+            };
+            let (piece, m) = self.pieces.swap_remove(i);
+            let (offset, len) = self.ctx.lock().sched.piece(piece);
+            let map = self.ctx.x.mappings[m].clone();
+            let opened = match Encoded::of(&map, offset, len) {
+                Ok(None) => Ok(Got::Data(Data::Mem(stored))),
+                Ok(Some(e)) => {
+                    let at = offset - map.exnode_offset;
+                    let bufs = self.ctx.bufs.clone();
+                    let open = move || e.open(&map, stored, at..at + len, true, &bufs);
+                    (tokio::task::spawn_blocking(open).await)
+                        .unwrap_or(Err(E2eError::Malformed("check stopped")))
+                }
+                Err(e) => Err(e),
+            };
+            match opened {
+                Ok(got) => self.ready.push((piece, m, offset, len, got)),
+                // Its own depot reads it, and finds what is wrong.
+                Err(_) => self.pieces.push((piece, m)),
+            }
+        }
+    }
+
+    /// Claims and writes the pieces ready.
+    async fn deliver(&mut self, depot: &str, f: &Arc<OutFile>) {
+        let ctx = self.ctx;
+        for (piece, m, offset, len, got) in std::mem::take(&mut self.ready) {
+            if !claim(ctx, piece, m) {
+                continue;
+            }
+            ctx.progress.advance(depot, len);
+            if let Err(e) = to_file(ctx, f, offset, len, got).await {
+                ctx.fatal(Error::io("writing the output file", e));
+            }
+            ctx.lock().writing -= 1;
+            ctx.wake.notify_waiters();
+        }
+    }
+}
+
+impl Drop for Taken<'_> {
+    fn drop(&mut self) {
+        let back: Vec<(PieceId, usize)> = (self.pieces.iter().copied())
+            .chain(self.ready.iter().map(|r| (r.0, r.1)))
+            .collect();
+        if !back.is_empty() {
+            self.ctx.update(|g| {
+                for (p, m) in back {
+                    g.sched.abandon(p, m);
+                }
+            });
+        }
     }
 }
 
@@ -246,21 +350,21 @@ async fn cancelled(ctx: &Ctx, piece: usize, m: usize) {
     }
 }
 
-/// Reads piece `offset..offset+len` through mapping `m` on `depot`: raw
-/// bytes into the output file or memory; encoded ones as `enc` says (the
-/// e2e blocks that hold the piece, or the whole mapping), checked, then cut.
+/// Reads piece `(offset, len)` through mapping `m` on `depot`: raw bytes
+/// into the output file or memory; encoded ones as `enc` says (the e2e
+/// blocks that hold the piece, or the whole mapping), checked, then cut.
 async fn fetch(
     ctx: &Ctx,
     depot: &str,
     m: usize,
-    offset: u64,
-    len: u64,
+    (offset, len): (u64, u64),
     enc: Result<Option<Encoded>, E2eError>,
     out: Option<&OutFile>,
+    taken: &mut Taken<'_>,
 ) -> Result<Got, Fail> {
     let map = &ctx.x.mappings[m];
     if let Some(rb) = ctx.rebuild.as_ref().filter(|r| r.is_virtual(m)) {
-        return rebuilt(ctx, rb, m, offset, len, enc, out.is_some()).await;
+        return rebuilt(ctx, rb, m, offset, len, enc, out.is_some().then_some(taken)).await;
     }
     let cap = map.read.as_ref().expect("planned mappings are readable");
     match enc {
@@ -338,6 +442,10 @@ async fn fetch(
 /// may hold the damage: the piece is rebuilt again without the parity
 /// used (or, with none used, without the data blocks), a bounded number
 /// of times.
+///
+/// With `taken` (a file output), the pieces of the stripe's other data
+/// blocks at the same place that are still pending are taken too: their
+/// bytes are read for the rebuild anyway, and come back ready.
 async fn rebuilt(
     ctx: &Ctx,
     rb: &super::rebuild::Rebuild,
@@ -345,7 +453,7 @@ async fn rebuilt(
     offset: u64,
     len: u64,
     enc: Result<Option<Encoded>, E2eError>,
-    to_file: bool,
+    mut taken: Option<&mut Taken<'_>>,
 ) -> Result<Got, Fail> {
     let map = &ctx.x.mappings[m];
     let at = offset - map.exnode_offset;
@@ -354,14 +462,25 @@ async fn rebuilt(
         None => at..at + len,
         Some(e) => e.stored.clone(),
     };
+    let to_file = taken.is_some();
+    let siblings = taken.as_deref().map_or(Vec::new(), |t| t.indices(rb));
     let Some(e) = enc else {
-        let (bytes, _) = rb.load(ctx, m, want, &Default::default()).await?;
-        return Ok(Got::Data(Data::Mem(bytes)));
+        let loaded = rb
+            .load(ctx, m, want, &Default::default(), &siblings)
+            .await?;
+        if let Some(t) = taken {
+            t.open(rb, loaded.siblings).await;
+        }
+        return Ok(Got::Data(Data::Mem(loaded.bytes)));
     };
     let mut exclude = std::collections::HashSet::new();
     let mut attempts = 0;
     loop {
-        let (stored, used) = rb.load(ctx, m, want.clone(), &exclude).await?;
+        let loaded = rb.load(ctx, m, want.clone(), &exclude, &siblings).await?;
+        let (stored, used) = (loaded.bytes, loaded.used);
+        if let Some(t) = taken.as_deref_mut() {
+            t.open(rb, loaded.siblings).await;
+        }
         let piece = at..at + len;
         let (bufs, mapping) = (ctx.bufs.clone(), map.clone());
         let (e2, piece2) = (e.again(), piece.clone());
@@ -385,6 +504,20 @@ async fn rebuilt(
                 ));
             }
         }
+    }
+}
+
+/// Where bytes `offset..offset+len` of the file are stored in `map`'s
+/// allocation (the e2e blocks holding them, for an encoded mapping).
+pub(super) fn stored_range(
+    map: &lors_exnode::Mapping,
+    offset: u64,
+    len: u64,
+) -> Option<Range<u64>> {
+    let at = offset.checked_sub(map.exnode_offset)?;
+    match Encoded::of(map, offset, len).ok()? {
+        None => Some(at..at + len),
+        Some(e) => Some(e.stored),
     }
 }
 

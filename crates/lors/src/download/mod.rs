@@ -252,6 +252,9 @@ struct Ctx {
     /// How an erasure-coded file's data blocks are rebuilt (its virtual
     /// mappings follow the real ones in `x`).
     rebuild: Option<rebuild::Rebuild>,
+    /// The output file, when the output is one: a rebuild reads the
+    /// stripe-mates already in it from there.
+    out: Option<Arc<OutFile>>,
     state: Mutex<Scheduled>,
     /// Told of every change a waiting worker or the supervisor may act on.
     wake: Notify,
@@ -365,9 +368,8 @@ pub async fn download(
 ) -> Result<Stats> {
     let t0 = Instant::now();
     let original = x;
-    // An erasure-coded file: each data block also rebuilt from parity, as
-    // a last resort.
-    let (extended, rebuild) = rebuild::Rebuild::extend(x)?.unzip();
+    // Erasure-coded: each data block also rebuilt from parity, last resort.
+    let (extended, mut rebuild) = rebuild::Rebuild::extend(x)?.unzip();
     let x = extended.as_ref().unwrap_or(x);
     check_geometry(&x.mappings)?;
     let size = x.logical_size();
@@ -400,11 +402,14 @@ pub async fn download(
         split_tail: stream.is_none() && codecs.iter().all(Option::is_none),
         ..sched_config(opts, &names)
     };
-    let mut sched = Sched::new(cfg, names, depot_of, planned, t0);
-    let resumed_bytes = match &file_out {
-        Some((_, done)) => sched.skip_done(done),
-        None => 0,
-    };
+    let (sched, resumed_bytes) = scheduler(
+        cfg,
+        (names, depot_of, planned),
+        x,
+        rebuild.as_mut(),
+        file_out.as_ref(),
+        t0,
+    );
     progress.start(Some(len - resumed_bytes));
     let slots = usize::try_from(opts.memory / largest.max(1))
         .unwrap_or(usize::MAX)
@@ -419,6 +424,7 @@ pub async fn download(
     let ctx = Arc::new(Ctx {
         x: x.clone(),
         rebuild,
+        out: file_out.as_ref().map(|f| f.0.clone()),
         state: Mutex::new(Scheduled {
             sched,
             fatal: None,
@@ -461,8 +467,7 @@ pub async fn download(
     };
     for d in 0..depots {
         for conn in 0..per_depot {
-            let out = file_out.as_ref().map(|f| f.0.clone());
-            workers.spawn(fetch::worker(ctx.clone(), d, conn, tx.clone(), out));
+            workers.spawn(fetch::worker(ctx.clone(), d, conn, tx.clone()));
         }
     }
     drop(tx);
@@ -643,6 +648,33 @@ fn layout(
         names,
         depot_of,
     })
+}
+
+/// The scheduler for the pieces `planned` (with the depots' names and each
+/// mapping's depot), and the bytes of them a resumed output file has.
+fn scheduler(
+    cfg: sched::Config,
+    (names, depot_of, planned): (Vec<String>, Vec<usize>, Vec<crate::plan::Segment>),
+    x: &ExNode,
+    rebuild: Option<&mut rebuild::Rebuild>,
+    file_out: Option<&(Arc<OutFile>, Pieces)>,
+    t0: Instant,
+) -> (Sched, u64) {
+    // A file's pieces read beside a rebuilt one are written from there; a
+    // stream's go through the writer's window, and are read on their own.
+    let rows = match (rebuild, file_out) {
+        (Some(rb), Some(_)) => rb.rows(x, &planned, fetch::stored_range),
+        _ => Vec::new(),
+    };
+    let mut sched = Sched::new(cfg, names, depot_of, planned, t0);
+    if !rows.is_empty() {
+        // Blocks stored as is are read back from the output by a rebuild;
+        // encoded ones cannot be, and are left to it.
+        let raw = x.mappings.iter().all(|m| m.function.is_none());
+        sched.set_rows(rows, !raw);
+    }
+    let resumed = file_out.map_or(0, |(_, done)| sched.skip_done(done));
+    (sched, resumed)
 }
 
 /// Starts the writer of an ordered output: pieces in order to `w`, up to

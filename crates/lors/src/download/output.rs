@@ -47,6 +47,10 @@ pub(super) struct OutFile {
     /// The output file, which every connection splices raw pieces into.
     pub(super) file: SharedFile,
     record: Mutex<File>,
+    /// The pieces in the file, as the record lists them.
+    written: Mutex<HashSet<(u64, u64)>>,
+    /// Where the file starts in the exNode.
+    start: u64,
     path: PathBuf,
 }
 
@@ -150,6 +154,8 @@ impl OutFile {
         let out = OutFile {
             file: SharedFile::new(file),
             record: Mutex::new(record),
+            written: Mutex::new(done.clone()),
+            start,
             path,
         };
         Ok((out, done))
@@ -182,7 +188,23 @@ impl OutFile {
     /// there is in the file.
     pub(super) fn record(&self, offset: u64, len: u64) -> std::io::Result<()> {
         let mut r = self.record.lock().unwrap_or_else(|e| e.into_inner());
-        writeln!(r, "{offset} {len}")
+        writeln!(r, "{offset} {len}")?;
+        drop(r);
+        (self.written.lock().unwrap_or_else(|e| e.into_inner())).insert((offset, len));
+        Ok(())
+    }
+
+    /// Piece `offset..offset+len` of the exNode read back, if it is in the
+    /// file (recorded as a piece whole).
+    pub(super) fn read_back(&self, offset: u64, len: u64) -> Option<std::io::Result<Vec<u8>>> {
+        let written = self.written.lock().unwrap_or_else(|e| e.into_inner());
+        if !written.contains(&(offset, len)) {
+            return None;
+        }
+        drop(written);
+        let mut buf = vec![0; usize::try_from(len).ok()?];
+        let pos = offset.checked_sub(self.start)?;
+        Some(self.file.file().read_exact_at(&mut buf, pos).map(|()| buf))
     }
 
     /// Every piece is in: flush, move the file to its final name and drop

@@ -6,12 +6,20 @@
 //! [`SOURCE`], listed as a last resort: while the block's own depot
 //! answers, nothing changes (no parity read, no decode). A piece the
 //! scheduler gives to it is rebuilt from the same 64-byte-aligned window
-//! of `k` other blocks of its stripe: data blocks first (their bytes are
-//! needed anyway), then parity; one more than needed is asked for, the
-//! first `k` to arrive are used and the rest cancelled; a block that
-//! fails is replaced by the next. The rebuilt bytes are the block's
-//! stored bytes, so its own e2e checksums verify them; when they fail,
-//! the parity used is left out and the piece rebuilt again.
+//! of `k` other blocks of its stripe: data blocks first, then parity; once
+//! a block is late one more is asked for, the first `k` to arrive are
+//! used and the rest cancelled; a block that fails is replaced by the
+//! next. The rebuilt bytes are the block's stored bytes, so its own e2e
+//! checksums verify them; when they fail, the parity used is left out and
+//! the piece rebuilt again.
+//!
+//! The other data blocks' bytes are the download's own: a rebuild reads
+//! each once for both. Pieces of theirs still waiting are taken with the
+//! rebuilt one and delivered from its reads (the scheduler's rows); those
+//! their own depots are fetching or have fetched into an output file are
+//! read back from it, once written, for a block stored as is. So with one
+//! depot lost or slow, the depots send about the file once: its blocks'
+//! share comes from parity instead.
 
 use std::collections::{BTreeMap, HashSet};
 use std::ops::Range;
@@ -25,6 +33,13 @@ use lors_exnode::{ExNode, Mapping};
 use super::Ctx;
 use super::fetch::Fail;
 use crate::error::Cause;
+
+/// A rebuild asks for one more block than it needs once one it asked for
+/// is late, never sooner than this.
+const HEDGE_MIN: Duration = Duration::from_secs(1);
+
+/// ... and once it takes this many times what reads of its size take.
+const LATE: u32 = 4;
 
 /// The name of the virtual depot rebuilt pieces come from.
 pub const SOURCE: &str = "parity";
@@ -49,6 +64,9 @@ pub(super) struct Rebuild {
     /// (stripe, index) of every data block a virtual mapping stands for.
     wanted: HashSet<(u64, usize)>,
     cache: Cache,
+    /// Where the download puts the data blocks' pieces in an output file,
+    /// by stripe and stored range within the block (see [`Rebuild::rows`]).
+    places: std::collections::HashMap<(u64, u64, u64), Vec<Place>>,
 }
 
 impl Rebuild {
@@ -123,6 +141,7 @@ impl Rebuild {
                 shards,
                 stripes,
                 cache: Cache::default(),
+                places: Default::default(),
             },
         )))
     }
@@ -154,6 +173,48 @@ impl Rebuild {
         self.erasure.scheme.data
     }
 
+    /// The rows of pieces `planned` (see
+    /// [`super::sched::Sched::set_rows`]): pieces of one stripe's data
+    /// blocks at the same place, stored alike (`stored` says where a piece
+    /// of a mapping is stored), by index.
+    pub(super) fn rows(
+        &mut self,
+        x: &ExNode,
+        planned: &[crate::plan::Segment],
+        stored: impl Fn(&Mapping, u64, u64) -> Option<Range<u64>>,
+    ) -> Vec<Vec<usize>> {
+        let mut rows: std::collections::HashMap<(u64, u64, u64, u64), Vec<usize>> =
+            Default::default();
+        for (p, seg) in planned.iter().enumerate() {
+            let Some(&m) = seg.sources.iter().find(|&&m| self.is_virtual(m)) else {
+                continue;
+            };
+            let Some(w) = stored(&x.mappings[m], seg.offset, seg.len) else {
+                continue;
+            };
+            let (s, index) = self.shards[m - self.first];
+            rows.entry((s, seg.len, w.start, w.end))
+                .or_default()
+                .push(p);
+            self.places
+                .entry((s, w.start, w.end))
+                .or_default()
+                .push(Place {
+                    index,
+                    piece: p,
+                    offset: seg.offset,
+                    len: seg.len,
+                });
+        }
+        rows.into_values().filter(|r| r.len() > 1).collect()
+    }
+
+    /// The index in its stripe of the data block virtual mapping `m`
+    /// stands for.
+    pub(super) fn index_of(&self, m: usize) -> usize {
+        self.shards[m - self.first].1
+    }
+
     /// Whether mapping `m` is a virtual one.
     pub(super) fn is_virtual(&self, m: usize) -> bool {
         m >= self.first
@@ -167,54 +228,71 @@ impl Rebuild {
     /// reads of the other lost blocks will ask for are kept (a few windows
     /// at most), and reads of one window wait for each other rather than
     /// each reading k blocks.
+    ///
+    /// The same bytes `want` of the data blocks in `siblings` (read or
+    /// rebuilt on the way) come back too, for those it had.
     pub(super) async fn load(
         &self,
         ctx: &Ctx,
         m: usize,
         want: Range<u64>,
         exclude: &HashSet<(usize, String)>,
-    ) -> Result<(BytesMut, Vec<(usize, String)>), Fail> {
+        siblings: &[usize],
+    ) -> Result<Loaded, Fail> {
         let (s, target) = self.shards[m - self.first];
         let w = window(want.clone(), self.stripes[&s].1);
         let cut = |shard: &[u8]| {
             let from = usize::try_from(want.start - w.start).unwrap_or(usize::MAX);
             let to = from + usize::try_from(want.end - want.start).unwrap_or(usize::MAX);
-            (shard.get(from..to).map(BytesMut::from)).ok_or_else(|| {
-                Fail::Remote(Cause::local("rebuilt block shorter than asked"), false)
-            })
+            shard.get(from..to).map(BytesMut::from)
         };
-        if !exclude.is_empty() {
+        let short = || Fail::Remote(Cause::local("rebuilt block shorter than asked"), false);
+        let slot = exclude
+            .is_empty()
+            .then(|| self.cache.slot((s, w.start, w.end)));
+        let mut held = match &slot {
+            Some(slot) => Some(slot.clone().lock_owned().await),
             // Another try, without blocks that rebuilt bad bytes: no cache.
-            let (got, used) = self.gather(ctx, s, target, w.clone(), exclude).await?;
-            let shard = got.into_iter().find(|(i, _)| *i == target).map(|(_, d)| d);
-            return Ok((cut(&shard.unwrap_or_default())?, used));
+            None => None,
+        };
+        if let Some(d) = held.as_mut().and_then(|h| h.remove(&target)) {
+            let bytes = cut(&d).ok_or_else(short)?;
+            return Ok(Loaded::alone(bytes));
         }
-        let slot = self.cache.slot((s, w.start, w.end));
-        let mut held = slot.lock().await;
-        if let Some(d) = held.remove(&target) {
-            return Ok((cut(&d)?, Vec::new()));
-        }
-        let (got, used) = self.gather(ctx, s, target, w.clone(), exclude).await?;
+        let got = self.gather(ctx, s, target, w.clone(), exclude).await?;
+        let mut out = Loaded::alone(BytesMut::new());
+        out.used = got.used;
         let mut shard = None;
-        for (i, d) in got {
+        for (i, d) in got.rebuilt {
             if i == target {
                 shard = Some(d);
-            } else if self.wanted.contains(&(s, i)) {
-                held.insert(i, d);
+            } else if siblings.contains(&i) {
+                out.siblings.extend(cut(&d).map(|b| (i, b)));
+            } else if let Some(h) = held.as_mut().filter(|_| self.wanted.contains(&(s, i))) {
+                h.insert(i, d);
             }
         }
-        let empty = held.is_empty();
-        drop(held);
+        for (i, d) in got.read {
+            if siblings.contains(&i) {
+                out.siblings.extend(cut(&d).map(|b| (i, b)));
+            }
+        }
+        let empty = held.map(|h| h.is_empty());
         drop(slot);
-        if empty {
+        if empty == Some(true) {
             self.cache.forget((s, w.start, w.end));
         }
-        Ok((cut(&shard.unwrap_or_default())?, used))
+        out.bytes = cut(&shard.unwrap_or_default()).ok_or_else(short)?;
+        Ok(out)
     }
 
-    /// The data blocks of stripe `s` not read, window `w` of each decoded
-    /// from `k` others (leaving out `exclude`, `target` among them), and
-    /// the blocks read.
+    /// The data blocks of stripe `s`, window `w` of each: those read as
+    /// they were, the others decoded from `k` blocks read (leaving out
+    /// `exclude`, `target` among the decoded); and the blocks read.
+    ///
+    /// A data block stored as is whose piece here the download delivers
+    /// to the output file from its own depot is read back from the file
+    /// once written, not fetched a second time.
     async fn gather(
         &self,
         ctx: &Ctx,
@@ -222,39 +300,47 @@ impl Rebuild {
         target: usize,
         w: Range<u64>,
         exclude: &HashSet<(usize, String)>,
-    ) -> Result<(Vec<(usize, Vec<u8>)>, Vec<(usize, String)>), Fail> {
-        let (members, _) = &self.stripes[&s];
+    ) -> Result<Gathered, Fail> {
         let k = self.erasure.scheme.data;
         // Data blocks past the end of the file are zeros, not stored.
         let free: Vec<usize> = (0..k)
             .filter(|&i| i != target && self.erasure.block(s, i).is_empty())
             .collect();
-        let mut candidates: Vec<&Member> = (members.iter())
-            .filter(|b| b.index != target && !free.contains(&b.index))
-            .filter(|b| !exclude.contains(&(b.index, key(&b.mapping))))
-            .collect();
-        candidates.sort_by_key(|b| b.index);
         let need = k - free.len();
+        let (mut waiting, mut network) = self.sources(ctx, s, target, &w, &free, exclude);
         let mut have: Vec<(usize, Vec<u8>)> = free.iter().map(|&i| (i, Vec::new())).collect();
         let mut used = Vec::new();
         let mut tasks = tokio::task::JoinSet::new();
-        let mut next = candidates.iter();
-        let (mut running, mut extra) = (0usize, 1usize);
+        let (mut running, mut extra) = (0usize, 0usize);
         let mut last = Cause::local(format!(
             "no {need} blocks of stripe {s} left to rebuild block {target} from"
         ));
         let started = Instant::now();
-        let mut hedge_at: Option<Instant> = None;
+        // A read is late once it takes several times what the download's
+        // own reads of as many bytes take (they share the same links), or
+        // before anything is timed, several times what one that arrived
+        // took.
+        let typical = ctx.lock().sched.typical_fetch(w.end - w.start);
+        let late_after = |arrived: Duration| match typical {
+            Some(t) => (t * LATE).max(HEDGE_MIN),
+            None => (arrived * LATE).max(HEDGE_MIN),
+        };
+        let mut hedge_at = typical.map(|_| started + late_after(Duration::ZERO));
         let got = |have: &Vec<(usize, Vec<u8>)>| have.len() - free.len();
         loop {
-            // One more than still needed, while blocks are left to ask.
-            while running < need - got(&have) + extra {
-                let Some(b) = next.next() else { break };
-                if have.iter().any(|(i, _)| *i == b.index) {
-                    continue;
-                }
-                let (b, w) = ((*b).clone(), w.clone());
-                let pool = ctx.pool.clone();
+            // Armed before looking, so a piece written meanwhile wakes us.
+            let written = ctx.wake.notified();
+            tokio::pin!(written);
+            written.as_mut().enable();
+            for (b, bytes) in self.read_back(ctx, &mut waiting, &mut network).await {
+                used.push((b.index, key(&b.mapping)));
+                have.push((b.index, bytes));
+            }
+            // What is still needed, one more once a block is late, while
+            // blocks are left to ask.
+            while running + waiting.len() < (need - got(&have) + extra) {
+                let Some(b) = network.pop_front() else { break };
+                let (b, w, pool) = (b.clone(), w.clone(), ctx.pool.clone());
                 tasks.spawn(async move {
                     let r = read_window(&pool, &b.mapping, w).await;
                     (b, r)
@@ -264,20 +350,23 @@ impl Rebuild {
             if got(&have) >= need {
                 break;
             }
-            if running == 0 {
+            if running == 0 && waiting.is_empty() {
                 return Err(Fail::Remote(last, false));
             }
-            let done = match hedge_at {
-                Some(t) => tokio::select! {
-                    d = tasks.join_next() => d,
-                    () = tokio::time::sleep_until(t.into()) => {
-                        // A block is late: ask one more.
-                        hedge_at = None;
-                        extra += 1;
-                        continue;
-                    }
-                },
-                None => tasks.join_next().await,
+            let late = async {
+                match hedge_at {
+                    Some(t) => tokio::time::sleep_until(t.into()).await,
+                    None => std::future::pending().await,
+                }
+            };
+            let done = tokio::select! {
+                d = tasks.join_next(), if running > 0 => d,
+                () = late => {
+                    extra += 1;
+                    hedge_at = Some(Instant::now() + late_after(started.elapsed()));
+                    continue;
+                }
+                () = &mut written, if !waiting.is_empty() => continue,
             };
             let Some(done) = done else { break };
             running -= 1;
@@ -287,8 +376,9 @@ impl Rebuild {
                         used.push((b.index, key(&b.mapping)));
                         have.push((b.index, bytes));
                     }
-                    let waited = started.elapsed();
-                    hedge_at = Some(Instant::now() + (waited * 3).max(Duration::from_millis(250)));
+                    if typical.is_none() {
+                        hedge_at = Some(started + late_after(started.elapsed()));
+                    }
                 }
                 Ok((b, Err(e))) => {
                     last = Cause::local(format!(
@@ -305,16 +395,146 @@ impl Rebuild {
         if got(&have) < need {
             return Err(Fail::Remote(last, false));
         }
-        let scheme = self.erasure.scheme;
+        self.decode(s, &w, have, &free, used).await
+    }
+
+    /// The blocks of stripe `s` that can help rebuild `target`'s window
+    /// `w`: those to read back from the output once the download has
+    /// written them (each with its piece there), and those to read from
+    /// their depots, in the order to ask them — data blocks first (their
+    /// bytes are read anyway), then parity, starting with a different
+    /// block for each window, so rebuilds running together read from
+    /// different depots.
+    fn sources(
+        &self,
+        ctx: &Ctx,
+        s: u64,
+        target: usize,
+        w: &Range<u64>,
+        free: &[usize],
+        exclude: &HashSet<(usize, String)>,
+    ) -> (Vec<(Member, Place)>, std::collections::VecDeque<Member>) {
+        let (members, _) = &self.stripes[&s];
+        let k = self.erasure.scheme.data;
+        let mut candidates: Vec<&Member> = (members.iter())
+            .filter(|b| b.index != target && !free.contains(&b.index))
+            .filter(|b| !exclude.contains(&(b.index, key(&b.mapping))))
+            .collect();
+        let m = self.erasure.scheme.parity.max(1);
+        let turn = usize::try_from(s.wrapping_add(w.start / (w.end - w.start).max(1)) % m as u64)
+            .unwrap_or(0);
+        candidates.sort_by_key(|b| match b.index.checked_sub(k) {
+            None => b.index,
+            Some(j) => k + (j + m - turn) % m,
+        });
+        let places = (ctx.out.as_ref())
+            .and_then(|_| self.places.get(&(s, w.start, w.end)))
+            .map_or(&[][..], Vec::as_slice);
+        let g = ctx.lock();
+        let mut waiting = Vec::new();
+        let mut network = std::collections::VecDeque::new();
+        for b in candidates {
+            let place = (places.iter())
+                .find(|pl| pl.index == b.index && b.mapping.function.is_none())
+                .filter(|pl| g.sched.coming(pl.piece, (pl.offset, pl.len)));
+            match place {
+                Some(pl) => waiting.push((b.clone(), *pl)),
+                None => network.push_back(b.clone()),
+            }
+        }
+        (waiting, network)
+    }
+
+    /// The blocks of `waiting` the output file now holds, read back from
+    /// it; those no longer on their way there move to the front of
+    /// `network`.
+    async fn read_back(
+        &self,
+        ctx: &Ctx,
+        waiting: &mut Vec<(Member, Place)>,
+        network: &mut std::collections::VecDeque<Member>,
+    ) -> Vec<(Member, Vec<u8>)> {
+        let Some(out) = ctx.out.as_ref() else {
+            return Vec::new();
+        };
+        let mut read = Vec::new();
+        let mut i = 0;
+        while i < waiting.len() {
+            let pl = waiting[i].1;
+            let f = out.clone();
+            let back = tokio::task::spawn_blocking(move || f.read_back(pl.offset, pl.len)).await;
+            match back {
+                Ok(Some(Ok(bytes))) => read.push((waiting.swap_remove(i).0, bytes)),
+                Ok(None) if ctx.lock().sched.coming(pl.piece, (pl.offset, pl.len)) => i += 1,
+                _ => network.push_front(waiting.swap_remove(i).0),
+            }
+        }
+        read
+    }
+
+    /// Decodes window `w` of the data blocks of stripe `s` missing from
+    /// `have` (`free` ones are zeros).
+    async fn decode(
+        &self,
+        s: u64,
+        w: &Range<u64>,
+        have: Vec<(usize, Vec<u8>)>,
+        free: &[usize],
+        used: Vec<(usize, String)>,
+    ) -> Result<Gathered, Fail> {
+        let (scheme, k) = (self.erasure.scheme, self.erasure.scheme.data);
         let wlen = usize::try_from(w.end - w.start).unwrap_or(usize::MAX);
-        let rebuilt = tokio::task::spawn_blocking(move || {
+        let (rebuilt, have) = tokio::task::spawn_blocking(move || {
             let refs: Vec<(usize, &[u8])> = have.iter().map(|(i, b)| (*i, b.as_slice())).collect();
-            scheme.recover_missing(&refs, wlen)
+            (scheme.recover_missing(&refs, wlen), have)
         })
         .await
-        .map_err(|e| Fail::Remote(Cause::local(e.to_string()), false))?
-        .map_err(|e| Fail::Remote(Cause::local(format!("rebuilding stripe {s}: {e}")), false))?;
-        Ok((rebuilt, used))
+        .map_err(|e| Fail::Remote(Cause::local(e.to_string()), false))?;
+        let rebuilt = rebuilt.map_err(|e| {
+            Fail::Remote(Cause::local(format!("rebuilding stripe {s}: {e}")), false)
+        })?;
+        let read = (have.into_iter()).filter(|(i, _)| *i < k && !free.contains(i));
+        Ok(Gathered {
+            rebuilt,
+            read: read.collect(),
+            used,
+        })
+    }
+}
+
+/// Where the download puts a data block's piece in the output: the piece,
+/// and its offset and length in the file.
+#[derive(Debug, Clone, Copy)]
+struct Place {
+    index: usize,
+    piece: usize,
+    offset: u64,
+    len: u64,
+}
+
+/// What [`Rebuild::gather`] gives: the data blocks decoded and those read
+/// (each its window), and the blocks read.
+struct Gathered {
+    rebuilt: Vec<(usize, Vec<u8>)>,
+    read: Vec<(usize, Vec<u8>)>,
+    used: Vec<(usize, String)>,
+}
+
+/// What [`Rebuild::load`] gives: the bytes asked for, the blocks read, and
+/// the same bytes of the sibling data blocks asked for that it had.
+pub(super) struct Loaded {
+    pub bytes: BytesMut,
+    pub used: Vec<(usize, String)>,
+    pub siblings: Vec<(usize, BytesMut)>,
+}
+
+impl Loaded {
+    fn alone(bytes: BytesMut) -> Loaded {
+        Loaded {
+            bytes,
+            used: Vec::new(),
+            siblings: Vec::new(),
+        }
     }
 }
 

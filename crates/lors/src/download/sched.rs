@@ -192,6 +192,10 @@ pub const SLOW_AFTER: u32 = 2;
 /// depot's bytes divided by this.
 pub const SLOW_SHARE: u64 = 4;
 
+/// ... and the median depot has delivered this many pieces' worth: before
+/// that, a depot may be behind only for having started late.
+pub const SLOW_EVIDENCE: u64 = 4;
+
 /// A range no replica could serve.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lost {
@@ -223,6 +227,13 @@ enum St {
 
 /// An interned set of depots: the other holders of a pending piece.
 type KeyId = usize;
+
+/// Ends the key of a piece left to a rebuilder (see [`Sched::set_rows`]):
+/// no depot picks from such a group.
+const RESERVED: DepotId = DepotId::MAX;
+
+/// A piece in no row.
+const NO_ROW: usize = usize::MAX;
 
 struct Piece {
     offset: u64,
@@ -276,6 +287,15 @@ pub struct Sched {
     depot_of: Vec<DepotId>,
     pieces: Vec<Piece>,
     keys: Vec<Box<[DepotId]>>,
+    /// Rows of an erasure-coded file's pieces (see [`Sched::set_rows`]),
+    /// each piece's row, and pieces a rebuilder took with the one it
+    /// picked, by that one.
+    rows: Vec<Box<[PieceId]>>,
+    row_of: Vec<usize>,
+    /// Rows are left to the rebuilder while one of their pieces waits
+    /// for it.
+    reserve_rows: bool,
+    taken: HashMap<PieceId, Vec<(PieceId, usize)>>,
     key_ids: HashMap<Box<[DepotId]>, KeyId>,
     /// Pieces being fetched, oldest first.
     running: BTreeSet<(Instant, PieceId)>,
@@ -336,6 +356,10 @@ impl Sched {
             depot_of,
             pieces: Vec::with_capacity(plan.len()),
             keys: Vec::new(),
+            rows: Vec::new(),
+            row_of: Vec::new(),
+            reserve_rows: false,
+            taken: HashMap::new(),
             key_ids: HashMap::new(),
             running: BTreeSet::new(),
             pending: 0,
@@ -372,6 +396,9 @@ impl Sched {
 
     fn add(&mut self, piece: Piece) -> PieceId {
         let p = self.pieces.len();
+        if !self.row_of.is_empty() {
+            self.row_of.push(NO_ROW);
+        }
         for &m in &piece.sources {
             let holds = &mut self.depots[self.depot_of[m]].holds;
             if holds.last() != Some(&p) {
@@ -410,6 +437,63 @@ impl Sched {
     /// The byte range of a piece: (offset, length).
     pub fn piece(&self, p: PieceId) -> (u64, u64) {
         (self.pieces[p].offset, self.pieces[p].len)
+    }
+
+    /// Groups pieces into rows: the pieces at one place of the data blocks
+    /// of one stripe of an erasure-coded file, stored alike. Rebuilding
+    /// one reads the others' bytes there, so a rebuilder that picks a
+    /// piece takes the others still pending with it (see
+    /// [`Sched::taken_with`]).
+    ///
+    /// With `reserve`, while a piece no depot but a rebuilder will read
+    /// waits, the others of its row are left to that rebuilder: read by
+    /// their own depots first, they would be read twice. Without, they
+    /// are read where they are, and a rebuild reads them back from the
+    /// output (a file, stored as is) rather than fetch them again — every
+    /// depot keeps its own link busy.
+    pub fn set_rows(&mut self, rows: Vec<Vec<PieceId>>, reserve: bool) {
+        self.reserve_rows = reserve;
+        self.row_of = vec![NO_ROW; self.pieces.len()];
+        for (r, row) in rows.into_iter().enumerate() {
+            for &p in &row {
+                self.row_of[p] = r;
+            }
+            self.rows.push(row.into());
+        }
+        for p in 0..self.pieces.len() {
+            self.refresh(p);
+        }
+    }
+
+    /// The pieces taken with `p` when a rebuilder picked it: each with the
+    /// mapping it is counted as fetched through. Report [`Sched::claim`]
+    /// or [`Sched::abandon`] for each.
+    pub fn taken_with(&mut self, p: PieceId) -> Vec<(PieceId, usize)> {
+        self.taken.remove(&p).unwrap_or_default()
+    }
+
+    /// How long a depot's fetch of `len` bytes typically takes here, once
+    /// enough fetches are timed to say.
+    pub fn typical_fetch(&self, len: u64) -> Option<Duration> {
+        (self.timed >= STRAGGLER_SAMPLES)
+            .then(|| Duration::from_secs_f64(self.secs_per_byte * len as f64))
+    }
+
+    /// Whether piece `p`, still `range` (offset, length), is delivered or
+    /// being fetched by a depot that does not rebuild: its bytes are (or
+    /// will be) in the output.
+    pub fn coming(&self, p: PieceId, range: (u64, u64)) -> bool {
+        let s = &self.pieces[p];
+        if (s.offset, s.len) != range {
+            return false; // cut at the end game: in the output as two pieces
+        }
+        match s.st {
+            St::Pending => false,
+            St::Running => {
+                (s.running_on.iter()).any(|&m| !self.cfg.rebuilders.contains(&self.depot_of[m]))
+            }
+            St::Done => !(self.lost.iter()).any(|l| l.offset == s.offset),
+        }
     }
 
     /// Pieces so far (planned and cut).
@@ -540,12 +624,7 @@ impl Sched {
             .collect();
         // At the end every depot may lose a race or two, each hedged as it
         // finishes last; a slow one has also delivered far less.
-        let mut delivered: Vec<u64> = (0..self.depots.len())
-            .filter(|e| !self.cfg.rebuilders.contains(e) && !self.depots[*e].dead)
-            .map(|e| self.depots[e].bytes)
-            .collect();
-        delivered.sort_unstable();
-        let typical = delivered.get(delivered.len() / 2).copied().unwrap_or(0);
+        let typical = self.typical_bytes();
         for e in twins {
             let dep = &mut self.depots[e];
             dep.beaten += 1;
@@ -553,6 +632,7 @@ impl Sched {
             if dep.beaten >= SLOW_AFTER && behind && !dep.slow {
                 dep.slow = true;
                 self.events.push(Event::Slow { depot: e });
+                self.touch_rows_of(e);
             }
         }
     }
@@ -595,12 +675,16 @@ impl Sched {
         holders.sort_unstable();
         holders.dedup();
         let order = s.order;
+        let reserved = self.reserved(p);
         for i in 0..holders.len() {
             let d = holders[i];
             if self.usable(p, d).is_none() {
                 continue;
             }
-            let others: Vec<DepotId> = holders.iter().copied().filter(|&e| e != d).collect();
+            let mut others: Vec<DepotId> = holders.iter().copied().filter(|&e| e != d).collect();
+            if reserved {
+                others.push(RESERVED);
+            }
             let k = self.key(&others);
             let q = &mut self.depots[d].queue;
             q.groups.entry(k).or_default().insert((order, p));
@@ -630,6 +714,100 @@ impl Sched {
         self.enqueue(p);
     }
 
+    /// Whether only a rebuilder will read pending piece `q`: every live
+    /// depot holding it is a last resort, one of them a rebuilder.
+    fn bound(&self, q: PieceId) -> bool {
+        let s = &self.pieces[q];
+        let mut rebuilt = false;
+        for &m in s.sources.iter().filter(|m| !s.failed.contains(m)) {
+            let d = self.depot_of[m];
+            if self.depots[d].dead {
+                continue;
+            }
+            if self.cfg.rebuilders.contains(&d) {
+                rebuilt = true;
+            } else if !self.is_last_resort(d) {
+                return false;
+            }
+        }
+        s.st == St::Pending && rebuilt
+    }
+
+    /// Whether pending piece `p` is left to a rebuilder: another piece of
+    /// its row waits for one, and it does not (a piece only a rebuilder
+    /// reads is always its to pick, or two slow depots' pieces in one row
+    /// would each wait for the other).
+    fn reserved(&self, p: PieceId) -> bool {
+        let r = self.row(p);
+        self.reserve_rows
+            && r != NO_ROW
+            && !self.bound(p)
+            && (self.rows[r].iter()).any(|&q| q != p && self.row_of[q] == r && self.bound(q))
+    }
+
+    /// Row of `p`, or [`NO_ROW`].
+    fn row(&self, p: PieceId) -> usize {
+        self.row_of.get(p).copied().unwrap_or(NO_ROW)
+    }
+
+    /// The pending pieces of row `r` queued again: whether they are left
+    /// to a rebuilder may have changed.
+    fn touch_row(&mut self, r: usize) {
+        if r == NO_ROW {
+            return;
+        }
+        for i in 0..self.rows[r].len() {
+            let q = self.rows[r][i];
+            if self.row_of[q] == r && self.pieces[q].st == St::Pending {
+                self.refresh(q);
+            }
+        }
+    }
+
+    /// The rows of the pieces depot `d` holds queued again: it became (or
+    /// stopped being) a last resort.
+    fn touch_rows_of(&mut self, d: DepotId) {
+        if self.rows.is_empty() {
+            return;
+        }
+        for i in 0..self.depots[d].holds.len() {
+            let p = self.depots[d].holds[i];
+            self.touch_row(self.row(p));
+        }
+    }
+
+    /// A rebuilder picked `p` through `m`: the other pending pieces of its
+    /// row go with it, each through its own mapping on the same rebuilder.
+    fn take_row(&mut self, p: PieceId, m: usize, now: Instant) {
+        let r = self.row(p);
+        if r == NO_ROW {
+            return;
+        }
+        let d = self.depot_of[m];
+        let mut with = Vec::new();
+        for i in 0..self.rows[r].len() {
+            let q = self.rows[r][i];
+            if q == p || self.row_of[q] != r || self.pieces[q].st != St::Pending {
+                continue;
+            }
+            let Some(mq) = self.usable(q, d) else {
+                continue;
+            };
+            self.unqueue(q);
+            self.pending -= 1;
+            let s = &mut self.pieces[q];
+            s.st = St::Running;
+            s.started = now;
+            s.running_on.push(mq);
+            self.running.insert((now, q));
+            self.depots[d].running += 1;
+            with.push((q, mq));
+        }
+        if !with.is_empty() {
+            self.taken.insert(p, with);
+        }
+    }
+
     /// Back to the queue, ahead of the pieces never tried (in file order for
     /// an ordered output, where the writer waits for the earliest).
     fn requeue(&mut self, p: PieceId) {
@@ -647,6 +825,7 @@ impl Sched {
             self.front
         };
         self.enqueue(p);
+        self.touch_row(self.row(p));
     }
 
     fn stop_running(&mut self, p: PieceId, m: usize) {
@@ -706,6 +885,10 @@ impl Sched {
                 continue;
             };
             let others = &self.keys[k];
+            if others.last() == Some(&RESERVED) {
+                could_later = true; // once its rebuilder has the row, or not
+                continue;
+            }
             // A last-resort depot leaves pieces to the others while they can;
             // a slow one to a rebuilder too.
             let rebuilt = |e: &DepotId| self.cfg.rebuilders.contains(e) && !self.depots[*e].dead;
@@ -747,6 +930,10 @@ impl Sched {
             s.running_on.push(m);
             self.running.insert((now, p));
             self.depots[d].running += 1;
+            if self.cfg.rebuilders.contains(&d) {
+                self.take_row(p, m, now);
+            }
+            self.touch_row(self.row(p));
             return Pick::Fetch {
                 piece: p,
                 mapping: m,
@@ -756,27 +943,8 @@ impl Sched {
         // this depot's link idle, or when the piece runs far longer than
         // pieces of its size do (see [`STRAGGLER_FACTOR`]); otherwise the
         // copy would only slow the pieces this depot is already sending.
-        let idle_here = self.depots[d].running == 0;
-        let mut hedge = None;
-        for &(_, p) in &self.running {
-            if let Some(m) = self.usable(p, d) {
-                // Beyond the window or not, this depot may yet be needed
-                // for it: a stall can move it back to the queue.
-                could_later = true;
-                let rebuilds = self.cfg.rebuilders.contains(&d);
-                if p >= limit || (last_resort && !rebuilds) {
-                    continue; // a stalled depot does not hedge
-                }
-                let straggles = self.straggles_since(p).is_some_and(|t| t <= now);
-                if self.cfg.hedge
-                    && self.pieces[p].running_on.len() == 1
-                    && (straggles || (idle_here && !last_resort))
-                {
-                    hedge = Some((p, m));
-                    break;
-                }
-            }
-        }
+        let (hedge, needed) = self.hedge_for(d, limit, last_resort, now);
+        could_later |= needed;
         if let Some((p, m)) = hedge {
             self.pieces[p].running_on.push(m);
             self.depots[d].running += 1;
@@ -791,6 +959,49 @@ impl Sched {
         } else {
             Pick::Exit
         }
+    }
+
+    /// A piece in flight elsewhere that depot `d` should fetch again, if
+    /// any, and whether `d` may yet be needed for one.
+    fn hedge_for(
+        &self,
+        d: DepotId,
+        limit: usize,
+        last_resort: bool,
+        now: Instant,
+    ) -> (Option<(PieceId, usize)>, bool) {
+        let idle_here = self.depots[d].running == 0;
+        let rebuilds = self.cfg.rebuilders.contains(&d);
+        let mut needed = false;
+        for &(_, p) in &self.running {
+            let Some(m) = self.usable(p, d) else {
+                continue;
+            };
+            // Beyond the window or not, this depot may yet be needed for
+            // it: a stall can move it back to the queue.
+            needed = true;
+            if p >= limit || (last_resort && !rebuilds) {
+                continue; // a stalled depot does not hedge
+            }
+            let on = &self.pieces[p].running_on;
+            let straggles = self.straggles_since(p).is_some_and(|t| t <= now);
+            // A rebuild reads its pieces from these very depots: an idle
+            // one reading one again only doubles that read.
+            let rebuilding = (on.iter()).any(|&x| self.cfg.rebuilders.contains(&self.depot_of[x]));
+            // A rebuilder hedges a slow depot's pieces, at once, and no
+            // others: rebuilding a piece reads k others, a heavy price for
+            // a straggler on a link that is merely busy.
+            let on_slow = on.iter().all(|&x| self.depots[self.depot_of[x]].slow);
+            let worth = if rebuilds {
+                on_slow
+            } else {
+                straggles || (idle_here && !last_resort && !rebuilding)
+            };
+            if self.cfg.hedge && on.len() == 1 && worth {
+                return (Some((p, m)), true);
+            }
+        }
+        (None, needed)
     }
 
     /// When running piece `p` becomes a straggler, if the typical fetch
@@ -824,6 +1035,13 @@ impl Sched {
         if half < TAIL_PIECE_MIN || s.len - half < TAIL_PIECE_MIN {
             return;
         }
+        // A piece of a row stays whole: cut, it would no longer line up
+        // with the rest of its row, and the rebuild of one piece would
+        // read theirs again rather than deliver them.
+        if self.row(p) != NO_ROW {
+            return;
+        }
+        let s = &self.pieces[p];
         self.front -= 1;
         let rest = Piece {
             offset: s.offset + half,
@@ -921,6 +1139,7 @@ impl Sched {
         } else {
             self.refresh(p);
         }
+        self.touch_row(self.row(p));
     }
 
     /// The depot of mapping `m` said it is busy: the piece goes back to the
@@ -962,6 +1181,7 @@ impl Sched {
         if self.depots[d].stalled {
             self.depots[d].stalled = false;
             self.events.push(Event::Recovered { depot: d });
+            self.touch_rows_of(d);
         }
         // Only a piece's sole fetch times the typical fetch: a hedged copy
         // started later than the piece did.
@@ -979,7 +1199,9 @@ impl Sched {
                 if self.cfg.rebuilders.contains(&d) {
                     self.beat(p);
                 }
-                if sole && len > 0 {
+                // A rebuilt piece's time is that of a stripe's reads and a
+                // decode, not of a depot's read.
+                if sole && len > 0 && !self.cfg.rebuilders.contains(&d) {
                     let spb = now.saturating_duration_since(started).as_secs_f64() / len as f64;
                     // The first pieces set it; later ones move it by an
                     // eighth, so the estimate follows a link that speeds up
@@ -996,6 +1218,8 @@ impl Sched {
             St::Pending => {
                 self.unqueue(p);
                 self.pending -= 1;
+                self.pieces[p].st = St::Done;
+                self.touch_row(self.row(p));
             }
         }
         self.pieces[p].st = St::Done;
@@ -1005,7 +1229,43 @@ impl Sched {
         self.done += 1;
         self.counters.bytes += len;
         self.depots[d].bytes += len;
+        if !self.cfg.rebuilders.is_empty() && !self.cfg.rebuilders.contains(&d) {
+            self.judge_slow(len);
+        }
         true
+    }
+
+    /// Marks slow each depot with fetches in flight that has delivered
+    /// less than a [`SLOW_SHARE`]th of the typical depot, once that is at
+    /// least [`SLOW_EVIDENCE`] pieces of `len`: a link a tenth of the
+    /// others' speed shows within a few pieces, long before any of its
+    /// own pieces straggles long enough to be raced.
+    fn judge_slow(&mut self, len: u64) {
+        let typical = self.typical_bytes();
+        if typical < len.saturating_mul(SLOW_EVIDENCE) {
+            return;
+        }
+        for e in 0..self.depots.len() {
+            let dep = &self.depots[e];
+            if dep.slow || dep.dead || dep.running == 0 || self.cfg.rebuilders.contains(&e) {
+                continue;
+            }
+            if dep.bytes.saturating_mul(SLOW_SHARE) < typical {
+                self.depots[e].slow = true;
+                self.events.push(Event::Slow { depot: e });
+                self.touch_rows_of(e);
+            }
+        }
+    }
+
+    /// Bytes the median live depot (not a rebuilder) has delivered.
+    fn typical_bytes(&self) -> u64 {
+        let mut delivered: Vec<u64> = (0..self.depots.len())
+            .filter(|e| !self.cfg.rebuilders.contains(e) && !self.depots[*e].dead)
+            .map(|e| self.depots[e].bytes)
+            .collect();
+        delivered.sort_unstable();
+        delivered.get(delivered.len() / 2).copied().unwrap_or(0)
     }
 
     /// Marks as stalled every depot that has delivered nothing for the
@@ -1039,6 +1299,7 @@ impl Sched {
                 continue;
             }
             self.depots[d].stalled = true;
+            self.touch_rows_of(d);
             let victims: Vec<PieceId> = (self.running.iter().map(|&(_, p)| p))
                 .filter(|&p| {
                     let s = &self.pieces[p];
@@ -1107,7 +1368,10 @@ impl Sched {
     /// silent: its last delivery, or the start of its oldest fetch if later.
     fn silent_since(&self, d: DepotId) -> Option<Instant> {
         let depot = &self.depots[d];
-        if depot.dead || depot.stalled || depot.running == 0 {
+        // A rebuilder's fetch is k reads and a decode, each read bounded by
+        // the client's own timeouts; timed as one depot's read, it would
+        // stall, and its reads be thrown away and begun again.
+        if depot.dead || depot.stalled || depot.running == 0 || self.cfg.rebuilders.contains(&d) {
             return None;
         }
         // Running is ordered by start: the first on this depot is the oldest.

@@ -816,3 +816,123 @@ fn a_mapping_that_ends_early_fails_its_later_pieces_at_once() {
     let d1 = sim.s.pick(1, 0, false, now);
     assert!(matches!(d1, Pick::Fetch { mapping: 1, .. }), "{d1:?}");
 }
+
+/// Two rows of three pieces, as the data blocks of two stripes hold them:
+/// piece p on mapping 2p (depot p % 3) and, rebuilt from parity, on
+/// mapping 2p + 1 (depot 3, a last-resort rebuilder).
+fn rows_of_three() -> Sched {
+    let plan: Vec<Segment> = (0..6)
+        .map(|p| Segment {
+            offset: p as u64 * MIB,
+            len: MIB,
+            sources: vec![2 * p, 2 * p + 1],
+        })
+        .collect();
+    let depot_of = (0..12)
+        .map(|m| if m % 2 == 1 { 3 } else { (m / 2) % 3 })
+        .collect();
+    let cfg = Config {
+        last_resort: vec![3],
+        rebuilders: vec![3],
+        split_tail: false,
+        ..fixed(2)
+    };
+    let names = (0..4).map(|d| format!("depot{d}:6714")).collect();
+    let mut s = Sched::new(cfg, names, depot_of, plan, Instant::now());
+    s.set_rows(vec![vec![0, 1, 2], vec![3, 4, 5]], true);
+    s
+}
+
+#[test]
+fn a_lost_blocks_row_is_left_to_the_rebuilder_which_takes_it_whole() {
+    let now = Instant::now();
+    let mut s = rows_of_three();
+    // Depot 0 refuses: pieces 0 and 3 can only be rebuilt now.
+    let Pick::Fetch { piece, mapping } = s.pick(0, 0, false, now) else {
+        panic!("depot 0 has pieces");
+    };
+    s.failed(piece, mapping, "refused", true);
+    // Their rows' other pieces wait for the rebuilder, which reads their
+    // bytes anyway: read by depots 1 and 2 first, they would be read twice.
+    assert_eq!(s.pick(1, 0, false, now), Pick::Wait);
+    assert_eq!(s.pick(2, 0, false, now), Pick::Wait);
+    let mut delivered = Vec::new();
+    for conn in 0..2 {
+        let Pick::Fetch { piece, mapping } = s.pick(3, conn, false, now) else {
+            panic!("the rebuilder has two rows to rebuild");
+        };
+        assert_eq!(piece % 3, 0, "it rebuilds the lost pieces");
+        let with = s.taken_with(piece);
+        assert_eq!(with.len(), 2, "and takes the rest of the row");
+        for (q, m) in with.into_iter().chain([(piece, mapping)]) {
+            assert_eq!(s.depot_of[m], 3);
+            assert!(s.claim(q, m, now));
+            delivered.push(q);
+        }
+    }
+    delivered.sort_unstable();
+    assert_eq!(delivered, vec![0, 1, 2, 3, 4, 5]);
+    assert!(s.finished());
+    assert_eq!(
+        s.per_depot().map(|(_, b)| b).collect::<Vec<_>>(),
+        vec![6 * MIB]
+    );
+}
+
+#[test]
+fn a_taken_piece_given_back_goes_to_its_own_depot() {
+    let now = Instant::now();
+    let mut s = rows_of_three();
+    let Pick::Fetch { piece, mapping } = s.pick(0, 0, false, now) else {
+        panic!("depot 0 has pieces");
+    };
+    s.failed(piece, mapping, "refused", true);
+    let Pick::Fetch { piece, mapping } = s.pick(3, 0, false, now) else {
+        panic!("the rebuilder has rows to rebuild");
+    };
+    let with = s.taken_with(piece);
+    assert_eq!(with.len(), 2);
+    // One block of the row could not be read for the rebuild: its piece
+    // goes back, and its own depot may read it now the row's lost piece
+    // is in hand.
+    assert!(s.claim(piece, mapping, now));
+    assert!(s.claim(with[0].0, with[0].1, now));
+    s.abandon(with[1].0, with[1].1);
+    let own = with[1].0 % 3;
+    let Pick::Fetch {
+        piece: q,
+        mapping: m,
+    } = s.pick(own, 0, false, now)
+    else {
+        panic!("depot {own} reads its piece again");
+    };
+    assert_eq!((q, s.depot_of[m]), (with[1].0, own));
+}
+
+#[test]
+fn two_lost_blocks_in_a_row_do_not_wait_for_each_other() {
+    let now = Instant::now();
+    let mut s = rows_of_three();
+    // Depots 0 and 1 refuse (piece p is mapping 2p, on depot p % 3).
+    let Pick::Fetch { piece, mapping } = s.pick(0, 0, false, now) else {
+        panic!("depot 0 has pieces");
+    };
+    s.failed(piece, mapping, "refused", true);
+    // Depot 1's pieces wait for the rebuilder now; its connection finds
+    // it dead all the same.
+    assert_eq!(s.pick(1, 0, false, now), Pick::Wait);
+    s.failed(1, 2, "refused", true);
+    // Each row has two pieces only the rebuilder reads: it picks one and
+    // takes the rest of the row, the other lost piece among them.
+    for conn in 0..2 {
+        let Pick::Fetch { piece, mapping } = s.pick(3, conn, false, now) else {
+            panic!("the rebuilder has two rows to rebuild");
+        };
+        let with = s.taken_with(piece);
+        assert_eq!(with.len(), 2);
+        for (q, m) in with.into_iter().chain([(piece, mapping)]) {
+            assert!(s.claim(q, m, now));
+        }
+    }
+    assert!(s.finished());
+}
