@@ -949,6 +949,9 @@ impl Sched {
             self.pieces[p].running_on.push(m);
             self.depots[d].running += 1;
             self.counters.hedged += 1;
+            if self.cfg.rebuilders.contains(&d) {
+                self.take_row(p, m, now);
+            }
             return Pick::Fetch {
                 piece: p,
                 mapping: m,
@@ -985,8 +988,9 @@ impl Sched {
             }
             let on = &self.pieces[p].running_on;
             let straggles = self.straggles_since(p).is_some_and(|t| t <= now);
-            // A rebuild reads its pieces from these very depots: an idle
-            // one reading one again only doubles that read.
+            // A rebuild reads its pieces from these very depots (and takes
+            // seconds, reading k of them): one reading a piece again, idle
+            // or seeing it straggle, only doubles that read.
             let rebuilding = (on.iter()).any(|&x| self.cfg.rebuilders.contains(&self.depot_of[x]));
             // A rebuilder hedges a slow depot's pieces, at once, and no
             // others: rebuilding a piece reads k others, a heavy price for
@@ -995,7 +999,7 @@ impl Sched {
             let worth = if rebuilds {
                 on_slow
             } else {
-                straggles || (idle_here && !last_resort && !rebuilding)
+                !rebuilding && (straggles || (idle_here && !last_resort))
             };
             if self.cfg.hedge && on.len() == 1 && worth {
                 return (Some((p, m)), true);
