@@ -776,6 +776,17 @@ impl Sched {
         }
     }
 
+    /// Pending piece `p`, out of the queues, is fetched through `m` from
+    /// `now`.
+    fn run(&mut self, p: PieceId, m: usize, now: Instant) {
+        let s = &mut self.pieces[p];
+        s.st = St::Running;
+        s.started = now;
+        s.running_on.push(m);
+        self.running.insert((now, p));
+        self.depots[self.depot_of[m]].running += 1;
+    }
+
     /// A rebuilder picked `p` through `m`: the other pending pieces of its
     /// row go with it, each through its own mapping on the same rebuilder.
     fn take_row(&mut self, p: PieceId, m: usize, now: Instant) {
@@ -795,12 +806,7 @@ impl Sched {
             };
             self.unqueue(q);
             self.pending -= 1;
-            let s = &mut self.pieces[q];
-            s.st = St::Running;
-            s.started = now;
-            s.running_on.push(mq);
-            self.running.insert((now, q));
-            self.depots[d].running += 1;
+            self.run(q, mq, now);
             with.push((q, mq));
         }
         if !with.is_empty() {
@@ -924,12 +930,7 @@ impl Sched {
             if self.cfg.split_tail && self.pending < self.live_connections() {
                 self.split(p, now);
             }
-            let s = &mut self.pieces[p];
-            s.st = St::Running;
-            s.started = now;
-            s.running_on.push(m);
-            self.running.insert((now, p));
-            self.depots[d].running += 1;
+            self.run(p, m, now);
             if self.cfg.rebuilders.contains(&d) {
                 self.take_row(p, m, now);
             }

@@ -843,15 +843,20 @@ fn rows_of_three() -> Sched {
     s
 }
 
+/// Depot 0's first fetch finds it refusing connections.
+fn refuse_depot_0(s: &mut Sched, now: Instant) {
+    let Pick::Fetch { piece, mapping } = s.pick(0, 0, false, now) else {
+        panic!("depot 0 has pieces");
+    };
+    s.failed(piece, mapping, "refused", true);
+}
+
 #[test]
 fn a_lost_blocks_row_is_left_to_the_rebuilder_which_takes_it_whole() {
     let now = Instant::now();
     let mut s = rows_of_three();
     // Depot 0 refuses: pieces 0 and 3 can only be rebuilt now.
-    let Pick::Fetch { piece, mapping } = s.pick(0, 0, false, now) else {
-        panic!("depot 0 has pieces");
-    };
-    s.failed(piece, mapping, "refused", true);
+    refuse_depot_0(&mut s, now);
     // Their rows' other pieces wait for the rebuilder, which reads their
     // bytes anyway: read by depots 1 and 2 first, they would be read twice.
     assert_eq!(s.pick(1, 0, false, now), Pick::Wait);
@@ -883,10 +888,7 @@ fn a_lost_blocks_row_is_left_to_the_rebuilder_which_takes_it_whole() {
 fn a_taken_piece_given_back_goes_to_its_own_depot() {
     let now = Instant::now();
     let mut s = rows_of_three();
-    let Pick::Fetch { piece, mapping } = s.pick(0, 0, false, now) else {
-        panic!("depot 0 has pieces");
-    };
-    s.failed(piece, mapping, "refused", true);
+    refuse_depot_0(&mut s, now);
     let Pick::Fetch { piece, mapping } = s.pick(3, 0, false, now) else {
         panic!("the rebuilder has rows to rebuild");
     };
@@ -914,10 +916,7 @@ fn two_lost_blocks_in_a_row_do_not_wait_for_each_other() {
     let now = Instant::now();
     let mut s = rows_of_three();
     // Depots 0 and 1 refuse (piece p is mapping 2p, on depot p % 3).
-    let Pick::Fetch { piece, mapping } = s.pick(0, 0, false, now) else {
-        panic!("depot 0 has pieces");
-    };
-    s.failed(piece, mapping, "refused", true);
+    refuse_depot_0(&mut s, now);
     // Depot 1's pieces wait for the rebuilder now; its connection finds
     // it dead all the same.
     assert_eq!(s.pick(1, 0, false, now), Pick::Wait);
