@@ -3,7 +3,7 @@
 //! refresh (extend leases), modify (strip capabilities for sharing), route
 //! (augment onto target depots, then trim the rest), and probing for stat.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -97,7 +97,9 @@ const PARALLEL_BLOCKS: usize = 8;
 /// the bytes copied. Blocks are copied several at a time, each to the
 /// least-loaded target; a target that cannot be reached or stops answering
 /// (stalled while the others answer) is skipped from then on. New mappings
-/// are appended in block order; the input exNode is not changed. When it
+/// are appended in block order; the input exNode is not changed. An
+/// erasure-coded file's blocks (parity too) are copied once each, never
+/// two of a stripe onto one depot (`want` must be `OnTargets(1)`). When it
 /// fails, the replicas it made are released (each release bounded by
 /// [`crate::stall::RELEASE_WAIT`]).
 pub async fn replicate(
@@ -118,26 +120,7 @@ pub async fn replicate(
             load.push((d.clone(), 0));
         }
     }
-    let plan: Vec<Block> = (blocks(x).into_iter().enumerate())
-        .map(|(order, (range, idx))| {
-            let holders: HashSet<String> =
-                idx.iter().filter_map(|&i| x.mappings[i].depot()).collect();
-            let copies = match want {
-                Replicas::More(n) => n,
-                Replicas::OnTargets(n) => {
-                    n.saturating_sub(holders.iter().filter(|d| depots.contains(*d)).count())
-                }
-            };
-            Block {
-                order,
-                range,
-                idx,
-                holders,
-                copies,
-            }
-        })
-        .filter(|b| b.copies > 0)
-        .collect();
+    let (plan, stripes) = plan(x, depots, want)?;
     progress.start(Some(plan.iter().map(|b| b.range.1 * b.copies as u64).sum()));
     let run = Replication {
         x,
@@ -153,6 +136,7 @@ pub async fn replicate(
         state: std::sync::Mutex::new(RepState {
             load,
             dead: HashSet::new(),
+            stripes,
             made: Vec::new(),
             failure: None,
         }),
@@ -177,8 +161,87 @@ pub async fn replicate(
     }
     made.sort_by_key(|(order, _)| *order);
     let mut out = x.clone();
-    out.mappings.extend(made.into_iter().map(|(_, m)| m));
+    for (order, m) in made {
+        match order >= x.mappings.len() {
+            // A parity block's copy stays in the parity list.
+            true => out.parity.push(m),
+            false => out.mappings.push(m),
+        }
+    }
+    out.parity.sort_by_key(Mapping::shard);
     Ok(out)
+}
+
+/// The depots holding a block of each stripe of an erasure-coded file.
+type Stripes = HashMap<u64, HashSet<String>>;
+
+/// What [`replicate`] copies: each block (each block of each stripe, for
+/// an erasure-coded file) with the copies `want` still asks of it; and
+/// for a coded file, the depots holding a block of each stripe.
+fn plan(x: &ExNode, depots: &[String], want: Replicas) -> Result<(Vec<Block>, Stripes)> {
+    let copies = |holders: &HashSet<String>| match want {
+        Replicas::More(n) => n,
+        Replicas::OnTargets(n) => {
+            n.saturating_sub(holders.iter().filter(|d| depots.contains(*d)).count())
+        }
+    };
+    let Some(e) = lors_exnode::erasure::Erasure::of(x)? else {
+        let plan = (blocks(x).into_iter())
+            .map(|(range, idx)| {
+                let holders: HashSet<String> =
+                    idx.iter().filter_map(|&i| x.mappings[i].depot()).collect();
+                let copies = copies(&holders);
+                Block {
+                    order: 0,
+                    range,
+                    idx,
+                    holders,
+                    copies,
+                    stripe: None,
+                }
+            })
+            .enumerate()
+            .map(|(order, b)| Block { order, ..b })
+            .filter(|b| b.copies > 0)
+            .collect();
+        return Ok((plan, Stripes::new()));
+    };
+    // A coded file keeps each block once, never two of a stripe on one
+    // depot: more copies of its blocks would not add what its parity does.
+    if want != Replicas::OnTargets(1) {
+        return Err(Error::Erasure(lors_exnode::erasure::ErasureError::Record(
+            "an erasure-coded file keeps one copy of each block: it is moved (route, one copy per block) or repaired (augment --repair), not given more copies".into(),
+        )));
+    }
+    let data = x.mappings.len();
+    let mut shards: BTreeMap<(u64, usize), Vec<usize>> = BTreeMap::new();
+    let mut stripes = Stripes::new();
+    for (at, m) in x.allocations().enumerate() {
+        if let Some((s, i)) = e.shard_of(m, at >= data) {
+            shards.entry((s, i)).or_default().push(at);
+            let held = stripes.entry(s).or_default();
+            held.extend(m.depot());
+        }
+    }
+    let plan = (shards.into_iter())
+        .filter_map(|((s, _), idx)| {
+            let holders: HashSet<String> = (idx.iter())
+                .filter_map(|&i| x.allocation(i)?.depot())
+                .collect();
+            let first = x.allocation(idx[0])?;
+            Some(Block {
+                // Parity copies are ordered after every data block.
+                order: idx[0],
+                range: (first.exnode_offset, first.logical_length),
+                copies: copies(&holders),
+                idx,
+                holders,
+                stripe: Some(s),
+            })
+        })
+        .filter(|b| b.copies > 0)
+        .collect();
+    Ok((plan, stripes))
 }
 
 /// One block of a [`replicate`] run.
@@ -192,6 +255,9 @@ struct Block {
     holders: HashSet<String>,
     /// Copies still to make.
     copies: usize,
+    /// The stripe of an erasure-coded file's block: no two of its blocks
+    /// on one depot.
+    stripe: Option<u64>,
 }
 
 struct RepState {
@@ -200,6 +266,9 @@ struct RepState {
     load: Vec<(String, usize)>,
     /// Targets given up on: unreachable, or stalled.
     dead: HashSet<String>,
+    /// An erasure-coded file's stripes: the depots holding (or taking) a
+    /// block of each.
+    stripes: HashMap<u64, HashSet<String>>,
     made: Vec<(usize, Mapping)>,
     failure: Option<Error>,
 }
@@ -256,7 +325,7 @@ impl Replication<'_> {
     /// does not hold it, from any of its readable replicas.
     async fn copy_once(&self, b: &mut Block) -> Result<()> {
         let (offset, len) = b.range;
-        let sources: Vec<&Mapping> = (b.idx.iter().map(|&i| &self.x.mappings[i]))
+        let sources: Vec<&Mapping> = (b.idx.iter().filter_map(|&i| self.x.allocation(i)))
             .filter(|m| m.read.is_some())
             .collect();
         if sources.is_empty() {
@@ -266,21 +335,31 @@ impl Replication<'_> {
                 last: "no replica has a read capability".into(),
             });
         }
-        let mut last = Cause::local("no depot left that does not already hold this block");
+        let mut last = Cause::local(match b.stripe {
+            None => "no depot left that does not already hold this block",
+            Some(_) => "no depot left that holds no block of this stripe: give more depots",
+        });
         let mut tried: HashSet<String> = HashSet::new();
         loop {
             let target = {
                 let mut st = self.lock();
-                let dead = &st.dead;
+                let st = &mut *st;
+                let stripe = b.stripe.and_then(|s| st.stripes.get_mut(&s));
                 let t = (st.load.iter())
                     .enumerate()
                     .filter(|(_, (d, _))| {
-                        !b.holders.contains(d) && !dead.contains(d) && !tried.contains(d)
+                        !b.holders.contains(d)
+                            && !st.dead.contains(d)
+                            && !tried.contains(d)
+                            && !stripe.as_ref().is_some_and(|h| h.contains(d))
                     })
                     .min_by_key(|(_, (_, n))| *n)
                     .map(|(i, _)| i);
                 t.map(|i| {
                     st.load[i].1 += 1;
+                    if let Some(h) = stripe {
+                        h.insert(st.load[i].0.clone());
+                    }
                     st.load[i].0.clone()
                 })
             };
@@ -299,6 +378,9 @@ impl Replication<'_> {
                     let mut st = self.lock();
                     if let Some(l) = st.load.iter_mut().find(|(d, _)| *d == t) {
                         l.1 -= 1;
+                    }
+                    if let Some(h) = b.stripe.and_then(|s| st.stripes.get_mut(&s)) {
+                        h.remove(&t);
                     }
                     last = Cause::from(&e);
                     if target_down && st.dead.insert(t.clone()) {

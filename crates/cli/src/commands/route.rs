@@ -3,6 +3,7 @@
 use lors::manage::{Replicas, Selection};
 use lors::uri::ExnodeRef;
 
+use crate::UsageError;
 use crate::report::{ReportOpts, Reporter, Unit};
 
 /// Move a file: copy its blocks onto the target depots (depot to depot), then
@@ -40,11 +41,32 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let flags = a.lease.layer(a.targets.layer());
     let s = super::settings(&a.net, flags, Some(&a.exnode))?;
     let x = lors::xnd::load(&a.exnode.path)?;
-    super::refuse_erasure(&x, "lors route")?;
+    // A coded file moves block by block, each stripe onto as many depots.
+    let spread = match lors_exnode::erasure::Erasure::of(&x)? {
+        Some(_) if a.copies != 1 => {
+            return Err(UsageError(
+                "-c: an erasure-coded file keeps one copy of each block; its parity is its redundancy".into(),
+            )
+            .into());
+        }
+        Some(e) => Some(e.scheme),
+        None => None,
+    };
     // Replicas already on a target count toward the copies wanted.
     let progress = Reporter::new("route", Unit::Bytes, &a.report, false);
     let rt = super::runtime(super::Threads::Many)?;
-    let targets = a.targets.find(&rt, &x, &s, a.copies, false)?.depots;
+    let want = spread.map_or(a.copies, |e| e.blocks());
+    let targets = a.targets.find(&rt, &x, &s, want, false)?.depots;
+    if let Some(e) = spread.filter(|e| targets.len() < e.blocks()) {
+        return Err(UsageError(format!(
+            "the file is erasure-coded {}+{}: its blocks go to at least {} depots (never two of a stripe on one), and {} were given",
+            e.data,
+            e.parity,
+            e.blocks(),
+            targets.len()
+        ))
+        .into());
+    }
     let (stop, signal) = super::stop_on_signal(&rt);
     let opts = lors::manage::CopyOptions {
         duration: s.duration,

@@ -276,6 +276,84 @@ fn trim_refresh_and_the_other_tools_know_the_parity() {
     }
 }
 
+/// `lors route` moves every block of a coded file, parity too, keeping
+/// each stripe on as many depots; `lors disseminate` reads its data
+/// blocks and gives a site a whole copy that reads with every coded
+/// block's depot gone.
+#[test]
+fn route_moves_every_block_and_disseminate_copies_the_data_to_a_site() {
+    let dir = tempdir();
+    let mut ds = depots(14, dir.path());
+    let data = pattern(5 * 4 * (64 << 10) + 12_345, 9);
+    let first: Vec<&DepotProc> = ds[..6].iter().collect();
+    let xnd = upload(
+        &first,
+        dir.path(),
+        "f",
+        &data,
+        &["--ec", "4+2", "-b", "64K"],
+    );
+    let x = xnd.to_str().unwrap();
+    let blocks = lors::xnd::load(&xnd).unwrap().allocations().count();
+    let targets = list(&ds[6..12].iter().collect::<Vec<_>>());
+    let five = list(&ds[6..11].iter().collect::<Vec<_>>());
+    let (ok, _, err) = lors(&["route", "--depot", &five, x]);
+    assert!(!ok);
+    assert!(
+        err.contains("erasure-coded 4+2: its blocks go to at least 6 depots"),
+        "{err}"
+    );
+    let (ok, _, err) = lors(&["route", "-c", "2", "--depot", &targets, x]);
+    assert!(!ok && err.contains("one copy of each block"), "{err}");
+    assert_eq!(lors::xnd::load(&xnd).unwrap().allocations().count(), blocks);
+    // One of six targets dead: no stripe fits, and nothing is left behind.
+    ds[13].kill9();
+    let with_dead = format!("{five},{}", ds[13].addr);
+    let (ok, _, err) = lors(&["route", "-q", "--depot", &with_dead, x]);
+    assert!(
+        !ok && err.contains("could not be stored on any depot"),
+        "{err}"
+    );
+    assert_eq!(lors::xnd::load(&xnd).unwrap().allocations().count(), blocks);
+    for d in &ds[6..11] {
+        assert_eq!(used(d), 0, "a failed route frees what it copied");
+    }
+    let (ok, _, err) = lors(&["route", "-q", "--depot", &targets, x]);
+    assert!(ok, "{err}");
+    let y = lors::xnd::load(&xnd).unwrap();
+    assert_eq!(y.allocations().count(), blocks, "each block once");
+    for d in &ds[..6] {
+        assert_eq!(used(d), 0, "the old blocks are freed");
+    }
+    let new: Vec<&str> = ds[6..12].iter().map(|d| d.addr.as_str()).collect();
+    for s in 0..6u64 {
+        let mut on: Vec<String> = (y.allocations())
+            .filter(|m| m.shard().is_some_and(|(t, _)| t == s))
+            .filter_map(|m| m.depot())
+            .collect();
+        assert!(on.iter().all(|d| new.contains(&d.as_str())), "{on:?}");
+        let n = on.len();
+        on.sort();
+        on.dedup();
+        assert_eq!(on.len(), n, "stripe {s}: two blocks on one depot");
+    }
+    assert!(stat(&xnd).contains("every stripe can lose 2 more blocks"));
+    let out = dir.path().join("out");
+    let (ok, err) = download(&xnd, &out);
+    assert!(ok && std::fs::read(&out).unwrap() == data, "{err}");
+    // A site far away gets a whole copy of the data.
+    let (ok, _, err) = lors(&["disseminate", "-q", x, "--to", &ds[12].addr]);
+    assert!(ok, "{err}");
+    let z = lors::xnd::load(&xnd).unwrap();
+    assert_eq!(z.parity, y.parity);
+    assert_eq!(z.mappings.len(), 2 * y.mappings.len());
+    for d in &mut ds[6..12] {
+        d.kill9();
+    }
+    let (ok, err) = download(&xnd, &out);
+    assert!(ok && std::fs::read(&out).unwrap() == data, "{err}");
+}
+
 /// `--ec` from every source, and what cannot work refused up front.
 #[test]
 fn ec_settings_come_from_flags_uri_env_and_xndrc_and_bad_ones_are_refused() {
