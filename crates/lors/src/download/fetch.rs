@@ -57,7 +57,11 @@ fn ibp_err(e: lors_ibp::Error) -> Fail {
 pub(super) async fn worker(ctx: Arc<Ctx>, d: DepotId, conn: usize, tx: Option<mpsc::Sender<Held>>) {
     let depot = ctx.lock().sched.name(d).to_owned();
     let out = ctx.out.clone();
+    let _live = super::Live::new(&ctx, &depot);
     loop {
+        if ctx.serve_urgent(&depot).await {
+            continue;
+        }
         // Taken before picking, so a worker waiting for a slot holds no piece.
         let slot = match &ctx.slots {
             Some(s) => Some(s.clone().acquire_owned().await),

@@ -18,7 +18,7 @@
 //! deliver is *stalled*: its pieces move to other replicas and it is read only
 //! as a last resort until it delivers again.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -281,6 +281,167 @@ struct Ctx {
     /// Raw pieces go into pipes (see [`Output::Pieces`]); cleared when no
     /// pipe can be had, and they go to memory from then on.
     spliced: std::sync::atomic::AtomicBool,
+    /// Reads a rebuild asks of a depot's own connections, by depot.
+    urgent: Mutex<HashMap<String, Reads>>,
+}
+
+/// A read a rebuild asks of the download's own connections to a depot,
+/// before their next piece: they are established and have their share of
+/// the link, where a new connection ramping up beside them gets a small
+/// part of it (on a shaped link, a rebuild's parity read took 5 s for
+/// 2 MiB that the depot's connections move in 1.4).
+struct Urgent {
+    cap: lors_ibp::Capability,
+    offset: u64,
+    len: u64,
+    /// [`QUEUED`], then taken by a connection or withdrawn by the asker.
+    state: Arc<std::sync::atomic::AtomicU8>,
+    tx: tokio::sync::oneshot::Sender<lors_ibp::Result<Vec<u8>>>,
+}
+
+const QUEUED: u8 = 0;
+const TAKEN: u8 = 1;
+const WITHDRAWN: u8 = 2;
+
+/// A read asked of a depot's connections waits this long for one to be
+/// free (they take turns every fraction of a piece's time), then is read
+/// over a connection of its own: a connection waiting for memory, or
+/// fetching from a depot that stopped answering, does not hold it up.
+const URGENT_WAIT: Duration = Duration::from_secs(1);
+
+/// A depot's connections and the reads asked of them.
+#[derive(Default)]
+struct Reads {
+    live: usize,
+    queue: VecDeque<Urgent>,
+    /// Reads its connections are making.
+    reading: usize,
+}
+
+impl Ctx {
+    /// Has a connection of depot `name` read `len` bytes at `offset` of
+    /// `cap` before its next piece, if the download has connections there
+    /// that still fetch; else reads them over the pool. Dropping the
+    /// future withdraws the read.
+    fn read_urgent(
+        &self,
+        name: &str,
+        cap: &lors_ibp::Capability,
+        offset: u64,
+        len: u64,
+    ) -> impl Future<Output = lors_ibp::Result<Vec<u8>>> + Send + use<> {
+        use std::sync::atomic::{AtomicU8, Ordering};
+        let pool = self.pool.clone();
+        let cap = cap.clone();
+        let serves = self.lock().sched.serves(name);
+        let queued = {
+            let mut q = self.urgent.lock().unwrap_or_else(|e| e.into_inner());
+            q.get_mut(name).filter(|r| serves && r.live > 0).map(|r| {
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                let state = Arc::new(AtomicU8::new(QUEUED));
+                r.queue.push_back(Urgent {
+                    cap: cap.clone(),
+                    offset,
+                    len,
+                    state: state.clone(),
+                    tx,
+                });
+                (rx, state)
+            })
+        };
+        self.wake.notify_waiters();
+        async move {
+            let Some((mut rx, state)) = queued else {
+                return pool.load(&cap, offset, len).await;
+            };
+            tokio::select! {
+                r = &mut rx => return match r {
+                    Ok(r) => r,
+                    Err(_) => pool.load(&cap, offset, len).await,
+                },
+                () = tokio::time::sleep(URGENT_WAIT) => {}
+            }
+            let withdrawn =
+                state.compare_exchange(QUEUED, WITHDRAWN, Ordering::AcqRel, Ordering::Acquire);
+            match (withdrawn, rx.await) {
+                (Err(_), Ok(r)) => r,
+                _ => pool.load(&cap, offset, len).await,
+            }
+        }
+    }
+
+    /// Reads asked of depot `name`'s connections, waiting or being made:
+    /// load the scheduler does not see.
+    fn urgent_load(&self, name: &str) -> usize {
+        let q = self.urgent.lock().unwrap_or_else(|e| e.into_inner());
+        q.get(name).map_or(0, |r| r.queue.len() + r.reading)
+    }
+
+    /// Makes the next read asked of depot `name`'s connections that its
+    /// asker still waits for, if any; whether there was one.
+    async fn serve_urgent(&self, name: &str) -> bool {
+        use std::sync::atomic::Ordering;
+        let next = {
+            let mut q = self.urgent.lock().unwrap_or_else(|e| e.into_inner());
+            let Some(reads) = q.get_mut(name) else {
+                return false;
+            };
+            let mut next = None;
+            while let Some(u) = reads.queue.pop_front() {
+                let took =
+                    (u.state).compare_exchange(QUEUED, TAKEN, Ordering::AcqRel, Ordering::Acquire);
+                if took.is_ok() && !u.tx.is_closed() {
+                    reads.reading += 1;
+                    next = Some(u);
+                    break;
+                }
+            }
+            next
+        };
+        let Some(u) = next else { return false };
+        let r = self.pool.load(&u.cap, u.offset, u.len).await;
+        let _ = u.tx.send(r);
+        let mut q = self.urgent.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(reads) = q.get_mut(name) {
+            reads.reading -= 1;
+        }
+        true
+    }
+
+    /// A connection of depot `name` starts (`true`) or ends: when the last
+    /// one ends, the reads asked of them go back to their askers.
+    fn connection(&self, name: &str, starts: bool) {
+        let mut q = self.urgent.lock().unwrap_or_else(|e| e.into_inner());
+        let r = q.entry(name.to_owned()).or_default();
+        if starts {
+            r.live += 1;
+            return;
+        }
+        r.live = r.live.saturating_sub(1);
+        if r.live == 0 {
+            r.queue.clear();
+        }
+    }
+}
+
+/// Counts a connection of a depot live while it is held
+/// ([`Ctx::connection`]).
+struct Live<'a> {
+    ctx: &'a Ctx,
+    name: &'a str,
+}
+
+impl<'a> Live<'a> {
+    fn new(ctx: &'a Ctx, name: &'a str) -> Self {
+        ctx.connection(name, true);
+        Live { ctx, name }
+    }
+}
+
+impl Drop for Live<'_> {
+    fn drop(&mut self) {
+        self.ctx.connection(self.name, false);
+    }
 }
 
 impl Ctx {
@@ -448,6 +609,7 @@ pub async fn download(
         mem_need,
         bufs: shared_bufs.unwrap_or_else(|| Arc::new(Buffers::new(keep))),
         spliced: spliced.into(),
+        urgent: Mutex::new(HashMap::new()),
     });
     let hold = output::Hold {
         bytes: opts.start_buffer,
@@ -460,16 +622,7 @@ pub async fn download(
         }
         None => (None, None),
     };
-    let mut workers = tokio::task::JoinSet::new();
-    let per_depot = match opts.conns_per_depot {
-        0 => AUTO_CONNECTIONS,
-        n => n,
-    };
-    for d in 0..depots {
-        for conn in 0..per_depot {
-            workers.spawn(fetch::worker(ctx.clone(), d, conn, tx.clone()));
-        }
-    }
+    let mut workers = spawn_workers(&ctx, opts, &tx);
     drop(tx);
     supervise(&ctx, &mut workers).await;
     if let Some(w) = writer {
@@ -478,6 +631,38 @@ pub async fn download(
             .map_err(|e| Error::io("output writer", std::io::Error::other(e.to_string())))?;
     }
     outcome(&ctx, file_out.as_ref().map(|f| &f.0), resumed_bytes, t0)
+}
+
+/// Rebuilds in flight per connection a depot gets.
+const REBUILDS_PER_CONNECTION: usize = 2;
+
+/// The workers: a depot's connections each, and the rebuilder's
+/// rebuilds.
+fn spawn_workers(
+    ctx: &Arc<Ctx>,
+    opts: &DownloadOptions,
+    tx: &Option<mpsc::Sender<Held>>,
+) -> tokio::task::JoinSet<()> {
+    let mut workers = tokio::task::JoinSet::new();
+    let per_depot = match opts.conns_per_depot {
+        0 => AUTO_CONNECTIONS,
+        n => n,
+    };
+    let depots = ctx.lock().sched.depots();
+    for d in 0..depots {
+        // A rebuild mostly waits — for its row to arrive from the other
+        // depots, for a parity read among their fetches — so the
+        // rebuilder keeps more of them going (more, in the network lab,
+        // only added flows on links already full).
+        let n = match ctx.lock().sched.name(d) == rebuild::SOURCE {
+            true => REBUILDS_PER_CONNECTION * per_depot,
+            false => per_depot,
+        };
+        for conn in 0..n {
+            workers.spawn(fetch::worker(ctx.clone(), d, conn, tx.clone()));
+        }
+    }
+    workers
 }
 
 /// The scheduler's settings from `opts`, for depots `names` (the parity

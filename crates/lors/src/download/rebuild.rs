@@ -19,9 +19,11 @@
 //! their own depots are fetching or have fetched into an output file are
 //! read back from it, once written, for a block stored as is. So with one
 //! depot lost or slow, the depots send about the file once: its blocks'
-//! share comes from parity instead.
+//! share comes from parity instead — read from the depots with the least
+//! left to send, by the download's own connections there between their
+//! pieces (a connection opened beside them gets a fraction of the link).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ops::Range;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -340,11 +342,8 @@ impl Rebuild {
             // blocks are left to ask.
             while running + waiting.len() < (need - got(&have) + extra) {
                 let Some(b) = network.pop_front() else { break };
-                let (b, w, pool) = (b.clone(), w.clone(), ctx.pool.clone());
-                tasks.spawn(async move {
-                    let r = read_window(&pool, &b.mapping, w).await;
-                    (b, r)
-                });
+                let read = read_window(ctx, &b.mapping, w.clone());
+                tasks.spawn(async move { (b, read.await) });
                 running += 1;
             }
             if got(&have) >= need {
@@ -401,10 +400,11 @@ impl Rebuild {
     /// The blocks of stripe `s` that can help rebuild `target`'s window
     /// `w`: those to read back from the output once the download has
     /// written them (each with its piece there), and those to read from
-    /// their depots, in the order to ask them — data blocks first (their
-    /// bytes are read anyway), then parity, starting with a different
-    /// block for each window, so rebuilds running together read from
-    /// different depots.
+    /// their depots, in the order to ask them — those on depots that are
+    /// dead, stalled or slow last; data blocks first (their bytes are read
+    /// anyway), then parity: from the depots with the fewest pieces left
+    /// to send, and among equals starting with a different block for each
+    /// window, so rebuilds running together read from different depots.
     fn sources(
         &self,
         ctx: &Ctx,
@@ -423,14 +423,29 @@ impl Rebuild {
         let m = self.erasure.scheme.parity.max(1);
         let turn = usize::try_from(s.wrapping_add(w.start / (w.end - w.start).max(1)) % m as u64)
             .unwrap_or(0);
-        candidates.sort_by_key(|b| match b.index.checked_sub(k) {
-            None => b.index,
-            Some(j) => k + (j + m - turn) % m,
+        // Reads other rebuilds asked of a depot are its load too.
+        let asked: HashMap<String, usize> = (candidates.iter())
+            .filter_map(|b| b.mapping.depot())
+            .map(|d| {
+                let n = ctx.urgent_load(&d);
+                (d, n)
+            })
+            .collect();
+        let g = ctx.lock();
+        // Blocks on depots that are dead, stalled or slow last; parity
+        // from the depots with the least left to send, in turn among
+        // equals.
+        let load = |d: String| Some(g.sched.backlog(&d)? + asked.get(&d).copied().unwrap_or(0));
+        candidates.sort_by_key(|b| {
+            let left = (b.mapping.depot()).map_or(Some(0), load);
+            match b.index.checked_sub(k) {
+                None => (left.is_none(), 0, b.index),
+                Some(j) => (left.is_none(), 1 + left.unwrap_or(0), (j + m - turn) % m),
+            }
         });
         let places = (ctx.out.as_ref())
             .and_then(|_| self.places.get(&(s, w.start, w.end)))
             .map_or(&[][..], Vec::as_slice);
-        let g = ctx.lock();
         let mut waiting = Vec::new();
         let mut network = std::collections::VecDeque::new();
         for b in candidates {
@@ -578,17 +593,22 @@ fn key(m: &Mapping) -> String {
 }
 
 /// Bytes `w` of block `m`: what it stores there, the rest (past its
-/// stored bytes) zeros, as the code pads it.
-async fn read_window(
-    pool: &Arc<crate::pool::Pool>,
+/// stored bytes) zeros, as the code pads it; read by the download's own
+/// connections to its depot when it has some ([`Ctx::read_urgent`]).
+fn read_window(
+    ctx: &Ctx,
     m: &Mapping,
     w: Range<u64>,
-) -> Result<Vec<u8>, lors_ibp::Error> {
+) -> impl Future<Output = Result<Vec<u8>, lors_ibp::Error>> + Send + use<> {
     let end = w.end.min(m.alloc_length);
-    if w.start >= end {
-        return Ok(Vec::new());
+    let read = (w.start < end).then(|| {
+        let cap = m.read.as_ref().expect("members are readable");
+        ctx.read_urgent(&cap.address(), cap, m.alloc_offset + w.start, end - w.start)
+    });
+    async move {
+        match read {
+            Some(r) => r.await,
+            None => Ok(Vec::new()),
+        }
     }
-    let cap = m.read.as_ref().expect("members are readable");
-    pool.load(cap, m.alloc_offset + w.start, end - w.start)
-        .await
 }

@@ -43,6 +43,23 @@ pub type PieceId = usize;
 /// A depot, by index into the names given to [`Sched::new`].
 pub type DepotId = usize;
 
+/// Rebuilds reading their row themselves (its pieces not on their way
+/// from the depots) at once: each reads k blocks on links the depots keep
+/// busy.
+const HEAVY_REBUILDS: usize = super::AUTO_CONNECTIONS;
+
+/// A depot with this many pieces still queued may have them rebuilt by an
+/// idle depot's parity (see `Sched::ready_pick`).
+const STEAL_BACKLOG: usize = 2;
+
+/// Queue order of the pieces whose rows a rebuild waits for: before every
+/// other (see `Sched::touch_rows_of`), in file order among themselves.
+const ROWS_FIRST: i64 = i64::MIN / 2;
+
+/// Pending pieces of one replica layout a rebuilder weighs when it picks
+/// the piece whose row is most on its way (bounds the work of a pick).
+const ROW_SCAN: usize = 64;
+
 /// Busy replies (`-66`) one piece takes before its replica counts as failed.
 pub const BUSY_MAX: u32 = 100;
 
@@ -80,6 +97,16 @@ const STRAGGLER_SAMPLES: u32 = 4;
 pub const STREAM_HORIZON: Duration = Duration::from_secs(1);
 /// ... and at least this much, before any rate is known.
 pub const STREAM_MIN_AHEAD: u64 = 2 << 20;
+
+/// What a rebuilder's pick by row readiness decided.
+enum Ready {
+    /// Fetch this piece through this mapping (a hedge if running).
+    Take(PieceId, usize, bool),
+    /// Nothing cheap to take now.
+    Wait,
+    /// Not this rule's to decide: the general pick goes on.
+    Other,
+}
 
 /// How the scheduler hands out work.
 #[derive(Debug, Clone)]
@@ -316,6 +343,9 @@ pub struct Sched {
     /// delivered by their only fetch, and how many were timed.
     secs_per_byte: f64,
     timed: u32,
+    /// Length of the last piece a depot delivered: the unit the evidence
+    /// that a depot is slow is counted in.
+    claimed_len: u64,
     /// Fetches in flight (piece, mapping) nobody needs any more: their
     /// piece moved off a stalled depot, or a twin delivered it first. Their
     /// connections stop at once (see [`Sched::is_cancelled`]): a fetch
@@ -341,7 +371,7 @@ impl Sched {
                 stalled: false,
                 beaten: 0,
                 slow: false,
-                tune: (cfg.conns_per_depot == 0).then(Tune::new),
+                tune: (cfg.conns_per_depot == 0 && !cfg.rebuilders.contains(&d)).then(Tune::new),
                 delivered: None,
                 bytes: 0,
                 running: 0,
@@ -374,6 +404,7 @@ impl Sched {
             scratch: Vec::new(),
             secs_per_byte: 0.0,
             timed: 0,
+            claimed_len: 0,
             cancelled: std::collections::HashSet::new(),
         };
         for seg in plan {
@@ -493,6 +524,23 @@ impl Sched {
                 (s.running_on.iter()).any(|&m| !self.cfg.rebuilders.contains(&self.depot_of[m]))
             }
             St::Done => !(self.lost.iter()).any(|l| l.offset == s.offset),
+        }
+    }
+
+    /// Whether the download has connections to depot `name` that still
+    /// fetch (it is known, not dead, stalled or slow).
+    pub fn serves(&self, name: &str) -> bool {
+        (self.names.iter().position(|n| n == name))
+            .is_some_and(|d| !self.depots[d].dead && !self.is_last_resort(d))
+    }
+
+    /// Pieces depot `name` has queued or in flight (0 for a name it does
+    /// not know); `None` for one that is dead, stalled or slow.
+    pub fn backlog(&self, name: &str) -> Option<usize> {
+        match self.names.iter().position(|n| n == name) {
+            None => Some(0),
+            Some(d) if self.depots[d].dead || self.is_last_resort(d) => None,
+            Some(d) => Some(self.depots[d].queue.len + self.depots[d].running),
         }
     }
 
@@ -766,13 +814,33 @@ impl Sched {
 
     /// The rows of the pieces depot `d` holds queued again: it became (or
     /// stopped being) a last resort.
+    ///
+    /// A depot that became a last resort leaves its pieces to a rebuilder,
+    /// which reads their rows back once the other depots deliver them: the
+    /// others fetch those rows first (in file order), so rebuilds run
+    /// beside their fetches rather than after them, and the rows that need
+    /// no rebuild are what is left at the end.
     fn touch_rows_of(&mut self, d: DepotId) {
         if self.rows.is_empty() {
             return;
         }
+        let boost = !self.reserve_rows && self.is_last_resort(d);
         for i in 0..self.depots[d].holds.len() {
             let p = self.depots[d].holds[i];
-            self.touch_row(self.row(p));
+            let r = self.row(p);
+            if boost && r != NO_ROW && self.pieces[p].st != St::Done {
+                for j in 0..self.rows[r].len() {
+                    let q = self.rows[r][j];
+                    if q != p && self.row_of[q] == r && self.pieces[q].st == St::Pending {
+                        // Out of the queues under its old order.
+                        self.unqueue(q);
+                        let first = ROWS_FIRST + i64::try_from(q).unwrap_or(0);
+                        self.pieces[q].order = self.pieces[q].order.min(first);
+                        self.enqueue(q);
+                    }
+                }
+            }
+            self.touch_row(r);
         }
     }
 
@@ -882,6 +950,11 @@ impl Sched {
             Some(w) => self.written + self.ahead(w, now),
             None => usize::MAX,
         };
+        match self.ready_pick(d, limit) {
+            Ready::Take(p, m, hedge) => return self.rebuild_pick(p, m, hedge, now),
+            Ready::Wait => return Pick::Wait,
+            Ready::Other => {}
+        }
         let last_resort = self.is_last_resort(d);
         let ordered = self.cfg.window.is_some();
         let mut could_later = false;
@@ -962,6 +1035,107 @@ impl Sched {
             Pick::Wait
         } else {
             Pick::Exit
+        }
+    }
+
+    /// A rebuilder's pick when the stripe-mates of a piece are read back
+    /// from the output (rows, not reserved). Among the pieces it may take
+    /// — pending ones only a last resort holds, those running on a slow
+    /// depot alone — the one whose row the depots have most of on its way:
+    /// its rebuild reads little more than parity, and finishes as soon as
+    /// the depots deliver that row. A rebuild whose row is not on its way
+    /// reads it itself, slowly, on links the depots keep busy: no more than
+    /// [`HEAVY_REBUILDS`] of those at once.
+    ///
+    /// Once a depot has nothing left to fetch, its link would idle while
+    /// others still queue: the rebuilder also takes pending pieces of the
+    /// depot with the most left whose row is on its way — one parity read
+    /// in place of the piece, from a depot with less to do (see
+    /// `Rebuild::sources`). Earlier pieces first at equal cost.
+    fn ready_pick(&self, d: DepotId, limit: usize) -> Ready {
+        if self.reserve_rows || self.rows.is_empty() || !self.cfg.rebuilders.contains(&d) {
+            return Ready::Other;
+        }
+        let idle = (self.depots.iter().enumerate())
+            .any(|(e, x)| x.queue.len == 0 && !x.dead && !self.is_last_resort(e));
+        // (pieces of its row to read, most left to its depot, offset)
+        type Rank = (usize, Reverse<u64>, u64);
+        let mut best: Option<(Rank, Ready)> = None;
+        let mut consider = |p: PieceId, m: usize, hedge: bool, backlog: f64, this: &Sched| {
+            // Drain estimates as integers, to order by.
+            let left = Reverse((backlog * 1e9) as u64);
+            let rank = (this.row_wanting(p), left, this.pieces[p].offset);
+            if best.as_ref().is_none_or(|(b, _)| rank < *b) {
+                best = Some((rank, Ready::Take(p, m, hedge)));
+            }
+        };
+        let busy = |e: &DepotId| !self.is_last_resort(*e);
+        for (&k, group) in &self.depots[d].queue.groups {
+            let others = &self.keys[k];
+            let steal = others.iter().any(busy);
+            let backlogged = || {
+                (others.iter().filter(|e| busy(e)))
+                    .all(|&e| self.depots[e].queue.len >= STEAL_BACKLOG)
+            };
+            if others.last() == Some(&RESERVED) || (steal && !(idle && backlogged())) {
+                continue; // as in pick: left to the depots that hold it
+            }
+            let backlog = others.iter().map(|&e| self.drain(e)).fold(0.0, f64::max);
+            for &(_, p) in group.iter().take(ROW_SCAN) {
+                if p < limit && !(steal && self.row_wanting(p) > 0) {
+                    let m = self.usable(p, d).expect("queued pieces are usable");
+                    consider(p, m, false, backlog, self);
+                }
+            }
+        }
+        for &(_, p) in self.running.iter().filter(|_| self.cfg.hedge) {
+            let on = &self.pieces[p].running_on;
+            let on_slow = on.iter().all(|&x| self.depots[self.depot_of[x]].slow);
+            if let Some(m) = self
+                .usable(p, d)
+                .filter(|_| p < limit && on.len() == 1 && on_slow)
+            {
+                consider(p, m, true, f64::INFINITY, self);
+            }
+        }
+        match best {
+            None => Ready::Other,
+            Some(((0, ..), take)) => take,
+            Some((_, take)) if self.depots[d].running < HEAVY_REBUILDS => take,
+            Some(_) => Ready::Wait,
+        }
+    }
+
+    /// The pieces of `p`'s row not on their way to the output from a
+    /// depot: what a rebuild of `p` would read itself.
+    fn row_wanting(&self, p: PieceId) -> usize {
+        let r = self.row(p);
+        if r == NO_ROW {
+            return 0;
+        }
+        (self.rows[r].iter())
+            .filter(|&&q| q != p && self.row_of[q] == r)
+            .filter(|&&q| !self.coming(q, (self.pieces[q].offset, self.pieces[q].len)))
+            .count()
+    }
+
+    /// A rebuilder fetches `p` through `m` (a hedge of a running piece, or
+    /// a pending one), taking its row with it.
+    fn rebuild_pick(&mut self, p: PieceId, m: usize, hedge: bool, now: Instant) -> Pick {
+        if hedge {
+            self.pieces[p].running_on.push(m);
+            self.depots[self.depot_of[m]].running += 1;
+            self.counters.hedged += 1;
+        } else {
+            self.unqueue(p);
+            self.pending -= 1;
+            self.run(p, m, now);
+        }
+        self.take_row(p, m, now);
+        self.touch_row(self.row(p));
+        Pick::Fetch {
+            piece: p,
+            mapping: m,
         }
     }
 
@@ -1235,17 +1409,22 @@ impl Sched {
         self.counters.bytes += len;
         self.depots[d].bytes += len;
         if !self.cfg.rebuilders.is_empty() && !self.cfg.rebuilders.contains(&d) {
-            self.judge_slow(len);
+            self.claimed_len = len;
+            self.judge_slow(len, now);
         }
         true
     }
 
     /// Marks slow each depot with fetches in flight that has delivered
     /// less than a [`SLOW_SHARE`]th of the typical depot, once that is at
-    /// least [`SLOW_EVIDENCE`] pieces of `len`: a link a tenth of the
-    /// others' speed shows within a few pieces, long before any of its
-    /// own pieces straggles long enough to be raced.
-    fn judge_slow(&mut self, len: u64) {
+    /// least [`SLOW_EVIDENCE`] pieces of `len`, and whose oldest piece in
+    /// flight straggles ([`STRAGGLER_FACTOR`] times what pieces of its
+    /// size take here, and [`STRAGGLER_MIN`]): a link a tenth of the others' speed shows within a
+    /// few pieces. Without the straggling, a depot merely unlucky in
+    /// which of its pieces finished first — on a busy machine many take
+    /// about as long, and a depot's first few arrive together — had its
+    /// pieces rebuilt at k reads and a decode each.
+    fn judge_slow(&mut self, len: u64, now: Instant) {
         let typical = self.typical_bytes();
         if typical < len.saturating_mul(SLOW_EVIDENCE) {
             return;
@@ -1255,7 +1434,16 @@ impl Sched {
             if dep.slow || dep.dead || dep.running == 0 || self.cfg.rebuilders.contains(&e) {
                 continue;
             }
-            if dep.bytes.saturating_mul(SLOW_SHARE) < typical {
+            let oldest = (self.running.iter()).find(|&&(_, p)| {
+                (self.pieces[p].running_on.iter()).any(|&m| self.depot_of[m] == e)
+            });
+            let straggles = oldest.is_some_and(|&(since, p)| {
+                let expected =
+                    Duration::from_secs_f64(self.secs_per_byte * self.pieces[p].len as f64);
+                now.saturating_duration_since(since)
+                    >= expected.mul_f64(STRAGGLER_FACTOR).max(STRAGGLER_MIN)
+            });
+            if straggles && dep.bytes.saturating_mul(SLOW_SHARE) < typical {
                 self.depots[e].slow = true;
                 self.events.push(Event::Slow { depot: e });
                 self.touch_rows_of(e);
@@ -1276,8 +1464,14 @@ impl Sched {
     /// Marks as stalled every depot that has delivered nothing for the
     /// stall time while another delivered (or sat idle, able to serve one of
     /// its pieces), and moves its pieces in flight
-    /// that have another live replica back to the queue.
+    /// that have another live replica back to the queue; and, with a
+    /// rebuilder, marks slow a depot whose piece now straggles far behind
+    /// the others' deliveries (see `judge_slow`).
     pub fn check_stalls(&mut self, now: Instant) {
+        // A slow depot's piece straggles between deliveries too.
+        if !self.cfg.rebuilders.is_empty() && self.claimed_len > 0 {
+            self.judge_slow(self.claimed_len, now);
+        }
         if self.cfg.stall.is_zero() {
             return;
         }

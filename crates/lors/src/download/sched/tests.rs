@@ -817,30 +817,39 @@ fn a_mapping_that_ends_early_fails_its_later_pieces_at_once() {
     assert!(matches!(d1, Pick::Fetch { mapping: 1, .. }), "{d1:?}");
 }
 
-/// Two rows of three pieces, as the data blocks of two stripes hold them:
-/// piece p on mapping 2p (depot p % 3) and, rebuilt from parity, on
-/// mapping 2p + 1 (depot 3, a last-resort rebuilder).
-fn rows_of_three() -> Sched {
-    let plan: Vec<Segment> = (0..6)
+/// Pieces of 1 MiB, piece p on mapping 2p on depot `on[p]` and, rebuilt
+/// from parity, on mapping 2p + 1 on depot 3 (a last-resort rebuilder),
+/// in `rows` (`reserve`: see [`Sched::set_rows`]).
+fn rebuildable(on: &[DepotId], rows: Vec<Vec<PieceId>>, reserve: bool) -> Sched {
+    let plan: Vec<Segment> = (0..on.len())
         .map(|p| Segment {
             offset: p as u64 * MIB,
             len: MIB,
             sources: vec![2 * p, 2 * p + 1],
         })
         .collect();
-    let depot_of = (0..12)
-        .map(|m| if m % 2 == 1 { 3 } else { (m / 2) % 3 })
+    let depot_of = (0..2 * on.len())
+        .map(|m| if m % 2 == 1 { 3 } else { on[m / 2] })
         .collect();
     let cfg = Config {
         last_resort: vec![3],
         rebuilders: vec![3],
         split_tail: false,
+        stall: Duration::from_secs(5),
         ..fixed(2)
     };
-    let names = (0..4).map(|d| format!("depot{d}:6714")).collect();
+    let depots = on.iter().copied().max().unwrap_or(0).max(3) + 1;
+    let names = (0..depots).map(|d| format!("depot{d}:6714")).collect();
     let mut s = Sched::new(cfg, names, depot_of, plan, Instant::now());
-    s.set_rows(vec![vec![0, 1, 2], vec![3, 4, 5]], true);
+    s.set_rows(rows, reserve);
     s
+}
+
+/// Two rows of three pieces, as the data blocks of two stripes hold them:
+/// piece p on depot p % 3, rows reserved for the rebuilder.
+fn rows_of_three() -> Sched {
+    let rows = vec![vec![0, 1, 2], vec![3, 4, 5]];
+    rebuildable(&[0, 1, 2, 0, 1, 2], rows, true)
 }
 
 /// Depot 0's first fetch finds it refusing connections.
@@ -934,4 +943,89 @@ fn two_lost_blocks_in_a_row_do_not_wait_for_each_other() {
         }
     }
     assert!(s.finished());
+}
+
+/// Three rows of three pieces, blocks stored as they are (rows not
+/// reserved): row A = pieces 0 (depot 1), 1 and 2 (depot 4); row B = 3 and
+/// 4 (depot 1), 5 (depot 0); row C = 6 and 7 (depot 4), 8 (depot 0). Every
+/// piece can also be rebuilt by depot 3 (mapping 2p + 1).
+fn rows_read_back() -> Sched {
+    let rows = vec![vec![0, 1, 2], vec![3, 4, 5], vec![6, 7, 8]];
+    rebuildable(&[1, 4, 4, 1, 1, 0, 4, 4, 0], rows, false)
+}
+
+fn fetch(s: &mut Sched, d: DepotId, conn: usize, now: Instant) -> (PieceId, usize) {
+    match s.pick(d, conn, false, now) {
+        Pick::Fetch { piece, mapping } => (piece, mapping),
+        other => panic!("depot {d} conn {conn}: {other:?}"),
+    }
+}
+
+#[test]
+fn a_stalled_depots_rows_come_first_and_its_pieces_are_rebuilt_as_their_rows_arrive() {
+    let t0 = Instant::now();
+    let mut s = rows_read_back();
+    // Depot 0 takes its two pieces and sends nothing; depot 4 delivers
+    // all four of its own.
+    assert_eq!(fetch(&mut s, 0, 0, t0).0, 5);
+    assert_eq!(fetch(&mut s, 0, 1, t0).0, 8);
+    for at in [1, 2] {
+        let now = t0 + Duration::from_secs(at);
+        let got = [fetch(&mut s, 4, 0, now), fetch(&mut s, 4, 1, now)];
+        for (p, m) in got {
+            assert!(s.claim(p, m, now + Duration::from_millis(900)));
+        }
+    }
+    let t = t0 + Duration::from_secs(8);
+    s.check_stalls(t);
+    assert!(
+        (s.take_events().iter()).any(|e| matches!(e, Event::Stalled { depot: 0, .. })),
+        "depot 0 is stalled"
+    );
+    // Its pieces wait for the rebuilder, which reads their rows back:
+    // depot 1 fetches row B's pieces before piece 0, earlier in the file.
+    let (first, _) = fetch(&mut s, 1, 0, t);
+    assert_eq!(first, 3, "row B (with a stalled piece) first");
+    // The rebuilder: first what costs a parity read and the row read
+    // back — piece 8 (its row delivered) and, as depot 4 idles while
+    // depot 1 still has two to go, depot 1's piece 0 (its row delivered
+    // too; neither depot has sent anything, so the earlier comes first);
+    // then piece 5, which has to read piece 4 itself.
+    let (a, _) = fetch(&mut s, 3, 0, t);
+    assert!(s.taken_with(a).is_empty(), "nothing of its row to take");
+    let (b, _) = fetch(&mut s, 3, 1, t);
+    assert_eq!((a, b), (0, 8));
+    let (c, _) = fetch(&mut s, 3, 2, t);
+    assert_eq!(c, 5);
+    assert_eq!(
+        s.taken_with(c).iter().map(|&(q, _)| q).collect::<Vec<_>>(),
+        vec![4],
+        "the row's piece not on its way is read with it"
+    );
+}
+
+#[test]
+fn a_stalled_or_slow_depot_has_no_backlog_to_read_parity_from() {
+    let t0 = Instant::now();
+    let mut s = rows_read_back();
+    assert_eq!(s.backlog("depot0:6714"), Some(2));
+    assert_eq!(
+        s.backlog("elsewhere:6714"),
+        Some(0),
+        "not in this download: idle"
+    );
+    assert!(s.serves("depot0:6714"));
+    fetch(&mut s, 0, 0, t0);
+    let (p, m) = fetch(&mut s, 4, 0, t0);
+    assert!(s.claim(p, m, t0 + Duration::from_secs(1)));
+    s.check_stalls(t0 + Duration::from_secs(8));
+    assert_eq!(s.backlog("depot0:6714"), None);
+    assert!(
+        !s.serves("depot0:6714"),
+        "its connections fetch nothing more"
+    );
+    assert!(
+        !s.serves("depot3:6714"),
+        "a rebuilder has no depot connections"
+    );
 }
