@@ -354,6 +354,52 @@ fn route_moves_every_block_and_disseminate_copies_the_data_to_a_site() {
     assert!(ok && std::fs::read(&out).unwrap() == data, "{err}");
 }
 
+/// `lors keep` heals a coded file: one cycle after a depot is lost, every
+/// stripe has its full margin again, on depots holding none of it.
+#[test]
+fn keep_remakes_a_lost_depots_blocks_and_restores_the_margin() {
+    let dir = tempdir();
+    let mut ds = depots(8, dir.path());
+    let data = pattern(4 * 4 * (64 << 10) + 777, 21);
+    let first: Vec<&DepotProc> = ds[..6].iter().collect();
+    let xnd = upload(
+        &first,
+        dir.path(),
+        "f",
+        &data,
+        &["--ec", "4+2", "-b", "64K"],
+    );
+    let x = xnd.to_str().unwrap();
+    ds[2].kill9();
+    assert!(
+        stat(&xnd).contains("every stripe can lose 1 more block"),
+        "{}",
+        stat(&xnd)
+    );
+    let all = list(&ds.iter().collect::<Vec<_>>());
+    let (ok, _, err) = lors(&["keep", "--once", "--depot", &all, x]);
+    assert!(ok, "{err}");
+    let st = stat(&xnd);
+    assert!(st.contains("every stripe can lose 2 more blocks"), "{st}");
+    let y = lors::xnd::load(&xnd).unwrap();
+    for s in 0..5u64 {
+        let mut on: Vec<String> = (y.allocations())
+            .filter(|m| m.shard().is_some_and(|(t, _)| t == s))
+            .filter_map(|m| m.depot())
+            .filter(|d| *d != ds[2].addr)
+            .collect();
+        let n = on.len();
+        on.sort();
+        on.dedup();
+        assert_eq!(on.len(), n, "stripe {s}: two blocks on one depot");
+    }
+    ds[3].kill9();
+    ds[4].kill9();
+    let out = dir.path().join("out");
+    let (ok, err) = download(&xnd, &out);
+    assert!(ok && std::fs::read(&out).unwrap() == data, "{err}");
+}
+
 /// `--ec` from every source, and what cannot work refused up front.
 #[test]
 fn ec_settings_come_from_flags_uri_env_and_xndrc_and_bad_ones_are_refused() {
