@@ -352,12 +352,12 @@ impl Ctx {
         self.wake.notify_waiters();
         async move {
             let Some((mut rx, state)) = queued else {
-                return pool.load(&cap, offset, len).await;
+                return paid_load(&pool, &cap, offset, len).await;
             };
             tokio::select! {
                 r = &mut rx => return match r {
                     Ok(r) => r,
-                    Err(_) => pool.load(&cap, offset, len).await,
+                    Err(_) => paid_load(&pool, &cap, offset, len).await,
                 },
                 () = tokio::time::sleep(URGENT_WAIT) => {}
             }
@@ -365,7 +365,7 @@ impl Ctx {
                 state.compare_exchange(QUEUED, WITHDRAWN, Ordering::AcqRel, Ordering::Acquire);
             match (withdrawn, rx.await) {
                 (Err(_), Ok(r)) => r,
-                _ => pool.load(&cap, offset, len).await,
+                _ => paid_load(&pool, &cap, offset, len).await,
             }
         }
     }
@@ -399,7 +399,7 @@ impl Ctx {
             next
         };
         let Some(u) = next else { return false };
-        let r = self.pool.load(&u.cap, u.offset, u.len).await;
+        let r = paid_load(&self.pool, &u.cap, u.offset, u.len).await;
         let _ = u.tx.send(r);
         let mut q = self.urgent.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(reads) = q.get_mut(name) {
@@ -422,6 +422,18 @@ impl Ctx {
             r.queue.clear();
         }
     }
+}
+
+/// LOAD of `len` bytes at `offset` of `cap`, paid under `--bwlimit` first
+/// as a piece's fetch is.
+async fn paid_load(
+    pool: &Pool,
+    cap: &lors_ibp::Capability,
+    offset: u64,
+    len: u64,
+) -> lors_ibp::Result<Vec<u8>> {
+    pool.throttle(len).await;
+    pool.load(cap, offset, len).await
 }
 
 /// Counts a connection of a depot live while it is held
