@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, exactly as CI runs it (`.ci/run` calls this):
-# format, lints, unit + integration tests, size rules, a build with the
-# declared minimum Rust, docs, benchmark build, fuzz smoke.
+# format, lints, unit + integration tests, the Python package's tests, size
+# rules, a build with the declared minimum Rust, docs, benchmark build, fuzz
+# smoke.
 # Installs what it needs on a fresh machine (cargo-fuzz; PostgreSQL and
 # Chromium from Debian's packages, via scripts/services.sh, which also starts
 # a throwaway PostgreSQL for the L-Bone store tests). Env: FUZZ_SECONDS (default 20
@@ -33,6 +34,15 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 
 step "cargo test"
 cargo test --workspace --locked
+
+step "Python package: pip install ./python, pytest against real depots"
+# A venv of its own under target/ (what CI starts without); the wheel is
+# built by maturin from PyPI, in release, as a user's `pip install` builds it.
+if [ ! -x target/py-venv/bin/python ]; then
+    python3 -m venv target/py-venv
+fi
+target/py-venv/bin/pip install --quiet --disable-pip-version-check "./python[test]"
+LORS_BIN="$PWD/target/debug/lors" target/py-venv/bin/python -m pytest -q python/tests
 
 step "size rules (scripts/sizes.py)"
 python3 scripts/sizes.py

@@ -513,34 +513,9 @@ pub fn largest_allocation(x: &ExNode) -> u64 {
     x.mappings.iter().map(|m| m.alloc_length).max().unwrap_or(0)
 }
 
-/// A `--depot` value: `HOST:PORT`, or a bare `HOST` (an IPv6 address with
-/// or without brackets) on the IBP port 6714.
+/// A `--depot` value: see [`lors::directory::depot_address`].
 pub fn depot_arg(s: &str) -> Result<String, String> {
-    let s = s.trim();
-    let bad = || format!("{s:?}: give HOST or HOST:PORT (IPv6 as [ADDR]:PORT)");
-    let with_port = |host: &str, port: &str| -> Result<String, String> {
-        let port: u16 = port.parse().map_err(|_| bad())?;
-        (!host.is_empty() && port != 0)
-            .then(|| format!("{host}:{port}"))
-            .ok_or_else(bad)
-    };
-    let default = lors_ibp::DEFAULT_DEPOT_PORT.to_string();
-    if let Some(rest) = s.strip_prefix('[') {
-        let (addr, after) = rest.split_once(']').ok_or_else(bad)?;
-        let port = match after {
-            "" => default.as_str(),
-            p => p.strip_prefix(':').ok_or_else(bad)?,
-        };
-        return with_port(&format!("[{addr}]"), port);
-    }
-    match s.matches(':').count() {
-        0 => with_port(s, &default),
-        1 => {
-            let (host, port) = s.split_once(':').ok_or_else(bad)?;
-            with_port(host, port)
-        }
-        _ => with_port(&format!("[{s}]"), &default), // a bare IPv6 address
-    }
+    lors::directory::depot_address(s)
 }
 
 /// A secret token from the first line of `path`, for options that keep

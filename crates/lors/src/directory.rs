@@ -206,6 +206,44 @@ pub async fn report_rates(dir: Option<&Directory>, per_depot: &[(String, u64)], 
     }
 }
 
+/// A depot as a user names it (`--depot`, `depots=` of the Python
+/// package): `HOST:PORT`, or a bare `HOST` (an IPv6 address with or without
+/// brackets) on the IBP port 6714; `host:port` as the tools use it.
+///
+/// ```
+/// use lors::directory::depot_address;
+/// assert_eq!(depot_address("d1").unwrap(), "d1:6714");
+/// assert_eq!(depot_address("::1").unwrap(), "[::1]:6714");
+/// assert!(depot_address("d1:0").is_err());
+/// ```
+pub fn depot_address(s: &str) -> Result<String, String> {
+    let s = s.trim();
+    let bad = || format!("{s:?}: give HOST or HOST:PORT (IPv6 as [ADDR]:PORT)");
+    let with_port = |host: &str, port: &str| -> Result<String, String> {
+        let port: u16 = port.parse().map_err(|_| bad())?;
+        (!host.is_empty() && port != 0)
+            .then(|| format!("{host}:{port}"))
+            .ok_or_else(bad)
+    };
+    let default = lors_ibp::DEFAULT_DEPOT_PORT.to_string();
+    if let Some(rest) = s.strip_prefix('[') {
+        let (addr, after) = rest.split_once(']').ok_or_else(bad)?;
+        let port = match after {
+            "" => default.as_str(),
+            p => p.strip_prefix(':').ok_or_else(bad)?,
+        };
+        return with_port(&format!("[{addr}]"), port);
+    }
+    match s.matches(':').count() {
+        0 => with_port(s, &default),
+        1 => {
+            let (host, port) = s.split_once(':').ok_or_else(bad)?;
+            with_port(host, port)
+        }
+        _ => with_port(&format!("[{s}]"), &default), // a bare IPv6 address
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -16,6 +16,8 @@ pub struct Cause {
     pub text: String,
     /// The depot's status, if it answered with one.
     pub code: Option<StatusCode>,
+    /// The depot (`host:port`) the failure was on, when one was.
+    pub depot: Option<String>,
 }
 
 impl Cause {
@@ -24,6 +26,7 @@ impl Cause {
         Cause {
             text: text.into(),
             code: None,
+            depot: None,
         }
     }
 }
@@ -33,6 +36,7 @@ impl From<&lors_ibp::Error> for Cause {
         Cause {
             text: e.to_string(),
             code: e.status(),
+            depot: None,
         }
     }
 }
@@ -203,6 +207,34 @@ impl Error {
             | Error::Unreadable { last, .. }
             | Error::StripesLost { last, .. } => last.code,
             Error::Abandoned { cause, .. } => cause.status(),
+            _ => None,
+        }
+    }
+
+    /// The depot behind this error, when one failure on one depot is.
+    pub fn depot(&self) -> Option<&str> {
+        match self {
+            Error::Store { last, .. }
+            | Error::Unreadable { last, .. }
+            | Error::StripesLost { last, .. } => last.depot.as_deref(),
+            Error::Abandoned { cause, .. } => cause.depot(),
+            _ => None,
+        }
+    }
+
+    /// The bytes of the file this error is about, when it names them.
+    pub fn range(&self) -> Option<std::ops::Range<u64>> {
+        match self {
+            Error::Unreadable { offset, end, .. } | Error::LastReplica { offset, end } => {
+                Some(*offset..*end)
+            }
+            Error::StripesLost { stripes, .. } => {
+                let start = stripes.iter().map(|(_, r)| r.start).min()?;
+                let end = stripes.iter().map(|(_, r)| r.end).max()?;
+                Some(start..end)
+            }
+            Error::StripeBelowNeed { bytes, .. } => Some(bytes.clone()),
+            Error::Abandoned { cause, .. } => cause.range(),
             _ => None,
         }
     }

@@ -1244,9 +1244,13 @@ impl Sched {
     /// moves on to other replicas at once. A piece with no replica left is
     /// lost.
     pub fn failed(&mut self, p: PieceId, m: usize, why: impl Into<Cause>, unreachable: bool) {
-        let why = &why.into();
-        self.counters.retries += 1;
         let d = self.depot_of[m];
+        let mut why = why.into();
+        if why.depot.is_none() {
+            why.depot = Some(self.names[d].clone());
+        }
+        let why = &why;
+        self.counters.retries += 1;
         self.stop_running(p, m);
         let newly_dead = unreachable && !self.depots[d].dead;
         if newly_dead {

@@ -25,7 +25,10 @@ use crate::pool::Pool;
 use crate::progress::{Event, Progress};
 use crate::stall::{Kind, Watcher};
 
+mod e2e;
 mod stripes;
+
+pub use e2e::E2e;
 
 /// Upload settings.
 #[derive(Debug, Clone)]
@@ -391,11 +394,13 @@ impl Uploader {
                 }
                 Err(e) if e.is_busy() => {
                     last = Cause::from(&e);
+                    last.depot = Some(addr);
                     self.lock().release(i);
                     busy.push(i);
                 }
                 Err(e) => {
                     last = Cause::from(&e);
+                    last.depot = Some(addr);
                     self.fail(i, &e);
                 }
             }

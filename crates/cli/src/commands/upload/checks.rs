@@ -3,58 +3,22 @@
 
 use anyhow::Context as _;
 use lors::xndrc::Xndrc;
-use lors_exnode::functions::{Chain, Codec, LegacyChain, LegacyKind, Step};
+use lors_exnode::functions::Codec;
 
 use super::Args;
 use crate::UsageError;
 
 /// The end-to-end encoding the flags ask for.
 pub(super) fn chain(a: &Args, rc: &Xndrc) -> anyhow::Result<Option<Codec>> {
-    if a.no_e2e {
-        return Ok(None);
-    }
-    let block_size = a.e2e_block_size.or(rc.e2e_block_size).unwrap_or(1 << 20);
-    if block_size == 0 || block_size > lors_exnode::functions::MAX_E2E_BLOCK {
-        return Err(UsageError("-E must be between 1 byte and 256 MiB".into()).into());
-    }
-    if a.zlib {
-        let mut kinds = vec![LegacyKind::Zlib];
-        match a.checksum.as_deref() {
-            None | Some("md5") => kinds.push(LegacyKind::Checksum),
-            Some("none") => {}
-            Some(_) => {
-                return Err(UsageError(
-                    "--zlib writes the LoRS format with the 64-bit LoRS MD5: use -k md5 or -k none"
-                        .into(),
-                )
-                .into());
-            }
-        }
-        return Ok(Some(Codec::Legacy(LegacyChain::new(block_size, kinds))));
-    }
-    let mut steps = Vec::new();
-    if a.compress {
-        steps.push(Step::Zstd { level: 3 });
-    }
-    match a.encrypt.as_deref() {
-        Some("aes") => steps.push(Step::Aes256Gcm {
-            key: Step::random_key()?,
-        }),
-        Some(_) => steps.push(Step::ChaCha20Poly1305 {
-            key: Step::random_key()?,
-        }),
-        None => {}
-    }
-    match a.checksum.as_deref() {
-        None | Some("blake3") => steps.push(Step::Blake3),
-        Some("md5") => steps.push(Step::Md5),
-        Some("md5-rfc1321") => steps.push(Step::Md5Rfc1321),
-        _ => {}
-    }
-    if steps.is_empty() {
-        return Ok(None);
-    }
-    Ok(Some(Codec::Native(Chain { block_size, steps })))
+    let e2e = lors::upload::E2e {
+        none: a.no_e2e,
+        checksum: a.checksum.clone(),
+        compress: a.compress,
+        zlib: a.zlib,
+        encrypt: a.encrypt.clone(),
+        block_size: a.e2e_block_size,
+    };
+    e2e.codec(rc).map_err(|e| UsageError(e).into())
 }
 
 /// Refuses, before anything is stored, an output that would overwrite an

@@ -1,0 +1,577 @@
+//! `lors.upload`, `lors.download`, `lors.augment`, `lors.trim`,
+//! `lors.refresh`, and the range reads the fsspec filesystem is built on.
+
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use lors::download::{DownloadOptions, Output};
+use lors::leftover;
+use lors::manage::{CopyOptions, Selection};
+use lors::settings::Settings;
+use lors::upload::{Control, E2e, UploadOptions};
+use lors_exnode::ExNode;
+use pyo3::exceptions::{PyFileExistsError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+
+use crate::errors::{from_lors, from_xnd};
+use crate::exnode::{PathOrStr, PyExNode, Target};
+use crate::run::{Stop, Stopped, Watch, block_on, pool};
+use crate::settings::{Opts, duration, exnode_ref, size};
+
+/// Stores the file at `path` on depots and returns its exNode, also saved
+/// to `output` when given.
+#[pyfunction]
+#[pyo3(signature = (path, output = None, *, depots = None, lbone = None, location = None,
+    copies = None, ec = None, block_size = None, duration = None, threads = None,
+    timeout = None, checksum = None, compress = false, encrypt = None, force = false,
+    bwlimit = None, progress = None))]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn upload(
+    py: Python<'_>,
+    path: PathOrStr,
+    output: Option<PathOrStr>,
+    depots: Option<Bound<'_, PyAny>>,
+    lbone: Option<String>,
+    location: Option<String>,
+    copies: Option<usize>,
+    ec: Option<String>,
+    block_size: Option<Bound<'_, PyAny>>,
+    duration: Option<Bound<'_, PyAny>>,
+    threads: Option<usize>,
+    timeout: Option<Bound<'_, PyAny>>,
+    checksum: Option<String>,
+    compress: bool,
+    encrypt: Option<String>,
+    force: bool,
+    bwlimit: Option<Bound<'_, PyAny>>,
+    progress: Option<Bound<'_, PyAny>>,
+) -> PyResult<PyExNode> {
+    let opts = Opts {
+        depots: crate::settings::depots(depots.as_ref())?,
+        lbone,
+        location,
+        copies,
+        ec,
+        block_size: size("block_size", block_size.as_ref())?,
+        threads,
+        duration: crate::settings::duration("duration", duration.as_ref())?,
+        timeout: crate::settings::duration("timeout", timeout.as_ref())?,
+    };
+    let uri = output.map(|o| exnode_ref(&o.0)).transpose()?;
+    let out = uri.as_ref().map(|u| u.path.clone());
+    if let Some(o) = &out {
+        refuse_overwrite(o, force)?;
+    }
+    let s = opts.settings(uri.as_ref())?;
+    let e2e = E2e {
+        checksum,
+        compress,
+        encrypt,
+        ..E2e::default()
+    };
+    let up = placed(py, &opts, &s, &path.0, &e2e)?;
+    let (file, identity) = input(&path.0, &up)?;
+    let left = Leftovers {
+        pool: pool(&s, size("bwlimit", bwlimit.as_ref())?),
+        partial: out.as_deref().map(leftover::record_path),
+        identity,
+    };
+    let done = match &left.partial {
+        Some(p) => leftover::resumable(p, &left.identity)
+            .map_err(|e| PyValueError::new_err(crate::errors::chain(&e)))?,
+        None => Vec::new(),
+    };
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    let control = Control {
+        stop: Some(rx),
+        done,
+    };
+    let mut watch = Watch::new(progress);
+    let (tally, p2) = (watch.tally.clone(), left.pool.clone());
+    let run = async move { lors::upload::upload_file_with(file, &up, p2, tally, control).await };
+    let x = left.outcome(py, block_on(py, run, &mut watch, Stop::Signal(tx)))?;
+    if let Some(o) = &out {
+        if let Err(e) = lors::xnd::save(o, &x) {
+            // Without its exNode nobody can reach the data: free it now.
+            let (all, pool) = (x.allocations().cloned().collect(), left.pool);
+            let _ = crate::run::wait(py, async move { pool.release_all(all).await });
+            return Err(from_xnd(py, &e));
+        }
+        if let Some(p) = &left.partial {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+    Ok(PyExNode::new(x, out))
+}
+
+/// Refuses to replace an exNode (it may hold the only capabilities to its
+/// data) unless `force`.
+fn refuse_overwrite(out: &Path, force: bool) -> PyResult<()> {
+    if force || std::fs::symlink_metadata(out).is_err() {
+        return Ok(());
+    }
+    Err(PyFileExistsError::new_err(format!(
+        "{} already exists and may hold the only capabilities to its data: choose another output, or pass force=True to replace it",
+        out.display()
+    )))
+}
+
+/// The upload's options, its depots found as the settings say.
+fn placed(
+    py: Python<'_>,
+    opts: &Opts,
+    s: &Settings,
+    path: &str,
+    e2e: &E2e,
+) -> PyResult<UploadOptions> {
+    let block_size = s.block_size.unwrap_or(10 << 20);
+    let copies = s.copies.unwrap_or(3);
+    let spread = s.erasure.map_or(copies, |e| e.blocks());
+    // Room for the e2e overhead on top of the block.
+    let room = block_size + block_size / 64 + (64 << 10);
+    let found = opts.find(py, s, spread, room, Vec::new())?;
+    Ok(UploadOptions {
+        depots: found.depots,
+        block_size,
+        copies,
+        threads: s.threads.unwrap_or(8),
+        duration: s.duration,
+        reliability: s.reliability,
+        filename: Path::new(path)
+            .file_name()
+            .map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
+        e2e: e2e.codec(&s.rc).map_err(PyValueError::new_err)?,
+        erasure: s.erasure,
+    })
+}
+
+/// The file to upload, and what identifies this upload of it in a record
+/// an interrupted run leaves.
+fn input(path: &str, up: &UploadOptions) -> PyResult<(std::fs::File, String)> {
+    let file = std::fs::File::open(path)
+        .map_err(|e| PyErr::from(std::io::Error::new(e.kind(), format!("{path}: {e}"))))?;
+    let meta = file.metadata()?;
+    if !meta.is_file() {
+        return Err(PyValueError::new_err(format!(
+            "{path}: not a regular file (write a stream with lors.open(xnd, \"wb\"))"
+        )));
+    }
+    let identity = leftover::identity(&meta, up.block_size, up.copies, up.e2e.is_some());
+    Ok((file, identity))
+}
+
+/// What an upload that does not finish leaves behind, and where.
+struct Leftovers {
+    pool: Arc<lors::Pool>,
+    /// `OUTPUT.partial`, when there is an output.
+    partial: Option<PathBuf>,
+    identity: String,
+}
+
+impl Leftovers {
+    /// The exNode of a finished upload, or the error of one that did not,
+    /// with a note saying what it left.
+    fn outcome(
+        &self,
+        py: Python<'_>,
+        r: Result<
+            lors::Result<lors::upload::Uploaded>,
+            Stopped<lors::Result<lors::upload::Uploaded>>,
+        >,
+    ) -> PyResult<ExNode> {
+        let none = ExNode::default();
+        let (err, stored, stranded) = match r {
+            Ok(Ok(up)) => {
+                if !up.unreleased.mappings.is_empty() {
+                    self.leave(py, &none, &up.unreleased);
+                }
+                return Ok(up.exnode);
+            }
+            Err(Stopped { err, result }) => match result {
+                Some(Err(lors::Error::Interrupted {
+                    stored, stranded, ..
+                })) => (err, *stored, stranded),
+                _ => return Err(err),
+            },
+            Ok(Err(lors::Error::Abandoned {
+                cause, stranded, ..
+            })) => (from_lors(py, &cause), ExNode::default(), stranded),
+            Ok(Err(e)) => return Err(from_lors(py, &e)),
+        };
+        if !stored.mappings.is_empty() || !stranded.mappings.is_empty() {
+            let note = self.leave(py, &stored, &stranded);
+            let _ = err.value(py).call_method1("add_note", (note,));
+        }
+        Err(err)
+    }
+
+    /// Records `stored` and `stranded` in the partial record (with the
+    /// identity, so the same call resumes from it) when there is an
+    /// output, else releases them. Returns the sentence saying which.
+    fn leave(&self, py: Python<'_>, stored: &ExNode, stranded: &ExNode) -> String {
+        let blocks = stored.mappings.len();
+        if let Some(p) = &self.partial {
+            let rec = leftover::record(
+                stored,
+                stranded,
+                (blocks > 0).then_some(self.identity.as_str()),
+            );
+            if lors::xnd::save(p, &rec).is_ok() {
+                return format!(
+                    "lors: what was stored is recorded in {}: the same lors.upload call resumes from it",
+                    p.display()
+                );
+            }
+        }
+        let all: Vec<_> = (stored.mappings.iter())
+            .chain(&stranded.mappings)
+            .cloned()
+            .collect();
+        let n = all.len();
+        let pool = self.pool.clone();
+        let kept =
+            crate::run::wait(py, async move { pool.release_all(all).await }).map_or(n, |k| k.len());
+        format!(
+            "lors: {} of the {n} allocations made were released; the rest expire with their lease",
+            n - kept
+        )
+    }
+}
+
+/// Downloads the exNode's file (or `length` bytes of it from `offset`) to
+/// `path`; returns the bytes written. An interrupted download resumes.
+#[pyfunction]
+#[pyo3(signature = (exnode, path, *, offset = 0, length = None, connections = None,
+    timeout = None, bwlimit = None, progress = None))]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn download(
+    py: Python<'_>,
+    exnode: Bound<'_, PyAny>,
+    path: PathOrStr,
+    offset: u64,
+    length: Option<u64>,
+    connections: Option<usize>,
+    timeout: Option<Bound<'_, PyAny>>,
+    bwlimit: Option<Bound<'_, PyAny>>,
+    progress: Option<Bound<'_, PyAny>>,
+) -> PyResult<u64> {
+    let t = Target::of(py, &exnode)?;
+    let opts = Opts {
+        timeout: duration("timeout", timeout.as_ref())?,
+        ..Opts::default()
+    };
+    let s = opts.settings(t.uri.as_ref())?;
+    let d = DownloadOptions {
+        offset,
+        length,
+        conns_per_depot: connections.unwrap_or(0),
+        resume: true,
+        ..DownloadOptions::default()
+    };
+    let pool = pool(&s, size("bwlimit", bwlimit.as_ref())?);
+    let mut watch = Watch::new(progress);
+    let tally = watch.tally.clone();
+    let out = Output::File(PathBuf::from(path.0));
+    let run = async move { lors::download::download(&t.x, out, &d, pool, tally).await };
+    match block_on(py, run, &mut watch, Stop::Abort) {
+        Ok(Ok(stats)) => Ok(stats.bytes + stats.resumed_bytes),
+        Ok(Err(e)) => Err(from_lors(py, &e)),
+        Err(s) => Err(s.err),
+    }
+}
+
+/// Collects a stream download in memory.
+#[derive(Clone, Default)]
+struct Collect(Arc<Mutex<Vec<u8>>>);
+
+impl tokio::io::AsyncWrite for Collect {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+        b: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend_from_slice(b);
+        Poll::Ready(Ok(b.len()))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}
+
+/// The bytes `start..end` of `x` (clipped to the file), in memory.
+async fn fetch(
+    x: Arc<ExNode>,
+    start: u64,
+    end: u64,
+    pool: Arc<lors::Pool>,
+) -> lors::Result<Vec<u8>> {
+    let size = x.logical_size();
+    let (start, end) = (start.min(size), end.min(size));
+    if start >= end {
+        return Ok(Vec::new());
+    }
+    let len = end - start;
+    // The download takes its own copy of the exNode: of a replicated file,
+    // only the mappings the range touches (a 64 KiB read of a terabyte
+    // file would copy every capability otherwise). An erasure-coded file
+    // keeps its whole stripes for rebuilds.
+    let x = if x.parity.is_empty() {
+        Arc::new(ExNode {
+            metadata: x.metadata.clone(),
+            mappings: (x.mappings.iter())
+                .filter(|m| m.exnode_offset < end && m.logical_end() > start)
+                .cloned()
+                .collect(),
+            parity: Vec::new(),
+        })
+    } else {
+        x
+    };
+    let sink = Collect::default();
+    let d = DownloadOptions {
+        offset: start,
+        length: Some(len),
+        // A small range is a piece or two: more connections only wait.
+        conns_per_depot: if len <= 4 << 20 { 2 } else { 0 },
+        ..DownloadOptions::default()
+    };
+    let out = Output::Stream {
+        writer: Box::new(sink.clone()),
+        name: "memory".into(),
+    };
+    lors::download::download(&x, out, &d, pool, Arc::new(lors::NoProgress)).await?;
+    let bytes = std::mem::take(&mut *sink.0.lock().unwrap_or_else(|p| p.into_inner()));
+    Ok(bytes)
+}
+
+/// The bytes `start..end` of the file (clipped to its size).
+#[pyfunction]
+#[pyo3(signature = (exnode, start, end, *, timeout = None))]
+pub(crate) fn read_range<'py>(
+    py: Python<'py>,
+    exnode: Bound<'py, PyAny>,
+    start: u64,
+    end: u64,
+    timeout: Option<Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let t = Target::of(py, &exnode)?;
+    let s = Opts {
+        timeout: duration("timeout", timeout.as_ref())?,
+        ..Opts::default()
+    }
+    .settings(t.uri.as_ref())?;
+    let pool = pool(&s, None);
+    match crate::run::wait(py, fetch(t.x, start, end, pool))? {
+        Ok(b) => Ok(PyBytes::new(py, &b)),
+        Err(e) => Err(from_lors(py, &e)),
+    }
+}
+
+/// Several ranges of the file at once, `concurrency` in flight: a list of
+/// `bytes` in the order of `ranges` (`(start, end)` pairs).
+#[pyfunction]
+#[pyo3(signature = (exnode, ranges, *, concurrency = 32, timeout = None))]
+pub(crate) fn read_ranges<'py>(
+    py: Python<'py>,
+    exnode: Bound<'py, PyAny>,
+    ranges: Vec<(u64, u64)>,
+    concurrency: usize,
+    timeout: Option<Bound<'py, PyAny>>,
+) -> PyResult<Vec<Bound<'py, PyBytes>>> {
+    let t = Target::of(py, &exnode)?;
+    let s = Opts {
+        timeout: duration("timeout", timeout.as_ref())?,
+        ..Opts::default()
+    }
+    .settings(t.uri.as_ref())?;
+    let pool = pool(&s, None);
+    let gate = Arc::new(tokio::sync::Semaphore::new(concurrency.clamp(1, 1024)));
+    let x = t.x;
+    let all = async move {
+        let mut set = tokio::task::JoinSet::new();
+        for (i, (a, b)) in ranges.into_iter().enumerate() {
+            let (x, pool, gate) = (x.clone(), pool.clone(), gate.clone());
+            set.spawn(async move {
+                let _turn = gate.acquire_owned().await;
+                (i, fetch(x, a, b, pool).await)
+            });
+        }
+        let mut out: Vec<Option<Vec<u8>>> = vec![None; set.len()];
+        while let Some(j) = set.join_next().await {
+            let Ok((i, r)) = j else { continue };
+            out[i] = Some(r?);
+        }
+        Ok::<_, lors::Error>(
+            out.into_iter()
+                .map(Option::unwrap_or_default)
+                .collect::<Vec<_>>(),
+        )
+    };
+    match crate::run::wait(py, all)? {
+        Ok(v) => Ok(v.iter().map(|b| PyBytes::new(py, b)).collect()),
+        Err(e) => Err(from_lors(py, &e)),
+    }
+}
+
+/// Where a changed exNode goes: `output`, else the file it came from.
+fn save_to(py: Python<'_>, t: &Target, output: Option<PathOrStr>, x: ExNode) -> PyResult<PyExNode> {
+    let path = match output {
+        Some(o) => Some(exnode_ref(&o.0)?.path),
+        None => t.path.clone(),
+    };
+    if let Some(p) = &path {
+        lors::xnd::save(p, &x).map_err(|e| from_xnd(py, &e))?;
+    }
+    Ok(PyExNode::new(x, path))
+}
+
+/// Adds `copies` more copies of every block, depot to depot; the exNode
+/// is saved to `output`, else back to the file it came from.
+#[pyfunction]
+#[pyo3(signature = (exnode, copies = 1, *, output = None, depots = None, lbone = None,
+    location = None, duration = None, timeout = None, progress = None))]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn augment(
+    py: Python<'_>,
+    exnode: Bound<'_, PyAny>,
+    copies: usize,
+    output: Option<PathOrStr>,
+    depots: Option<Bound<'_, PyAny>>,
+    lbone: Option<String>,
+    location: Option<String>,
+    duration: Option<Bound<'_, PyAny>>,
+    timeout: Option<Bound<'_, PyAny>>,
+    progress: Option<Bound<'_, PyAny>>,
+) -> PyResult<PyExNode> {
+    let t = Target::of(py, &exnode)?;
+    if copies == 0 {
+        return Err(PyValueError::new_err(
+            "copies=0 adds nothing: give at least 1",
+        ));
+    }
+    let opts = Opts {
+        depots: crate::settings::depots(depots.as_ref())?,
+        lbone,
+        location,
+        duration: crate::settings::duration("duration", duration.as_ref())?,
+        timeout: crate::settings::duration("timeout", timeout.as_ref())?,
+        ..Opts::default()
+    };
+    let s = opts.settings(t.uri.as_ref())?;
+    let biggest =
+        t.x.mappings
+            .iter()
+            .map(|m| m.alloc_length)
+            .max()
+            .unwrap_or(0);
+    let held = lors::leftover::depots(&t.x);
+    let found = opts.find(py, &s, copies + held.len(), biggest, Vec::new())?;
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    let copy = CopyOptions {
+        duration: s.duration,
+        reliability: s.reliability,
+        stop: Some(rx),
+    };
+    let pool = pool(&s, None);
+    let mut watch = Watch::new(progress);
+    let tally = watch.tally.clone();
+    let x = t.x.clone();
+    let run = async move {
+        lors::manage::augment(&x, &found.depots, copies, &copy, &pool, tally.as_ref()).await
+    };
+    match block_on(py, run, &mut watch, Stop::Signal(tx)) {
+        Ok(Ok(x)) => save_to(py, &t, output, x),
+        Ok(Err(e)) => Err(from_lors(py, &e)),
+        Err(s) => Err(s.err),
+    }
+}
+
+/// Removes (and by default frees) the allocations on `depots`, or those
+/// numbered `mappings`; refuses to drop a block's last copy (or a stripe
+/// below k) unless `allow_holes`. Saved to `output`, else back in place.
+#[pyfunction]
+#[pyo3(signature = (exnode, *, depots = None, mappings = None, release = true,
+    allow_holes = false, output = None, timeout = None))]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn trim(
+    py: Python<'_>,
+    exnode: Bound<'_, PyAny>,
+    depots: Option<Bound<'_, PyAny>>,
+    mappings: Option<Vec<usize>>,
+    release: bool,
+    allow_holes: bool,
+    output: Option<PathOrStr>,
+    timeout: Option<Bound<'_, PyAny>>,
+) -> PyResult<PyExNode> {
+    let t = Target::of(py, &exnode)?;
+    let on = crate::settings::depots(depots.as_ref())?;
+    let sel = match (on.is_empty(), mappings) {
+        (false, None) => Selection::Depots(on),
+        (true, Some(m)) => Selection::Indices(m),
+        _ => {
+            return Err(PyValueError::new_err(
+                "say what to trim: depots=[…] or mappings=[…] (one of them)",
+            ));
+        }
+    };
+    let s = Opts {
+        timeout: duration("timeout", timeout.as_ref())?,
+        ..Opts::default()
+    }
+    .settings(t.uri.as_ref())?;
+    let pool = pool(&s, None);
+    let x = t.x.clone();
+    let run = async move {
+        lors::manage::trim(&x, &sel, release, allow_holes, &pool, &lors::NoProgress).await
+    };
+    match crate::run::wait(py, run)? {
+        Ok(trimmed) => save_to(py, &t, output, trimmed.exnode),
+        Err(e) => Err(from_lors(py, &e)),
+    }
+}
+
+/// One allocation's refresh: its number, its new seconds left, or why not.
+type Renewed = (usize, Option<i64>, Option<String>);
+
+/// Extends every allocation's lease to `duration` from now (the settings'
+/// duration when not given); returns each allocation's new seconds left,
+/// or the error that kept it from being extended.
+#[pyfunction]
+#[pyo3(signature = (exnode, duration = None, *, timeout = None))]
+pub(crate) fn refresh(
+    py: Python<'_>,
+    exnode: Bound<'_, PyAny>,
+    duration: Option<Bound<'_, PyAny>>,
+    timeout: Option<Bound<'_, PyAny>>,
+) -> PyResult<Vec<Renewed>> {
+    let t = Target::of(py, &exnode)?;
+    let opts = Opts {
+        duration: crate::settings::duration("duration", duration.as_ref())?,
+        timeout: crate::settings::duration("timeout", timeout.as_ref())?,
+        ..Opts::default()
+    };
+    let s = opts.settings(t.uri.as_ref())?;
+    let lease = lors::manage::Lease::To(s.duration);
+    let pool = pool(&s, None);
+    let x = t.x.clone();
+    let run = async move { lors::manage::refresh(&x, lease, &pool, &lors::NoProgress).await };
+    let outcomes = crate::run::wait(py, run)?;
+    Ok(outcomes
+        .into_iter()
+        .map(|(i, r)| match r {
+            Ok(secs) => (i, Some(secs), None),
+            Err(c) => (i, None, Some(c.text)),
+        })
+        .collect())
+}
