@@ -35,9 +35,12 @@ _need=()
 command -v fusermount3 >/dev/null 2>&1 || _need+=(fuse3)
 command -v sqlite3 >/dev/null 2>&1 || _need+=(sqlite3)
 command -v rsync >/dev/null 2>&1 || _need+=(rsync)
+# The mount served by unmodified servers: Debian's nginx, fetched with curl.
+command -v nginx >/dev/null 2>&1 || _need+=(nginx)
+command -v curl >/dev/null 2>&1 || _need+=(curl)
 command -v gcc >/dev/null 2>&1 || _need+=(gcc libc6-dev)
 if [ "${#_need[@]}" -gt 0 ]; then
-    echo "installing ${_need[*]} (xio: FUSE mount, C test program)"
+    echo "installing ${_need[*]} (xio: FUSE mount, the servers on it, C test program)"
     _apt_install "${_need[@]}"
 fi
 if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then

@@ -151,12 +151,52 @@ pub struct Resource {
     db: MetaDb,
     data_dir: PathBuf,
     tmp_dir: PathBuf,
+    /// Data phases (STORE, WRITE, LOAD, copies) on its allocations now:
+    /// new allocations go where the disk is least busy, so a depot's
+    /// throughput grows with its disks.
+    active: std::sync::atomic::AtomicUsize,
+}
+
+/// A data phase on a resource, counted while it lives.
+pub struct Busy(Arc<Resource>);
+
+impl std::fmt::Debug for Busy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Busy").field(&self.0.rid()).finish()
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0
+            .active
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 impl Resource {
     /// Resource id.
     pub fn rid(&self) -> &str {
         &self.cfg.rid
+    }
+
+    /// Counts a data phase on this resource until the guard is dropped.
+    pub fn busy(self: &Arc<Self>) -> Busy {
+        self.active
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Busy(self.clone())
+    }
+
+    /// Data phases on this resource now.
+    pub fn active(&self) -> usize {
+        self.active.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Bytes the file system under the resource can still take, as an
+    /// unprivileged writer sees it; `None` when it cannot tell.
+    fn disk_free(&self) -> Option<u64> {
+        let v = rustix::fs::statvfs(&self.data_dir).ok()?;
+        Some(v.f_bavail.saturating_mul(v.f_frsize))
     }
     fn hard_limit(&self) -> u64 {
         self.cfg.hard_size.map_or(self.cfg.size.0, |s| s.0)
@@ -729,6 +769,7 @@ impl Store {
                 db,
                 data_dir,
                 tmp_dir,
+                active: Default::default(),
             });
             let (records, bad) = res.db.load_all()?;
             let mut reclaim = Vec::new();
@@ -1039,8 +1080,13 @@ impl Store {
     }
 
     /// The resource an ALLOCATE goes to: of those it may use (its RID's, or
-    /// all for `0`) that offer its type and lease, the one with the most
-    /// room; else the most telling reason none fits.
+    /// all for `0`) that offer its type and lease and have room for it —
+    /// under their configured size and on the disk under them, which may be
+    /// shared or smaller than configured — the one with the most room per
+    /// data phase running on it (so bytes spread evenly over idle disks,
+    /// and a busy disk gets fewer new allocations); else the most telling
+    /// reason none fits. A full resource is never chosen while another
+    /// has room.
     fn choose<'s>(&'s self, st: &State, req: &AllocRequest) -> Result<Plan<'s>> {
         let candidates: Vec<&Arc<Resource>> = match req.rid.as_deref() {
             None | Some("0") => self.resources.iter().collect(),
@@ -1067,10 +1113,20 @@ impl Store {
             }
             match plan_space(st, r, req.reliability, req.size) {
                 Some((room, revoke)) => {
-                    if best.as_ref().is_none_or(|b| room > b.room) {
+                    // A disk without room for it ranks below every disk with
+                    // room (and is taken only when no other is left, as a
+                    // depot of one resource takes what its size allows).
+                    // Resources on one file system see the same disk room:
+                    // their own room breaks the tie.
+                    let disk = r.disk_free().unwrap_or(u64::MAX);
+                    let fits = disk >= req.size;
+                    let share = 1 + r.active() as u64;
+                    let least = room.min(disk.saturating_sub(req.size));
+                    let rank = (fits, least / share, room / share);
+                    if best.as_ref().is_none_or(|b| rank > b.rank) {
                         best = Some(Plan {
                             res: r,
-                            room,
+                            rank,
                             revoke,
                         });
                     }
@@ -1272,7 +1328,9 @@ fn bump_count(read: &mut u32, write: &mut u32, which: RefCount, up: bool) -> boo
 /// soft allocations it would revoke.
 struct Plan<'a> {
     res: &'a Arc<Resource>,
-    room: u64,
+    /// Whether its disk has room, then its room (the less of its own and
+    /// its disk's, then its own) per running data phase.
+    rank: (bool, u64, u64),
     revoke: Vec<Arc<Alloc>>,
 }
 
@@ -1489,6 +1547,104 @@ mod tests {
     fn alloc(s: &Store, size: u64) -> Arc<Alloc> {
         let id = s.allocate(&req(size, Reliability::Hard)).unwrap().id;
         lock(&s.state).allocs[&id].alloc.clone()
+    }
+
+    /// Four resources of 1 GiB each in `dir`.
+    fn four(dir: &std::path::Path) -> Config {
+        let mut cfg = config(dir);
+        cfg.resources = (1..=4)
+            .map(|i| {
+                let mut r = ResourceConfig::new(&i.to_string(), dir.join(format!("r{i}")));
+                r.size = crate::config::ByteSize(1 << 30);
+                r
+            })
+            .collect();
+        cfg
+    }
+
+    fn used_by_resource(s: &Store) -> Vec<u64> {
+        s.status().iter().map(|r| r.usage.used()).collect()
+    }
+
+    #[test]
+    fn four_resources_share_a_mixed_workload_within_ten_percent_by_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(&four(dir.path())).unwrap();
+        // Sizes from 4 KiB to 8 MiB, a third of them freed again as it goes,
+        // hard and soft mixed.
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let mut held = Vec::new();
+        for i in 0..600 {
+            let size = 4096 + next() % (8 * MIB);
+            let rel = if i % 3 == 0 {
+                Reliability::Soft
+            } else {
+                Reliability::Hard
+            };
+            let id = s.allocate(&req(size, rel)).unwrap().id;
+            held.push(lock(&s.state).allocs[&id].alloc.clone());
+            if next() % 3 == 0 {
+                let a = held.swap_remove((next() % held.len() as u64) as usize);
+                s.change_refcount(&a, RefCount::Read, false).unwrap();
+            }
+        }
+        let used = used_by_resource(&s);
+        let mean = used.iter().sum::<u64>() as f64 / 4.0;
+        for (i, u) in used.iter().enumerate() {
+            let off = (*u as f64 - mean).abs() / mean;
+            assert!(
+                off <= 0.10,
+                "resource {} holds {u} bytes, {:.1}% off the mean {mean}: {used:?}",
+                i + 1,
+                off * 100.0
+            );
+        }
+    }
+
+    #[test]
+    fn a_full_resource_never_refuses_what_another_can_hold() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(&four(dir.path())).unwrap();
+        // Resource 1 filled to its last MiB by allocations asked of it by RID.
+        let fill = (1 << 30) - MIB - 2 * ALLOC_CHARGE;
+        let to_one = AllocRequest {
+            rid: Some("1".into()),
+            ..req(fill, Reliability::Hard)
+        };
+        s.allocate(&to_one).unwrap();
+        // Anything larger than its last MiB goes elsewhere, however many.
+        for _ in 0..12 {
+            let id = s.allocate(&req(200 * MIB, Reliability::Hard)).unwrap().id;
+            let rid = lock(&s.state).allocs[&id].alloc.res.rid().to_owned();
+            assert_ne!(rid, "1");
+        }
+        // Only when no resource has room is the answer "no space".
+        let e = s.allocate(&req(600 * MIB, Reliability::Hard)).unwrap_err();
+        assert_eq!(e.status(), StatusCode::WOULD_EXCEED_LIMIT);
+    }
+
+    #[test]
+    fn new_allocations_go_to_idle_disks_before_busy_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(&four(dir.path())).unwrap();
+        let busy: Vec<Busy> = (s.resources()[..3].iter())
+            .flat_map(|r| [r.busy(), r.busy()])
+            .collect();
+        for _ in 0..8 {
+            let id = s.allocate(&req(MIB, Reliability::Hard)).unwrap().id;
+            assert_eq!(lock(&s.state).allocs[&id].alloc.res.rid(), "4");
+        }
+        drop(busy);
+        assert!(s.resources().iter().all(|r| r.active() == 0));
+        // Idle again: the emptiest takes the next.
+        let id = s.allocate(&req(MIB, Reliability::Hard)).unwrap().id;
+        assert_ne!(lock(&s.state).allocs[&id].alloc.res.rid(), "4");
     }
 
     #[test]

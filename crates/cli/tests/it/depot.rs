@@ -1178,3 +1178,62 @@ async fn a_long_checksummed_store_with_odd_blocks_lands_whole() {
     c.load(&caps.read, 0, &mut got).await.unwrap();
     assert!(got == data);
 }
+
+#[test]
+fn a_depot_of_four_disks_spreads_an_upload_over_them_and_status_shows_each() {
+    let dir = tempdir();
+    let mut toml = String::from("listen = \"127.0.0.1:0\"\nsync = \"never\"\n");
+    for i in 1..=4 {
+        toml.push_str(&format!(
+            "[[resource]]\nrid = \"{i}\"\npath = \"{}\"\nsize = \"1GiB\"\n",
+            dir.path().join(format!("disk{i}")).display()
+        ));
+    }
+    let cfg = dir.path().join("depot.toml");
+    std::fs::write(&cfg, toml).unwrap();
+    let d = DepotProc::start(dir.path(), &["--config", cfg.to_str().unwrap()]);
+    let src = dir.path().join("run.dat");
+    std::fs::write(&src, pattern(24 << 20, 5)).unwrap();
+    let xnd = dir.path().join("run.xnd");
+    let (ok, _, err) = crate::util::lors(&[
+        "upload",
+        "-q",
+        "--depot",
+        &d.addr,
+        "-c",
+        "1",
+        "-b",
+        "1M",
+        "-o",
+        xnd.to_str().unwrap(),
+        src.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+
+    let (ok, out, err) = crate::util::lors(&["depot", "--status", &d.addr]);
+    assert!(ok, "{err}");
+    let out = String::from_utf8(out).unwrap();
+    let rows: Vec<&str> = out.lines().skip(1).collect();
+    assert_eq!(rows.len(), 4, "{out}");
+    // 24 blocks of 1 MiB (and their checksums) over four disks: six each,
+    // give or take one, on every disk.
+    for row in rows {
+        // RID, size and its unit, used and its unit, …
+        let f: Vec<&str> = row.split_whitespace().collect();
+        let (used, unit): (f64, &str) = (f[3].parse().unwrap(), f[4]);
+        assert_eq!(unit, "MiB", "{out}");
+        assert!((5.0..=7.2).contains(&used), "{row}\n{out}");
+    }
+    let (ok, _, err) = crate::util::lors(&[
+        "download",
+        "-q",
+        "-o",
+        dir.path().join("back").to_str().unwrap(),
+        xnd.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    assert_eq!(
+        std::fs::read(dir.path().join("back")).unwrap(),
+        std::fs::read(&src).unwrap()
+    );
+}

@@ -422,3 +422,127 @@ fn mount_keeps_times_and_modes_across_a_remount() {
         "a second rsync -a sent files: {again}"
     );
 }
+
+/// Bytes the depot has sent by LOAD.
+fn loaded(d: &DepotProc) -> f64 {
+    let (_, body) = crate::metrics::scrape(d.metrics.as_ref().unwrap(), "text/plain");
+    crate::metrics::value(&body, "lors_depot_bytes_out_total").unwrap_or(0.0)
+}
+
+/// Debian's nginx, unmodified, serving `root` on a free port; `sendfile`
+/// on or off. Killed when dropped.
+struct Nginx(Child, u16);
+
+impl Nginx {
+    fn start(dir: &Path, root: &Path, sendfile: bool) -> Nginx {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let tag = if sendfile { "on" } else { "off" };
+        let conf = dir.join(format!("nginx-{tag}.conf"));
+        // Workers as the user who mounted (a FUSE mount without allow_other
+        // is that user's alone).
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let as_root = status
+            .lines()
+            .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"));
+        let user = if as_root { "user root;" } else { "" };
+        std::fs::write(
+            &conf,
+            format!(
+                "{user} worker_processes 1; daemon off; master_process on; pid {d}/nginx-{tag}.pid;
+error_log {d}/nginx-{tag}.log;
+events {{ worker_connections 64; }}
+http {{ access_log off; sendfile {tag}; client_body_temp_path {d}/nginx-body-{tag};
+  proxy_temp_path {d}/nginx-proxy-{tag}; fastcgi_temp_path {d}/nginx-fcgi-{tag};
+  uwsgi_temp_path {d}/nginx-uwsgi-{tag}; scgi_temp_path {d}/nginx-scgi-{tag};
+  server {{ listen 127.0.0.1:{port}; root {root}; }} }}
+",
+                d = dir.display(),
+                root = root.display()
+            ),
+        )
+        .unwrap();
+        let child = Command::new("nginx")
+            .args(["-c", conf.to_str().unwrap(), "-p", dir.to_str().unwrap()])
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("nginx (Debian package nginx; scripts/services.sh installs it)");
+        let t0 = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                t0.elapsed() < Duration::from_secs(15),
+                "nginx did not start"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Nginx(child, port)
+    }
+
+    /// `curl` of `path`, with `range` (`-r A-B`) when given.
+    fn get(&self, path: &str, range: Option<&str>) -> Vec<u8> {
+        let mut c = Command::new("curl");
+        c.args(["-sSf", "--max-time", "60"]);
+        if let Some(r) = range {
+            c.args(["-r", r]);
+        }
+        let out = c
+            .arg(format!("http://127.0.0.1:{}/{path}", self.1))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "curl: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.stdout
+    }
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The Data Reservoir's file-system transparency: an unmodified HTTP
+/// server (with and without `sendfile`) and rsync serve what the mount
+/// shows, and a range request becomes a range read on the depots.
+#[test]
+fn nginx_and_rsync_serve_the_mount_and_a_range_request_reads_only_its_range() {
+    let dir = tempdir();
+    let d = DepotProc::start(&dir.path().join("d"), &["--metrics-listen", "127.0.0.1:0"]);
+    let data = pattern(48 << 20, 11);
+    let (xnds, mnt) = one_file_on(&d, dir.path(), data.clone(), &["-b", "4M"]);
+    let _m = Mount::start(&xnds, &mnt, &["--depot", &d.addr]);
+    for sendfile in [true, false] {
+        let web = Nginx::start(dir.path(), &mnt, sendfile);
+        assert!(
+            web.get("f", None) == data,
+            "whole file, sendfile {sendfile}"
+        );
+        let before = loaded(&d);
+        let at = 30_000_123 + usize::from(sendfile) * 5_000_000;
+        let got = web.get("f", Some(&format!("{at}-{}", at + 65_535)));
+        assert!(got == data[at..at + 65_536], "range, sendfile {sendfile}");
+        // The mount fetched the range's stretch, not the file: a few MiB
+        // at most (its 1 MiB e2e blocks), not 48.
+        let read = loaded(&d) - before;
+        assert!(
+            read < (4 << 20) as f64,
+            "a 64 KiB range read {read} bytes from the depot"
+        );
+    }
+    let copy = dir.path().join("copy");
+    sh(
+        &format!(
+            "rsync -a {}/ {}/ && cmp src copy/f",
+            mnt.display(),
+            copy.display()
+        ),
+        dir.path(),
+    );
+}

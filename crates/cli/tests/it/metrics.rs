@@ -25,7 +25,7 @@ fn promtool() -> Option<String> {
 }
 
 /// `GET url` as a scraper without OpenMetrics would (curl, promtool).
-fn scrape(authority: &str, accept: &str) -> (String, String) {
+pub(crate) fn scrape(authority: &str, accept: &str) -> (String, String) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -51,7 +51,7 @@ fn scrape(authority: &str, accept: &str) -> (String, String) {
 }
 
 /// A sample's value (`name` with its labels as written).
-fn value(body: &str, name: &str) -> Option<f64> {
+pub(crate) fn value(body: &str, name: &str) -> Option<f64> {
     body.lines()
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
 }

@@ -374,10 +374,13 @@ impl Conn {
         };
         let store = &self.depot.store;
         match req {
+            // Each data phase counts on its resource while it runs: new
+            // allocations go to the least busy disks.
             Plain::Store(r) => {
                 let (a, w) = store
                     .lookup_view(&r.at.key, Some(CapKind::Write))
                     .map_err(closing)?;
+                let _busy = a.res.busy();
                 self.store(&a, r.length, r.at.timeout, ncs, w).await
             }
             Plain::Write(r) => {
@@ -385,11 +388,13 @@ impl Conn {
                     .lookup_view(&r.at.key, Some(CapKind::Write))
                     .map_err(closing)?;
                 let offset = w.map(r.offset, r.length).ok_or(beyond(true))?;
+                let _busy = a.res.busy();
                 self.write(&a, offset, r.length, r.at.timeout, ncs).await
             }
             Plain::Load(r) => {
                 let (a, w) = store.lookup_view(&r.at.key, Some(CapKind::Read))?;
                 let offset = w.map(r.offset, r.length).ok_or(beyond(false))?;
+                let _busy = a.res.busy();
                 self.load(&a, offset, r.length, r.at.timeout, ncs).await
             }
         }

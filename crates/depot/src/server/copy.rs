@@ -31,6 +31,7 @@ pub(super) async fn send(
     if dest.kind != CapKind::Write {
         return Err(Fail::new(StatusCode::WRONG_CAP_FORMAT));
     }
+    let _busy = src.res.busy();
     let (file, ext) = {
         let src = src.clone();
         blocking(move || src.snapshot()).await?

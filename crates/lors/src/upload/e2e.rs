@@ -43,7 +43,7 @@ impl E2e {
         }
         let block_size = self.block_size.or(rc.e2e_block_size).unwrap_or(1 << 20);
         if block_size == 0 || block_size > MAX_E2E_BLOCK {
-            return Err("the e2e block size must be between 1 byte and 256 MiB".into());
+            return Err("the e2e block size (-E) must be between 1 byte and 256 MiB".into());
         }
         let checksum = self.checksum.as_deref();
         if self.zlib {
@@ -58,7 +58,7 @@ impl E2e {
                 Some("none") => {}
                 Some(_) => {
                     return Err(
-                        "zlib writes the LoRS format with the 64-bit LoRS MD5: use checksum md5 or none"
+                        "zlib writes the LoRS format with the 64-bit LoRS MD5: use the checksum md5 (-k md5) or none (-k none)"
                             .into(),
                     );
                 }

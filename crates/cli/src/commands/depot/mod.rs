@@ -1,6 +1,7 @@
 //! `lors depot`: run an IBP storage depot.
 
 mod lbone;
+mod status;
 
 pub use lbone::{LboneArgs, join_lbone};
 
@@ -34,6 +35,9 @@ use crate::UsageError;
 
   From a config file (see examples/depot.toml):
     lors depot --config /etc/lors/depot.toml
+
+  What a running depot's resources hold:
+    lors depot --status depot1.example.org
 
   Registered with an L-Bone, so clients find it:
     lors depot --data /srv/ibp --advertise depot1.example.org \
@@ -91,6 +95,10 @@ pub struct Args {
     sync: Option<SyncPolicy>,
     #[command(flatten)]
     lbone: LboneArgs,
+    /// Do not serve: ask the running depot at HOST[:PORT] what each of its
+    /// resources holds (size, used, free, longest lease) and exit.
+    #[arg(long, value_name = "HOST[:PORT]", value_parser = super::depot_arg)]
+    status: Option<String>,
 }
 
 fn parse_sync(s: &str) -> Result<SyncPolicy, String> {
@@ -162,6 +170,10 @@ pub fn config(args: &Args) -> anyhow::Result<Config> {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    if let Some(addr) = &args.status {
+        let password = args.password.as_deref().unwrap_or("ibp");
+        return status::show(addr, password);
+    }
     let cfg = config(&args)?;
     let nofile = lors_depot::server::raise_open_file_limit();
     tracing::info!(limit = ?nofile, "open-file limit");
