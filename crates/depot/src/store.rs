@@ -1080,20 +1080,22 @@ impl Store {
     }
 
     /// The resource an ALLOCATE goes to: of those it may use (its RID's, or
-    /// all for `0`) that offer its type and lease and have room for it —
-    /// under their configured size and on the disk under them, which may be
-    /// shared or smaller than configured — the one with the most room per
-    /// data phase running on it (so bytes spread evenly over idle disks,
-    /// and a busy disk gets fewer new allocations); else the most telling
-    /// reason none fits. A full resource is never chosen while another
-    /// has room.
+    /// all for `0`) that offer its type and lease and have room for it,
+    /// those whose disk can hold it first (the file system under a
+    /// resource may be shared or smaller than configured: `statvfs`), then
+    /// the one with the most room — the less of its own and its disk's —
+    /// except that of those within two allocations of the most room, the
+    /// one with the fewest data phases running goes first: bytes stay
+    /// even across the disks, and an idle disk takes the next allocation
+    /// before a busy one. Else the most telling reason none fits. A full
+    /// resource is never chosen while another has room.
     fn choose<'s>(&'s self, st: &State, req: &AllocRequest) -> Result<Plan<'s>> {
         let candidates: Vec<&Arc<Resource>> = match req.rid.as_deref() {
             None | Some("0") => self.resources.iter().collect(),
             Some(rid) => vec![self.resource(rid).ok_or(StoreError::InvalidRid)?],
         };
         let mut err = StoreError::TypeNotSupported;
-        let mut best: Option<Plan<'_>> = None;
+        let mut fit: Vec<Plan<'s>> = Vec::new();
         for r in candidates {
             if !r.offers(req.atype) {
                 continue;
@@ -1113,28 +1115,27 @@ impl Store {
             }
             match plan_space(st, r, req.reliability, req.size) {
                 Some((room, revoke)) => {
-                    // A disk without room for it ranks below every disk with
-                    // room (and is taken only when no other is left, as a
-                    // depot of one resource takes what its size allows).
-                    // Resources on one file system see the same disk room:
-                    // their own room breaks the tie.
                     let disk = r.disk_free().unwrap_or(u64::MAX);
-                    let fits = disk >= req.size;
-                    let share = 1 + r.active() as u64;
-                    let least = room.min(disk.saturating_sub(req.size));
-                    let rank = (fits, least / share, room / share);
-                    if best.as_ref().is_none_or(|b| rank > b.rank) {
-                        best = Some(Plan {
-                            res: r,
-                            rank,
-                            revoke,
-                        });
-                    }
+                    fit.push(Plan {
+                        res: r,
+                        disk_fits: disk >= req.size,
+                        // Resources on one file system see the same disk
+                        // room: their own breaks the tie.
+                        room: (room.min(disk.saturating_sub(req.size)), room),
+                        revoke,
+                    });
                 }
                 None => err = StoreError::NoSpace,
             }
         }
-        best.ok_or(err)
+        let disk_fits = fit.iter().any(|p| p.disk_fits);
+        fit.retain(|p| p.disk_fits == disk_fits);
+        let most = fit.iter().map(|p| p.room).max().ok_or(err)?;
+        let band = most.0.saturating_sub(req.size.saturating_mul(2));
+        let pick = (fit.into_iter())
+            .filter(|p| p.room.0 >= band)
+            .min_by_key(|p| (p.res.active(), std::cmp::Reverse(p.room)));
+        Ok(pick.expect("the resource with the most room is in its own band"))
     }
 
     /// Persists `a`'s record after `f` changes it; `f` returns whether to keep
@@ -1328,9 +1329,11 @@ fn bump_count(read: &mut u32, write: &mut u32, which: RefCount, up: bool) -> boo
 /// soft allocations it would revoke.
 struct Plan<'a> {
     res: &'a Arc<Resource>,
-    /// Whether its disk has room, then its room (the less of its own and
-    /// its disk's, then its own) per running data phase.
-    rank: (bool, u64, u64),
+    /// The file system under it can hold the allocation.
+    disk_fits: bool,
+    /// Its room after the allocation: the less of its own and its disk's,
+    /// then its own.
+    room: (u64, u64),
     revoke: Vec<Arc<Alloc>>,
 }
 
@@ -1636,15 +1639,21 @@ mod tests {
         let busy: Vec<Busy> = (s.resources()[..3].iter())
             .flat_map(|r| [r.busy(), r.busy()])
             .collect();
-        for _ in 0..8 {
-            let id = s.allocate(&req(MIB, Reliability::Hard)).unwrap().id;
-            assert_eq!(lock(&s.state).allocs[&id].alloc.res.rid(), "4");
-        }
+        // The idle disk first, as long as it stays within two allocations
+        // of the emptiest; then the busy ones take their share.
+        let rids: Vec<String> = (0..12)
+            .map(|_| {
+                let id = s.allocate(&req(MIB, Reliability::Hard)).unwrap().id;
+                lock(&s.state).allocs[&id].alloc.res.rid().to_owned()
+            })
+            .collect();
+        assert_eq!(rids[0], "4");
+        assert!(rids.iter().filter(|r| *r == "4").count() >= 4, "{rids:?}");
+        let used = used_by_resource(&s);
+        let (lo, hi) = (used.iter().min().unwrap(), used.iter().max().unwrap());
+        assert!(hi - lo <= 3 * MIB, "bytes stay even: {used:?}");
         drop(busy);
         assert!(s.resources().iter().all(|r| r.active() == 0));
-        // Idle again: the emptiest takes the next.
-        let id = s.allocate(&req(MIB, Reliability::Hard)).unwrap().id;
-        assert_ne!(lock(&s.state).allocs[&id].alloc.res.rid(), "4");
     }
 
     #[test]

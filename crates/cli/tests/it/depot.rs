@@ -1216,13 +1216,14 @@ fn a_depot_of_four_disks_spreads_an_upload_over_them_and_status_shows_each() {
     let rows: Vec<&str> = out.lines().skip(1).collect();
     assert_eq!(rows.len(), 4, "{out}");
     // 24 blocks of 1 MiB (and their checksums) over four disks: six each,
-    // give or take one, on every disk.
+    // give or take the two allocations the depot lets an idle disk run
+    // ahead of the emptiest.
     for row in rows {
         // RID, size and its unit, used and its unit, …
         let f: Vec<&str> = row.split_whitespace().collect();
         let (used, unit): (f64, &str) = (f[3].parse().unwrap(), f[4]);
         assert_eq!(unit, "MiB", "{out}");
-        assert!((5.0..=7.2).contains(&used), "{row}\n{out}");
+        assert!((4.0..=8.2).contains(&used), "{row}\n{out}");
     }
     let (ok, _, err) = crate::util::lors(&[
         "download",
