@@ -6,7 +6,7 @@
 //!
 //! Every transfer runs on the `lors` runtime with the GIL released; the
 //! calling thread wakes every 100 ms to report progress and notice Ctrl-C
-//! (see [`run::block_on`]).
+//! (see `run::block_on`).
 
 mod errors;
 mod exnode;

@@ -95,7 +95,7 @@ pub struct Args {
     sync: Option<SyncPolicy>,
     #[command(flatten)]
     lbone: LboneArgs,
-    /// Do not serve: ask the running depot at HOST[:PORT] what each of its
+    /// Do not serve: ask the running depot at `HOST[:PORT]` what each of its
     /// resources holds (size, used, free, longest lease) and exit.
     #[arg(long, value_name = "HOST[:PORT]", value_parser = super::depot_arg)]
     status: Option<String>,
