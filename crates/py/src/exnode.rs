@@ -10,7 +10,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use crate::errors::{Detail, Kind, from_xnd, raise};
-use crate::settings::{Opts, duration, exnode_ref};
+use crate::settings::{Opts, exnode_ref};
 
 /// A file on depots: where its blocks are, under which capabilities.
 ///
@@ -198,11 +198,7 @@ impl PyExNode {
         if !probe {
             return Ok(d);
         }
-        let opts = Opts {
-            timeout: duration("timeout", timeout.as_ref())?,
-            ..Opts::default()
-        };
-        let pool = crate::run::pool(&opts.settings(None)?, None);
+        let pool = crate::run::pool(&Opts::timeout_only(timeout.as_ref(), None)?, None);
         let shared = self.x.clone();
         let probes = crate::run::wait(
             py,

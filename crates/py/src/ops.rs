@@ -19,7 +19,7 @@ use pyo3::types::PyBytes;
 use crate::errors::{from_lors, from_xnd};
 use crate::exnode::{PathOrStr, PyExNode, Target};
 use crate::run::{Stop, Stopped, Watch, block_on, pool};
-use crate::settings::{Opts, duration, exnode_ref, size};
+use crate::settings::{Opts, exnode_ref, size};
 
 /// Stores the file at `path` on depots and returns its exNode, also saved
 /// to `output` when given.
@@ -259,11 +259,7 @@ pub(crate) fn download(
     progress: Option<Bound<'_, PyAny>>,
 ) -> PyResult<u64> {
     let t = Target::of(py, &exnode)?;
-    let opts = Opts {
-        timeout: duration("timeout", timeout.as_ref())?,
-        ..Opts::default()
-    };
-    let s = opts.settings(t.uri.as_ref())?;
+    let s = Opts::timeout_only(timeout.as_ref(), t.uri.as_ref())?;
     let d = DownloadOptions {
         offset,
         length,
@@ -366,11 +362,7 @@ pub(crate) fn read_range<'py>(
     timeout: Option<Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyBytes>> {
     let t = Target::of(py, &exnode)?;
-    let s = Opts {
-        timeout: duration("timeout", timeout.as_ref())?,
-        ..Opts::default()
-    }
-    .settings(t.uri.as_ref())?;
+    let s = Opts::timeout_only(timeout.as_ref(), t.uri.as_ref())?;
     let pool = pool(&s, None);
     match crate::run::wait(py, fetch(t.x, start, end, pool))? {
         Ok(b) => Ok(PyBytes::new(py, &b)),
@@ -390,11 +382,7 @@ pub(crate) fn read_ranges<'py>(
     timeout: Option<Bound<'py, PyAny>>,
 ) -> PyResult<Vec<Bound<'py, PyBytes>>> {
     let t = Target::of(py, &exnode)?;
-    let s = Opts {
-        timeout: duration("timeout", timeout.as_ref())?,
-        ..Opts::default()
-    }
-    .settings(t.uri.as_ref())?;
+    let s = Opts::timeout_only(timeout.as_ref(), t.uri.as_ref())?;
     let pool = pool(&s, None);
     let gate = Arc::new(tokio::sync::Semaphore::new(concurrency.clamp(1, 1024)));
     let x = t.x;
@@ -525,11 +513,7 @@ pub(crate) fn trim(
             ));
         }
     };
-    let s = Opts {
-        timeout: duration("timeout", timeout.as_ref())?,
-        ..Opts::default()
-    }
-    .settings(t.uri.as_ref())?;
+    let s = Opts::timeout_only(timeout.as_ref(), t.uri.as_ref())?;
     let pool = pool(&s, None);
     let x = t.x.clone();
     let run = async move {

@@ -51,6 +51,18 @@ impl Opts {
             .map_err(|e| PyValueError::new_err(e.to_string()))
     }
 
+    /// The settings of a call whose only setting keyword is `timeout=`.
+    pub(crate) fn timeout_only(
+        timeout: Option<&Bound<'_, PyAny>>,
+        uri: Option<&ExnodeRef>,
+    ) -> PyResult<Settings> {
+        Opts {
+            timeout: duration("timeout", timeout)?,
+            ..Opts::default()
+        }
+        .settings(uri)
+    }
+
     /// Depots for `spread` distinct places of allocations of `bytes`: the
     /// `depots` keyword, else the L-Bone, else `~/.xndrc`.
     pub(crate) fn find(
