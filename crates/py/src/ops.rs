@@ -127,25 +127,14 @@ fn placed(
     path: &str,
     e2e: &E2e,
 ) -> PyResult<UploadOptions> {
-    let block_size = s.block_size.unwrap_or(10 << 20);
-    let copies = s.copies.unwrap_or(3);
-    let spread = s.erasure.map_or(copies, |e| e.blocks());
-    // Room for the e2e overhead on top of the block.
-    let room = block_size + block_size / 64 + (64 << 10);
-    let found = opts.find(py, s, spread, room, Vec::new())?;
-    Ok(UploadOptions {
-        depots: found.depots,
-        block_size,
-        copies,
-        threads: s.threads.unwrap_or(8),
-        duration: s.duration,
-        reliability: s.reliability,
-        filename: Path::new(path)
-            .file_name()
-            .map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
-        e2e: e2e.codec(&s.rc).map_err(PyValueError::new_err)?,
-        erasure: s.erasure,
-    })
+    let filename = Path::new(path)
+        .file_name()
+        .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+    let e2e = e2e.codec(&s.rc).map_err(PyValueError::new_err)?;
+    let mut up = UploadOptions::from_settings(s, Vec::new(), filename, e2e);
+    let (spread, room) = up.need();
+    up.depots = opts.find(py, s, spread, room, Vec::new())?.depots;
+    Ok(up)
 }
 
 /// The file to upload, and what identifies this upload of it in a record

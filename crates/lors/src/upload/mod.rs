@@ -55,6 +55,38 @@ pub struct UploadOptions {
     pub erasure: Option<Scheme>,
 }
 
+impl UploadOptions {
+    /// The options settings `s` give an upload of `filename` onto `depots`
+    /// (block size 10 MiB, 3 copies and 8 threads where nothing set them).
+    pub fn from_settings(
+        s: &crate::settings::Settings,
+        depots: Vec<String>,
+        filename: String,
+        e2e: Option<Codec>,
+    ) -> UploadOptions {
+        UploadOptions {
+            depots,
+            block_size: s.block_size.unwrap_or(10 << 20),
+            copies: s.copies.unwrap_or(3),
+            threads: s.threads.unwrap_or(8),
+            duration: s.duration,
+            reliability: s.reliability,
+            filename,
+            e2e,
+            erasure: s.erasure,
+        }
+    }
+
+    /// What the upload asks of the depots it is to find: how many distinct
+    /// ones (a copy, or a block of a stripe, each on a depot of its own) and
+    /// room for one allocation (a block with its e2e overhead).
+    pub fn need(&self) -> (usize, u64) {
+        let spread = self.erasure.map_or(self.copies, |e| e.blocks());
+        let bs = self.block_size;
+        (spread, bs + bs / 64 + (64 << 10))
+    }
+}
+
 struct Depots {
     addrs: Vec<String>,
     busy: Vec<usize>,

@@ -143,29 +143,17 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let s = super::settings(&a.net, flags, Some(&uri))?;
     let rt = super::runtime(super::Threads::Many)?;
     let stdin = a.file.as_os_str() == "-";
-    let block_size = s.block_size.unwrap_or(10 << 20);
-    check_block_size(block_size, a.small_blocks, (!stdin).then_some(&a.file))?;
-    let copies = s.copies.unwrap_or(3);
-    // Room for the e2e overhead on top of the block.
-    let bytes = block_size + block_size / 64 + (64 << 10);
-    // A stripe's blocks each need a depot of their own, as copies do.
-    let spread = s.erasure.map_or(copies, |e| e.blocks());
-    let found = super::Placement {
+    let mut opts =
+        UploadOptions::from_settings(&s, Vec::new(), filename(&a, &out), chain(&a, &s.rc)?);
+    check_block_size(opts.block_size, a.small_blocks, (!stdin).then_some(&a.file))?;
+    let (spread, bytes) = opts.need();
+    let mut found = super::Placement {
         depots: &a.depots,
         settings: &s,
     }
     .find(&rt, spread, bytes, Vec::new())?;
-    let opts = UploadOptions {
-        depots: found.depots,
-        block_size,
-        copies,
-        threads: s.threads.unwrap_or(8),
-        duration: s.duration,
-        reliability: s.reliability,
-        filename: filename(&a, &out),
-        e2e: chain(&a, &s.rc)?,
-        erasure: s.erasure,
-    };
+    opts.depots = std::mem::take(&mut found.depots);
+    let copies = opts.copies;
     let started = std::time::Instant::now();
     let pool = Arc::new(a.bwlimit.pool(s.client()));
     let progress = Reporter::new("upload", Unit::Bytes, &a.report, false);
