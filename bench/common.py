@@ -105,6 +105,25 @@ def wait_port(host: str, port: int, timeout: float = 15.0, wrap: list[str] | Non
     raise RuntimeError(f"nothing listens on {host}:{port} after {timeout}s")
 
 
+def start_depots(lors: Path, d: Path, n: int, size: str, logs: Path) -> tuple[list, list[str]]:
+    """Starts `n` fresh depots of `size` each (data under `d`, logs in
+    `logs`, no fsync) on loopback: their processes and their addresses,
+    once each accepts."""
+    procs, addrs = [], []
+    for i in range(n):
+        port = free_port()
+        data = d / f"depot{i}"
+        shutil.rmtree(data, ignore_errors=True)
+        procs.append(subprocess.Popen(
+            [str(lors), "depot", "--listen", f"127.0.0.1:{port}", "--data", str(data),
+             "--size", size, "--sync", "never"],
+            stdout=open(logs / f"depot{i}.log", "wb"), stderr=subprocess.STDOUT))
+        addrs.append(f"127.0.0.1:{port}")
+    for a in addrs:
+        wait_port("127.0.0.1", int(a.rsplit(":", 1)[1]))
+    return procs, addrs
+
+
 def save_report(text: str, out: str | None) -> None:
     """Writes the Markdown report to `out`, when given."""
     if out:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -34,9 +33,9 @@ from common import (  # noqa: E402
     measure,
     median,
     save_report,
+    start_depots,
     stop_all,
     table,
-    wait_port,
 )
 from loopback import parse_size  # noqa: E402
 
@@ -69,19 +68,9 @@ def main() -> int:
     lors = build_lors()
     src = d / "src.bin"
     make_file(src, size)
-    depots = []
-    procs = []
     logs = d / "logs"
     logs.mkdir(exist_ok=True)
-    for i in range(9):
-        port = free_port()
-        data = d / f"depot{i}"
-        shutil.rmtree(data, ignore_errors=True)
-        procs.append(subprocess.Popen(
-            [str(lors), "depot", "--listen", f"127.0.0.1:{port}", "--data", str(data),
-             "--size", f"{size * 2 // (1 << 20) + 256}M", "--sync", "never"],
-            stdout=open(logs / f"depot{i}.log", "wb"), stderr=subprocess.STDOUT))
-        depots.append(f"127.0.0.1:{port}")
+    procs, depots = start_depots(lors, d, 9, f"{size * 2 // (1 << 20) + 256}M", logs)
     report = [
         f"## Erasure code 6+3 against 3 copies, {size / GiB:.2f} GiB, nine depots on loopback",
         "",
@@ -90,9 +79,6 @@ def main() -> int:
         "",
     ]
     try:
-        for dep in depots:
-            host, port = dep.split(":")
-            wait_port(host, int(port))
         dl = ",".join(depots)
         modes = {"3 copies": ["-c", "3"], "ec 6+3": ["--ec", "6+3"]}
         sources = {}

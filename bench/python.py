@@ -45,6 +45,7 @@ from common import (  # noqa: E402
     measure,
     median,
     save_report,
+    start_depots,
     stop_all,
     table,
     wait_port,
@@ -125,16 +126,7 @@ def main() -> int:
     logs = d / "logs"
     logs.mkdir(exist_ok=True)
     logs.chmod(0o777)  # xrootd, dropped to nobody, writes its log here
-    procs, depots = [], []
-    for i in range(4):
-        port = free_port()
-        data = d / f"depot{i}"
-        shutil.rmtree(data, ignore_errors=True)
-        procs.append(subprocess.Popen(
-            [str(lors), "depot", "--listen", f"127.0.0.1:{port}", "--data", str(data),
-             "--size", f"{size * 3 // 4 // (1 << 20) + 256}M", "--sync", "never"],
-            stdout=open(logs / f"depot{i}.log", "wb"), stderr=subprocess.STDOUT))
-        depots.append(f"127.0.0.1:{port}")
+    procs, depots = start_depots(lors, d, 4, f"{size * 3 // 4 // (1 << 20) + 256}M", logs)
     xport = free_port()
     if xrootd:
         (d / "xrootd.cfg").write_text(f"all.export {d}\nxrd.port {xport}\n")
@@ -148,9 +140,8 @@ def main() -> int:
         "",
     ]
     try:
-        for dep in depots + ([f"127.0.0.1:{xport}"] if xrootd else []):
-            host, port = dep.rsplit(":", 1)
-            wait_port(host, int(port))
+        if xrootd:
+            wait_port("127.0.0.1", xport)
         xnd = d / "src.xnd"
         subprocess.run([str(lors), "upload", "--quiet", "--force", "--depot", ",".join(depots), "-c", "1",
                         "-o", str(xnd), str(src)], check=True)

@@ -3,7 +3,8 @@
 //! chain (ours or the LoRS ones, with hostile arguments) then decodes the
 //! input bytes as if a depot had returned them: errors, never panics. The
 //! LoRS numbering of the mappings is a permutation of them. An
-//! erasure-code record is bounded by the blocks the exNode names.
+//! erasure-code record is bounded by the blocks the exNode names. Holes
+//! are in order, apart, and inside the file's size.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -17,6 +18,14 @@ fuzz_target!(|data: &[u8]| {
         let text = xml::write(&x);
         let again = xml::parse(text.as_bytes()).expect("our own output must parse");
         assert_eq!(again, x);
+        let mut at = 0;
+        for h in &x.holes {
+            assert!(h.length > 0 && h.offset >= at);
+            assert!(x.hole_at(h.offset) == Some(h));
+            at = h.end();
+        }
+        assert!(x.hole_bytes() <= x.logical_size());
+        assert!(x.holes_in(0, u64::MAX).eq(x.holes.iter().copied()));
         let numbering = x.numbering();
         let mut seen: Vec<usize> = numbering.in_order().collect();
         seen.sort_unstable();

@@ -18,6 +18,10 @@ def run_until_interrupted(script: str, after: float) -> tuple[subprocess.Complet
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # A shell starting a job in the background (nohup cmd &, a CI
+        # runner's) has it ignore SIGINT, and an ignored SIGINT is never a
+        # KeyboardInterrupt: the child gets Python's own handling back.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     assert p.stdout.readline().strip() == "started"
     time.sleep(after)

@@ -28,5 +28,5 @@ pub mod model;
 pub mod numbering;
 pub mod xml;
 
-pub use model::{ExNode, Function, Mapping, Metadata, Value};
+pub use model::{ExNode, Function, Hole, Mapping, Metadata, Value};
 pub use numbering::Numbering;

@@ -171,6 +171,37 @@ pub enum ModelError {
         /// Kind found.
         found: CapKind,
     },
+    /// The holes are not in order, overlap one another, are empty, or
+    /// overlap a mapping: the bytes a hole says are zeros would not be.
+    #[error("hole {index} ({offset}+{length}): {what}")]
+    Hole {
+        /// Hole index, in document order.
+        index: usize,
+        /// Its offset.
+        offset: u64,
+        /// Its length.
+        length: u64,
+        /// What is wrong with it.
+        what: &'static str,
+    },
+}
+
+/// A run of zeros the file holds without storing them (`<exnode:hole>`):
+/// a sparse file's hole, read as zeros with no depot asked. See
+/// `docs/exnode.md` ("Sparse files").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Hole {
+    /// Logical offset in the file.
+    pub offset: u64,
+    /// Bytes of zeros.
+    pub length: u64,
+}
+
+impl Hole {
+    /// One past its last byte.
+    pub fn end(&self) -> u64 {
+        self.offset.saturating_add(self.length)
+    }
 }
 
 /// A network file.
@@ -184,6 +215,9 @@ pub struct ExNode {
     /// [`crate::erasure`]), never file data: kept apart from `mappings`
     /// so that nothing that reads mappings can take them for it.
     pub parity: Vec<Mapping>,
+    /// Runs of zeros not stored anywhere (a sparse file's holes), in order
+    /// and apart from one another and from every mapping.
+    pub holes: Vec<Hole>,
 }
 
 impl ExNode {
@@ -231,13 +265,73 @@ impl ExNode {
             .or_else(|| self.parity.get(i.checked_sub(self.mappings.len())?))
     }
 
-    /// The file's logical size: the end of the furthest mapping.
+    /// The file's logical size: the end of the furthest mapping or hole.
     pub fn logical_size(&self) -> u64 {
-        self.mappings
+        let data = self.mappings.iter().map(Mapping::logical_end).max();
+        data.unwrap_or(0)
+            .max(self.holes.last().map_or(0, Hole::end))
+    }
+
+    /// Bytes the file holds as holes.
+    pub fn hole_bytes(&self) -> u64 {
+        self.holes.iter().map(|h| h.length).sum()
+    }
+
+    /// The hole holding byte `offset`, if one does.
+    pub fn hole_at(&self, offset: u64) -> Option<&Hole> {
+        let i = self.holes.partition_point(|h| h.end() <= offset);
+        self.holes.get(i).filter(|h| h.offset <= offset)
+    }
+
+    /// The holes that meet `[start, end)`, clipped to it.
+    ///
+    /// ```
+    /// use lors_exnode::{ExNode, model::Hole};
+    /// let mut x = ExNode::default();
+    /// x.holes = vec![Hole { offset: 10, length: 10 }, Hole { offset: 40, length: 5 }];
+    /// let h: Vec<_> = x.holes_in(15, 42).collect();
+    /// assert_eq!(h, [Hole { offset: 15, length: 5 }, Hole { offset: 40, length: 2 }]);
+    /// ```
+    pub fn holes_in(&self, start: u64, end: u64) -> impl Iterator<Item = Hole> + '_ {
+        let first = self.holes.partition_point(|h| h.end() <= start);
+        self.holes[first..]
             .iter()
-            .map(Mapping::logical_end)
-            .max()
-            .unwrap_or(0)
+            .take_while(move |h| h.offset < end)
+            .map(move |h| {
+                let offset = h.offset.max(start);
+                Hole {
+                    offset,
+                    length: h.end().min(end) - offset,
+                }
+            })
+    }
+
+    /// Takes `[start, end)` out of the holes: the range is about to hold
+    /// data (a write), or no longer be part of the file (a truncation).
+    pub fn fill_holes(&mut self, start: u64, end: u64) {
+        if start >= end {
+            return;
+        }
+        let mut kept = Vec::with_capacity(self.holes.len() + 1);
+        for h in self.holes.drain(..) {
+            if h.end() <= start || h.offset >= end {
+                kept.push(h);
+                continue;
+            }
+            if h.offset < start {
+                kept.push(Hole {
+                    offset: h.offset,
+                    length: start - h.offset,
+                });
+            }
+            if h.end() > end {
+                kept.push(Hole {
+                    offset: end,
+                    length: h.end() - end,
+                });
+            }
+        }
+        self.holes = kept;
     }
 
     /// Checks ranges and capability kinds (parity blocks are numbered after
@@ -270,6 +364,47 @@ impl ExNode {
                         found: c.kind,
                     });
                 }
+            }
+        }
+        self.validate_holes()
+    }
+
+    /// Holes in order, each non-empty and apart from the others and from
+    /// every mapping and parity block: a byte a hole names is a zero for
+    /// certain, never a byte a dead depot held.
+    fn validate_holes(&self) -> Result<(), ModelError> {
+        let bad = |index: usize, h: &Hole, what| {
+            Err(ModelError::Hole {
+                index,
+                offset: h.offset,
+                length: h.length,
+                what,
+            })
+        };
+        let mut prev_end = 0;
+        for (index, h) in self.holes.iter().enumerate() {
+            if h.length == 0 {
+                return bad(index, h, "is empty");
+            }
+            if h.offset.checked_add(h.length).is_none() {
+                return bad(index, h, "overflows");
+            }
+            if index > 0 && h.offset < prev_end {
+                return bad(index, h, "is out of order or overlaps the hole before it");
+            }
+            prev_end = h.end();
+        }
+        if self.holes.is_empty() {
+            return Ok(());
+        }
+        for m in self.allocations() {
+            let (a, b) = (m.exnode_offset, m.logical_end());
+            let i = self.holes.partition_point(|h| h.end() <= a);
+            if let Some(h) = self.holes.get(i)
+                && h.offset < b
+                && a < b
+            {
+                return bad(i, h, "overlaps a mapping");
             }
         }
         Ok(())

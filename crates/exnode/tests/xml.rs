@@ -113,6 +113,13 @@ fn reject(doc: &str, limits: &Limits) -> XmlError {
     }
 }
 
+/// The range metadata of a mapping or hole.
+fn range(offset: u64, length: u64) -> String {
+    format!(
+        "<exnode:metadata name=\"exnode_offset\" type=\"integer\">{offset}</exnode:metadata><exnode:metadata name=\"logical_length\" type=\"integer\">{length}</exnode:metadata>"
+    )
+}
+
 /// A name, a document, the limits to read it with, and the expected error.
 type Case<'a> = (&'a str, String, &'a Limits, fn(&XmlError) -> bool);
 
@@ -288,6 +295,50 @@ fn rejection_table() {
             |e| matches!(e, XmlError::Model(_)),
         ),
         (
+            "hole over a mapping",
+            format!(
+                "<exnode {ns}><exnode:mapping>{}</exnode:mapping><exnode:hole>{}</exnode:hole></exnode>",
+                range(0, 100),
+                range(50, 100)
+            ),
+            &d,
+            |e| matches!(e, XmlError::Model(_)),
+        ),
+        (
+            "holes out of order",
+            format!(
+                "<exnode {ns}><exnode:hole>{}</exnode:hole><exnode:hole>{}</exnode:hole></exnode>",
+                range(500, 10),
+                range(100, 10)
+            ),
+            &d,
+            |e| matches!(e, XmlError::Model(_)),
+        ),
+        (
+            "empty hole",
+            format!(
+                "<exnode {ns}><exnode:hole>{}</exnode:hole></exnode>",
+                range(7, 0)
+            ),
+            &d,
+            |e| matches!(e, XmlError::Model(_)),
+        ),
+        (
+            "hole with a capability",
+            format!(
+                "<exnode {ns}><exnode:hole>{}<exnode:read>ibp://h:1/1#k/2/READ</exnode:read></exnode:hole></exnode>",
+                range(0, 10)
+            ),
+            &d,
+            |e| matches!(e, XmlError::Invalid { .. }),
+        ),
+        (
+            "holes past the mapping limit",
+            format!("<exnode {ns}>{}</exnode>", "<exnode:hole/>".repeat(11)),
+            &small,
+            |e| matches!(e, XmlError::Limit { .. }),
+        ),
+        (
             "two functions",
             format!(
                 "<exnode {ns}><exnode:mapping><exnode:function name=\"a\"/><exnode:function name=\"b\"/></exnode:mapping></exnode>"
@@ -308,6 +359,28 @@ fn rejection_table() {
         assert!(ok(&e), "{name}: unexpected error {e:?}");
         assert!(!e.to_string().is_empty());
     }
+}
+
+#[test]
+fn holes_round_trip_and_count_in_the_size() {
+    let ns = r#"xmlns:exnode="http://loci.cs.utk.edu/exnode""#;
+    let doc = format!(
+        "<exnode {ns}><exnode:mapping>{}</exnode:mapping><exnode:hole>{}</exnode:hole><exnode:hole>{}</exnode:hole></exnode>",
+        range(100, 50),
+        range(0, 100),
+        range(150, 1000)
+    );
+    let x = xml::parse(doc.as_bytes()).unwrap();
+    assert_eq!(x.holes.len(), 2);
+    assert_eq!((x.logical_size(), x.hole_bytes()), (1150, 1100));
+    assert_eq!(x.hole_at(120), None);
+    assert_eq!(x.hole_at(149 + 1).map(|h| h.offset), Some(150));
+    assert_eq!(xml::parse(xml::write(&x).as_bytes()).unwrap(), x);
+    // Writing into a hole takes the range out of it.
+    let mut y = x.clone();
+    y.fill_holes(500, 600);
+    let got: Vec<(u64, u64)> = y.holes.iter().map(|h| (h.offset, h.end())).collect();
+    assert_eq!(got, [(0, 100), (150, 500), (600, 1150)]);
 }
 
 #[test]
@@ -419,11 +492,22 @@ proptest! {
     fn any_exnode_round_trips(
         metadata in proptest::collection::vec(metadata(), 0..4),
         mappings in proptest::collection::vec(mapping(), 0..6),
+        gaps in proptest::collection::vec((0u64..1 << 40, 1u64..1 << 40), 0..4),
     ) {
+        // Holes past every mapping, in order, apart.
+        let mut at = mappings.iter().map(Mapping::logical_end).max().unwrap_or(0);
+        let mut holes = Vec::new();
+        for (gap, length) in gaps {
+            let Some(offset) = at.checked_add(gap) else { break };
+            let Some(end) = offset.checked_add(length) else { break };
+            holes.push(lors_exnode::Hole { offset, length });
+            at = end;
+        }
         let x = ExNode {
             metadata,
             mappings,
             parity: Vec::new(),
+            holes,
         };
         let text = xml::write(&x);
         prop_assert_eq!(xml::parse(text.as_bytes()).unwrap(), x);

@@ -141,6 +141,7 @@ fn main() {
                 reliability: Reliability::Hard,
                 filename: "bench".into(),
                 erasure: None,
+                sparse: false,
                 e2e: e2e.map(|()| {
                     Codec::Native(Chain {
                         block_size: MIB,

@@ -35,15 +35,23 @@ pub fn record_path(out: &Path) -> PathBuf {
 }
 
 /// What makes two runs the same upload: the input file's size and
-/// modification time, and the settings that decide its blocks.
-pub fn identity(m: &std::fs::Metadata, block: u64, copies: usize, e2e: bool) -> String {
+/// modification time, and the settings that decide its blocks (of these
+/// `opts`).
+pub fn identity(m: &std::fs::Metadata, opts: &crate::upload::UploadOptions) -> String {
+    let (block, copies, e2e) = (opts.block_size, opts.copies, opts.e2e.is_some());
+    // Sparse runs cut their blocks at the holes (records written before
+    // holes existed are of dense runs, and say nothing).
+    let sparse = match opts.sparse && opts.erasure.is_none() {
+        true => " sparse",
+        false => "",
+    };
     let mtime = m
         .modified()
         .ok()
         .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
         .unwrap_or_default();
     format!(
-        "size={} mtime={}.{:09} block={block} copies={copies} e2e={e2e}",
+        "size={} mtime={}.{:09} block={block} copies={copies} e2e={e2e}{sparse}",
         m.len(),
         mtime.as_secs(),
         mtime.subsec_nanos()

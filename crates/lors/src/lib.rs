@@ -9,7 +9,8 @@
 //!   elsewhere, first finisher wins.
 //! * [`dissem`] — one file to many sites ("DDMG: A Data Dissemination Mechanism for Grid Environments"): the sites relay to
 //!   each other depot to depot, as a sans-I/O scheduler decides.
-//! * [`plan`] — cutting a byte range into servable segments.
+//! * [`plan`] — cutting a byte range into servable segments; a sparse
+//!   file's holes need none.
 //! * [`pool`] — reused depot connections.
 //! * [`verify`] — every replica read back and checked (a scrub).
 //! * [`keep`] — a keeper cycle: leases refreshed, lost copies remade.

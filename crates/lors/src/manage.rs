@@ -546,6 +546,7 @@ pub async fn trim(
         }
     }
     let mut keep = ExNode {
+        holes: x.holes.clone(),
         parity: Vec::new(),
         metadata: x.metadata.clone(),
         mappings: Vec::new(),
@@ -946,7 +947,8 @@ async fn sleep_until(t: Option<std::time::Instant>) {
 }
 
 /// Byte ranges of `[0, logical size)` that no live mapping covers: what a
-/// download could not read. `live[i]` says whether mapping `i` answered.
+/// download could not read (a hole is no gap: it is zeros). `live[i]`
+/// says whether mapping `i` answered.
 pub fn uncovered(x: &ExNode, live: &[bool]) -> Vec<(u64, u64)> {
     let mut spans: Vec<(u64, u64)> = x
         .mappings
@@ -954,6 +956,7 @@ pub fn uncovered(x: &ExNode, live: &[bool]) -> Vec<(u64, u64)> {
         .zip(live)
         .filter(|(_, l)| **l)
         .map(|(m, _)| (m.exnode_offset, m.logical_end()))
+        .chain(x.holes.iter().map(|h| (h.offset, h.end())))
         .collect();
     spans.sort_unstable();
     let mut gaps = Vec::new();

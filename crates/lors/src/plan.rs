@@ -3,9 +3,10 @@
 //!
 //! Replicas need not share block boundaries, so the cut points are every
 //! mapping start and end inside the range, then pieces longer than the block
-//! size are split further so work can spread over depots.
+//! size are split further so work can spread over depots. A sparse file's
+//! holes get no segment: they are zeros, read from nowhere.
 
-use lors_exnode::Mapping;
+use lors_exnode::{Hole, Mapping};
 
 /// One piece of the output and where it can come from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,6 +72,17 @@ pub enum PlanError {
         /// What does not add up.
         what: String,
     },
+    /// A hole reaching past [`MAX_FILE_BYTES`]: the exNode is damaged or
+    /// hostile.
+    #[error(
+        "the exNode is inconsistent: a hole at {offset} of {length} bytes ends past byte {MAX_FILE_BYTES}; nothing was read"
+    )]
+    HoleTooFar {
+        /// The hole's offset.
+        offset: u64,
+        /// Its length.
+        length: u64,
+    },
 }
 
 /// Checks what an exNode says of each mapping's sizes before any byte moves,
@@ -123,6 +135,19 @@ pub fn check_geometry(mappings: &[Mapping]) -> Result<(), PlanError> {
     Ok(())
 }
 
+/// Checks an exNode's holes reach no further than its mappings may
+/// ([`MAX_FILE_BYTES`]): zeros without end are as hostile as a mapping
+/// claiming them.
+pub fn check_holes(holes: &[Hole]) -> Result<(), PlanError> {
+    match holes.last() {
+        Some(h) if h.end() > MAX_FILE_BYTES => Err(PlanError::HoleTooFar {
+            offset: h.offset,
+            length: h.length,
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// The piece size for planning `len` bytes in pieces of `piece`: larger
 /// when `len` would take more than [`MAX_SEGMENTS`] pieces.
 ///
@@ -143,9 +168,12 @@ pub fn piece_for(len: u64, piece: u64) -> Result<u64, PlanError> {
 
 /// Plans `[start, start+len)` into segments of at most `max_seg` bytes
 /// (never more than [`MAX_SEGMENTS`] of them split for size: see
-/// [`piece_for`]).
+/// [`piece_for`]). Bytes in `holes` (sorted, apart: as an exNode keeps
+/// them) get no segment; any other byte no readable mapping holds is an
+/// error.
 pub fn plan(
     mappings: &[Mapping],
+    holes: &[Hole],
     start: u64,
     len: u64,
     max_seg: u64,
@@ -169,8 +197,18 @@ pub fn plan(
             }
         }
     }
+    let first_hole = holes.partition_point(|h| h.end() <= start);
+    let holes = &holes[first_hole..];
+    for h in holes.iter().take_while(|h| h.offset < end) {
+        for p in [h.offset, h.end()] {
+            if p > start && p < end {
+                cuts.push(p);
+            }
+        }
+    }
     cuts.sort_unstable();
     cuts.dedup();
+    let mut hole = holes.iter().peekable();
     // One sweep over the cuts with the mappings sorted by start: `active`
     // holds those that began at or before the current cut and end after it,
     // so each window looks at the replicas of its own stretch, not at every
@@ -194,6 +232,11 @@ pub fn plan(
             .collect();
         sources.sort_unstable();
         if sources.is_empty() {
+            // Windows never straddle a hole's edge: in one, or clear of all.
+            while hole.next_if(|h| h.end() <= a).is_some() {}
+            if hole.peek().is_some_and(|h| h.offset <= a) {
+                continue;
+            }
             return Err(PlanError::Hole { start: a, end: b });
         }
         let mut off = a;
@@ -241,7 +284,7 @@ mod tests {
             m(0, 150, "b"),
             m(150, 50, "b"),
         ];
-        let segs = plan(&maps, 0, 200, 1000).unwrap();
+        let segs = plan(&maps, &[], 0, 200, 1000).unwrap();
         let got: Vec<(u64, u64, Vec<usize>)> = segs
             .iter()
             .map(|s| (s.offset, s.len, s.sources.clone()))
@@ -260,21 +303,56 @@ mod tests {
     fn ranges_and_holes() {
         let maps = [m(0, 100, "a"), m(200, 100, "a")];
         assert_eq!(
-            plan(&maps, 0, 300, 1000),
+            plan(&maps, &[], 0, 300, 1000),
             Err(PlanError::Hole {
                 start: 100,
                 end: 200
             })
         );
-        let segs = plan(&maps, 250, 30, 1000).unwrap();
+        let segs = plan(&maps, &[], 250, 30, 1000).unwrap();
         assert_eq!(
             (segs[0].offset, segs[0].len, segs[0].sources.clone()),
             (250, 30, vec![1])
         );
-        assert_eq!(plan(&maps, 0, 0, 10).unwrap(), vec![]);
+        assert_eq!(plan(&maps, &[], 0, 0, 10).unwrap(), vec![]);
         let mut unreadable = m(100, 100, "b");
         unreadable.read = None;
-        assert!(plan(&[m(0, 100, "a"), unreadable], 0, 200, 10).is_err());
+        assert!(plan(&[m(0, 100, "a"), unreadable], &[], 0, 200, 10).is_err());
+    }
+
+    #[test]
+    fn holes_get_no_segment_and_excuse_only_their_own_bytes() {
+        let maps = [m(0, 100, "a"), m(200, 100, "a")];
+        let hole = |offset, length| Hole { offset, length };
+        let got = |holes: &[Hole], a, l| {
+            plan(&maps, holes, a, l, 60).map(|v| {
+                v.iter()
+                    .map(|s| (s.offset, s.len))
+                    .collect::<Vec<(u64, u64)>>()
+            })
+        };
+        let gap = [hole(100, 100)];
+        assert_eq!(
+            got(&gap, 0, 300),
+            Ok(vec![(0, 60), (60, 40), (200, 60), (260, 40)])
+        );
+        assert_eq!(got(&gap, 120, 50), Ok(vec![]));
+        assert_eq!(got(&gap, 150, 100), Ok(vec![(200, 50)]));
+        assert!(check_holes(&gap).is_ok());
+        assert!(check_holes(&[hole(MAX_FILE_BYTES - 1, 2)]).is_err());
+        // A trailing hole, past every mapping.
+        assert_eq!(
+            got(&[hole(100, 100), hole(300, 50)], 280, 70),
+            Ok(vec![(280, 20)])
+        );
+        // Half a gap excused is not the whole gap.
+        assert_eq!(
+            got(&[hole(100, 50)], 0, 300),
+            Err(PlanError::Hole {
+                start: 150,
+                end: 200
+            })
+        );
     }
 
     #[test]
@@ -297,11 +375,18 @@ mod tests {
         // The largest claim that passes plans in at most MAX_SEGMENTS pieces.
         let big = m(0, MAX_MAPPING_BYTES, "a");
         check_geometry(std::slice::from_ref(&big)).unwrap();
-        let segs = plan(std::slice::from_ref(&big), 0, MAX_MAPPING_BYTES, 256 << 10).unwrap();
+        let segs = plan(
+            std::slice::from_ref(&big),
+            &[],
+            0,
+            MAX_MAPPING_BYTES,
+            256 << 10,
+        )
+        .unwrap();
         assert_eq!(segs.len() as u64, MAX_SEGMENTS);
         // Mappings side by side up to 8 PiB: too much for one download.
         assert!(matches!(
-            plan(&[big], 0, MAX_FILE_BYTES, 256 << 10),
+            plan(&[big], &[], 0, MAX_FILE_BYTES, 256 << 10),
             Err(PlanError::TooLarge { .. })
         ));
     }
@@ -375,7 +460,7 @@ mod tests {
             while o < total { let l = bs2.min(total - o); maps.push(m(o, l, "b")); o += l; }
             let start = a.min(total);
             let len = l.min(total - start);
-            let segs = plan(&maps, start, len, max_seg).unwrap();
+            let segs = plan(&maps, &[], start, len, max_seg).unwrap();
             let mut pos = start;
             for s in &segs {
                 prop_assert_eq!(s.offset, pos);

@@ -481,6 +481,7 @@ impl Job {
             metadata: self.x.metadata.clone(),
             mappings: Vec::new(),
             parity: Vec::new(),
+            holes: self.x.holes.clone(),
         };
         let mut dropped = 0;
         for (i, m) in self.x.allocations().enumerate() {

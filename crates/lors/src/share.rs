@@ -329,6 +329,8 @@ pub async fn share(x: &ExNode, opts: &Options, pool: &Pool) -> Result<Shared, Sh
         return Err(e);
     }
     let mut y = shared_exnode(x, &cuts, got);
+    let (off, len) = opts.range.unwrap_or((0, x.logical_size()));
+    y.holes = x.holes_in(off, off.saturating_add(len)).collect();
     let expires_at = if expires_at == u64::MAX {
         now + duration
     } else {
@@ -416,6 +418,7 @@ fn shared_exnode(x: &ExNode, cuts: &[Cut], got: BTreeMap<usize, CapSet>) -> ExNo
         metadata: x.metadata.clone(),
         mappings: Vec::with_capacity(got.len()),
         parity: Vec::new(),
+        holes: Vec::new(),
     };
     let mut ids = blake3::Hasher::new();
     for (i, caps) in got {
@@ -719,6 +722,7 @@ mod tests {
             metadata: vec![],
             mappings: vec![raw(0, 100), raw(100, 100)],
             parity: vec![],
+            holes: vec![],
         };
         let c = cuts(
             &x,

@@ -100,6 +100,7 @@ fn any_three_of_nine_depots_lost_read_back_whole_and_four_fail_naming_stripes() 
             steps: vec![Step::Blake3],
         })),
         erasure: Some(Scheme::parse("6+3").unwrap()),
+        sparse: false,
     };
     let file = std::fs::File::open(&src).unwrap();
     let up = rt
@@ -220,6 +221,7 @@ fn a_lost_depots_blocks_are_rebuilt_from_reads_the_download_makes_anyway() {
         filename: "src".into(),
         e2e: None,
         erasure: Some(Scheme::parse("6+3").unwrap()),
+        sparse: false,
     };
     let file = std::fs::File::open(&src).unwrap();
     let x = rt

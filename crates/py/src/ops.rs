@@ -148,7 +148,7 @@ fn input(path: &str, up: &UploadOptions) -> PyResult<(std::fs::File, String)> {
             "{path}: not a regular file (write a stream with lors.open(xnd, \"wb\"))"
         )));
     }
-    let identity = leftover::identity(&meta, up.block_size, up.copies, up.e2e.is_some());
+    let identity = leftover::identity(&meta, up);
     Ok((file, identity))
 }
 
@@ -319,6 +319,7 @@ async fn fetch(
                 .cloned()
                 .collect(),
             parity: Vec::new(),
+            holes: x.holes_in(start, end).collect(),
         })
     } else {
         x

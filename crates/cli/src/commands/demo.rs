@@ -287,6 +287,7 @@ fn upload_options(a: &Args, depots: Vec<String>) -> UploadOptions {
         reliability: Reliability::Hard,
         filename: "demo.bin".into(),
         erasure: None,
+        sparse: true,
         e2e: Some(Codec::Native(Chain {
             block_size: 1 << 20,
             steps: vec![Step::Blake3],

@@ -17,6 +17,7 @@ mod lbone;
 mod lstore;
 mod metrics;
 mod share;
+mod sparse;
 mod tls;
 mod tools;
 mod util;

@@ -104,6 +104,7 @@ fn round_trips_over_sizes_block_sizes_copies_and_threads() {
                     reliability: Reliability::Hard,
                     filename: "p.bin".into(),
                     erasure: None,
+                    sparse: false,
                     e2e: chain.clone(),
                 };
                 let (x, back) = rt.block_on(async {

@@ -293,7 +293,8 @@ impl Parser<'_> {
                     x.metadata.push(self.metadata(&e)?);
                 }
                 Ev::Start(e) if e.exnode_ns && e.local == "mapping" => {
-                    if x.mappings.len() + x.parity.len() == self.limits.max_mappings {
+                    if x.mappings.len() + x.parity.len() + x.holes.len() == self.limits.max_mappings
+                    {
                         return Err(self.limit("mappings"));
                     }
                     x.mappings.push(self.mapping(&e)?);
@@ -302,10 +303,27 @@ impl Parser<'_> {
                 // which the LoRS 0.82 tools skip (they would read parity as
                 // file data otherwise).
                 Ev::Start(e) if e.exnode_ns && e.local == "parity" => {
-                    if x.mappings.len() + x.parity.len() == self.limits.max_mappings {
+                    if x.mappings.len() + x.parity.len() + x.holes.len() == self.limits.max_mappings
+                    {
                         return Err(self.limit("mappings"));
                     }
                     x.parity.push(self.mapping(&e)?);
+                }
+                // Holes of a sparse file: element and rule as for parity,
+                // so the LoRS tools see a gap and refuse it.
+                Ev::Start(e) if e.exnode_ns && e.local == "hole" => {
+                    if x.mappings.len() + x.parity.len() + x.holes.len() == self.limits.max_mappings
+                    {
+                        return Err(self.limit("mappings"));
+                    }
+                    let m = self.mapping(&e)?;
+                    if m.read.is_some() || m.write.is_some() || m.manage.is_some() {
+                        return Err(self.invalid("hole", "a hole holds no capability"));
+                    }
+                    x.holes.push(crate::model::Hole {
+                        offset: m.exnode_offset,
+                        length: m.logical_length,
+                    });
                 }
                 Ev::Start(e) => self.skip(&e)?,
                 Ev::Text(_) => {}

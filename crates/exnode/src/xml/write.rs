@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 
 use super::NAMESPACE;
-use crate::model::{ExNode, Function, Mapping, Metadata, Value};
+use crate::model::{ExNode, Function, Hole, Mapping, Metadata, Value};
 
 fn escape(s: &str, out: &mut String) {
     for c in s.chars() {
@@ -103,10 +103,25 @@ fn mapping(out: &mut String, tag: &str, m: &Mapping) {
     let _ = writeln!(out, "  </exnode:{tag}>");
 }
 
+/// A hole: its range as a mapping's would be, and nothing else (the LoRS
+/// tools skip the element; the gap it leaves makes them refuse the range).
+fn hole(out: &mut String, h: &Hole) {
+    let _ = writeln!(out, "  <exnode:hole>");
+    for (name, v) in [("exnode_offset", h.offset), ("logical_length", h.length)] {
+        let _ = writeln!(
+            out,
+            "    <exnode:metadata name=\"{name}\" type=\"integer\">{v}</exnode:metadata>"
+        );
+    }
+    let _ = writeln!(out, "  </exnode:hole>");
+}
+
 /// Serializes an exNode. Values are written as given; callers set
 /// `filename`/`lorsversion` metadata (see [`super::LORS_VERSION`]).
 pub fn write(x: &ExNode) -> String {
-    let mut out = String::with_capacity(256 + 700 * (x.mappings.len() + x.parity.len()));
+    let mut out = String::with_capacity(
+        256 + 700 * (x.mappings.len() + x.parity.len()) + 160 * x.holes.len(),
+    );
     out.push_str("<?xml version=\"1.0\"?>\n");
     let _ = writeln!(out, "<exnode xmlns:exnode=\"{NAMESPACE}\">");
     for m in &x.metadata {
@@ -117,6 +132,9 @@ pub fn write(x: &ExNode) -> String {
     }
     for m in &x.parity {
         mapping(&mut out, "parity", m);
+    }
+    for h in &x.holes {
+        hole(&mut out, h);
     }
     out.push_str("</exnode>\n");
     out

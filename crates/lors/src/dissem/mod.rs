@@ -229,6 +229,10 @@ fn exnode_layout(x: &ExNode, sites: &[String]) -> Result<Layout> {
     let mut preheld = Vec::new();
     let mut pos = 0;
     while pos < size {
+        if let Some(h) = x.hole_at(pos) {
+            pos = h.end();
+            continue;
+        }
         let readable = |idx: &Vec<usize>| {
             idx.iter()
                 .filter(|&&i| x.mappings[i].read.is_some())
@@ -607,6 +611,7 @@ impl<'a> Spread<'a> {
             release.extend(made);
         }
         let mut unreleased = ExNode {
+            holes: Vec::new(),
             parity: x.parity.clone(),
             metadata: x.metadata.clone(),
             mappings: if release.is_empty() {

@@ -29,7 +29,7 @@ use tokio::io::AsyncWrite;
 use tokio::sync::{Notify, Semaphore, mpsc};
 
 use crate::error::{Error, Result};
-use crate::plan::{check_geometry, plan};
+use crate::plan::{check_geometry, check_holes, plan};
 use crate::pool::Pool;
 use crate::progress::{self, Progress};
 
@@ -545,6 +545,7 @@ pub async fn download(
     let (extended, mut rebuild) = rebuild::Rebuild::extend(x)?.unzip();
     let x = extended.as_ref().unwrap_or(x);
     check_geometry(&x.mappings)?;
+    check_holes(&x.holes)?;
     let size = x.logical_size();
     let start = opts.offset.min(size);
     let len = opts.length.unwrap_or(size - start).min(size - start);
@@ -575,6 +576,9 @@ pub async fn download(
         split_tail: stream.is_none() && codecs.iter().all(Option::is_none),
         ..sched_config(opts, &names)
     };
+    let zeros = stream
+        .as_ref()
+        .map_or_else(Vec::new, |_| holes_around(&planned, start, len));
     let (sched, resumed_bytes) = scheduler(
         cfg,
         (names, depot_of, planned),
@@ -583,7 +587,8 @@ pub async fn download(
         file_out.as_ref(),
         t0,
     );
-    progress.start(Some(len - resumed_bytes));
+    let holes: u64 = x.holes_in(start, start + len).map(|h| h.length).sum();
+    progress.start(Some(len - holes - resumed_bytes));
     let slots = usize::try_from(opts.memory / largest.max(1))
         .unwrap_or(usize::MAX)
         .clamp(1, Semaphore::MAX_PERMITS);
@@ -629,7 +634,7 @@ pub async fn download(
     };
     let (tx, writer) = match stream {
         Some((w, name)) => {
-            let (tx, writer) = spawn_writer(&ctx, w, name, window, hold);
+            let (tx, writer) = spawn_writer(&ctx, (w, name), window, hold, zeros);
             (Some(tx), Some(writer))
         }
         None => (None, None),
@@ -817,6 +822,7 @@ fn layout(
     let piece = crate::plan::piece_for(len, piece)?.next_multiple_of(e2e_block);
     let planned = plan(
         &x.mappings,
+        &x.holes,
         start,
         len,
         if whole { u64::MAX } else { piece },
@@ -878,10 +884,10 @@ fn scheduler(
 /// `window` of them queued.
 fn spawn_writer(
     ctx: &Arc<Ctx>,
-    w: Sink,
-    name: String,
+    (w, name): (Sink, String),
     window: usize,
     hold: output::Hold,
+    zeros: Vec<u64>,
 ) -> (mpsc::Sender<Held>, tokio::task::JoinHandle<()>) {
     let (tx, rx) = mpsc::channel::<Held>(window);
     let c = ctx.clone();
@@ -891,9 +897,28 @@ fn spawn_writer(
         // writer that will never write again.
         let written = |next| c.update(|g| g.sched.written(next));
         let failed = |e| c.fatal(Error::io(format!("writing {name}"), e));
-        output::write_in_order(w, rx, &c.bufs, hold, written, failed).await;
+        output::write_in_order(w, rx, &c.bufs, hold, &zeros, written, failed).await;
     });
     (tx, writer)
+}
+
+/// The zeros a stream of `[start, start+len)` writes before each of the
+/// pieces `planned` and after the last: the holes between them (none, no
+/// entries).
+fn holes_around(planned: &[crate::plan::Segment], start: u64, len: u64) -> Vec<u64> {
+    let mut at = start;
+    let mut zeros: Vec<u64> = (planned.iter())
+        .map(|s| {
+            let gap = s.offset - at;
+            at = s.offset + s.len;
+            gap
+        })
+        .collect();
+    zeros.push(start + len - at);
+    match zeros.iter().all(|&z| z == 0) {
+        true => Vec::new(),
+        false => zeros,
+    }
 }
 
 /// What a finished download comes to: its statistics, or why part of the

@@ -458,22 +458,51 @@ impl Sink {
                 bufs.give(data);
                 Ok(())
             }
-            Sink::Pieces(tx) => tx.send(Piece { data, _slot: slot }).await.map_err(|_| {
-                std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the reader is gone")
-            }),
+            Sink::Pieces(tx) => (tx.send(Piece { data, _slot: slot }).await).map_err(|_| gone()),
         }
     }
+
+    /// `n` zeros: a hole of a sparse file, read from no depot.
+    async fn zeros(&mut self, mut n: u64) -> std::io::Result<()> {
+        static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
+        while n > 0 {
+            let k = match self {
+                Sink::Writer(w) => {
+                    let k = n.min(ZEROS.len() as u64) as usize;
+                    w.write_all(&ZEROS[..k]).await?;
+                    k
+                }
+                Sink::Pieces(tx) => {
+                    let k = n.min(super::STREAM_PIECE) as usize;
+                    let data = Data::Mem(BytesMut::zeroed(k));
+                    tx.send(Piece { data, _slot: None })
+                        .await
+                        .map_err(|_| gone())?;
+                    k
+                }
+            };
+            n -= k as u64;
+        }
+        Ok(())
+    }
+}
+
+fn gone() -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the reader is gone")
 }
 
 /// Writes pieces arriving in any order to `w` in order, holding the early
 /// ones. `written(next)` is told each time the first unwritten piece moves;
 /// `failed` gets a write error once (the reader went away, the disk is full)
-/// and the writer stops.
+/// and the writer stops. `zeros[i]` zeros go out before piece `i`, and
+/// `zeros[n]` after the last of `n` (a sparse file's holes; no holes, no
+/// entries).
 pub(super) async fn write_in_order(
     mut w: Sink,
     mut rx: mpsc::Receiver<Held>,
     bufs: &Buffers,
     hold: Hold,
+    zeros: &[u64],
     written: impl Fn(usize),
     failed: impl Fn(std::io::Error),
 ) {
@@ -498,6 +527,10 @@ pub(super) async fn write_in_order(
             started = true;
         }
         while let Some((d, mem)) = held.remove(&next) {
+            let gap = zeros.get(next).copied().unwrap_or(0);
+            if let Err(e) = w.zeros(gap).await {
+                return failed(e);
+            }
             if let Err(e) = w.put(d, mem, bufs).await {
                 return failed(e);
             }
@@ -505,6 +538,13 @@ pub(super) async fn write_in_order(
             written(next);
         }
         if closed {
+            // The holes after the last piece, once every piece is out.
+            if held.is_empty()
+                && next + 1 == zeros.len()
+                && let Err(e) = w.zeros(zeros[next]).await
+            {
+                return failed(e);
+            }
             break;
         }
     }
@@ -546,7 +586,7 @@ mod tests {
                 pieces: 8,
             };
             let fail = |e| panic!("{e}");
-            write_in_order(sink, rx, &Buffers::new(0), hold, |_| {}, fail).await
+            write_in_order(sink, rx, &Buffers::new(0), hold, &[], |_| {}, fail).await
         })
     }
 

@@ -122,6 +122,7 @@ async fn scrub_some(
         return (Vec::new(), 0);
     }
     let sub = ExNode {
+        holes: Vec::new(),
         parity: Vec::new(),
         metadata: Vec::new(),
         mappings: idx.iter().map(|&i| x.mappings[i].clone()).collect(),
@@ -217,6 +218,7 @@ async fn refresh_due(
         return (refreshed, not_refreshed);
     }
     let sub = ExNode {
+        holes: Vec::new(),
         parity: Vec::new(),
         metadata: Vec::new(),
         mappings: (due.iter())
@@ -255,6 +257,7 @@ async fn heal(
     let mut heal_error = None;
     for (lack, sources) in by_lack {
         let sub = ExNode {
+            holes: Vec::new(),
             parity: Vec::new(),
             metadata: x.metadata.clone(),
             mappings: sources.iter().map(|&i| x.mappings[i].clone()).collect(),
@@ -298,6 +301,7 @@ fn settle(
     copies: usize,
 ) -> Settled {
     let mut kept = ExNode {
+        holes: x.holes.clone(),
         parity: x.parity.clone(),
         metadata: x.metadata.clone(),
         mappings: Vec::new(),
@@ -367,6 +371,7 @@ pub async fn release(made: &[lors_exnode::Mapping], pool: &Arc<Pool>) {
         return;
     }
     let x = ExNode {
+        holes: Vec::new(),
         parity: Vec::new(),
         metadata: Vec::new(),
         mappings: made.to_vec(),

@@ -26,6 +26,7 @@ use crate::progress::{Event, Progress};
 use crate::stall::{Kind, Watcher};
 
 mod e2e;
+mod sparse;
 mod stripes;
 
 pub use e2e::E2e;
@@ -53,6 +54,11 @@ pub struct UploadOptions {
     /// blocks and `m` parity blocks, each on a depot of its own (`copies`
     /// is then not used). See [`lors_exnode::erasure`].
     pub erasure: Option<Scheme>,
+    /// A regular file's holes (`SEEK_HOLE`) of a MiB or more are recorded
+    /// in the exNode, not stored ([`lors_exnode::Hole`]); not with
+    /// `erasure`. Off, every byte is stored, as the LoRS 0.82 tools need
+    /// to read the file.
+    pub sparse: bool,
 }
 
 impl UploadOptions {
@@ -74,6 +80,7 @@ impl UploadOptions {
             filename,
             e2e,
             erasure: s.erasure,
+            sparse: true,
         }
     }
 
@@ -524,7 +531,7 @@ pub async fn upload<R: AsyncRead + Unpin>(
     progress: Arc<dyn Progress>,
 ) -> Result<Uploaded> {
     run(
-        Input::Stream(input),
+        (Input::Stream(input), None),
         size,
         opts,
         pool,
@@ -557,12 +564,31 @@ pub async fn upload_file_with(
         .metadata()
         .map_err(|e| Error::io("reading the input's size", e))?
         .len();
+    let layout = match opts.sparse && opts.erasure.is_none() {
+        true => {
+            sparse::layout(&file, size).map_err(|e| Error::io("finding the input's holes", e))?
+        }
+        false => None,
+    };
     let input = if opts.e2e.is_some() {
         Input::<tokio::io::Empty>::Read(tokio::fs::File::from_std(file))
     } else {
         Input::File(Arc::new(file), size)
     };
-    run(input, Some(size), opts, pool, progress, control).await
+    let total = layout.as_ref().map_or(size, sparse::Layout::data_bytes);
+    let mut up = run(
+        (input, layout.as_ref()),
+        Some(total),
+        opts,
+        pool,
+        progress,
+        control,
+    )
+    .await?;
+    if let Some(l) = layout {
+        up.exnode.holes = l.holes;
+    }
+    Ok(up)
 }
 
 enum Input<R> {
@@ -575,10 +601,11 @@ enum Input<R> {
 
 impl<R: AsyncRead + Unpin> Input<R> {
     /// The next block of at most `bs` bytes at `offset`; `None` at the end.
-    async fn next(&mut self, offset: u64, bs: usize) -> Result<Option<Data>> {
+    async fn next(&mut self, offset: u64, want: u64) -> Result<Option<Data>> {
+        let bs = usize::try_from(want).unwrap_or(usize::MAX);
         match self {
             Input::File(f, size) => {
-                let len = (*size - offset).min(bs as u64);
+                let len = size.saturating_sub(offset).min(want);
                 Ok((len > 0).then(|| Data::Range(f.clone(), offset, len)))
             }
             Input::Stream(r) => read_block(r, bs).await,
@@ -621,8 +648,9 @@ async fn read_block<R: AsyncRead + Unpin>(r: &mut R, bs: usize) -> Result<Option
     Ok((got > 0).then_some(Data::Mem(buf)))
 }
 
+/// Uploads `input` (only the extents of its sparse layout, if it has one).
 async fn run<R: AsyncRead + Unpin>(
-    mut input: Input<R>,
+    (mut input, layout): (Input<R>, Option<&sparse::Layout>),
     size: Option<u64>,
     opts: &UploadOptions,
     pool: Arc<Pool>,
@@ -652,16 +680,24 @@ async fn run<R: AsyncRead + Unpin>(
         else {
             break;
         };
+        let want = match next_room(layout, &mut input, &mut offset, bs as u64).await {
+            Ok(Some(w)) => w,
+            Ok(None) => break,
+            Err(e) => {
+                stop.failure = Some(e);
+                break;
+            }
+        };
         if let Some(stored) = done.remove(&offset) {
             let len = stored[0].logical_length;
-            let whole = stored.len() >= copies && len > 0 && len <= bs as u64;
+            let whole = stored.len() >= copies && len > 0 && len <= want;
             match input.skip(offset, len).await {
                 Ok(true) if whole => {
                     progress.advance(&stored[0].depot().unwrap_or_default(), len);
                     results.push((index, stored));
                     offset += len;
                     index += 1;
-                    if len < bs as u64 {
+                    if len < want {
                         break;
                     }
                     continue;
@@ -673,7 +709,7 @@ async fn run<R: AsyncRead + Unpin>(
                 }
             }
         }
-        let data = match input.next(offset, bs).await {
+        let data = match input.next(offset, want).await {
             Ok(Some(data)) => data,
             Ok(None) => break,
             Err(e) => {
@@ -691,7 +727,7 @@ async fn run<R: AsyncRead + Unpin>(
         });
         offset += got;
         index += 1;
-        if got < bs as u64 {
+        if got < want {
             break;
         }
     }
@@ -718,6 +754,29 @@ async fn run<R: AsyncRead + Unpin>(
         return Err(shared.abandon(e).await);
     }
     shared.finish(results, copies).await
+}
+
+/// The room for the block at `offset`: `bs`, or with a sparse layout up
+/// to the end of its extent, `offset` (and the input) moved on to the
+/// next extent at the end of one. `None` past the last extent.
+async fn next_room<R: AsyncRead + Unpin>(
+    layout: Option<&sparse::Layout>,
+    input: &mut Input<R>,
+    offset: &mut u64,
+    bs: u64,
+) -> Result<Option<u64>> {
+    let Some(l) = layout else {
+        return Ok(Some(bs));
+    };
+    let i = l.extents.partition_point(|e| e.1 <= *offset);
+    let Some(&(a, b)) = l.extents.get(i) else {
+        return Ok(None);
+    };
+    if *offset < a {
+        *offset = a;
+        input.skip(a, 0).await?;
+    }
+    Ok(Some((b - *offset).min(bs)))
 }
 
 /// Why the loop reading an upload's input ended early: told to stop, or

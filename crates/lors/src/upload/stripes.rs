@@ -128,7 +128,7 @@ async fn read_stripe<R: AsyncRead + Unpin>(
 ) -> Result<(Vec<Vec<u8>>, bool)> {
     let mut blocks = Vec::with_capacity(k);
     while blocks.len() < k {
-        let Some(data) = input.next(offset, bs).await? else {
+        let Some(data) = input.next(offset, bs as u64).await? else {
             return Ok((blocks, true));
         };
         let block = match data {

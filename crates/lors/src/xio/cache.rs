@@ -193,6 +193,11 @@ impl Cache {
     /// read-ahead or the depots.
     fn piece(&self, off: u64, want: usize) -> io::Result<(u64, Frozen)> {
         let mut st = self.lock();
+        // A sparse file's hole is zeros from here, not from a depot.
+        if let Some(z) = (st.source.as_ref()).and_then(|s| hole_zeros(&s.x, off, want)) {
+            st.last_end = off + z.len() as u64;
+            return Ok((off, z));
+        }
         // The stream this read waited for, to hear if it failed.
         let mut waited = None;
         loop {
@@ -694,6 +699,18 @@ impl Drop for Stream {
             t.abort();
         }
     }
+}
+
+/// Zeros for up to `want` bytes at `off` when a hole of `x` holds it (as
+/// many as the hole has from there, at most a static megabyte's worth).
+fn hole_zeros(x: &lors_exnode::ExNode, off: u64, want: usize) -> Option<Frozen> {
+    static ZEROS: [u8; 1 << 20] = [0; 1 << 20];
+    let h = x.hole_at(off)?;
+    let k = usize::try_from(h.end() - off)
+        .unwrap_or(usize::MAX)
+        .min(want)
+        .min(ZEROS.len());
+    Some(Data::Mem(bytes::Bytes::from_static(&ZEROS[..k])))
 }
 
 #[cfg(test)]

@@ -48,6 +48,7 @@ impl File {
             saved.push((a, v));
         }
         let dropped = ranges::truncate(&mut self.x.mappings, len);
+        self.x.fill_holes(len, u64::MAX);
         self.retire(dropped);
         self.size = len;
         self.touch();
@@ -119,6 +120,7 @@ impl File {
             filename: String::new(),
             erasure: None,
             e2e: None,
+            sparse: false,
         };
         let pool = self.pool.clone();
         let len = data.len() as u64;
@@ -215,6 +217,7 @@ impl File {
     /// New mappings for `[off, off+len)` supersede what was there.
     fn merge(&mut self, off: u64, len: u64, new: Vec<Mapping>) {
         let dropped = ranges::merge(&mut self.x.mappings, off, len, new);
+        self.x.fill_holes(off, off.saturating_add(len));
         self.retire(dropped);
         self.touch();
     }

@@ -59,6 +59,7 @@ pub(super) fn detail(a: &Args, r: &ExnodeRef) -> anyhow::Result<()> {
         let summary = Summary {
             filename: x.filename().unwrap_or(""),
             size: x.logical_size(),
+            holes: x.hole_bytes(),
             mappings: x.mappings.len(),
             blocks: blocks.len(),
             min_live_replicas: min_live,
@@ -78,7 +79,14 @@ pub(super) fn detail(a: &Args, r: &ExnodeRef) -> anyhow::Result<()> {
         crate::commands::outln!("{}", crate::commands::json_line(&summary)?);
     } else {
         crate::commands::outln!("file:      {}", x.filename().unwrap_or("(no name)"));
-        crate::commands::outln!("size:      {} bytes", x.logical_size());
+        match x.hole_bytes() {
+            0 => crate::commands::outln!("size:      {} bytes", x.logical_size()),
+            h => crate::commands::outln!(
+                "size:      {} bytes ({h} of them in {} holes, not stored: zeros)",
+                x.logical_size(),
+                x.holes.len()
+            ),
+        }
         if let Some(st) = &stripes {
             st.print()?;
         } else {
@@ -130,6 +138,8 @@ pub(super) fn detail(a: &Args, r: &ExnodeRef) -> anyhow::Result<()> {
 struct Summary<'a> {
     filename: &'a str,
     size: u64,
+    /// Bytes of `size` in holes (a sparse file's zeros, not stored).
+    holes: u64,
     mappings: usize,
     blocks: usize,
     min_live_replicas: usize,

@@ -116,6 +116,11 @@ pub struct Args {
     /// depot: tiny blocks make millions of them).
     #[arg(long)]
     small_blocks: bool,
+    /// Store every byte of a sparse file, its holes as zeros, so the LoRS
+    /// 0.82 tools can read it [default: holes of 1 MiB or more are
+    /// recorded in the exNode and not stored].
+    #[arg(long)]
+    dense: bool,
     #[command(flatten)]
     report: ReportOpts,
 }
@@ -145,6 +150,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let stdin = a.file.as_os_str() == "-";
     let mut opts =
         UploadOptions::from_settings(&s, Vec::new(), filename(&a, &out), chain(&a, &s.rc)?);
+    opts.sparse = !a.dense;
     check_block_size(opts.block_size, a.small_blocks, (!stdin).then_some(&a.file))?;
     let (spread, bytes) = opts.need();
     let mut found = super::Placement {
@@ -232,13 +238,14 @@ fn summary(
         .ok()
         .flatten()
         .map(|e| e.scheme);
-    let size = x.logical_size();
+    let (size, holes) = (x.logical_size(), x.hole_bytes());
     let secs = took.as_secs_f64();
-    let mib_per_s = size as f64 / 1048576.0 / secs.max(1e-9);
+    let mib_per_s = (size - holes) as f64 / 1048576.0 / secs.max(1e-9);
     if progress.is_json() {
         progress.done(&Report {
             exnode: &out.display().to_string(),
             size,
+            holes,
             mappings: x.mappings.len(),
             copies: if ec.is_some() { 1 } else { copies },
             ec: ec.map(|e| e.to_string()),
@@ -257,8 +264,12 @@ fn summary(
             ),
             None => format!("{} mappings ({copies} copies)", x.mappings.len()),
         };
+        let sparse = match holes {
+            0 => String::new(),
+            h => format!(" ({h} of them in holes, not stored)"),
+        };
         eprintln!(
-            "lors: uploaded {size} bytes as {how} in {secs:.2}s, {mib_per_s:.1} MiB/s -> {}",
+            "lors: uploaded {size} bytes{sparse} as {how} in {secs:.2}s, {mib_per_s:.1} MiB/s -> {}",
             out.display()
         );
     }
@@ -269,6 +280,9 @@ fn summary(
 struct Report<'a> {
     exnode: &'a str,
     size: u64,
+    /// Bytes of `size` in holes (a sparse file's), not stored.
+    #[serde(skip_serializing_if = "no_holes")]
+    holes: u64,
     mappings: usize,
     copies: usize,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -280,5 +294,9 @@ struct Report<'a> {
 }
 
 fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
+fn no_holes(n: &u64) -> bool {
     *n == 0
 }

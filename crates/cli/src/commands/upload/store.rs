@@ -33,8 +33,7 @@ pub(super) fn store(
         .transpose()?;
     let meta = input.as_ref().and_then(|f| f.metadata().ok());
     // What identifies this upload in a record for resuming it.
-    let identity = (meta.as_ref().filter(|m| m.is_file()))
-        .map(|m| leftover::identity(m, opts.block_size, opts.copies, opts.e2e.is_some()));
+    let identity = (meta.as_ref().filter(|m| m.is_file())).map(|m| leftover::identity(m, opts));
     let partial = leftover::record_path(out);
     let done = match &identity {
         Some(id) => leftover::resumable(&partial, id).map_err(|e| match e {
