@@ -317,10 +317,14 @@ impl Reporter {
         let mut depots: Vec<(&String, &Depot)> = s.depots.iter().collect();
         let rate = |d: &Depot| d.rate.get().unwrap_or(0.0);
         depots.sort_by(|a, b| rate(b.1).total_cmp(&rate(a.1)).then(a.0.cmp(b.0)));
+        // Pairs of depots (a route's `A → B`) get the room two names take.
+        let col = (depots.iter().map(|(n, _)| n.chars().count()).max())
+            .unwrap_or(0)
+            .clamp(24, 44);
         for (name, d) in depots.iter().take(MAX_DEPOT_LINES) {
             let line = format!(
-                "  {:<24} {:>11} {:>13}  {}",
-                fit(name, 24),
+                "  {:<col$} {:>11} {:>13}  {}",
+                fit(name, col),
                 self.unit.amount(d.done),
                 self.unit.rate(rate(d)),
                 d.state
@@ -400,6 +404,16 @@ impl Reporter {
 
     /// Whether events go out as JSON (then the command prints no JSON of
     /// its own).
+    /// Units done per depot (or per pair of depots, `A → B`, for a copy
+    /// between them), by name.
+    pub fn tallies(&self) -> Vec<(String, u64)> {
+        let s = self.lock();
+        (s.depots.iter())
+            .filter(|(_, d)| d.done > 0)
+            .map(|(n, d)| (n.clone(), d.done))
+            .collect()
+    }
+
     pub fn is_json(&self) -> bool {
         matches!(self.mode, Mode::Json { .. })
     }

@@ -9,12 +9,16 @@
 //!   elsewhere, first finisher wins.
 //! * [`dissem`] — one file to many sites ("DDMG: A Data Dissemination Mechanism for Grid Environments"): the sites relay to
 //!   each other depot to depot, as a sans-I/O scheduler decides.
+//! * [`manage`] — augment, route, trim, refresh: copies depot to depot,
+//!   paired source to target by [`burst`] so a move between sites keeps
+//!   every link busy.
 //! * [`plan`] — cutting a byte range into servable segments; a sparse
 //!   file's holes need none.
 //! * [`pool`] — reused depot connections.
 //! * [`verify`] — every replica read back and checked (a scrub).
 //! * [`keep`] — a keeper cycle: leases refreshed, lost copies remade.
 
+pub mod burst;
 pub mod directory;
 pub mod dissem;
 pub mod download;

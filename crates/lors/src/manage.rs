@@ -87,15 +87,13 @@ pub struct CopyOptions {
     pub stop: Option<tokio::sync::watch::Receiver<bool>>,
 }
 
-/// Blocks copied at once by [`replicate`]: enough to keep several depots
-/// sending, and a hung depot's copy is not the only one in flight, so the
-/// others' pace shows it up ([`crate::stall`]).
-const PARALLEL_BLOCKS: usize = 8;
-
 /// Copies blocks depot-to-depot onto `depots` as `want` says, each new
 /// replica on a depot that does not hold that block yet; `progress` counts
-/// the bytes copied. Blocks are copied several at a time, each to the
-/// least-loaded target; a target that cannot be reached or stops answering
+/// the bytes copied per pair of depots (`SOURCE → TARGET`). Blocks are
+/// copied several at a time as [`crate::burst`] pairs them, every source
+/// and every target depot busy at once with its share (a hung depot's
+/// copy is never the only one in flight, so the others' pace shows it up:
+/// [`crate::stall`]); a target that cannot be reached or stops answering
 /// (stalled while the others answer) is skipped from then on. New mappings
 /// are appended in block order; the input exNode is not changed. An
 /// erasure-coded file's blocks (parity too) are copied once each, never
@@ -122,6 +120,19 @@ pub async fn replicate(
     }
     let (plan, stripes) = plan(x, depots, want)?;
     progress.start(Some(plan.iter().map(|b| b.range.1 * b.copies as u64).sum()));
+    let holders: Vec<Vec<String>> = (plan.iter())
+        .map(|b| {
+            let mut on: Vec<String> = (b.idx.iter())
+                .filter_map(|&i| x.allocation(i))
+                .filter(|m| m.read.is_some())
+                .filter_map(Mapping::depot)
+                .collect();
+            on.dedup();
+            on
+        })
+        .collect();
+    let sources: HashSet<&String> = holders.iter().flatten().collect();
+    let in_flight = crate::burst::in_flight(sources.len(), load.len());
     let run = Replication {
         x,
         pool,
@@ -140,14 +151,26 @@ pub async fn replicate(
             made: Vec::new(),
             failure: None,
         }),
-        queue: std::sync::Mutex::new(plan.into_iter().collect()),
+        links: std::sync::Mutex::new(crate::burst::Links::new(&holders)),
+        blocks: std::sync::Mutex::new(plan.into_iter().map(Some).collect()),
         stop: opts.stop.clone(),
     };
-    let workers = (0..PARALLEL_BLOCKS).map(|_| run.worker()).collect();
+    let workers = (0..in_flight).map(|_| run.worker()).collect();
     join_all(workers).await;
     let stopped = run.stopped();
     let st = run.state.into_inner().unwrap_or_else(|e| e.into_inner());
-    let mut made = st.made;
+    let made = st.made;
+    // A route told to stop keeps the copies it completed, named in the
+    // exNode it returns: a rerun counts them on the targets and copies
+    // only what is missing.
+    if stopped && st.failure.is_none() && matches!(want, Replicas::OnTargets(_)) && !made.is_empty()
+    {
+        return Err(Error::Interrupted {
+            stored: Box::new(with_copies(x, made)),
+            released: 0,
+            stranded: ExNode::default(),
+        });
+    }
     if stopped || st.failure.is_some() {
         // The replicas made so far are in no exNode the caller keeps:
         // free them rather than leave them to their lease.
@@ -159,6 +182,11 @@ pub async fn replicate(
         }
         return Err(st.failure.expect("checked above"));
     }
+    Ok(with_copies(x, made))
+}
+
+/// `x` with the copies `made` (each with its block's place) appended.
+fn with_copies(x: &ExNode, mut made: Vec<(usize, Mapping)>) -> ExNode {
     made.sort_by_key(|(order, _)| *order);
     let mut out = x.clone();
     for (order, m) in made {
@@ -169,7 +197,7 @@ pub async fn replicate(
         }
     }
     out.parity.sort_by_key(Mapping::shard);
-    Ok(out)
+    out
 }
 
 /// The depots holding a block of each stripe of an erasure-coded file.
@@ -282,7 +310,10 @@ struct Replication<'a> {
     reliability: Reliability,
     watch: crate::stall::Watcher,
     state: std::sync::Mutex<RepState>,
-    queue: std::sync::Mutex<std::collections::VecDeque<Block>>,
+    /// Which block goes next, from which source, to which target.
+    links: std::sync::Mutex<crate::burst::Links>,
+    /// The blocks to copy, each taken out when its turn comes.
+    blocks: std::sync::Mutex<Vec<Option<Block>>>,
     stop: Option<tokio::sync::watch::Receiver<bool>>,
 }
 
@@ -295,39 +326,51 @@ impl Replication<'_> {
         self.stop.as_ref().is_some_and(|s| *s.borrow())
     }
 
-    /// Copies blocks from the queue until it is empty, a block fails or
-    /// the run is told to stop (the copy in flight finishes first).
+    fn links(&self) -> std::sync::MutexGuard<'_, crate::burst::Links> {
+        self.links.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Copies blocks as [`crate::burst::Links`] hands them out until none
+    /// is left, a block fails or the run is told to stop (the copy in
+    /// flight finishes first).
     async fn worker(&self) {
         loop {
-            let next = self
-                .queue
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .pop_front();
-            let Some(mut b) = next else { return };
-            if self.lock().failure.is_some() {
+            if self.lock().failure.is_some() || self.stopped() {
                 return;
             }
-            while b.copies > 0 {
-                if self.stopped() {
-                    return;
-                }
-                if let Err(e) = self.copy_once(&mut b).await {
-                    self.lock().failure.get_or_insert(e);
-                    return;
+            let Some((i, src)) = self.links().next_copy() else {
+                return;
+            };
+            let taken = self.blocks.lock().unwrap_or_else(|e| e.into_inner())[i].take();
+            let Some(mut b) = taken else {
+                self.links().sent(&src);
+                continue;
+            };
+            let mut failed = None;
+            while b.copies > 0 && !self.stopped() {
+                if let Err(e) = self.copy_once(&mut b, &src).await {
+                    failed = Some(e);
+                    break;
                 }
                 b.copies -= 1;
+            }
+            self.links().sent(&src);
+            if let Some(e) = failed {
+                self.lock().failure.get_or_insert(e);
+                return;
             }
         }
     }
 
-    /// One more replica of block `b`, on the least-loaded live target that
-    /// does not hold it, from any of its readable replicas.
-    async fn copy_once(&self, b: &mut Block) -> Result<()> {
+    /// One more replica of block `b`, on the live target that does not
+    /// hold it receiving the fewest (then holding the fewest), from its
+    /// replica on `src` first, else any other.
+    async fn copy_once(&self, b: &mut Block, src: &str) -> Result<()> {
         let (offset, len) = b.range;
-        let sources: Vec<&Mapping> = (b.idx.iter().filter_map(|&i| self.x.allocation(i)))
+        let mut sources: Vec<&Mapping> = (b.idx.iter().filter_map(|&i| self.x.allocation(i)))
             .filter(|m| m.read.is_some())
             .collect();
+        sources.sort_by_key(|m| m.depot().as_deref() != Some(src));
         if sources.is_empty() {
             return Err(Error::Unreadable {
                 offset,
@@ -345,7 +388,7 @@ impl Replication<'_> {
                 let mut st = self.lock();
                 let st = &mut *st;
                 let stripe = b.stripe.and_then(|s| st.stripes.get_mut(&s));
-                let t = (st.load.iter())
+                let mut fit: Vec<(usize, &(String, usize))> = (st.load.iter())
                     .enumerate()
                     .filter(|(_, (d, _))| {
                         !b.holders.contains(d)
@@ -353,8 +396,13 @@ impl Replication<'_> {
                             && !tried.contains(d)
                             && !stripe.as_ref().is_some_and(|h| h.contains(d))
                     })
-                    .min_by_key(|(_, (_, n))| *n)
-                    .map(|(i, _)| i);
+                    .collect();
+                fit.sort_by_key(|(_, (_, n))| *n);
+                let chosen = self
+                    .links()
+                    .target(fit.iter().map(|(_, (d, _))| d.as_str()));
+                let t =
+                    chosen.and_then(|c| fit.iter().find(|(_, (d, _))| *d == c).map(|(i, _)| *i));
                 t.map(|i| {
                     st.load[i].1 += 1;
                     if let Some(h) = stripe {
@@ -367,10 +415,13 @@ impl Replication<'_> {
                 return Err(Error::Store { offset, last });
             };
             tried.insert(t.clone());
-            match self.copy_to(&t, b, &sources).await {
-                Ok(m) => {
+            let copied = self.copy_to(&t, b, &sources).await;
+            self.links().received(&t);
+            match copied {
+                Ok((m, from)) => {
                     b.holders.insert(t.clone());
-                    self.progress.advance(&t, len);
+                    let pair = format!("{} → {t}", from.unwrap_or_default());
+                    self.progress.advance(&pair, len);
                     self.lock().made.push((b.order, m));
                     return Ok(());
                 }
@@ -409,7 +460,7 @@ impl Replication<'_> {
         t: &str,
         b: &Block,
         sources: &[&Mapping],
-    ) -> std::result::Result<Mapping, (lors_ibp::Error, bool)> {
+    ) -> std::result::Result<(Mapping, Option<String>), (lors_ibp::Error, bool)> {
         use crate::stall::Kind;
         let size = sources[0].alloc_length.max(1);
         let alloc = (self.pool).allocate(t, self.reliability, self.duration, size);
@@ -427,13 +478,14 @@ impl Replication<'_> {
                 .await
             {
                 Ok(_) => {
-                    return Ok(Mapping {
+                    let m = Mapping {
                         alloc_offset: 0,
                         read: Some(caps.read),
                         write: Some(caps.write),
                         manage: Some(caps.manage),
                         ..(*src).clone()
-                    });
+                    };
+                    return Ok((m, src.depot()));
                 }
                 Err(e) => last = Some(e),
             }

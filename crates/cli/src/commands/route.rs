@@ -6,12 +6,15 @@ use lors::uri::ExnodeRef;
 use crate::UsageError;
 use crate::report::{ReportOpts, Reporter, Unit};
 
-/// Move a file: copy its blocks onto the target depots (depot to depot), then
-/// remove and release the replicas elsewhere.
+/// Move a file: copy its blocks onto the target depots (depot to depot,
+/// every source and target depot busy at once, the client only steering),
+/// then remove and release the replicas elsewhere. Interrupted, it keeps
+/// the copies it made: run it again to copy the rest.
 #[derive(clap::Args)]
 #[command(after_help = "EXAMPLES:
   lors route --depot d7:6714 --depot d8:6714 -c 2 run42.xnd
-  lors route -H lbone.example.org:8767 -l \"city= Brno\" run42.xnd   # onto the depot nearest Brno")]
+  lors route -H lbone.example.org:8767 -l \"city= Brno\" run42.xnd   # onto the depot nearest Brno
+  lors route --depot b1,b2,b3,b4 run42.xnd      # site A to site B: each A depot sends to a B depot")]
 pub struct Args {
     #[command(flatten)]
     bwlimit: super::Bwlimit,
@@ -90,6 +93,20 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         .await
     });
     progress.finish();
+    // Interrupted with copies made: they are kept, named beside the old
+    // ones, for a rerun to finish.
+    if let Err(lors::Error::Interrupted { stored, .. }) = &t
+        && stored.allocations().count() > x.allocations().count()
+    {
+        crate::report::clear();
+        lors::xnd::save(&out, stored)?;
+        let n = stored.allocations().count() - x.allocations().count();
+        eprintln!(
+            "lors: route interrupted: the {n} copies made so far are kept in {} beside the old ones; run the same `lors route` on it again to copy the rest",
+            out.display()
+        );
+        return Err(crate::commands::interrupted(&signal));
+    }
     let t = super::upload::copies_outcome("route", t, &out, &signal)?;
     lors::xnd::save(&out, &t.exnode)?;
     // Old mappings keep their place at the front of the augmented exNode,
@@ -99,17 +116,32 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         let n = numbering.number(*i);
         eprintln!("lors: old mapping {n} was not released: {e}");
     }
+    let pairs: Vec<Pair> = (progress.tallies().into_iter())
+        .filter_map(|(name, bytes)| {
+            let (from, to) = name.split_once(" → ")?;
+            Some(Pair {
+                from: from.to_owned(),
+                to: to.to_owned(),
+                bytes,
+            })
+        })
+        .collect();
     if progress.is_json() {
         progress.done(&Summary {
             depots: &targets,
             removed: t.removed,
             not_released: t.release_errors.len(),
             exnode: &out.display().to_string(),
+            pairs,
         });
     } else if !a.report.quiet {
+        let senders: std::collections::BTreeSet<&str> =
+            pairs.iter().map(|p| p.from.as_str()).collect();
         eprintln!(
-            "lors: routed onto {} depots; {} old mappings removed -> {}",
+            "lors: routed onto {} depots ({} depot pairs, from {} depots); {} old mappings removed -> {}",
             targets.len(),
+            pairs.len(),
+            senders.len(),
             t.removed,
             out.display()
         );
@@ -117,11 +149,20 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `--json`: where a route put the file.
+/// `--json`: where a route put the file, and what each depot sent which.
 #[derive(serde::Serialize)]
 struct Summary<'a> {
     depots: &'a [String],
     removed: usize,
     not_released: usize,
     exnode: &'a str,
+    pairs: Vec<Pair>,
+}
+
+/// Bytes one depot sent another.
+#[derive(serde::Serialize)]
+struct Pair {
+    from: String,
+    to: String,
+    bytes: u64,
 }

@@ -7,7 +7,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use crate::tools::used;
-use crate::util::{DepotProc, lors, lors_cmd, pattern, tempdir};
+use crate::util::{DepotProc, list, lors, lors_cmd, pattern, tempdir, upload};
 
 /// Bytes of allocations the exNode at `path` names, if it is there.
 fn named(path: &Path) -> u64 {
@@ -147,8 +147,10 @@ fn interrupted_uploads_leave_only_what_a_record_names_and_resume() {
     );
 }
 
-/// An interrupted augment or route changes no exNode and releases the
-/// replicas it made: the depots hold what the exNodes name.
+/// An interrupted augment changes no exNode and releases the replicas it
+/// made; an interrupted route keeps them in its output for a rerun (or
+/// changes nothing, when none was complete): either way the depots hold
+/// what the exNodes name.
 #[test]
 fn interrupted_copies_are_released() {
     let dir = tempdir();
@@ -201,6 +203,11 @@ fn interrupted_copies_are_released() {
         let (code, err) = interrupted_upload(&args, signal, Duration::from_millis(30 + 25 * i));
         match code {
             0 => outs.push(out.clone()),
+            130 | 143 if cmd == "route" && out.exists() => {
+                cut += 1;
+                assert!(err.contains("copies made so far are kept in"), "{err}");
+                outs.push(out.clone());
+            }
             130 | 143 => {
                 cut += 1;
                 assert!(
@@ -226,6 +233,78 @@ fn interrupted_copies_are_released() {
         assert_eq!(held, recorded, "run {i} ({cmd}, SIG{signal}): {err}");
     }
     assert!(cut >= 3, "only {cut} of 8 were cut off");
+}
+
+/// A move between sites, interrupted half-way, keeps the copies it made;
+/// the same command again copies only the rest and frees the old site:
+/// every block once on the new site, nothing left on the old one, the
+/// file whole.
+#[test]
+fn an_interrupted_route_is_finished_by_running_it_again() {
+    let dir = tempdir();
+    let ds: Vec<DepotProc> = (0..4)
+        .map(|i| DepotProc::start(&dir.path().join(format!("d{i}")), &["--sync", "never"]))
+        .collect();
+    let data = pattern(48 << 20, 17);
+    let (a, b) = (list(&[&ds[0], &ds[1]]), list(&[&ds[2], &ds[3]]));
+    let xnd = upload(
+        &[&ds[0], &ds[1]],
+        dir.path(),
+        "f",
+        &data,
+        &["-c", "1", "-b", "1M"],
+    );
+    let x = xnd.to_str().unwrap();
+    // 48 MiB at 24 MiB/s: cut off after about a third.
+    let args = ["route", "--bwlimit", "24M", "--depot", &b, x];
+    let (code, err) = interrupted_upload(&args, "INT", Duration::from_millis(700));
+    assert_eq!(code, 130, "{err}");
+    assert!(err.contains("copies made so far are kept in"), "{err}");
+    let half = lors::xnd::load(&xnd).unwrap();
+    let moved = half.mappings.len() - 48;
+    assert!(moved > 0 && moved < 48, "{moved} of 48 blocks copied");
+    // Again, reporting which depot sent what to which: only the rest,
+    // every A depot sending, every B depot receiving.
+    let (ok, out, err) = lors(&["route", "--json", "--depot", &b, x]);
+    assert!(ok, "{err}");
+    let text = String::from_utf8(out).unwrap() + &err;
+    let summary: serde_json::Value = (text.lines().rev())
+        .find_map(|l| {
+            serde_json::from_str(l)
+                .ok()
+                .filter(|v: &serde_json::Value| v.get("pairs").is_some())
+        })
+        .unwrap_or_else(|| panic!("no summary in {text}"));
+    let pairs = summary["pairs"].as_array().unwrap();
+    let sent: u64 = pairs.iter().map(|p| p["bytes"].as_u64().unwrap()).sum();
+    assert_eq!(sent, (48 - moved as u64) << 20, "{summary}");
+    for end in ["from", "to"] {
+        let on: std::collections::HashSet<&str> =
+            pairs.iter().map(|p| p[end].as_str().unwrap()).collect();
+        let site = if end == "from" { &a } else { &b };
+        assert!(
+            on.len() == 2 && on.iter().all(|d| site.contains(d)),
+            "{end}: {on:?}"
+        );
+    }
+    let done = lors::xnd::load(&xnd).unwrap();
+    assert_eq!(done.mappings.len(), 48, "one copy of each block");
+    assert!(
+        done.mappings
+            .iter()
+            .all(|m| b.contains(&m.depot().unwrap()))
+    );
+    assert_eq!(
+        used(&ds[0]) + used(&ds[1]),
+        0,
+        "the old site is empty ({a})"
+    );
+    let recorded: u64 = done.mappings.iter().map(|m| m.alloc_length).sum();
+    assert_eq!(used(&ds[2]) + used(&ds[3]), recorded, "nothing unnamed");
+    let out = dir.path().join("back");
+    let (ok, _, err) = lors(&["download", "-q", "-o", out.to_str().unwrap(), x]);
+    assert!(ok, "{err}");
+    assert!(std::fs::read(&out).unwrap() == data);
 }
 
 /// An interrupted disseminate gives up the sites not yet complete, as it

@@ -141,6 +141,7 @@ fn holes_read_through_xio_with_every_depot_gone() {
     let (ok, _, err) = lors(&[
         "upload",
         "-q",
+        "-n", // (no e2e functions: sent from the file with sendfile)
         "--depot",
         &ds[0].addr,
         "-c",

@@ -79,14 +79,7 @@ pub(super) fn detail(a: &Args, r: &ExnodeRef) -> anyhow::Result<()> {
         crate::commands::outln!("{}", crate::commands::json_line(&summary)?);
     } else {
         crate::commands::outln!("file:      {}", x.filename().unwrap_or("(no name)"));
-        match x.hole_bytes() {
-            0 => crate::commands::outln!("size:      {} bytes", x.logical_size()),
-            h => crate::commands::outln!(
-                "size:      {} bytes ({h} of them in {} holes, not stored: zeros)",
-                x.logical_size(),
-                x.holes.len()
-            ),
-        }
+        crate::commands::outln!("size:      {}", size(&x));
         if let Some(st) = &stripes {
             st.print()?;
         } else {
@@ -131,6 +124,18 @@ pub(super) fn detail(a: &Args, r: &ExnodeRef) -> anyhow::Result<()> {
         }
     }
     crate::commands::unreadable(&x, &probes)
+}
+
+/// `N bytes`, and the bytes of them in holes.
+fn size(x: &lors_exnode::ExNode) -> String {
+    match x.hole_bytes() {
+        0 => format!("{} bytes", x.logical_size()),
+        h => format!(
+            "{} bytes ({h} of them in {} holes, not stored: zeros)",
+            x.logical_size(),
+            x.holes.len()
+        ),
+    }
 }
 
 /// `--json`: the exNode's health in one object.

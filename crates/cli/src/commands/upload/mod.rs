@@ -281,7 +281,7 @@ struct Report<'a> {
     exnode: &'a str,
     size: u64,
     /// Bytes of `size` in holes (a sparse file's), not stored.
-    #[serde(skip_serializing_if = "no_holes")]
+    #[serde(skip_serializing_if = "is_zero")]
     holes: u64,
     mappings: usize,
     copies: usize,
@@ -293,10 +293,6 @@ struct Report<'a> {
     mib_per_s: f64,
 }
 
-fn is_zero(n: &usize) -> bool {
-    *n == 0
-}
-
-fn no_holes(n: &u64) -> bool {
-    *n == 0
+fn is_zero<T: Default + PartialEq>(n: &T) -> bool {
+    *n == T::default()
 }
