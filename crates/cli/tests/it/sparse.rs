@@ -30,6 +30,16 @@ fn on_disk(path: &Path) -> u64 {
     std::fs::metadata(path).unwrap().blocks() * 512
 }
 
+/// `lors download -o - FLAGS XND`: what it writes.
+fn streamed(xnd: &Path, flags: &[&str]) -> Vec<u8> {
+    let mut args = vec!["download", "-q", "-o", "-"];
+    args.extend_from_slice(flags);
+    args.push(xnd.to_str().unwrap());
+    let (ok, out, err) = lors(&args);
+    assert!(ok, "{err}");
+    out
+}
+
 fn stored(x: &lors_exnode::ExNode) -> u64 {
     x.mappings.iter().map(|m| m.alloc_length).sum()
 }
@@ -92,24 +102,11 @@ fn a_sparse_file_stores_its_data_and_downloads_sparse_and_equal() {
     );
 
     // To a stream, whole and a range across hole edges.
-    let (ok, out, err) = lors(&["download", "-q", "-o", "-", xnd.to_str().unwrap()]);
-    assert!(ok, "{err}");
-    assert!(out == data, "streamed bytes differ");
+    assert!(streamed(&xnd, &[]) == data, "streamed bytes differ");
     let (a, n) = (3 * MIB + 7, 40 * MIB);
-    let (ok, out, err) = lors(&[
-        "download",
-        "-q",
-        "-O",
-        &a.to_string(),
-        "-L",
-        &n.to_string(),
-        "-o",
-        "-",
-        xnd.to_str().unwrap(),
-    ]);
-    assert!(ok, "{err}");
+    let range = streamed(&xnd, &["-O", &a.to_string(), "-L", &n.to_string()]);
     assert!(
-        out[..] == data[a as usize..(a + n) as usize],
+        range[..] == data[a as usize..(a + n) as usize],
         "range differs"
     );
 
@@ -123,9 +120,10 @@ fn a_sparse_file_stores_its_data_and_downloads_sparse_and_equal() {
     let y = lors::xnd::load(&xnd).unwrap();
     assert_eq!(y.holes, x.holes);
     assert!(stored(&y) <= 2 * (3 * MIB), "{} bytes stored", stored(&y));
-    let (ok, out, err) = lors(&["download", "-q", "-o", "-", xnd.to_str().unwrap()]);
-    assert!(ok, "{err}");
-    assert!(out == data, "bytes differ after trim and augment");
+    assert!(
+        streamed(&xnd, &[]) == data,
+        "bytes differ after trim and augment"
+    );
 }
 
 /// xio reads a hole as zeros without asking a depot: with every depot
@@ -210,8 +208,6 @@ fn dense_uploads_store_every_byte() {
         let x = up(flags);
         assert!(x.holes.is_empty(), "{flags:?}");
         assert_eq!(x.logical_size(), 8 * MIB);
-        let (ok, out, err) = lors(&["download", "-q", "-o", "-", xnd.to_str().unwrap()]);
-        assert!(ok, "{err}");
-        assert!(out == data);
+        assert!(streamed(&xnd, &[]) == data);
     }
 }
