@@ -127,3 +127,27 @@ def test_errors_carry_the_ibp_status_the_depot_and_the_bytes(tmp_path, depots):
     (tmp_path / "bad.xnd").write_text("<exnode")
     with pytest.raises(lors.ExNodeError):
         lors.ExNode.load(tmp_path / "bad.xnd")
+
+
+def test_a_sparse_file_stores_its_data_and_comes_back_sparse(tmp_path, depots):
+    src = tmp_path / "disk.img"
+    with open(src, "wb") as f:
+        f.truncate(32 * 1024 * 1024)
+        f.seek(8 * 1024 * 1024)
+        f.write(pattern(1024 * 1024))
+    x = lors.upload(src, tmp_path / "disk.xnd", depots=addrs(depots), copies=1)
+    if x.stat(probe=False)["holes"] == 0:
+        pytest.skip("this file system does not keep holes")
+    assert x.size == 32 * 1024 * 1024
+    assert x.stat(probe=False)["holes"] >= 28 * 1024 * 1024
+    assert sum(m.length for m in x.mappings) < 2 * 1024 * 1024
+    back = tmp_path / "back.img"
+    assert lors.download(x, back) == x.size
+    assert back.read_bytes() == src.read_bytes()
+    assert back.stat().st_blocks * 512 < 4 * 1024 * 1024
+    with lors.open(tmp_path / "disk.xnd", "rb") as f:
+        f.seek(20 * 1024 * 1024)
+        assert f.read(4096) == bytes(4096)
+    dense = lors.upload(src, tmp_path / "dense.xnd", depots=addrs(depots), copies=1, dense=True)
+    assert dense.stat(probe=False)["holes"] == 0
+    assert sum(m.length for m in dense.mappings) == x.size

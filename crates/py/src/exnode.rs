@@ -184,6 +184,7 @@ impl PyExNode {
         let x = &self.x;
         let d = PyDict::new(py);
         d.set_item("size", x.logical_size())?;
+        d.set_item("holes", x.hole_bytes())?;
         d.set_item("filename", x.filename())?;
         d.set_item("mappings", x.mappings.len())?;
         d.set_item("parity", x.parity.len())?;

@@ -27,7 +27,7 @@ use crate::settings::{Opts, exnode_ref, size};
 #[pyo3(signature = (path, output = None, *, depots = None, lbone = None, location = None,
     copies = None, ec = None, block_size = None, duration = None, threads = None,
     timeout = None, checksum = None, compress = false, encrypt = None, force = false,
-    bwlimit = None, progress = None))]
+    dense = false, bwlimit = None, progress = None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn upload(
     py: Python<'_>,
@@ -46,6 +46,7 @@ pub(crate) fn upload(
     compress: bool,
     encrypt: Option<String>,
     force: bool,
+    dense: bool,
     bwlimit: Option<Bound<'_, PyAny>>,
     progress: Option<Bound<'_, PyAny>>,
 ) -> PyResult<PyExNode> {
@@ -72,7 +73,8 @@ pub(crate) fn upload(
         encrypt,
         ..E2e::default()
     };
-    let up = placed(py, &opts, &s, &path.0, &e2e)?;
+    let mut up = placed(py, &opts, &s, &path.0, &e2e)?;
+    up.sparse = !dense;
     let (file, identity) = input(&path.0, &up)?;
     let left = Leftovers {
         pool: pool(&s, size("bwlimit", bwlimit.as_ref())?),
@@ -260,9 +262,13 @@ pub(crate) fn download(
     let mut watch = Watch::new(progress);
     let tally = watch.tally.clone();
     let out = Output::File(PathBuf::from(path.0));
+    // A sparse file's holes are written too (as holes): they count.
+    let size = t.x.logical_size();
+    let end = length.map_or(size, |l| offset.saturating_add(l).min(size));
+    let holes: u64 = t.x.holes_in(offset, end).map(|h| h.length).sum();
     let run = async move { lors::download::download(&t.x, out, &d, pool, tally).await };
     match block_on(py, run, &mut watch, Stop::Abort) {
-        Ok(Ok(stats)) => Ok(stats.bytes + stats.resumed_bytes),
+        Ok(Ok(stats)) => Ok(stats.bytes + stats.resumed_bytes + holes),
         Ok(Err(e)) => Err(from_lors(py, &e)),
         Err(s) => Err(s.err),
     }

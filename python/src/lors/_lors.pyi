@@ -110,6 +110,7 @@ def upload(
     compress: bool = False,
     encrypt: Literal["aes", "chacha"] | None = None,
     force: bool = False,
+    dense: bool = False,
     bwlimit: Size | None = None,
     progress: Progress | None = None,
 ) -> ExNode: ...
