@@ -38,7 +38,8 @@ use std::time::{Duration, SystemTime};
 use fuser::{
     Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
     KernelConfig, LockOwner, MountOption, OpenFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyWrite, Request, SessionACL, WriteFlags,
+    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyWrite, Request, SessionACL,
+    WriteFlags,
 };
 use lors::xio::{self, OpenOptions};
 
@@ -644,6 +645,35 @@ impl Filesystem for Fs {
         };
         if let (Err(e), Some(r)) = (r, reply.take()) {
             r.error(errno(&e));
+        }
+    }
+
+    /// `SEEK_DATA` and `SEEK_HOLE` (the kernel answers the other whences
+    /// itself): a sparse file's holes, so `cp`, `tar --sparse` and the
+    /// like copy it sparse without reading its zeros.
+    fn lseek(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: i64,
+        whence: i32,
+        reply: ReplyLseek,
+    ) {
+        let (Ok(offset), true) = (
+            u64::try_from(offset),
+            whence == libc::SEEK_DATA || whence == libc::SEEK_HOLE,
+        ) else {
+            return reply.error(Errno::EINVAL);
+        };
+        let r = self.handle(fh).and_then(|h| {
+            let mut f = lock(&h.file);
+            f.seek_sparse(offset, whence == libc::SEEK_DATA)
+        });
+        match r.map(i64::try_from) {
+            Ok(Ok(n)) => reply.offset(n),
+            Ok(Err(_)) => reply.error(Errno::EOVERFLOW),
+            Err(e) => reply.error(errno(&e)),
         }
     }
 

@@ -176,6 +176,38 @@ impl File {
         &self.x
     }
 
+    /// `lseek(2)` with `SEEK_DATA` (`data`) or `SEEK_HOLE` from `offset`:
+    /// the first byte at or after it that holds data, or that lies in a
+    /// hole (a sparse file's recorded holes; the end of the file counts as
+    /// one). The position does not move. Bytes written and not yet stored
+    /// are stored first, so a hole they fill is not reported.
+    ///
+    /// # Errors
+    /// `ENXIO` at or past the end (and, for data, in a hole that reaches
+    /// the end), as `lseek(2)` says it.
+    pub fn seek_sparse(&mut self, offset: u64, data: bool) -> io::Result<u64> {
+        if self.writable {
+            self.drain()?;
+        }
+        let enxio = || io::Error::from_raw_os_error(libc::ENXIO);
+        if offset >= self.size {
+            return Err(enxio());
+        }
+        let next_hole = || {
+            let i = self.x.holes.partition_point(|h| h.end() <= offset);
+            self.x
+                .holes
+                .get(i)
+                .map_or(self.size, |h| h.offset.max(offset))
+        };
+        match (data, self.x.hole_at(offset)) {
+            (true, None) => Ok(offset),
+            (true, Some(h)) if h.end() < self.size => Ok(h.end()),
+            (true, Some(_)) => Err(enxio()),
+            (false, _) => Ok(next_hole().min(self.size)),
+        }
+    }
+
     /// Size, times and permissions.
     pub fn metadata(&self) -> io::Result<Metadata> {
         metadata_of(&self.path, &self.x, self.size, self.modified)

@@ -546,3 +546,82 @@ fn nginx_and_rsync_serve_the_mount_and_a_range_request_reads_only_its_range() {
         dir.path(),
     );
 }
+
+/// A sparse file on the mount: `lseek` finds its data and its holes
+/// (SEEK_DATA, SEEK_HOLE) as on a local file system, its holes read as
+/// zeros, and `cp` makes a sparse copy equal to the source.
+#[test]
+fn a_sparse_file_on_the_mount_shows_its_holes_to_lseek() {
+    if !Path::new("/dev/fuse").exists() {
+        eprintln!("skipped: /dev/fuse is absent on this machine, so nothing can be mounted");
+        return;
+    }
+    let dir = tempdir();
+    let d = DepotProc::start(&dir.path().join("d"), &[]);
+    let root = dir.path();
+    let (xnds, mnt) = (root.join("x"), root.join("m"));
+    std::fs::create_dir(&xnds).unwrap();
+    std::fs::create_dir(&mnt).unwrap();
+    let src = root.join("src");
+    let f = std::fs::File::create(&src).unwrap();
+    f.set_len(32 << 20).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&f, &pattern(1 << 20, 8), 8 << 20).unwrap();
+    drop(f);
+    let xnd = xnds.join("img.xnd");
+    let (ok, _, err) = lors(&[
+        "upload",
+        "-q",
+        "--depot",
+        &d.addr,
+        "-c",
+        "1",
+        "-o",
+        xnd.to_str().unwrap(),
+        src.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let x = lors::xnd::load(&xnd).unwrap();
+    if x.holes.is_empty() {
+        eprintln!("skipped: this file system does not keep holes");
+        return;
+    }
+    let _m = Mount::start(&xnds, &mnt, &["--depot", &d.addr]);
+    // What lseek says of the source and of the mounted file, alike.
+    let probe = |p: &Path| {
+        sh(
+            &format!(
+                "python3 -c 'import os; fd = os.open(\"{}\", os.O_RDONLY); \
+                 print(*(os.lseek(fd, o, w) for o, w in ((0, os.SEEK_DATA), (0, os.SEEK_HOLE), \
+                 ((8 << 20) + 5, os.SEEK_HOLE), ((8 << 20) + 5, os.SEEK_DATA))))'",
+                p.display()
+            ),
+            root,
+        )
+    };
+    let on_mount = probe(&mnt.join("img"));
+    assert_eq!(on_mount, probe(&src), "lseek on the mount");
+    let want = format!("{} 0 {} {}", 8 << 20, 9 << 20, (8 << 20) + 5);
+    assert_eq!(on_mount.trim(), want);
+    // After the data, the file's last 4 KiB (always stored).
+    let tail = sh(
+        &format!(
+            "python3 -c 'import os; print(os.lseek(os.open(\"{}\", os.O_RDONLY), (9 << 20) + 1, os.SEEK_DATA))'",
+            mnt.join("img").display()
+        ),
+        root,
+    );
+    assert_eq!(tail.trim(), ((32u64 << 20) - 4096).to_string());
+    // Past the end, and data asked for in the trailing hole: ENXIO.
+    sh(
+        &format!(
+            "python3 -c 'import os, errno; fd = os.open(\"{}\", os.O_RDONLY)\n\
+             try:\n    os.lseek(fd, 32 << 20, os.SEEK_DATA); raise SystemExit(1)\n\
+             except OSError as e:\n    assert e.errno == errno.ENXIO, e'",
+            mnt.join("img").display()
+        ),
+        root,
+    );
+    sh("cp --sparse=always m/img copy && cmp copy src", root);
+    let copy = std::fs::metadata(root.join("copy")).unwrap();
+    assert!(std::os::unix::fs::MetadataExt::blocks(&copy) * 512 < 4 << 20);
+}
