@@ -30,6 +30,27 @@ fn on_disk(path: &Path) -> u64 {
     std::fs::metadata(path).unwrap().blocks() * 512
 }
 
+/// `lors upload -q -c 1 FLAGS SRC` to `depot` as `xnd`: its exNode, or
+/// `None` (said) when the file system keeps no holes to find.
+pub fn upload_sparse(
+    depot: &str,
+    src: &Path,
+    xnd: &Path,
+    flags: &[&str],
+) -> Option<lors_exnode::ExNode> {
+    let mut args = vec!["upload", "-q", "--depot", depot, "-c", "1"];
+    args.extend_from_slice(flags);
+    args.extend(["-o", xnd.to_str().unwrap(), src.to_str().unwrap()]);
+    let (ok, _, err) = lors(&args);
+    assert!(ok, "{err}");
+    let x = lors::xnd::load(xnd).unwrap();
+    if x.holes.is_empty() {
+        eprintln!("skipped: this file system does not keep holes");
+        return None;
+    }
+    Some(x)
+}
+
 /// `lors download -o - FLAGS XND`: what it writes.
 fn streamed(xnd: &Path, flags: &[&str]) -> Vec<u8> {
     let mut args = vec!["download", "-q", "-o", "-"];
@@ -136,22 +157,8 @@ fn holes_read_through_xio_with_every_depot_gone() {
     let src = dir.path().join("img");
     let data = sparse_file(&src);
     let xnd = dir.path().join("img.xnd");
-    let (ok, _, err) = lors(&[
-        "upload",
-        "-q",
-        "-n", // (no e2e functions: sent from the file with sendfile)
-        "--depot",
-        &ds[0].addr,
-        "-c",
-        "1",
-        "-o",
-        xnd.to_str().unwrap(),
-        src.to_str().unwrap(),
-    ]);
-    assert!(ok, "{err}");
-    let x = lors::xnd::load(&xnd).unwrap();
-    if x.holes.is_empty() {
-        eprintln!("this file system does not keep holes: skipped");
+    // (-n: no e2e functions, sent from the file with sendfile.)
+    if upload_sparse(&ds[0].addr, &src, &xnd, &["-n"]).is_none() {
         return;
     }
     let settings = Settings::resolve(

@@ -34,7 +34,7 @@ use crate::pool::Pool;
 use crate::progress::{self, Progress};
 
 mod fetch;
-mod output;
+pub(crate) mod output;
 mod rebuild;
 pub mod sched;
 mod tune;

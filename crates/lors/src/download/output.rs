@@ -335,6 +335,10 @@ impl Buffers {
     }
 }
 
+/// Zeros to hand out for a sparse file's holes (written from, or shared
+/// as a static buffer by the xio cache).
+pub(crate) static ZEROS: [u8; 1 << 20] = [0; 1 << 20];
+
 /// A fetched stream piece on its way to the writer, with the memory slot it
 /// holds until written.
 pub(super) type Held = (usize, Data, Option<OwnedSemaphorePermit>);
@@ -464,7 +468,6 @@ impl Sink {
 
     /// `n` zeros: a hole of a sparse file, read from no depot.
     async fn zeros(&mut self, mut n: u64) -> std::io::Result<()> {
-        static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
         while n > 0 {
             let k = match self {
                 Sink::Writer(w) => {

@@ -704,7 +704,7 @@ impl Drop for Stream {
 /// Zeros for up to `want` bytes at `off` when a hole of `x` holds it (as
 /// many as the hole has from there, at most a static megabyte's worth).
 fn hole_zeros(x: &lors_exnode::ExNode, off: u64, want: usize) -> Option<Frozen> {
-    static ZEROS: [u8; 1 << 20] = [0; 1 << 20];
+    use crate::download::output::ZEROS;
     let h = x.hole_at(off)?;
     let k = usize::try_from(h.end() - off)
         .unwrap_or(usize::MAX)
