@@ -57,6 +57,18 @@ pub const META_INDEX: &str = "ec_index";
 /// Most stripes in one exNode (as many as its mappings can be).
 pub const MAX_STRIPES: u64 = 4_000_000;
 
+/// Largest data block of an erasure-coded file: its blocks are encoded,
+/// rebuilt and checked whole in memory.
+pub const MAX_BLOCK_BYTES: u64 = crate::functions::MAX_ENCODED_MAPPING;
+
+/// The most a block of `block_size` logical bytes may take stored: four
+/// times it (e2e checksums, compression that did not pay) and a MiB more.
+/// A record claiming more is damaged or hostile: believed, it would have a
+/// reader set aside memory for it before a byte arrives.
+pub fn max_stored(block_size: u64) -> u64 {
+    block_size.saturating_mul(4).saturating_add(1 << 20)
+}
+
 /// Most blocks in one stripe (each needs its own depot).
 pub const MAX_BLOCKS: usize = 256;
 
@@ -384,6 +396,20 @@ impl Erasure {
         // Nor more stripes than it names blocks: each stripe has some (a
         // file whose every block is gone has nothing left to describe),
         // and a few hundred bytes claiming millions would cost millions.
+        if block_size > MAX_BLOCK_BYTES {
+            return Err(ErasureError::Record(format!(
+                "{META_BLOCK} is {block_size}, more than the {MAX_BLOCK_BYTES} bytes a block may have"
+            )));
+        }
+        let most = max_stored(block_size);
+        if let Some((i, m)) = (x.allocations().enumerate())
+            .find(|(_, m)| m.alloc_length > most || m.logical_length > most)
+        {
+            return Err(ErasureError::Record(format!(
+                "block {i} claims {} stored / {} logical bytes; blocks of {block_size} bytes take at most {most} (stored, parity too)",
+                m.alloc_length, m.logical_length
+            )));
+        }
         let named = x.mappings.len() as u64 + x.parity.len() as u64;
         if e.stripes() > MAX_STRIPES || e.stripes() > named.max(1) {
             return Err(ErasureError::Record(format!(

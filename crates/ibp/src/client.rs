@@ -38,6 +38,24 @@ use crate::zerocopy;
 
 /// Default connect deadline.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// The slowest delivery a LOAD's data phase is allowed on average: it
+/// must end within the inactivity deadline plus its length at this rate
+/// (a 2 MiB piece: 32 s more). A depot that trickles a byte a second
+/// never trips the inactivity deadline; this ends it.
+pub const MIN_RATE: u64 = 64 << 10;
+
+/// How long a data phase of `len` bytes may take in all: the inactivity
+/// deadline `idle`, plus `len` at [`MIN_RATE`].
+///
+/// ```
+/// use std::time::Duration;
+/// use lors_ibp::client::data_deadline;
+/// assert_eq!(data_deadline(Duration::from_secs(60), 2 << 20), Duration::from_secs(92));
+/// ```
+pub fn data_deadline(idle: Duration, len: u64) -> Duration {
+    idle.saturating_add(Duration::from_secs(len / MIN_RATE))
+}
+
 /// Default inactivity deadline for replies and data chunks.
 pub const DEFAULT_IO_TIMEOUT: Duration = Duration::from_secs(60);
 /// Chunk size for streaming data phases.
@@ -423,8 +441,10 @@ impl Connection {
         out: &mut B,
     ) -> Result<()> {
         self.load_header(cap, offset, len).await?;
+        let until = self.data_until(len);
         let mut left = len;
         while left > 0 {
+            self.check_rate(until, "LOAD data")?;
             let room = (&mut *out).limit(usize::try_from(left).unwrap_or(usize::MAX));
             let n = io!(self, "LOAD data", self.stream.read_buf(&mut { room }))?;
             if n == 0 {
@@ -452,7 +472,9 @@ impl Connection {
                 .min(usize::try_from(len).unwrap_or(CHUNK_BYTES))
                 .max(1)
         ];
+        let until = self.data_until(len);
         while left > 0 {
+            self.check_rate(until, "LOAD data")?;
             let want = usize::try_from(left).unwrap_or(usize::MAX).min(buf.len());
             let n = io!(self, "LOAD data", self.stream.read(&mut buf[..want]))?;
             if n == 0 {
@@ -486,8 +508,12 @@ impl Connection {
     ) -> Result<()> {
         self.load_header(cap, offset, len).await?;
         let idle = self.cfg.io_timeout;
-        let r = zerocopy::recv_shared(&mut self.stream, file, gate, pos, len, idle).await;
-        self.xfer_result(r, "LOAD data", "LOAD output")
+        let all = data_deadline(idle, len);
+        let r = zerocopy::recv_shared(&mut self.stream, file, gate, pos, len, idle);
+        match timeout(all, r).await {
+            Ok(r) => self.xfer_result(r, "LOAD data", "LOAD output"),
+            Err(_) => Err(self.too_slow("LOAD data", all)),
+        }
     }
 
     /// LOAD into kernel pipes ([`crate::spliced`]): the bytes are not
@@ -512,8 +538,11 @@ impl Connection {
         })?;
         self.load_header(cap, offset, len).await?;
         let idle = self.cfg.io_timeout;
-        let r = crate::spliced::recv(&mut self.stream, room, n, idle).await;
-        self.xfer_result(r, "LOAD data", "LOAD output")
+        let all = data_deadline(idle, len);
+        match timeout(all, crate::spliced::recv(&mut self.stream, room, n, idle)).await {
+            Ok(r) => self.xfer_result(r, "LOAD data", "LOAD output"),
+            Err(_) => Err(self.too_slow("LOAD data", all)),
+        }
     }
 
     /// STORE `len` bytes of `file` from byte `pos`, sent with `sendfile(2)`;
@@ -531,6 +560,35 @@ impl Connection {
             zerocopy::send_file(self.stream.get_ref(), file, pos, len, self.cfg.io_timeout).await;
         self.xfer_result(r, "STORE data", "STORE input")?;
         self.finish_store(len).await
+    }
+
+    /// When a data phase of `len` bytes begun now must be over, and how
+    /// long that is.
+    fn data_until(&self, len: u64) -> (tokio::time::Instant, Duration) {
+        let all = data_deadline(self.cfg.io_timeout, len);
+        (tokio::time::Instant::now() + all, all)
+    }
+
+    /// [`Error::TooSlow`] once the phase's time is up.
+    fn check_rate(
+        &mut self,
+        (until, all): (tokio::time::Instant, Duration),
+        during: &'static str,
+    ) -> Result<()> {
+        match tokio::time::Instant::now() <= until {
+            true => Ok(()),
+            false => Err(self.too_slow(during, all)),
+        }
+    }
+
+    /// The data phase took longer than `all`: the stream is out of step.
+    fn too_slow(&mut self, during: &'static str, all: Duration) -> Error {
+        self.healthy = false;
+        Error::TooSlow {
+            addr: self.addr.clone(),
+            during,
+            secs: all.as_secs(),
+        }
     }
 
     fn xfer_result<T>(

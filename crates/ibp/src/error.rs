@@ -48,6 +48,22 @@ pub enum Error {
         /// The deadline.
         secs: u64,
     },
+    /// A data phase went on below the minimum delivery rate
+    /// ([`crate::client::MIN_RATE`]): bytes trickled in, never long
+    /// enough apart for the inactivity deadline, but far too slowly to
+    /// finish.
+    #[error(
+        "depot {addr} delivered {during} below {} bytes/s: given up after {secs}s",
+        crate::client::MIN_RATE
+    )]
+    TooSlow {
+        /// Depot address.
+        addr: String,
+        /// What we were doing.
+        during: &'static str,
+        /// How long it was given.
+        secs: u64,
+    },
     /// The depot answered with an IBP error code.
     #[error("depot {addr} refused {during}: {code}")]
     Depot {
@@ -118,6 +134,7 @@ impl Error {
             Error::Connect { .. }
             | Error::Io { .. }
             | Error::Timeout { .. }
+            | Error::TooSlow { .. }
             | Error::Closed { .. }
             | Error::Protocol { .. } => true,
             Error::Local { .. } => false,
