@@ -385,6 +385,34 @@ async fn recv(sig: &mut Option<tokio::signal::unix::Signal>) -> Option<()> {
 }
 
 /// The [`crate::Interrupted`] error for the signal [`stop_on_signal`] saw.
+/// How long a command that changes an exNode waits for another lors
+/// command (a keeper's cycle, a second route) to let go of it.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Starts a command that changes the exNode at `out` with `pool`
+/// ([`lors::commit::Session`]): its lock, what an earlier run left
+/// settled, its allocations journaled until `end`.
+pub fn begin(
+    rt: &tokio::runtime::Runtime,
+    out: &std::path::Path,
+    pool: &std::sync::Arc<lors::Pool>,
+) -> anyhow::Result<lors::commit::Session> {
+    Ok(rt.block_on(lors::commit::Session::begin(out, pool, LOCK_WAIT))?)
+}
+
+/// Ends `session` after `r`: `r`, unless ending failed where `r` did not.
+pub fn end<T>(
+    rt: &tokio::runtime::Runtime,
+    session: lors::commit::Session,
+    pool: &std::sync::Arc<lors::Pool>,
+    r: anyhow::Result<T>,
+) -> anyhow::Result<T> {
+    let ended = rt.block_on(session.end(pool));
+    let v = r?;
+    ended.map_err(|e| anyhow::Error::from(e).context("finishing: freeing what no exNode names"))?;
+    Ok(v)
+}
+
 pub fn interrupted(which: &std::sync::atomic::AtomicU8) -> anyhow::Error {
     let code = which.load(std::sync::atomic::Ordering::SeqCst);
     crate::Interrupted(if code == 0 { 130 } else { code }).into()

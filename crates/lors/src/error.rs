@@ -184,6 +184,18 @@ pub enum Error {
     /// A depot operation failed.
     #[error(transparent)]
     Ibp(#[from] lors_ibp::Error),
+    /// Another run holds the lock of this exNode ([`crate::commit::Lock`]).
+    #[error("{} is being changed by another lors command{}: try again when it is done", .path.display(), .holder.map(|p| format!(" (pid {p})")).unwrap_or_default())]
+    Busy {
+        /// The exNode.
+        path: std::path::PathBuf,
+        /// The holder's pid, as its lock file says.
+        holder: Option<u32>,
+    },
+    /// An `.xnd` file (an exNode, or the record beside one) could not be
+    /// read or saved.
+    #[error(transparent)]
+    Xnd(#[from] crate::xnd::XndError),
 }
 
 /// An error and its sources, as `anyhow` prints them with `{:#}`.

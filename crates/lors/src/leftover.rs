@@ -140,6 +140,81 @@ pub fn record(stored: &ExNode, stranded: &ExNode, identity: Option<&str>) -> ExN
     rec
 }
 
+/// Per-mapping metadata of an allocation to free once a replacement is
+/// saved: a replacement ([`crate::commit`]) writes it before its save and
+/// removes it after the release. Its value is the BLAKE3 of the exNode
+/// whose save makes the allocation free ([`crate::commit::digest`]), or
+/// [`ORPHAN`] for one no exNode names; [`crate::commit::settle`] frees an
+/// allocation only when the file beside the record is that exNode, and
+/// otherwise (the run died before its save) drops it from the record: the
+/// old exNode still names it.
+pub const FREE_META: &str = "lors_free_when_saved";
+
+/// [`FREE_META`]'s value for an allocation no exNode names (made by a run
+/// that was killed, and not released since): always free.
+pub const ORPHAN: &str = "orphan";
+
+/// Adds `free` to the record at `path` (made if need be), each marked
+/// [`FREE_META`] = `when` (and incomplete, so an upload never resumes
+/// from it); saved durably before the caller goes on.
+pub fn to_free(path: &Path, free: &[Mapping], when: &str) -> Result<(), XndError> {
+    let mut rec = existing(path)?;
+    for m in free {
+        let mut m = m.clone();
+        m.metadata
+            .retain(|d| d.name != FREE_META && d.name != INCOMPLETE_META);
+        m.metadata.push(Metadata::string(FREE_META, when));
+        m.metadata.push(Metadata::string(INCOMPLETE_META, "1"));
+        rec.mappings.push(m);
+    }
+    xnd::save(path, &rec)
+}
+
+/// The allocations of the record at `path` marked [`FREE_META`], each
+/// with the mark's value.
+pub fn pending_frees(path: &Path) -> Result<Vec<(Mapping, String)>, XndError> {
+    Ok(existing(path)?
+        .mappings
+        .into_iter()
+        .filter_map(|m| {
+            let when = m.metadata.iter().find(|d| d.name == FREE_META)?;
+            let when = match &when.value {
+                Value::String(s) => s.clone(),
+                _ => return None,
+            };
+            Some((m, when))
+        })
+        .collect())
+}
+
+/// Takes the allocations whose [`crate::commit::key`] is in `gone` out of
+/// the record at `path`; a record left naming nothing (and resuming
+/// nothing) is removed.
+pub fn drop_from(path: &Path, gone: &std::collections::HashSet<String>) -> Result<(), XndError> {
+    if gone.is_empty() || std::fs::symlink_metadata(path).is_err() {
+        return Ok(());
+    }
+    let mut rec = xnd::load(path)?;
+    let named = |m: &Mapping| crate::commit::key(m).is_none_or(|k| !gone.contains(&k));
+    rec.mappings.retain(named);
+    rec.parity.retain(named);
+    if rec.allocations().next().is_none() && rec.meta(RESUME_META).is_none() {
+        return std::fs::remove_file(path).map_err(|source| XndError::Write {
+            path: path.to_owned(),
+            source,
+        });
+    }
+    xnd::save(path, &rec)
+}
+
+/// The record at `path`, or an empty one.
+fn existing(path: &Path) -> Result<ExNode, XndError> {
+    match std::fs::symlink_metadata(path) {
+        Ok(_) => xnd::load(path),
+        Err(_) => Ok(ExNode::default()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

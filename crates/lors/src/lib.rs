@@ -19,6 +19,7 @@
 //! * [`keep`] — a keeper cycle: leases refreshed, lost copies remade.
 
 pub mod burst;
+pub mod commit;
 pub mod directory;
 pub mod dissem;
 pub mod download;

@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lors_exnode::{ExNode, Mapping};
-use lors_ibp::caps::CapKind;
 use lors_ibp::proto::Reliability;
 use lors_ibp::{Capability, Connection, ProbeInfo};
 
@@ -554,26 +553,30 @@ pub struct Trimmed {
     pub exnode: ExNode,
     /// How many mappings were removed.
     pub removed: usize,
-    /// Mappings whose release (DECR) failed: `(index, error)`. They are removed
-    /// from the exNode all the same; their leases will expire.
-    pub release_errors: Vec<(usize, String)>,
+    /// The removed allocations, each with its index in the input: what a
+    /// `--decrement` releases once the trimmed exNode is saved
+    /// ([`crate::commit::save_then_release`]), never before.
+    pub dropped: Vec<(usize, Mapping)>,
 }
 
 /// Removes the selected allocations (mappings, and parity blocks numbered
-/// after them). With `release`, each removed allocation's read reference
-/// is dropped first (MANAGE DECR), so the depot frees it now instead of
-/// at expiry; the depots are asked in parallel and `progress` counts
-/// allocations released. Unless `allow_holes`, refuses to remove the last
-/// replica of any block — or, for an erasure-coded file, to leave any
-/// stripe with fewer blocks than it needs to be read.
-pub async fn trim(
-    x: &ExNode,
-    sel: &Selection,
-    release: bool,
-    allow_holes: bool,
-    pool: &Pool,
-    progress: &dyn Progress,
-) -> Result<Trimmed> {
+/// after them) from a copy of `x`; nothing on a depot changes. Unless
+/// `allow_holes`, refuses to remove the last replica of any block — or,
+/// for an erasure-coded file, to leave any stripe with fewer blocks than
+/// it needs to be read. Releasing what was removed is the caller's, after
+/// the result is saved: [`crate::commit`].
+///
+/// ```
+/// use lors::manage::{Selection, trim};
+/// use lors_exnode::{ExNode, Mapping};
+/// let m = Mapping { logical_length: 10, ..Mapping::default() };
+/// let x = ExNode { mappings: vec![m.clone(), m], ..ExNode::default() };
+/// let t = trim(&x, &Selection::Indices(vec![1]), false)?;
+/// assert_eq!((t.exnode.mappings.len(), t.dropped[0].0), (1, 1));
+/// assert!(trim(&t.exnode, &Selection::Indices(vec![0]), false).is_err()); // the last copy
+/// # Ok::<(), lors::Error>(())
+/// ```
+pub fn trim(x: &ExNode, sel: &Selection, allow_holes: bool) -> Result<Trimmed> {
     let erasure = lors_exnode::erasure::Erasure::of(x)?;
     if let (Some(e), false) = (&erasure, allow_holes) {
         // A data block's last copy may go while its stripe can rebuild it.
@@ -603,39 +606,21 @@ pub async fn trim(
         metadata: x.metadata.clone(),
         mappings: Vec::new(),
     };
-    let mut removed = 0;
-    let mut jobs = Vec::new();
-    let mut release_errors = Vec::new();
+    let mut dropped = Vec::new();
     for (i, m) in x.allocations().enumerate() {
-        if !sel.contains(i, m) {
-            match i < x.mappings.len() {
-                true => keep.mappings.push(m.clone()),
-                false => keep.parity.push(m.clone()),
-            }
+        if sel.contains(i, m) {
+            dropped.push((i, m.clone()));
             continue;
         }
-        removed += 1;
-        match (&m.manage, release) {
-            (_, false) => {}
-            (None, true) => release_errors.push((i, "no manage capability".to_string())),
-            (Some(cap), true) => jobs.push((i, cap.clone())),
+        match i < x.mappings.len() {
+            true => keep.mappings.push(m.clone()),
+            false => keep.parity.push(m.clone()),
         }
     }
-    progress.start(Some(jobs.len() as u64));
-    let done = by_depot(jobs, pool, progress, |mut c, _, cap| async move {
-        let r = c.decr(&cap, CapKind::Read).await;
-        (c, r)
-    })
-    .await;
-    release_errors.extend(
-        done.into_iter()
-            .filter_map(|(i, r)| Some((i, r.err()?.to_string()))),
-    );
-    release_errors.sort_unstable_by_key(|&(i, _)| i);
     Ok(Trimmed {
         exnode: keep,
-        removed,
-        release_errors,
+        removed: dropped.len(),
+        dropped,
     })
 }
 
@@ -821,7 +806,18 @@ pub async fn probe_all(x: &ExNode, pool: &Pool) -> Vec<Probe> {
             Err(Failure::Skipped(why)) => Probe::Unreachable(why),
             Err(Failure::Silent(why)) => Probe::NoAnswer(why),
             Err(Failure::Op(e)) => Probe::from_result(Err(e)),
-            Ok(p) => Probe::Live(p),
+            Ok(p) => match x
+                .allocation(i)
+                .map(|m| m.alloc_offset.saturating_add(m.alloc_length))
+            {
+                // A depot that acknowledged a copy it never made holds
+                // less than the mapping reads: not a replica.
+                Some(need) if p.size < need => Probe::Failed(format!(
+                    "the allocation holds {} bytes, and the mapping needs {need}: its data never arrived",
+                    p.size
+                )),
+                _ => Probe::Live(p),
+            },
         };
     }
     out

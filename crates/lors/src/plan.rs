@@ -135,6 +135,27 @@ pub fn check_geometry(mappings: &[Mapping]) -> Result<(), PlanError> {
     Ok(())
 }
 
+/// Everything [`crate::download`] checks of an exNode before any byte
+/// moves — each mapping's and parity block's sizes ([`check_geometry`]),
+/// its holes ([`check_holes`]), an erasure-code record and its blocks
+/// ([`lors_exnode::erasure::Erasure::of`]) — for the commands that read it
+/// without downloading (stat, verify, keep): what a download refuses, they
+/// refuse too.
+///
+/// ```
+/// use lors_exnode::{ExNode, Mapping};
+/// let bad = Mapping { logical_length: 10, alloc_length: 5, ..Mapping::default() };
+/// let x = ExNode { mappings: vec![bad], ..ExNode::default() };
+/// assert!(lors::plan::check_exnode(&x).is_err());
+/// ```
+pub fn check_exnode(x: &lors_exnode::ExNode) -> Result<(), crate::Error> {
+    check_geometry(&x.mappings)?;
+    check_geometry(&x.parity)?;
+    check_holes(&x.holes)?;
+    lors_exnode::erasure::Erasure::of(x)?;
+    Ok(())
+}
+
 /// Checks an exNode's holes reach no further than its mappings may
 /// ([`MAX_FILE_BYTES`]): zeros without end are as hostile as a mapping
 /// claiming them.

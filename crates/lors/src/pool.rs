@@ -13,6 +13,10 @@ use lors_ibp::{CapSet, Capability, ClientConfig, Connection, Result};
 /// Idle connections kept per depot.
 const MAX_IDLE_PER_DEPOT: usize = 16;
 
+/// The lease an allocation made under a journal starts with, until it is
+/// written down ([`Pool::allocate`]).
+pub const PROVISIONAL_LEASE: Duration = Duration::from_secs(60);
+
 /// A pool of idle depot connections.
 pub struct Pool {
     cfg: ClientConfig,
@@ -23,6 +27,9 @@ pub struct Pool {
     /// flushes, each an upload of its own, judge a hung depot by what the
     /// earlier ones timed.
     watch: std::sync::OnceLock<Arc<crate::stall::Watcher>>,
+    /// Where every allocation made through this pool is written down the
+    /// moment it is granted ([`crate::commit::Session`]).
+    journal: std::sync::OnceLock<Arc<crate::commit::Journal>>,
 }
 
 impl Pool {
@@ -33,6 +40,7 @@ impl Pool {
             idle: Mutex::new(HashMap::new()),
             limit: None,
             watch: std::sync::OnceLock::new(),
+            journal: std::sync::OnceLock::new(),
         }
     }
 
@@ -95,6 +103,14 @@ impl Pool {
 
     /// ALLOCATE a byte array of `size` bytes on `addr` (depot chooses the
     /// resource) over a pooled connection.
+    ///
+    /// With a journal ([`Pool::set_journal`]) the allocation is written
+    /// down as soon as its capabilities arrive. A depot names an
+    /// allocation only in its reply, so one granted in the instant the
+    /// client is killed, before it reads the reply, is named nowhere:
+    /// such an allocation is asked for with a short lease
+    /// ([`PROVISIONAL_LEASE`]) and given its full one only once it is in
+    /// the journal, so what no journal can name ends within a minute.
     pub async fn allocate(
         &self,
         addr: &str,
@@ -103,21 +119,70 @@ impl Pool {
         size: u64,
     ) -> Result<CapSet> {
         let mut c = self.get(addr).await?;
-        let lease = Lease::Secs(duration.as_secs());
+        let journal = self.journal.get();
+        let provisional = journal.is_some() && duration > PROVISIONAL_LEASE;
+        let lease = match provisional {
+            true => Lease::Secs(PROVISIONAL_LEASE.as_secs()),
+            false => Lease::Secs(duration.as_secs()),
+        };
         let caps = c
             .allocate("0", reliability, AllocType::ByteArray, lease, size.max(1))
             .await?;
+        let Some(j) = journal else {
+            self.put(c);
+            return Ok(caps);
+        };
+        if let Err(e) = j.append(size.max(1), &caps) {
+            // Not written down, so not kept: a kill now would strand it.
+            let _ = c.decr(&caps.manage, lors_ibp::caps::CapKind::Read).await;
+            return Err(lors_ibp::Error::Local {
+                during: "writing the journal of allocations (is its disk full?)",
+                source: e,
+            });
+        }
+        if provisional {
+            // Written down: now it may live as long as it was meant to.
+            let full = Some(duration.as_secs());
+            let made = c.change(&caps.manage, size.max(1), full, Some(reliability));
+            if let Err(e) = made.await {
+                let _ = c.decr(&caps.manage, lors_ibp::caps::CapKind::Read).await;
+                return Err(e);
+            }
+        }
         self.put(c);
         Ok(caps)
     }
 
+    /// Writes every allocation made through this pool from now on into
+    /// `journal` (a pool has one at most; a second is ignored).
+    pub fn set_journal(&self, journal: Arc<crate::commit::Journal>) {
+        let _ = self.journal.set(journal);
+    }
+
+    /// The journal this pool writes its allocations into, if any.
+    pub fn journal(&self) -> Option<&Arc<crate::commit::Journal>> {
+        self.journal.get()
+    }
+
     /// LOAD `len` bytes of `cap` from `offset` over a pooled connection.
     pub async fn load(&self, cap: &Capability, offset: u64, len: u64) -> Result<Vec<u8>> {
+        // A size from an exNode: asked of the allocator, never assumed (a
+        // claim it cannot meet is an error, not an abort).
+        let mut buf: Vec<u8> = Vec::new();
+        usize::try_from(len)
+            .ok()
+            .and_then(|n| buf.try_reserve_exact(n).ok())
+            .ok_or_else(|| lors_ibp::Error::Local {
+                during: "LOAD into memory",
+                source: std::io::Error::new(
+                    std::io::ErrorKind::OutOfMemory,
+                    format!("{len} bytes cannot be held in memory"),
+                ),
+            })?;
         let mut c = self.get(&cap.address()).await?;
-        let mut buf = bytes::BytesMut::with_capacity(usize::try_from(len).unwrap_or(0));
         c.load_buf(cap, offset, len, &mut buf).await?;
         self.put(c);
-        Ok(Vec::from(buf))
+        Ok(buf)
     }
 
     /// STORE `data` into `cap` over a pooled connection.
@@ -162,6 +227,17 @@ impl Pool {
     /// does not answer one in that time is not asked again, so a hung
     /// depot costs seconds, not the network timeout per allocation.
     pub async fn release_all(self: &Arc<Self>, mappings: Vec<Mapping>) -> Vec<Mapping> {
+        (self.release_all_why(mappings).await)
+            .into_iter()
+            .map(|(m, _)| m)
+            .collect()
+    }
+
+    /// [`Pool::release_all`], with why each one kept was not released.
+    pub async fn release_all_why(
+        self: &Arc<Self>,
+        mappings: Vec<Mapping>,
+    ) -> Vec<(Mapping, String)> {
         let limit = Arc::new(tokio::sync::Semaphore::new(16));
         let hung = Arc::new(Mutex::new(std::collections::HashSet::new()));
         let mut set = tokio::task::JoinSet::new();
@@ -170,7 +246,7 @@ impl Pool {
             set.spawn(async move {
                 let _slot = limit.acquire_owned().await;
                 let Some(cap) = &m.manage else {
-                    return (m, false);
+                    return (m, Some("no manage capability".to_string()));
                 };
                 let addr = cap.address();
                 // Hung here or, as the uploads through this pool found it,
@@ -182,29 +258,42 @@ impl Pool {
                         .unwrap_or_else(|e| e.into_inner())
                         .contains(&addr)
                 {
-                    return (m, false);
+                    let why = format!("depot {addr} did not answer an earlier request in time");
+                    return (m, Some(why));
                 }
-                let freed =
-                    match tokio::time::timeout(crate::stall::RELEASE_WAIT, pool.release(cap)).await
+                let why = match tokio::time::timeout(crate::stall::RELEASE_WAIT, pool.release(cap))
+                    .await
+                {
+                    // Gone already (a run before this one freed it,
+                    // or its lease ended): as good as released.
+                    Ok(Err(e))
+                        if e.status() == Some(lors_ibp::proto::StatusCode::CAP_NOT_FOUND) =>
                     {
-                        Ok(r) => r.is_ok(),
-                        Err(_) => {
-                            hung.lock().unwrap_or_else(|e| e.into_inner()).insert(addr);
-                            false
-                        }
-                    };
-                (m, freed)
+                        None
+                    }
+                    Ok(Err(e)) => Some(e.to_string()),
+                    Ok(Ok(())) => None,
+                    Err(_) => {
+                        let why = format!(
+                            "depot {addr} did not answer within {}s",
+                            crate::stall::RELEASE_WAIT.as_secs()
+                        );
+                        hung.lock().unwrap_or_else(|e| e.into_inner()).insert(addr);
+                        Some(why)
+                    }
+                };
+                (m, why)
             });
         }
         let mut kept = Vec::new();
         while let Some(done) = set.join_next().await {
             match done {
-                Ok((_, true)) => {}
-                Ok((m, false)) => kept.push(m),
+                Ok((_, None)) => {}
+                Ok((m, Some(why))) => kept.push((m, why)),
                 Err(e) => tracing::warn!(error = %e, "releasing an allocation"),
             }
         }
-        kept.sort_by_key(|m| m.exnode_offset);
+        kept.sort_by_key(|(m, _)| m.exnode_offset);
         kept
     }
 

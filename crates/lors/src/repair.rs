@@ -43,8 +43,12 @@ pub struct Repaired {
     /// Blocks made again.
     pub blocks: usize,
     /// Allocations dropped from the exNode: gone from their depots, or
-    /// corrupt ones replaced and freed.
+    /// corrupt ones replaced (in [`Repaired::to_free`]).
     pub dropped: usize,
+    /// Corrupt blocks replaced, out of [`Repaired::exnode`]: to release
+    /// once it is saved ([`crate::commit::save_then_release`]), never
+    /// before.
+    pub to_free: Vec<Mapping>,
     /// Stripes with fewer than `k` blocks left: not repairable (their
     /// bytes are lost unless a depot comes back).
     pub lost: Vec<(u64, std::ops::Range<u64>)>,
@@ -155,7 +159,7 @@ pub async fn repair(
     failed.sort();
     let mut r = shared.result(new);
     (r.lost, r.failed) = (lost, failed);
-    shared.free_corrupt(&mut r).await;
+    shared.drop_corrupt(&mut r);
     Ok(r)
 }
 
@@ -452,22 +456,19 @@ impl Job {
         .map_err(|e| Cause::local(e.to_string()))?
     }
 
-    /// Corrupt blocks replaced: freed, and out of `r`'s exNode (one that
-    /// cannot be freed stays named, never stranded).
-    async fn free_corrupt(&self, r: &mut Repaired) {
+    /// Corrupt blocks replaced: out of `r`'s exNode, and into its list
+    /// to free once that is saved.
+    fn drop_corrupt(&self, r: &mut Repaired) {
         let bad: Vec<Mapping> =
             std::mem::take(&mut *self.corrupt.lock().unwrap_or_else(|e| e.into_inner()))
                 .into_iter()
                 .filter_map(|i| self.x.allocation(i).cloned())
                 .collect();
-        let kept = self.pool.release_all(bad.clone()).await;
-        let freed: Vec<&Mapping> = (bad.iter())
-            .filter(|m| !kept.iter().any(|k| k.read == m.read))
-            .collect();
-        let named = |m: &Mapping| !freed.iter().any(|f| f.read == m.read);
+        let named = |m: &Mapping| !bad.iter().any(|f| f.read == m.read);
         r.exnode.mappings.retain(named);
         r.exnode.parity.retain(named);
-        r.dropped += freed.len();
+        r.dropped += bad.len();
+        r.to_free.extend(bad);
     }
 
     /// The exNode after the repair: the new blocks added, those whose
@@ -510,6 +511,7 @@ impl Job {
             stripes,
             blocks,
             dropped,
+            to_free: Vec::new(),
             lost: Vec::new(),
             failed: Vec::new(),
         }

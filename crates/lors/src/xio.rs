@@ -102,6 +102,10 @@ pub fn runtime() -> &'static Runtime {
     })
 }
 
+/// How long a save waits for another lors command to let go of the
+/// exNode ([`crate::commit::Lock`]).
+pub(crate) const SAVE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// An exNode opened as a file. See the [module docs](self).
 pub struct File {
     path: PathBuf,
@@ -235,6 +239,15 @@ impl File {
     /// nothing names any more.
     pub fn sync_all(&mut self) -> io::Result<()> {
         self.drain()?;
+        if !self.dirty && self.to_release.is_empty() {
+            return Ok(());
+        }
+        // One writer at a time saves (a keeper, a route, another handle):
+        // the check for another's save and ours are one step.
+        let _lock = crate::commit::Lock::take(&self.path, SAVE_WAIT)
+            .map_err(|e| io::Error::new(io::ErrorKind::ResourceBusy, e.to_string()))?;
+        let old = std::mem::take(&mut self.to_release);
+        let pool = self.pool.clone();
         if self.dirty {
             if stamp(&self.path) != self.disk {
                 return Err(self.conflict());
@@ -244,14 +257,30 @@ impl File {
             if let (Some(t), false) = (self.modified, self.times_set) {
                 set_attrs(&mut self.x, Some(t), None, None);
             }
-            xnd::save(&self.path, &self.x).map_err(xnd_error)?;
+            // Saved before anything it no longer names is released; what
+            // is to be released is recorded first (crate::commit).
+            let x = self.x.clone();
+            let path = self.path.clone();
+            let done = runtime()
+                .block_on(crate::commit::save_then_release(&path, &x, old, &pool))
+                .map_err(|e| match e {
+                    crate::Error::Xnd(e) => xnd_error(e),
+                    e => io::Error::other(e.to_string()),
+                })?;
             self.disk = stamp(&self.path);
             self.dirty = false;
             self.unsaved.clear();
-        }
-        let old = std::mem::take(&mut self.to_release);
-        if !old.is_empty() {
-            let pool = self.pool.clone();
+            // Nothing is in flight (drained above): all it lists is named.
+            if let Some(j) = pool.journal() {
+                j.reset();
+            }
+            if !done.kept.is_empty() {
+                tracing::warn!(
+                    count = done.kept.len(),
+                    "superseded allocations could not be released; named in the record beside the exNode"
+                );
+            }
+        } else {
             let kept = runtime().block_on(pool.release_all(old));
             if !kept.is_empty() {
                 tracing::warn!(
@@ -306,7 +335,13 @@ impl File {
             return Ok(());
         }
         match self.sync_all() {
-            Ok(()) => Ok(()),
+            Ok(()) => {
+                // All it made is in the saved exNode, or released.
+                if let Some(j) = self.pool.journal() {
+                    j.done();
+                }
+                Ok(())
+            }
             Err(e) => {
                 let mut orphans = std::mem::take(&mut self.unsaved);
                 // Stores still running finish before we free what they made.
@@ -315,9 +350,12 @@ impl File {
                         orphans.extend(up.exnode.mappings);
                     }
                 }
-                if !orphans.is_empty() {
-                    let pool = self.pool.clone();
-                    runtime().block_on(pool.release_all(orphans));
+                let pool = self.pool.clone();
+                let kept = runtime().block_on(pool.release_all(orphans));
+                // What a depot did not free stays in the journal, for the
+                // next command on the exNode to settle.
+                if let (true, Some(j)) = (kept.is_empty(), self.pool.journal()) {
+                    j.done();
                 }
                 Err(e)
             }

@@ -59,30 +59,72 @@ pub enum XndError {
     },
 }
 
-/// Reads and parses an exNode file.
+/// Reads and parses an exNode file. Only a regular file is read: a FIFO
+/// would block the reader for ever and a device (`/dev/zero`) never end,
+/// so both are refused before a byte is read (the open does not wait for
+/// a FIFO's writer), and the read stops at [`MAX_XND_BYTES`] whatever the
+/// file claims.
 pub fn load(path: &Path) -> Result<ExNode, XndError> {
-    let read = |source| XndError::Read {
-        path: path.to_owned(),
-        source,
-    };
-    let size = std::fs::metadata(path).map_err(read)?.len();
-    if size > MAX_XND_BYTES {
-        return Err(XndError::TooLarge {
-            path: path.to_owned(),
-            size,
-        });
-    }
-    let bytes = std::fs::read(path).map_err(read)?;
+    let bytes = read_regular(path, MAX_XND_BYTES)?;
     xml::parse(&bytes).map_err(|source| XndError::Parse {
         path: path.to_owned(),
         source,
     })
 }
 
+/// The bytes of the regular file at `path`, at most `limit` of them
+/// (more is [`XndError::TooLarge`]). Symbolic links are followed: a user
+/// names a link on purpose; [`crate::keep`] refuses those that leave its
+/// directory before it gets here.
+pub fn read_regular(path: &Path, limit: u64) -> Result<Vec<u8>, XndError> {
+    use std::io::Read as _;
+    let read = |source| XndError::Read {
+        path: path.to_owned(),
+        source,
+    };
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .map_err(read)?;
+    let meta = f.metadata().map_err(read)?;
+    if !meta.is_file() {
+        return Err(read(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file (a directory, FIFO, socket or device is never read as an exNode)",
+        )));
+    }
+    if meta.len() > limit {
+        return Err(XndError::TooLarge {
+            path: path.to_owned(),
+            size: meta.len(),
+        });
+    }
+    let mut bytes = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
+    // A file that grows while it is read still stops at the limit.
+    f.take(limit + 1).read_to_end(&mut bytes).map_err(read)?;
+    if bytes.len() as u64 > limit {
+        return Err(XndError::TooLarge {
+            path: path.to_owned(),
+            size: bytes.len() as u64,
+        });
+    }
+    Ok(bytes)
+}
+
 /// Writes an exNode atomically: a temporary file beside it, fsync, rename,
 /// fsync of the directory. Mode 0600 when it holds write or manage
 /// capabilities (it is then a secret), else 0644.
 pub fn save(path: &Path, x: &ExNode) -> Result<(), XndError> {
+    let mode = if x.holds_secrets() { 0o600 } else { 0o644 };
+    save_bytes(path, xml::write(x).as_bytes(), mode)
+}
+
+/// Writes `bytes` to `path` atomically with `mode`: a new file beside it
+/// (made exclusively, so never through a link planted under its name),
+/// fsync, rename over `path` (a link there is replaced, its target never
+/// written), fsync of the directory. A device or FIFO at `path` is refused.
+pub fn save_bytes(path: &Path, bytes: &[u8], mode: u32) -> Result<(), XndError> {
     let fail = |source| XndError::Write {
         path: path.to_owned(),
         source,
@@ -109,7 +151,6 @@ pub fn save(path: &Path, x: &ExNode) -> Result<(), XndError> {
         name.to_string_lossy(),
         std::process::id()
     ));
-    let mode = if x.holds_secrets() { 0o600 } else { 0o644 };
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -117,7 +158,7 @@ pub fn save(path: &Path, x: &ExNode) -> Result<(), XndError> {
         .open(&tmp)
         .map_err(fail)?;
     let res = (|| {
-        f.write_all(xml::write(x).as_bytes())?;
+        f.write_all(bytes)?;
         f.sync_all()?;
         std::fs::rename(&tmp, path)?;
         std::fs::File::open(dir)?.sync_all()
@@ -133,6 +174,29 @@ mod tests {
     use std::os::unix::fs::PermissionsExt as _;
 
     use super::*;
+
+    #[test]
+    fn a_fifo_or_device_is_refused_at_once_not_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("0.xnd");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        if made.is_ok_and(|s| s.success()) {
+            // No writer ever opens it: a blocking open would wait for ever.
+            let e = load(&fifo).unwrap_err();
+            assert!(format!("{e:?}").contains("not a regular file"), "{e:?}");
+        }
+        let e = load(Path::new("/dev/zero")).unwrap_err();
+        assert!(format!("{e:?}").contains("not a regular file"), "{e:?}");
+        let link = dir.path().join("zero.xnd");
+        std::os::unix::fs::symlink("/dev/zero", &link).unwrap();
+        assert!(load(&link).is_err());
+        let big = dir.path().join("big.xnd");
+        std::fs::write(&big, vec![b' '; 100]).unwrap();
+        assert!(matches!(
+            read_regular(&big, 99),
+            Err(XndError::TooLarge { size: 100, .. })
+        ));
+    }
 
     #[test]
     fn a_device_or_fifo_is_never_replaced() {

@@ -510,15 +510,34 @@ pub(crate) fn trim(
         }
     };
     let s = Opts::timeout_only(timeout.as_ref(), t.uri.as_ref())?;
-    let pool = pool(&s, None);
-    let x = t.x.clone();
-    let run = async move {
-        lors::manage::trim(&x, &sel, release, allow_holes, &pool, &lors::NoProgress).await
+    let pool = Arc::new(pool(&s, None));
+    let trimmed = lors::manage::trim(&t.x, &sel, allow_holes).map_err(|e| from_lors(py, &e))?;
+    let path = match output {
+        Some(o) => Some(exnode_ref(&o.0)?.path),
+        None => t.path.clone(),
     };
-    match crate::run::wait(py, run)? {
-        Ok(trimmed) => save_to(py, &t, output, trimmed.exnode),
-        Err(e) => Err(from_lors(py, &e)),
-    }
+    let old: Vec<_> = match release {
+        true => trimmed.dropped.into_iter().map(|(_, m)| m).collect(),
+        false => Vec::new(),
+    };
+    let x = trimmed.exnode;
+    // Saved before anything it no longer names is freed (lors::commit); an
+    // exNode only in memory is the caller's to keep.
+    let run = {
+        let (x, path) = (x.clone(), path.clone());
+        async move {
+            match &path {
+                Some(p) => {
+                    lors::commit::check_output(p)?;
+                    lors::commit::save_then_release(p, &x, old, &pool).await?;
+                }
+                None => drop(pool.release_all(old).await),
+            }
+            Ok::<(), lors::Error>(())
+        }
+    };
+    crate::run::wait(py, run)?.map_err(|e| from_lors(py, &e))?;
+    Ok(PyExNode::new(x, path))
 }
 
 /// One allocation's refresh: its number, its new seconds left, or why not.

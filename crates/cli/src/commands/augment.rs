@@ -51,6 +51,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let flags = a.lease.layer(a.targets.layer());
     let s = super::settings(&a.net, flags, Some(&a.exnode))?;
     let x = lors::xnd::load(&a.exnode.path)?;
+    lors::plan::check_exnode(&x)?;
     let progress = Reporter::new("augment", Unit::Bytes, &a.report, false);
     let rt = super::runtime(super::Threads::Many)?;
     if a.repair {
@@ -68,14 +69,25 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         reliability: s.reliability,
         stop: Some(stop),
     };
-    let out = a.output.map_or(a.exnode.path, |o| o.path);
+    let out = a.output.clone().map_or(a.exnode.path.clone(), |o| o.path);
+    // Before any depot is touched: a typo in -o must cost nothing.
+    lors::commit::check_output(&out)?;
+    let pool = std::sync::Arc::new(a.bwlimit.pool(s.client()));
+    let session = super::begin(&rt, &out, &pool)?;
+    // Read again under the lock: another command may have changed it.
+    let x = match out == a.exnode.path {
+        true => lors::xnd::load(&out)?,
+        false => x,
+    };
     let y = rt.block_on(async {
-        let pool = std::sync::Arc::new(a.bwlimit.pool(s.client()));
         lors::manage::augment(&x, &found.depots, a.copies, &opts, &pool, progress.as_ref()).await
     });
     progress.finish();
-    let y = super::upload::copies_outcome("augment", y, &out, &signal)?;
-    lors::xnd::save(&out, &y)?;
+    // A failed save leaves the copies named nowhere: the session's end
+    // frees them (its journal lists them).
+    let r = super::upload::copies_outcome("augment", y, &out, &signal)
+        .and_then(|y| Ok(lors::xnd::save(&out, &y).map(|()| y)?));
+    let y = super::end(&rt, session, &pool, r)?;
     let added = y.mappings.len() - x.mappings.len();
     if progress.is_json() {
         progress.done(&Summary {
@@ -114,26 +126,51 @@ fn repair(
         stop: Some(stop),
     };
     let out = a.output.as_ref().map_or(&a.exnode.path, |o| &o.path);
-    let r = rt.block_on(async {
-        let pool = std::sync::Arc::new(a.bwlimit.pool(s.client()));
-        let check_all = !a.lost_only;
-        lors::repair::repair(
-            x,
-            &probes,
-            check_all,
-            &found.depots,
-            &opts,
-            &pool,
-            progress.as_ref(),
-        )
-        .await
-    });
-    progress.finish();
-    let r = match r {
-        Err(e @ lors::Error::Abandoned { .. }) => return Err(super::upload::failed(e, out)),
-        r => super::upload::copies_outcome("repair", r, out, &signal)?,
-    };
-    lors::xnd::save(out, &r.exnode)?;
+    lors::commit::check_output(out)?;
+    let pool = std::sync::Arc::new(a.bwlimit.pool(s.client()));
+    let session = super::begin(rt, out, &pool)?;
+    let r = (|| {
+        let reread;
+        let x = match *out == a.exnode.path {
+            true => {
+                reread = lors::xnd::load(out)?;
+                &reread
+            }
+            false => x,
+        };
+        let r = rt.block_on(async {
+            let check_all = !a.lost_only;
+            lors::repair::repair(
+                x,
+                &probes,
+                check_all,
+                &found.depots,
+                &opts,
+                &pool,
+                progress.as_ref(),
+            )
+            .await
+        });
+        progress.finish();
+        let r = match r {
+            Err(e @ lors::Error::Abandoned { .. }) => return Err(super::upload::failed(e, out)),
+            r => super::upload::copies_outcome("repair", r, out, &signal)?,
+        };
+        // Saved before the corrupt blocks it replaced are freed.
+        let to_free = r.to_free.clone();
+        let done = rt.block_on(lors::commit::save_then_release(
+            out, &r.exnode, to_free, &pool,
+        ))?;
+        if let Some(rec) = &done.record {
+            eprintln!(
+                "lors: {} corrupt blocks replaced but not released: named in {} to free later",
+                done.kept.len(),
+                rec.display()
+            );
+        }
+        Ok(r)
+    })();
+    let r = super::end(rt, session, &pool, r)?;
     if progress.is_json() {
         progress.done(&RepairSummary {
             stripes: r.stripes,

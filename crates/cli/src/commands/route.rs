@@ -70,36 +70,53 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         ))
         .into());
     }
-    let (stop, signal) = super::stop_on_signal(&rt);
+    let out = a.output.clone().map_or(a.exnode.path.clone(), |o| o.path);
+    // Before any depot is touched: a typo in -o must cost nothing.
+    lors::commit::check_output(&out)?;
+    let pool = std::sync::Arc::new(a.bwlimit.pool(s.client()));
+    let session = super::begin(&rt, &out, &pool)?;
+    let r = (|| {
+        // Read again under the lock: another command may have changed it.
+        let x = match out == a.exnode.path {
+            true => lors::xnd::load(&out)?,
+            false => x,
+        };
+        route(&a, &s, &rt, &x, &targets, &out, &pool, &progress)
+    })();
+    super::end(&rt, session, &pool, r)
+}
+
+/// The route itself, under the output's lock: copies, the new exNode
+/// saved, the old replicas released.
+#[allow(clippy::too_many_arguments)]
+fn route(
+    a: &Args,
+    s: &lors::settings::Settings,
+    rt: &tokio::runtime::Runtime,
+    x: &lors_exnode::ExNode,
+    targets: &[String],
+    out: &std::path::Path,
+    pool: &std::sync::Arc<lors::Pool>,
+    progress: &std::sync::Arc<Reporter>,
+) -> anyhow::Result<()> {
+    let (stop, signal) = super::stop_on_signal(rt);
     let opts = lors::manage::CopyOptions {
         duration: s.duration,
         reliability: s.reliability,
         stop: Some(stop),
     };
-    let out = a.output.clone().map_or(a.exnode.path.clone(), |o| o.path);
-    let t = rt.block_on(async {
-        let pool = std::sync::Arc::new(a.bwlimit.pool(s.client()));
+    let y = rt.block_on(async {
         let want = Replicas::OnTargets(a.copies);
-        let y =
-            lors::manage::replicate(&x, &targets, want, &opts, &pool, progress.as_ref()).await?;
-        lors::manage::trim(
-            &y,
-            &Selection::NotOn(targets.clone()),
-            !a.keep_old,
-            false,
-            &pool,
-            &lors::NoProgress,
-        )
-        .await
+        lors::manage::replicate(x, targets, want, &opts, pool, progress.as_ref()).await
     });
     progress.finish();
     // Interrupted with copies made: they are kept, named beside the old
     // ones, for a rerun to finish.
-    if let Err(lors::Error::Interrupted { stored, .. }) = &t
+    if let Err(lors::Error::Interrupted { stored, .. }) = &y
         && stored.allocations().count() > x.allocations().count()
     {
         crate::report::clear();
-        lors::xnd::save(&out, stored)?;
+        lors::xnd::save(out, stored)?;
         let n = stored.allocations().count() - x.allocations().count();
         eprintln!(
             "lors: route interrupted: the {n} copies made so far are kept in {} beside the old ones; run the same `lors route` on it again to copy the rest",
@@ -107,14 +124,32 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         );
         return Err(crate::commands::interrupted(&signal));
     }
-    let t = super::upload::copies_outcome("route", t, &out, &signal)?;
-    lors::xnd::save(&out, &t.exnode)?;
+    let y = super::upload::copies_outcome("route", y, out, &signal)?;
+    let t = lors::manage::trim(&y, &Selection::NotOn(targets.to_vec()), false)?;
+    // The new exNode is saved before anything only the old one named is
+    // released: a failure or a kill in between leaves the old file or the
+    // new one whole, and what is to be freed recorded in OUT.partial.
+    let old = match a.keep_old {
+        true => Vec::new(),
+        false => t.dropped.iter().map(|(_, m)| m.clone()).collect(),
+    };
+    let done = match rt.block_on(lors::commit::save_then_release(out, &t.exnode, old, pool)) {
+        Ok(done) => done,
+        Err(e) => {
+            // Nothing was released; the copies made are named nowhere, and
+            // the end of the session frees them (its journal lists them).
+            return Err(anyhow::Error::from(e).context(format!(
+                "route: the new exNode could not be saved; {} is unchanged, every old replica kept and the new copies released",
+                a.exnode.path.display(),
+            )));
+        }
+    };
     // Old mappings keep their place at the front of the augmented exNode,
     // so they are named by the numbers `lors ls` showed for the input.
     let numbering = x.numbering();
-    for (i, e) in &t.release_errors {
-        let n = numbering.number(*i);
-        eprintln!("lors: old mapping {n} was not released: {e}");
+    for (i, why) in done.not_released(&t.dropped) {
+        let n = numbering.number(i);
+        eprintln!("lors: old mapping {n} was not released: {why}");
     }
     let pairs: Vec<Pair> = (progress.tallies().into_iter())
         .filter_map(|(name, bytes)| {
@@ -128,9 +163,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         .collect();
     if progress.is_json() {
         progress.done(&Summary {
-            depots: &targets,
+            depots: targets,
             removed: t.removed,
-            not_released: t.release_errors.len(),
+            not_released: done.kept.len(),
             exnode: &out.display().to_string(),
             pairs,
         });

@@ -2,8 +2,8 @@
 
 use lors::uri::ExnodeRef;
 
-use lors::Pool;
 use lors::manage::Selection;
+use lors::{Pool, Progress as _};
 
 use crate::UsageError;
 use crate::report::{ReportOpts, Reporter, Unit};
@@ -50,9 +50,25 @@ pub struct Args {
 
 pub fn run(a: Args) -> anyhow::Result<()> {
     let s = super::settings(&a.net, Default::default(), Some(&a.exnode))?;
-    let x = lors::xnd::load(&a.exnode.path)?;
+    // What to remove, checked before anything else (a mapping that is not
+    // there, a last replica), with nothing touched.
+    let before = lors::xnd::load(&a.exnode.path)?;
+    let sel = selection(&a, &before)?;
+    lors::manage::trim(&before, &sel, a.allow_holes)?;
+    let out = a.output.clone().map_or(a.exnode.path.clone(), |o| o.path);
+    lors::commit::check_output(&out)?;
+    let rt = super::runtime(super::Threads::One)?;
+    let pool = std::sync::Arc::new(Pool::new(s.client()));
+    // Under the lock from before the exNode is read to after it is saved.
+    let session = super::begin(&rt, &out, &pool)?;
+    let r = trim(&a, &rt, &pool, &out, &before, &sel);
+    super::end(&rt, session, &pool, r)
+}
+
+/// What `-m` or `--depot` selects in `x`.
+fn selection(a: &Args, x: &lors_exnode::ExNode) -> anyhow::Result<Selection> {
     let numbering = x.numbering();
-    let sel = match (a.mappings.is_empty(), a.depots.is_empty()) {
+    Ok(match (a.mappings.is_empty(), a.depots.is_empty()) {
         (false, _) => Selection::Indices(
             a.mappings
                 .iter()
@@ -75,34 +91,84 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             )
             .into());
         }
-    };
-    let rt = super::runtime(super::Threads::One)?;
+    })
+}
+
+/// The trim, under the output's lock; `before` is the exNode as `sel`
+/// was chosen from.
+fn trim(
+    a: &Args,
+    rt: &tokio::runtime::Runtime,
+    pool: &std::sync::Arc<Pool>,
+    out: &std::path::Path,
+    before: &lors_exnode::ExNode,
+    sel: &Selection,
+) -> anyhow::Result<()> {
+    let x = lors::xnd::load(&a.exnode.path)?;
+    // Mapping numbers name what the user saw: not another version.
+    anyhow::ensure!(
+        x == *before,
+        "{} changed while this trim waited for it: run it again (see lors ls)",
+        a.exnode.path.display()
+    );
+    let numbering = x.numbering();
+    let t = lors::manage::trim(&x, sel, a.allow_holes)?;
     let progress = Reporter::new("trim", Unit::Allocations, &a.report, false);
-    let t = rt.block_on(lors::manage::trim(
-        &x,
-        &sel,
-        a.decrement,
-        a.allow_holes,
-        &Pool::new(s.client()),
-        progress.as_ref(),
-    ))?;
-    progress.finish();
-    let out = a.output.map_or(a.exnode.path, |o| o.path);
-    lors::xnd::save(&out, &t.exnode)?;
-    for (i, e) in &t.release_errors {
+    // A record beside an exNode (`OUT.partial`) frees only what that
+    // exNode no longer names: a run that died before its save recorded
+    // allocations the old exNode still holds.
+    let named_beside = named_beside(&a.exnode.path)?;
+    let mut not_released: Vec<(usize, String)> = Vec::new();
+    if a.decrement {
+        let mut old = Vec::new();
+        for (i, m) in &t.dropped {
+            match lors::commit::key(m) {
+                Some(k) if named_beside.contains(&k) => not_released.push((
+                    *i,
+                    "the exNode beside this record still names it: not released".into(),
+                )),
+                _ if m.manage.is_none() => not_released.push((*i, "no manage capability".into())),
+                _ => old.push(m.clone()),
+            }
+        }
+        progress.start(Some(old.len() as u64));
+        let done = rt.block_on(lors::commit::save_then_release(out, &t.exnode, old, pool))?;
+        progress.advance("", done.freed as u64);
+        progress.finish();
+        not_released.extend(done.not_released(&t.dropped));
+    } else {
+        progress.start(Some(0));
+        lors::xnd::save(out, &t.exnode)?;
+        progress.finish();
+    }
+    not_released.sort_by_key(|(i, _)| *i);
+    for (i, e) in &not_released {
         let n = numbering.number(*i);
         eprintln!("lors: mapping {n}: removed, but its allocation was not released: {e}");
     }
     if progress.is_json() {
         progress.done(&Summary {
             removed: t.removed,
-            not_released: t.release_errors.len(),
+            not_released: not_released.len(),
             exnode: &out.display().to_string(),
         });
     } else if !a.report.quiet {
         eprintln!("lors: removed {} mappings -> {}", t.removed, out.display());
     }
     Ok(())
+}
+
+/// When `path` is a record `OUT.partial`, the allocations `OUT` names.
+fn named_beside(path: &std::path::Path) -> anyhow::Result<std::collections::HashSet<String>> {
+    let s = path.as_os_str().to_string_lossy();
+    let Some(base) = s.strip_suffix(".partial") else {
+        return Ok(Default::default());
+    };
+    let base = std::path::Path::new(base);
+    if std::fs::symlink_metadata(base).is_err() {
+        return Ok(Default::default());
+    }
+    Ok(lors::commit::named(&lors::xnd::load(base)?))
 }
 
 /// `--json`: what a trim removed.

@@ -48,6 +48,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     for r in &a.exnodes {
         let s = super::settings(&a.net, Default::default(), Some(r))?;
         let x = lors::xnd::load(&r.path)?;
+        // What a download would refuse is no file to vouch for.
+        lors::plan::check_exnode(&x)?;
         let name = r.path.display().to_string();
         let checks = rt.block_on(lors::verify::verify(
             &x,
@@ -127,16 +129,25 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         super::outln!("{l}");
     }
     progress.done(&total);
+    // Any LOST line fails the command, whether a replica went bad or no
+    // mapping ever held the bytes.
+    anyhow::ensure!(
+        total.lost_bytes == 0,
+        "{} bytes have no good replica{}",
+        total.lost_bytes,
+        match total.bad {
+            0 => ": no mapping holds them (trimmed, or never uploaded)".to_string(),
+            n => format!(
+                " ({n} of {} replicas are corrupt or cannot be read; `lors augment` makes new replicas from good ones where any are left)",
+                total.replicas
+            ),
+        }
+    );
     anyhow::ensure!(
         total.bad == 0,
-        "{} of {} replicas are corrupt or cannot be read{}: `lors trim -m N` drops a bad one, `lors augment` makes new replicas from the good ones",
+        "{} of {} replicas are corrupt or cannot be read: `lors trim -m N` drops a bad one, `lors augment` makes new replicas from the good ones",
         total.bad,
         total.replicas,
-        if total.lost_bytes > 0 {
-            format!(", and {} bytes have no good replica left", total.lost_bytes)
-        } else {
-            String::new()
-        }
     );
     Ok(())
 }

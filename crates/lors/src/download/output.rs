@@ -89,13 +89,34 @@ fn fingerprint(x: &ExNode) -> u64 {
     h
 }
 
-/// Pieces an earlier run finished, from its resume record.
-fn resumed(record: &Path, header: &str) -> HashSet<(u64, u64)> {
-    let Ok(text) = std::fs::read_to_string(record) else {
+/// Longest resume record read: a line per piece.
+const MAX_RECORD_BYTES: u64 = 64 << 20;
+
+/// Pieces an earlier run finished, from its resume record: none unless
+/// the record is this download's (`header`) and carries the MAC that
+/// only this user's key makes over it and the partial file `part` it
+/// describes ([`resume_mac`]).
+fn resumed(record: &File, header: &str, part: &File) -> HashSet<(u64, u64)> {
+    use std::io::Read as _;
+    let mut text = String::new();
+    if record
+        .take(MAX_RECORD_BYTES)
+        .read_to_string(&mut text)
+        .is_err()
+    {
         return HashSet::new();
-    };
+    }
     let mut lines = text.lines();
     if lines.next() != Some(header) {
+        return HashSet::new();
+    }
+    let Some(want) = resume_mac(header, part) else {
+        return HashSet::new();
+    };
+    let Some(mac) = lines.next().and_then(|l| l.strip_prefix("mac ")) else {
+        return HashSet::new();
+    };
+    if !lors_ibp::caps::ct_eq(mac.as_bytes(), want.as_bytes()) {
         return HashSet::new();
     }
     lines
@@ -106,10 +127,110 @@ fn resumed(record: &Path, header: &str) -> HashSet<(u64, u64)> {
         .collect()
 }
 
+/// The MAC that makes a resume record unforgeable: BLAKE3 keyed with
+/// this user's resume key ([`resume_key`]) over the record's header and
+/// the identity of the partial file (device, inode, owner). Anyone can
+/// compute a header from the exNode; without the key nobody else can
+/// make a record a download trusts, and a partial file swapped in under
+/// the name (another inode) or owned by someone else is not resumed.
+/// `None` when there is no key to be had: then nothing is resumed.
+fn resume_mac(header: &str, part: &File) -> Option<String> {
+    use std::os::unix::fs::MetadataExt as _;
+    let m = part.metadata().ok()?;
+    if !m.is_file() || m.uid() != rustix::process::geteuid().as_raw() {
+        return None;
+    }
+    let key = resume_key()?;
+    let msg = format!("{header}\n{} {} {}", m.dev(), m.ino(), m.uid());
+    Some(
+        blake3::keyed_hash(&key, msg.as_bytes())
+            .to_hex()
+            .to_string(),
+    )
+}
+
+/// This user's resume key: 32 random bytes in
+/// `$XDG_STATE_HOME/lors/resume.key` (else `~/.local/state/lors/`), made
+/// on first use, private to the user.
+fn resume_key() -> Option<[u8; 32]> {
+    use std::io::{Read as _, Write as _};
+    use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
+    let dir = match std::env::var_os("XDG_STATE_HOME").filter(|d| !d.is_empty()) {
+        Some(d) => PathBuf::from(d).join("lors"),
+        None => PathBuf::from(std::env::var_os("HOME")?).join(".local/state/lors"),
+    };
+    let path = dir.join("resume.key");
+    let open = || {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&path)
+    };
+    let mut key = [0u8; 32];
+    if let Ok(mut f) = open() {
+        f.read_exact(&mut key).ok()?;
+        return Some(key);
+    }
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&dir)
+        .ok()?;
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut r| r.read_exact(&mut key))
+        .ok()?;
+    let made = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&path)
+        .and_then(|mut f| f.write_all(&key).and_then(|()| f.sync_all()));
+    match made {
+        Ok(()) => Some(key),
+        // Made by a download running beside this one: theirs.
+        Err(_) => {
+            let mut f = open().ok()?;
+            f.read_exact(&mut key).ok()?;
+            Some(key)
+        }
+    }
+}
+
+/// Opens an existing `path` for resuming, never through a link.
+fn open_existing(path: &Path, write: bool, append: bool) -> std::io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(write && !append)
+        .append(append)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+}
+
+/// Makes `path` anew: whatever is at the name (a file, a planted link)
+/// is removed, never followed, and the file is created exclusively.
+fn create_fresh(path: &Path, append: bool) -> std::io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(!append)
+        .append(append)
+        .create_new(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+}
+
 impl OutFile {
     /// Opens `PATH.lors-part` for the range `start..start+len` of `x`. With
     /// `resume`, a partial file and record from the same exNode, range and
-    /// piece size are kept, and the pieces the record lists are returned.
+    /// piece size, made by this user ([`resume_mac`]), are kept, and the
+    /// pieces the record lists are returned. Otherwise both are made anew;
+    /// neither is ever opened through a symbolic link.
     pub(super) fn open(
         path: PathBuf,
         x: &ExNode,
@@ -119,37 +240,41 @@ impl OutFile {
         resume: bool,
     ) -> Result<(OutFile, HashSet<(u64, u64)>)> {
         let header = format!(
-            "lors-partial v2 {start} {len} {piece_size} {:016x}",
+            "lors-partial v3 {start} {len} {piece_size} {:016x}",
             fingerprint(x)
         );
         let part = partial_path(&path);
         let record_path = record_path(&path);
-        let done = if resume && part.exists() {
-            resumed(&record_path, &header)
-        } else {
-            HashSet::new()
+        let kept = match resume {
+            true => open_existing(&part, true, false)
+                .and_then(|p| Ok((p, open_existing(&record_path, false, true)?)))
+                .ok()
+                .map(|(p, r)| {
+                    let done = resumed(&r, &header, &p);
+                    (p, r, done)
+                })
+                .filter(|(_, _, done)| !done.is_empty()),
+            false => None,
         };
         // The data goes to PATH.lors-part, renamed to PATH once complete:
         // a file under the final name is always whole.
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(done.is_empty())
-            .open(&part)
-            .map_err(|e| Error::io(format!("opening {}", part.display()), e))?;
+        let (file, mut record, done) = match kept {
+            Some(k) => k,
+            None => {
+                let file = create_fresh(&part, false)
+                    .map_err(|e| Error::io(format!("opening {}", part.display()), e))?;
+                let record = create_fresh(&record_path, true)
+                    .map_err(|e| Error::io(format!("opening {}", record_path.display()), e))?;
+                (file, record, HashSet::new())
+            }
+        };
         file.set_len(len)
             .map_err(|e| Error::io(format!("sizing {}", part.display()), e))?;
-        let mut record = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&record_path)
-            .map_err(|e| Error::io(format!("opening {}", record_path.display()), e))?;
         if done.is_empty() {
-            record
-                .set_len(0)
-                .map_err(|e| Error::io("resetting the resume record", e))?;
-            writeln!(record, "{header}").map_err(|e| Error::io("writing the resume record", e))?;
+            // Without a key there is no MAC, and the next run starts over.
+            let mac = resume_mac(&header, &file).unwrap_or_default();
+            writeln!(record, "{header}\nmac {mac}")
+                .map_err(|e| Error::io("writing the resume record", e))?;
         }
         let out = OutFile {
             file: SharedFile::new(file),

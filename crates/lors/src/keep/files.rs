@@ -23,19 +23,24 @@ pub struct Cursor {
 }
 
 impl Cursor {
-    /// The cursor saved at `path`, or the start.
+    /// The mapping of a cursor whose file the scrub has finished: the
+    /// next cycle goes on with the file after it.
+    pub const DONE: usize = usize::MAX;
+
+    /// The cursor saved at `path`, or the start (a state that cannot be
+    /// read, or is not one, starts the scrub over).
     pub fn load(path: Option<&Path>) -> Cursor {
-        path.and_then(|p| std::fs::read(p).ok())
+        path.and_then(|p| crate::xnd::read_regular(p, 1 << 20).ok())
             .and_then(|b| serde_json::from_slice(&b).ok())
             .unwrap_or_default()
     }
 
-    /// Saves it at `path`, whole or not at all (a temporary file renamed).
+    /// Saves it at `path`, whole or not at all, never through a link: a
+    /// new file made beside it (exclusively), synced, renamed over it.
     pub fn save(&self, path: Option<&Path>) -> std::io::Result<()> {
         let Some(path) = path else { return Ok(()) };
-        let tmp = path.with_extension("tmp");
-        std::fs::write(&tmp, serde_json::to_vec(self).unwrap_or_default())
-            .and_then(|()| std::fs::rename(&tmp, path))
+        let bytes = serde_json::to_vec(self).unwrap_or_default();
+        crate::xnd::save_bytes(path, &bytes, 0o600).map_err(std::io::Error::other)
     }
 }
 
@@ -71,10 +76,14 @@ impl Scrub {
             next += 1;
         }
         if !checked.is_empty() || self.budget > 0 {
-            // The place to go on from: later in this file, or the next file.
+            // The place to go on from: later in this file, or (past its
+            // end, or a place it never had) the next file.
             self.cursor = Cursor {
                 file: path.to_owned(),
-                mapping: next,
+                mapping: match next < x.mappings.len() {
+                    true => next,
+                    false => Cursor::DONE,
+                },
             };
         }
         checked
@@ -104,6 +113,8 @@ pub struct Totals {
     pub short_blocks: usize,
     /// ExNodes that could not be kept.
     pub failed: usize,
+    /// ExNodes another lors command was changing: left to the next cycle.
+    pub busy: usize,
 }
 
 impl Totals {
@@ -157,8 +168,17 @@ pub async fn save_kept(
         release(made, pool).await;
         return Err(SaveError::Changed);
     }
-    crate::xnd::save(path, &k.exnode)?;
-    // Named nowhere now: freed (a failure leaves them to their leases).
-    release(&k.dropped_corrupt, pool).await;
+    // Named nowhere once the save is done: freed after it, recorded
+    // beside the file until then (a depot that does not free one leaves
+    // it in the record for the next cycle's settle).
+    crate::commit::save_then_release(path, &k.exnode, k.dropped_corrupt.clone(), pool)
+        .await
+        .map_err(|e| match e {
+            crate::Error::Xnd(x) => SaveError::Write(x),
+            e => SaveError::Write(XndError::Write {
+                path: path.to_owned(),
+                source: std::io::Error::other(e.to_string()),
+            }),
+        })?;
     Ok(made.iter().filter_map(|m| m.depot()).collect())
 }

@@ -158,13 +158,19 @@ pub async fn cycle(
     pool: &Arc<Pool>,
     scrub: &[usize],
 ) -> Result<Kept> {
+    let erasure = lors_exnode::erasure::Erasure::of(x)?;
     let probes = manage::probe_all(x, pool).await;
+    // Leases first: they are what is lost soonest, and the scrub's reads
+    // (of a depot that trickles, say) must not hold them up.
+    let (refreshed, not_refreshed) = refresh_due(x, &probes, policy, pool).await;
     let (corrupt, scrubbed) = scrub_some(x, &probes, scrub, pool).await;
-    if let Some(e) = lors_exnode::erasure::Erasure::of(x)? {
+    if let Some(e) = erasure {
         let seen = stripes::Seen {
             probes,
             corrupt,
             scrubbed,
+            refreshed,
+            not_refreshed,
         };
         return stripes::cycle(x, e, seen, depots, policy, pool).await;
     }
@@ -174,8 +180,6 @@ pub async fn cycle(
         .or_else(|| manage::copies_policy(x))
         .unwrap_or(1)
         .max(1);
-    // Leases first: they are what is lost soonest.
-    let (refreshed, not_refreshed) = refresh_due(x, &probes, policy, pool).await;
     let blocks = manage::blocks(x);
     let (new, heal_error) = heal(x, &blocks, &live, copies, depots, policy, pool).await?;
     let healed = new.len();
@@ -365,26 +369,18 @@ fn settle(
     }
 }
 
-/// Frees the allocations of `made`, each within [`crate::stall::RELEASE_WAIT`].
+/// Frees the allocations of `made` (named by no saved exNode), each
+/// release within [`crate::stall::RELEASE_WAIT`]; those a depot does not
+/// free are left to their leases.
 pub async fn release(made: &[lors_exnode::Mapping], pool: &Arc<Pool>) {
     if made.is_empty() {
         return;
     }
-    let x = ExNode {
-        holes: Vec::new(),
-        parity: Vec::new(),
-        metadata: Vec::new(),
-        mappings: made.to_vec(),
-    };
-    let all = manage::Selection::Indices((0..made.len()).collect());
-    let freeing = manage::trim(&x, &all, true, true, pool, &NoProgress);
-    if tokio::time::timeout(crate::stall::RELEASE_WAIT, freeing)
-        .await
-        .is_err()
-    {
+    let kept = pool.release_all(made.to_vec()).await;
+    if !kept.is_empty() {
         tracing::warn!(
-            allocations = made.len(),
-            "new replicas not released in time: left to their leases"
+            allocations = kept.len(),
+            "new replicas not released: left to their leases"
         );
     }
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use lors_exnode::ExNode;
 use lors_exnode::erasure::Erasure;
 
-use super::{Kept, Policy, refresh_due};
+use super::{Kept, Policy};
 use crate::error::{Error, Result};
 use crate::manage::Probe;
 use crate::pool::Pool;
@@ -19,6 +19,10 @@ pub(super) struct Seen {
     pub probes: Vec<Probe>,
     pub corrupt: Vec<(usize, String)>,
     pub scrubbed: u64,
+    /// Leases extended, before the scrub.
+    pub refreshed: usize,
+    /// Leases not extended, with why.
+    pub not_refreshed: Vec<(usize, String)>,
 }
 
 /// One cycle (see [`super::cycle`]) over the erasure-coded `x`.
@@ -30,7 +34,7 @@ pub(super) async fn cycle(
     policy: &Policy,
     pool: &Arc<Pool>,
 ) -> Result<Kept> {
-    let (refreshed, not_refreshed) = refresh_due(x, &seen.probes, policy, pool).await;
+    let (refreshed, not_refreshed) = (seen.refreshed, seen.not_refreshed);
     // A corrupt block is made again like a lost one.
     let mut probes = seen.probes;
     for (i, why) in &seen.corrupt {
@@ -90,6 +94,7 @@ pub(super) async fn cycle(
                 kept.trimmed += fixed.len();
                 kept.dropped_corrupt = fixed;
             }
+            kept.dropped_corrupt.extend(r.to_free);
         }
         Err(err @ Error::Interrupted { .. }) => return Err(err),
         Err(err) => kept.heal_error = Some(err.to_string()),

@@ -143,6 +143,10 @@ pub fn set_attributes(
     mode: Option<u32>,
 ) -> io::Result<()> {
     let r = ExnodeRef::parse(target).map_err(|e| io::Error::new(ErrorKind::InvalidInput, e))?;
+    // Read, changed and saved under the exNode's lock: a route or a keeper
+    // saving meanwhile is never written over.
+    let _lock = crate::commit::Lock::take(&r.path, super::SAVE_WAIT)
+        .map_err(|e| io::Error::new(ErrorKind::ResourceBusy, e.to_string()))?;
     let mut x = xnd::load(&r.path).map_err(xnd_error)?;
     set_attrs(&mut x, modified, accessed, mode);
     xnd::save(&r.path, &x).map_err(xnd_error)

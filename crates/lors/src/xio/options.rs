@@ -216,7 +216,7 @@ impl OpenOptions {
         } else {
             Vec::new()
         };
-        let pool = Arc::new(Pool::new(settings.client()));
+        let pool = pool_for(&path, &settings, writable)?;
         let size = x.logical_size();
         let mut f = File {
             path,
@@ -277,4 +277,18 @@ fn refuse_erasure(x: &lors_exnode::ExNode, path: &std::path::Path) -> io::Result
             path.display()
         ),
     ))
+}
+
+/// The connections of a file opened at `path`. A writer's write down
+/// every block it stores as it is allocated (its own journal): killed
+/// before its save, it strands nothing the next command on the exNode
+/// does not free.
+fn pool_for(path: &Path, settings: &Settings, writable: bool) -> io::Result<Arc<Pool>> {
+    let pool = Arc::new(Pool::new(settings.client()));
+    if writable {
+        let j = crate::commit::Journal::private(path)
+            .map_err(|e| io::Error::new(e.kind(), format!("{}: journal: {e}", path.display())))?;
+        pool.set_journal(Arc::new(j));
+    }
+    Ok(pool)
 }

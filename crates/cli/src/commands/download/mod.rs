@@ -159,7 +159,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
 }
 
 /// Where the data goes: `-o` (a directory takes the recorded name), or
-/// the recorded name with `-f`.
+/// the recorded name with `-f`. A recorded name is the exNode's word, not
+/// the user's: it never replaces a file that is there (a `run42.xnd`
+/// holding the only copy of its capabilities, a `.bashrc`); and no output
+/// is ever the exNode being read.
 fn output(a: &Args, x: &lors_exnode::ExNode) -> anyhow::Result<PathBuf> {
     let recorded = || -> Result<PathBuf, UsageError> {
         x.filename()
@@ -168,7 +171,7 @@ fn output(a: &Args, x: &lors_exnode::ExNode) -> anyhow::Result<PathBuf> {
             .ok_or_else(|| UsageError("the exNode records no usable file name; use -o FILE".into()))
     };
     let output = a.output.clone().or_else(|| a.dest.clone());
-    Ok(match (&output, a.auto_name) {
+    let (out, named_by_exnode) = match (&output, a.auto_name) {
         (Some(o), _)
             if o.as_os_str() != "-"
                 && (o.is_dir() || o.as_os_str().to_string_lossy().ends_with('/')) =>
@@ -176,10 +179,10 @@ fn output(a: &Args, x: &lors_exnode::ExNode) -> anyhow::Result<PathBuf> {
             if !o.is_dir() {
                 return Err(UsageError(format!("{} is not a directory", o.display())).into());
             }
-            o.join(recorded()?)
+            (o.join(recorded()?), true)
         }
-        (Some(o), _) => o.clone(),
-        (None, true) => recorded()?,
+        (Some(o), _) => (o.clone(), false),
+        (None, true) => (recorded()?, true),
         (None, false) => {
             return Err(UsageError(
                 "say where the data goes: -o OUT (or -o - for stdout, -f for the recorded name)"
@@ -187,7 +190,32 @@ fn output(a: &Args, x: &lors_exnode::ExNode) -> anyhow::Result<PathBuf> {
             )
             .into());
         }
-    })
+    };
+    if named_by_exnode && std::fs::symlink_metadata(&out).is_ok() {
+        return Err(UsageError(format!(
+            "{} is there already, and the name comes from the exNode: it is not replaced. Name the output with -o {} to replace it, or -o another path",
+            out.display(),
+            out.display()
+        ))
+        .into());
+    }
+    if out.as_os_str() != "-" && same_file(&out, &a.exnode.path) {
+        return Err(UsageError(format!(
+            "{} is the exNode being read: writing the data there would destroy it; name another output with -o",
+            out.display()
+        ))
+        .into());
+    }
+    Ok(out)
+}
+
+/// Whether `a` and `b` name one file (both there, same device and inode).
+fn same_file(a: &std::path::Path, b: &std::path::Path) -> bool {
+    use std::os::unix::fs::MetadataExt as _;
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
+        _ => false,
+    }
 }
 
 /// A download through a shared exNode whose depots no longer know its

@@ -1,25 +1,14 @@
 //! One cycle of `lors keep` over every exNode, and what it says.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use lors::Pool;
-use lors::keep::{Cursor, Kept, Policy, Scrub, Totals};
+use lors::keep::{Kept, Policy, Scrub, Totals};
 use lors::manage::{CopyOptions, Lease};
-use lors::uri::ExnodeRef;
 
-use super::Args;
-
-/// The exNode files `r` names.
-fn files_of(r: &ExnodeRef) -> anyhow::Result<Vec<PathBuf>> {
-    if !r.path.is_dir() {
-        return Ok(vec![r.path.clone()]);
-    }
-    let mut out = Vec::new();
-    crate::commands::stat::xnd_files(&r.path, &mut out)?;
-    Ok(out)
-}
+use super::{Args, files, say};
 
 /// One cycle over every exNode.
 pub(super) fn one_cycle(
@@ -32,24 +21,12 @@ pub(super) fn one_cycle(
 ) -> anyhow::Result<Totals> {
     let mut totals = Totals::default();
     let json = a.report.json;
-    // Every exNode, each with its settings; the cycle starts at the
-    // scrub's place, so the budget goes to the replicas checked longest ago.
-    let mut all = Vec::new();
-    for r in &a.exnodes {
-        let flags = a.new_lease.layer(a.targets.layer());
-        let s = Arc::new(crate::commands::settings(&a.net, flags, Some(r))?);
-        all.extend(files_of(r)?.into_iter().map(|p| (p, s.clone())));
-    }
+    let all = files::of_cycle(a, scrub)?;
     // New replicas this cycle has put on each depot: the next exNode's go
     // to the least used first, so a cycle that heals many small exNodes
     // (each placing only a copy or two) spreads them instead of giving all
     // to the first depot listed.
     let mut placed: std::collections::HashMap<String, usize> = Default::default();
-    let at = all.iter().position(|(p, _)| *p == scrub.cursor.file);
-    match at {
-        Some(k) => all.rotate_left(k),
-        None => scrub.cursor = Cursor::default(),
-    }
     for (n, (path, s)) in all.into_iter().enumerate() {
         let pool = Arc::new(Pool::new(s.client()));
         if *stop.borrow() {
@@ -70,50 +47,47 @@ pub(super) fn one_cycle(
             0 if scrub.cursor.file == path => scrub.cursor.mapping,
             _ => 0,
         };
-        match keep_one(a, rt, &path, &s, &policy, &pool, scrub, first, &mut placed) {
+        // A file that is no exNode (empty, damaged, hostile) is said and
+        // passed over before anything else: no lock, no depot.
+        if let Err(e) = lors::xnd::load(&path)
+            .map_err(anyhow::Error::from)
+            .and_then(|x| {
+                lors::plan::check_exnode(&x)?;
+                Ok(())
+            })
+        {
+            say::failed(&mut totals, &name, &e, json)?;
+            continue;
+        }
+        // One writer per exNode: a file another lors command (a user's
+        // route, a second keeper) is changing waits for the next cycle.
+        let session = match rt.block_on(lors::commit::Session::begin(&path, &pool, Duration::ZERO))
+        {
+            Ok(s) => s,
+            Err(lors::Error::Busy { holder, .. }) => {
+                say::busy(&mut totals, &name, holder, json)?;
+                continue;
+            }
+            Err(e) => {
+                say::failed(&mut totals, &name, &e.into(), json)?;
+                continue;
+            }
+        };
+        let kept = keep_one(a, rt, &path, &s, &policy, &pool, scrub, first, &mut placed);
+        match crate::commands::end(rt, session, &pool, kept) {
             Ok(Some(k)) => {
                 totals.add(&k);
-                report(&name, &k, json, a.report.quiet)?;
+                say::kept(&name, &k, json, a.report.quiet)?;
             }
             Ok(None) => {
                 // Stopped mid-cycle.
                 totals.exnodes += 1;
                 return Ok(totals);
             }
-            Err(e) => {
-                totals.exnodes += 1;
-                totals.failed += 1;
-                match json {
-                    true => crate::commands::outln!(
-                        "{}",
-                        crate::commands::json_line(
-                            &serde_json::json!({"event": "failed", "file": name, "error": format!("{e:#}")})
-                        )?
-                    ),
-                    false => eprintln!("lors: {name}: not kept: {e:#}"),
-                }
-            }
+            Err(e) => say::failed(&mut totals, &name, &e, json)?,
         }
     }
-    if json {
-        crate::commands::outln!(
-            "{}",
-            crate::commands::json_line(&serde_json::json!({"event": "cycle", "totals": &totals}))?
-        );
-    } else if !a.report.quiet {
-        eprintln!(
-            "lors: cycle done: {} exNodes, {} leases extended, {} new replicas, {} mappings dropped{}",
-            totals.exnodes,
-            totals.refreshed,
-            totals.healed,
-            totals.trimmed,
-            if totals.lost_bytes > 0 {
-                format!(", {} bytes LOST", totals.lost_bytes)
-            } else {
-                String::new()
-            }
-        );
-    }
+    say::cycle_done(&totals, json, a.report.quiet)?;
     Ok(totals)
 }
 
@@ -131,9 +105,9 @@ fn keep_one(
     first: usize,
     placed: &mut std::collections::HashMap<String, usize>,
 ) -> anyhow::Result<Option<Kept>> {
-    let before =
-        std::fs::read(path).map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
-    let x = lors::xnd::load(path)?;
+    let before = lors::xnd::read_regular(path, lors::xnd::MAX_XND_BYTES)?;
+    let x = lors_exnode::xml::parse(&before)
+        .map_err(|e| anyhow::anyhow!("parsing exNode {}: {e}", path.display()))?;
     let checked = scrub.plan(&x, path, first);
     let copies = policy
         .copies
@@ -147,10 +121,19 @@ fn keep_one(
     };
     // Stable: among depots as used, the directory's ranking stands.
     depots.sort_by_key(|d| placed.get(d).copied().unwrap_or(0));
-    let mut k = match rt.block_on(lors::keep::cycle(&x, &depots, policy, pool, &checked)) {
-        Ok(k) => k,
-        Err(lors::Error::Interrupted { .. }) => return Ok(None),
-        Err(e) => return Err(e.into()),
+    // However the depots behave, one file's turn ends: what it began is
+    // dropped (copies in flight are freed by the session's end, from its
+    // journal) and the file waits for the next cycle.
+    let deadline = a.file_deadline();
+    let run = lors::keep::cycle(&x, &depots, policy, pool, &checked);
+    let mut k = match rt.block_on(async { tokio::time::timeout(deadline, run).await }) {
+        Ok(Ok(k)) => k,
+        Ok(Err(lors::Error::Interrupted { .. })) => return Ok(None),
+        Ok(Err(e)) => return Err(e.into()),
+        Err(_) => anyhow::bail!(
+            "not done within {} (--file-deadline): left to the next cycle",
+            lors_ibp::units::Secs(deadline.as_secs())
+        ),
     };
     if k.heal_error.is_some() && depots.is_empty() {
         k.heal_error = unplaced;
@@ -166,67 +149,4 @@ fn keep_one(
         }
     }
     Ok(Some(k))
-}
-
-/// What one exNode's cycle did, as a line (or a JSON event).
-fn report(name: &str, k: &Kept, json: bool, quiet: bool) -> anyhow::Result<()> {
-    if json {
-        crate::commands::outln!(
-            "{}",
-            crate::commands::json_line(&serde_json::json!({
-                "event": "kept",
-                "file": name,
-                "copies": k.copies,
-                "refreshed": k.refreshed,
-                "not_refreshed": k.not_refreshed.iter().map(|(i, e)| serde_json::json!({"mapping": i, "error": e})).collect::<Vec<_>>(),
-                "healed": k.healed,
-                "trimmed": k.trimmed,
-                "lost": k.lost,
-                "short": k.short,
-                "heal_error": k.heal_error,
-                "scrubbed_bytes": k.scrubbed,
-                "corrupt": k.corrupt.iter().map(|(i, e)| serde_json::json!({"mapping": i, "error": e})).collect::<Vec<_>>(),
-            }))?
-        );
-        return Ok(());
-    }
-    let mut did = Vec::new();
-    if k.refreshed > 0 {
-        did.push(format!("{} leases extended", k.refreshed));
-    }
-    if k.healed > 0 {
-        did.push(format!("{} new replicas", k.healed));
-    }
-    if k.trimmed > 0 {
-        did.push(format!("{} dead mappings dropped", k.trimmed));
-    }
-    if !k.corrupt.is_empty() {
-        did.push(format!(
-            "{} corrupt replicas replaced",
-            k.dropped_corrupt.len()
-        ));
-    }
-    if !did.is_empty() && !quiet {
-        crate::commands::outln!("{name}: {}", did.join(", "));
-    }
-    for (i, e) in &k.corrupt {
-        eprintln!("lors: {name}: mapping {i} is corrupt: {e}");
-    }
-    for (i, e) in &k.not_refreshed {
-        eprintln!("lors: {name}: mapping {i}: lease not extended: {e}");
-    }
-    for (s, e) in &k.short {
-        eprintln!(
-            "lors: {name}: bytes {s}..{e} are short of {} live copies{}",
-            k.copies,
-            k.heal_error
-                .as_ref()
-                .map(|e| format!(": {e}"))
-                .unwrap_or_default()
-        );
-    }
-    for (s, e) in &k.lost {
-        eprintln!("lors: {name}: LOST: bytes {s}..{e} have no live replica");
-    }
-    Ok(())
 }

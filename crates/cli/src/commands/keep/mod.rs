@@ -13,7 +13,9 @@ use lors_ibp::units::Secs;
 use crate::report::ReportOpts;
 
 mod cycle;
+mod files;
 mod metrics;
+mod say;
 
 use cycle::one_cycle;
 use metrics::Metrics;
@@ -71,6 +73,12 @@ pub struct Args {
     /// and freed [default: no scrub].
     #[arg(long, value_name = "RATE", value_parser = super::nonzero_size_arg)]
     scrub_rate: Option<u64>,
+    /// The longest one exNode's turn in a cycle may take: probes,
+    /// refreshes, the scrub's reads, new copies. Past it the file is left
+    /// to the next cycle, so no file or depot can hold up the others
+    /// [default: the longer of --every and 10 minutes].
+    #[arg(long, value_parser = super::duration_arg, value_name = "DURATION")]
+    file_deadline: Option<Duration>,
     /// Where the scrub's place is kept between runs (a restart, the next
     /// `--once`, resumes from it) [default: none: each run starts over].
     #[arg(long, value_name = "FILE")]
@@ -87,6 +95,13 @@ pub struct Args {
     net: super::NetOpts,
     #[command(flatten)]
     report: ReportOpts,
+}
+
+impl Args {
+    /// One exNode's turn at most ([`Args::file_deadline`]'s default).
+    fn file_deadline(&self) -> Duration {
+        (self.file_deadline).unwrap_or_else(|| self.every.max(Duration::from_secs(600)))
+    }
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {

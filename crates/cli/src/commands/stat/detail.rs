@@ -11,6 +11,8 @@ use super::Args;
 pub(super) fn detail(a: &Args, r: &ExnodeRef) -> anyhow::Result<()> {
     let s = crate::commands::settings(&a.net, Default::default(), Some(r))?;
     let x = lors::xnd::load(&r.path)?;
+    // What a download would refuse is reported, and fails, here too.
+    lors::plan::check_exnode(&x)?;
     let probes = crate::commands::probe_all(&x, &s)?;
     let blocks = lors::manage::blocks(&x);
     let live = |i: usize| probes[i].is_live();

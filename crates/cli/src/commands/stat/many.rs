@@ -3,7 +3,7 @@
 use lors::manage::Probe;
 use lors_ibp::units::{Bytes, Secs};
 
-use super::{Args, xnd_files};
+use super::{Args, MAX_FILES, Walk, xnd_files};
 
 /// Many exNodes, a line each.
 pub(super) fn many(a: &Args) -> anyhow::Result<()> {
@@ -14,14 +14,27 @@ pub(super) fn many(a: &Args) -> anyhow::Result<()> {
         let pool = lors::Pool::new(s.client());
         let mut files = Vec::new();
         if r.path.is_dir() {
-            xnd_files(&r.path, &mut files)?;
+            let mut w = Walk::default();
+            xnd_files(&r.path, &mut w, MAX_FILES)?;
+            anyhow::ensure!(
+                !w.truncated,
+                "more than {MAX_FILES} exNodes under {}: name fewer at once",
+                r.path.display()
+            );
+            for (p, why) in &w.skipped {
+                eprintln!("lors: {}: skipped: {why}", p.display());
+            }
+            files = w.files;
         } else {
             files.push(r.path.clone());
         }
         for path in files {
             let name = path.display().to_string();
             total.files += 1;
-            let x = match lors::xnd::load(&path) {
+            let x = match lors::xnd::load(&path)
+                .map_err(anyhow::Error::from)
+                .and_then(|x| Ok(lors::plan::check_exnode(&x).map(|()| x)?))
+            {
                 Ok(x) => x,
                 Err(e) => {
                     total.unreadable += 1;
@@ -29,10 +42,10 @@ pub(super) fn many(a: &Args) -> anyhow::Result<()> {
                         true => crate::commands::outln!(
                             "{}",
                             crate::commands::json_line(
-                                &serde_json::json!({"file": name, "error": e.to_string()})
+                                &serde_json::json!({"file": name, "error": format!("{e:#}")})
                             )?
                         ),
-                        false => crate::commands::outln!("{name}: cannot be read: {e}"),
+                        false => crate::commands::outln!("{name}: cannot be read: {e:#}"),
                     }
                     continue;
                 }

@@ -61,29 +61,56 @@ pub fn run(a: Args) -> anyhow::Result<()> {
 
 /// Most exNodes one run lists: a directory tree larger than this is a
 /// mistake (or an attack) rather than a data set to probe file by file.
-const MAX_FILES: usize = 100_000;
+pub(crate) const MAX_FILES: usize = 100_000;
 
-/// The `*.xnd` files under `dir`, at any depth, in name order.
-pub(crate) fn xnd_files(dir: &Path, out: &mut Vec<PathBuf>) -> anyhow::Result<()> {
+/// What a walk of directories found: the exNode files, in name order, and
+/// the `*.xnd` entries it passed over (with why).
+#[derive(Debug, Default)]
+pub(crate) struct Walk {
+    /// Regular `*.xnd` files.
+    pub files: Vec<PathBuf>,
+    /// Entries named `*.xnd` that are not regular files: FIFOs, devices,
+    /// sockets, symbolic links.
+    pub skipped: Vec<(PathBuf, &'static str)>,
+    /// More than `max` were there: the walk stopped at `max`.
+    pub truncated: bool,
+}
+
+/// The `*.xnd` files under `dir`, at any depth, in name order, at most
+/// `max`. Only regular files: a FIFO would block its reader for ever and
+/// a device (`/dev/zero`) never end; a symbolic link may lead out of the
+/// tree (or back into it, where its target is found as itself), and a
+/// rewrite through it would replace the link. Neither is followed.
+pub(crate) fn xnd_files(dir: &Path, w: &mut Walk, max: usize) -> anyhow::Result<()> {
     let mut entries: Vec<_> = std::fs::read_dir(dir)
         .map_err(|e| anyhow::anyhow!("reading directory {}: {e}", dir.display()))?
         .filter_map(Result::ok)
         .collect();
     entries.sort_by_key(|e| e.file_name());
     for e in entries {
+        if w.truncated {
+            return Ok(());
+        }
         let p = e.path();
-        // Not followed: a link loop would never end.
         let Ok(kind) = e.file_type() else { continue };
         if kind.is_dir() {
-            xnd_files(&p, out)?;
-        } else if p.extension().is_some_and(|x| x == "xnd") {
-            out.push(p);
+            xnd_files(&p, w, max)?;
+            continue;
         }
-        anyhow::ensure!(
-            out.len() <= MAX_FILES,
-            "more than {MAX_FILES} exNodes under {}: name fewer at once",
-            dir.display()
-        );
+        if p.extension().is_none_or(|x| x != "xnd") {
+            continue;
+        }
+        if kind.is_symlink() {
+            w.skipped
+                .push((p, "a symbolic link: not followed (name its target)"));
+        } else if !kind.is_file() {
+            w.skipped
+                .push((p, "not a regular file (a FIFO, socket or device)"));
+        } else if w.files.len() == max {
+            w.truncated = true;
+        } else {
+            w.files.push(p);
+        }
     }
     Ok(())
 }

@@ -1,0 +1,146 @@
+//! What `lors keep` says of each exNode and of each cycle: lines on
+//! standard error, or JSON events on standard output.
+
+use lors::keep::{Kept, Totals};
+
+/// Files not kept that a cycle names on standard error (JSON names all).
+const SAID_FAILURES: usize = 100;
+
+/// Counts (and, among the first [`SAID_FAILURES`], says) an exNode the
+/// cycle could not keep.
+pub(super) fn failed(
+    totals: &mut Totals,
+    name: &str,
+    e: &anyhow::Error,
+    json: bool,
+) -> anyhow::Result<()> {
+    totals.exnodes += 1;
+    totals.failed += 1;
+    match json {
+        true => crate::commands::outln!(
+            "{}",
+            crate::commands::json_line(
+                &serde_json::json!({"event": "failed", "file": name, "error": format!("{e:#}")})
+            )?
+        ),
+        false if totals.failed <= SAID_FAILURES => eprintln!("lors: {name}: not kept: {e:#}"),
+        false => {}
+    }
+    Ok(())
+}
+
+/// Counts an exNode another lors command holds, and says so.
+pub(super) fn busy(
+    totals: &mut Totals,
+    name: &str,
+    holder: Option<u32>,
+    json: bool,
+) -> anyhow::Result<()> {
+    totals.busy += 1;
+    let who = holder.map(|p| format!(" (pid {p})")).unwrap_or_default();
+    match json {
+        true => crate::commands::outln!(
+            "{}",
+            crate::commands::json_line(
+                &serde_json::json!({"event": "busy", "file": name, "holder": holder})
+            )?
+        ),
+        false => eprintln!(
+            "lors: {name}: another lors command{who} is changing it: left to the next cycle"
+        ),
+    }
+    Ok(())
+}
+
+/// The cycle's totals.
+pub(super) fn cycle_done(totals: &Totals, json: bool, quiet: bool) -> anyhow::Result<()> {
+    if totals.failed > SAID_FAILURES && !json {
+        eprintln!(
+            "lors: … and {} more exNodes not kept (--json lists each)",
+            totals.failed - SAID_FAILURES
+        );
+    }
+    if json {
+        crate::commands::outln!(
+            "{}",
+            crate::commands::json_line(&serde_json::json!({"event": "cycle", "totals": totals}))?
+        );
+    } else if !quiet {
+        eprintln!(
+            "lors: cycle done: {} exNodes, {} leases extended, {} new replicas, {} mappings dropped{}",
+            totals.exnodes,
+            totals.refreshed,
+            totals.healed,
+            totals.trimmed,
+            if totals.lost_bytes > 0 {
+                format!(", {} bytes LOST", totals.lost_bytes)
+            } else {
+                String::new()
+            }
+        );
+    }
+    Ok(())
+}
+
+/// What one exNode's cycle did, as a line (or a JSON event).
+pub(super) fn kept(name: &str, k: &Kept, json: bool, quiet: bool) -> anyhow::Result<()> {
+    if json {
+        crate::commands::outln!(
+            "{}",
+            crate::commands::json_line(&serde_json::json!({
+                "event": "kept",
+                "file": name,
+                "copies": k.copies,
+                "refreshed": k.refreshed,
+                "not_refreshed": k.not_refreshed.iter().map(|(i, e)| serde_json::json!({"mapping": i, "error": e})).collect::<Vec<_>>(),
+                "healed": k.healed,
+                "trimmed": k.trimmed,
+                "lost": k.lost,
+                "short": k.short,
+                "heal_error": k.heal_error,
+                "scrubbed_bytes": k.scrubbed,
+                "corrupt": k.corrupt.iter().map(|(i, e)| serde_json::json!({"mapping": i, "error": e})).collect::<Vec<_>>(),
+            }))?
+        );
+        return Ok(());
+    }
+    let mut did = Vec::new();
+    if k.refreshed > 0 {
+        did.push(format!("{} leases extended", k.refreshed));
+    }
+    if k.healed > 0 {
+        did.push(format!("{} new replicas", k.healed));
+    }
+    if k.trimmed > 0 {
+        did.push(format!("{} dead mappings dropped", k.trimmed));
+    }
+    if !k.corrupt.is_empty() {
+        did.push(format!(
+            "{} corrupt replicas replaced",
+            k.dropped_corrupt.len()
+        ));
+    }
+    if !did.is_empty() && !quiet {
+        crate::commands::outln!("{name}: {}", did.join(", "));
+    }
+    for (i, e) in &k.corrupt {
+        eprintln!("lors: {name}: mapping {i} is corrupt: {e}");
+    }
+    for (i, e) in &k.not_refreshed {
+        eprintln!("lors: {name}: mapping {i}: lease not extended: {e}");
+    }
+    for (s, e) in &k.short {
+        eprintln!(
+            "lors: {name}: bytes {s}..{e} are short of {} live copies{}",
+            k.copies,
+            k.heal_error
+                .as_ref()
+                .map(|e| format!(": {e}"))
+                .unwrap_or_default()
+        );
+    }
+    for (s, e) in &k.lost {
+        eprintln!("lors: {name}: LOST: bytes {s}..{e} have no live replica");
+    }
+    Ok(())
+}
