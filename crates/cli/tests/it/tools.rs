@@ -1470,6 +1470,12 @@ fn a_closed_stdout_ends_every_command_quietly() {
 
 /// Bytes the depot has allocated: the allocations' sizes, without their charge.
 pub fn used(d: &DepotProc) -> u64 {
+    usage(d).0
+}
+
+/// What the depot holds: the allocations' sizes (without their charge),
+/// and how many there are.
+pub fn usage(d: &DepotProc) -> (u64, u64) {
     // STATUS counts each allocation's size and its 4 KiB charge; the
     // version report says how many allocations there are.
     tokio::runtime::Runtime::new().unwrap().block_on(async {
@@ -1484,7 +1490,7 @@ pub fn used(d: &DepotProc) -> u64 {
             .and_then(|l| l.split_whitespace().next())
             .and_then(|n| n.parse().ok())
             .unwrap_or_else(|| panic!("no allocation count in {report:?}"));
-        charged - count * lors_depot::store::ALLOC_CHARGE
+        (charged - count * lors_depot::store::ALLOC_CHARGE, count)
     })
 }
 
