@@ -414,12 +414,31 @@ impl Journal {
 /// The allocations the journal at `path` lists (none when there is none);
 /// lines that do not parse are skipped (a line cut short by a kill).
 fn read_journal(path: &Path) -> std::result::Result<Vec<Mapping>, XndError> {
-    if std::fs::symlink_metadata(path).is_err() {
+    use std::os::unix::fs::MetadataExt as _;
+    let Ok(meta) = std::fs::symlink_metadata(path) else {
         return Ok(Vec::new());
+    };
+    // Only this user's own runs write journals: one planted by anyone else
+    // is nobody's word on what to free.
+    if meta.uid() != rustix::process::geteuid().as_raw() {
+        return Err(XndError::Read {
+            path: path.to_owned(),
+            source: std::io::Error::new(
+                std::io::ErrorKind::PermissionDenied,
+                "a journal owned by another user: not read (remove it if it is not yours)",
+            ),
+        });
     }
     let bytes = xnd::read_regular(path, MAX_JOURNAL_BYTES)?;
+    Ok(parse_journal(&bytes))
+}
+
+/// The allocations journal lines list: `SIZE READ WRITE MANAGE`, each a
+/// capability URL; any other line (a note, one cut short by a kill,
+/// garbage) is skipped.
+fn parse_journal(bytes: &[u8]) -> Vec<Mapping> {
     let cap = |s: Option<&str>| lors_ibp::Capability::parse(s?).ok();
-    Ok(String::from_utf8_lossy(&bytes)
+    String::from_utf8_lossy(bytes)
         .lines()
         .filter_map(|l| {
             let mut w = l.split(' ');
@@ -434,7 +453,7 @@ fn read_journal(path: &Path) -> std::result::Result<Vec<Mapping>, XndError> {
                 ..Mapping::default()
             })
         })
-        .collect())
+        .collect()
 }
 
 /// One writer at a time per exNode: an exclusive `flock` on `OUT.lock`,
@@ -569,5 +588,30 @@ impl Drop for Session {
         if read_journal(&j).is_ok_and(|listed| listed.is_empty()) {
             let _ = std::fs::remove_file(&j);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn journal_lines_that_are_not_whole_are_skipped() {
+        let caps =
+            "ibp://h:6714/1#aaaa/7/READ ibp://h:6714/1#bbbb/7/WRITE ibp://h:6714/1#cccc/7/MANAGE";
+        let text = format!(
+            "# lors pid 1\n42 {caps}\n{}\n\u{0}\u{ff}garbage\n18446744073709551616 {caps}\n7 {caps}",
+            &caps[..30]
+        );
+        let listed = parse_journal(text.as_bytes());
+        let sizes: Vec<u64> = listed.iter().map(|m| m.alloc_length).collect();
+        assert_eq!(sizes, [42, 7]);
+        assert!(listed.iter().all(|m| m.manage.is_some()));
+        // Any bytes at all: no panic.
+        let mut junk = vec![0u8; 4096];
+        for (i, b) in junk.iter_mut().enumerate() {
+            *b = (i * 7919 % 251) as u8;
+        }
+        let _ = parse_journal(&junk);
     }
 }
