@@ -531,3 +531,51 @@ fn a_copy_that_never_arrived_is_not_a_live_replica() {
     let (ok, _, err) = lors(&["verify", x_s]);
     assert!(ok, "{err}");
 }
+
+/// In a directory nothing can be written to (no lock, no journal), the
+/// keeper still extends the leases, and makes nothing it could not name.
+#[test]
+fn a_keeper_extends_leases_where_it_cannot_write() {
+    let dir = tempdir();
+    let ds = crate::util::depots(2, dir.path());
+    let kept = dir.path().join("kept");
+    std::fs::create_dir(&kept).unwrap();
+    let xnd = upload(
+        &[&ds[0]],
+        dir.path(),
+        "f",
+        &pattern(100_000, 9),
+        &["-c", "1", "-d", "1h"],
+    );
+    let xnd = {
+        let to = kept.join("f.xnd");
+        std::fs::rename(&xnd, &to).unwrap();
+        to
+    };
+    let chattr = |flag: &str| {
+        std::process::Command::new("chattr")
+            .args([flag, kept.to_str().unwrap()])
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if !chattr("+i") {
+        eprintln!("skipping: no immutable directories here");
+        return;
+    }
+    let (ok, _, err) = lors(&[
+        "keep",
+        "--once",
+        "--lease",
+        "2h",
+        "-c",
+        "2",
+        "--depot",
+        &ds[1].addr,
+        xnd.to_str().unwrap(),
+    ]);
+    chattr("-i");
+    assert!(err.contains("1 leases extended"), "{err}");
+    assert!(!ok, "short of copies, and said: {err}");
+    assert!(seconds_left(&xnd).is_some_and(|s| s > 3600), "{err}");
+    assert_eq!(used(&ds[1]), 0, "nothing made that no journal could name");
+}

@@ -63,18 +63,34 @@ pub(super) fn one_cycle(
         // route, a second keeper) is changing waits for the next cycle.
         let session = match rt.block_on(lors::commit::Session::begin(&path, &pool, Duration::ZERO))
         {
-            Ok(s) => s,
+            Ok(s) => Ok(s),
             Err(lors::Error::Busy { holder, .. }) => {
                 say::busy(&mut totals, &name, holder, json)?;
                 continue;
             }
-            Err(e) => {
-                say::failed(&mut totals, &name, &e.into(), json)?;
-                continue;
-            }
+            // No lock or journal can be written beside it (a read-only
+            // directory): its leases are kept all the same, and nothing
+            // new is made that no journal could name.
+            Err(e) => Err(format!("{e:#}")),
         };
-        let kept = keep_one(a, rt, &path, &s, &policy, &pool, scrub, first, &mut placed);
-        match crate::commands::end(rt, session, &pool, kept) {
+        let no_place = session.as_ref().err().cloned();
+        let kept = keep_one(
+            a,
+            rt,
+            &path,
+            &s,
+            &policy,
+            &pool,
+            scrub,
+            first,
+            &mut placed,
+            no_place,
+        );
+        let kept = match session {
+            Ok(session) => crate::commands::end(rt, session, &pool, kept),
+            Err(_) => kept,
+        };
+        match kept {
             Ok(Some(k)) => {
                 totals.add(&k);
                 say::kept(&name, &k, json, a.report.quiet)?;
@@ -104,6 +120,7 @@ fn keep_one(
     scrub: &mut Scrub,
     first: usize,
     placed: &mut std::collections::HashMap<String, usize>,
+    no_place: Option<String>,
 ) -> anyhow::Result<Option<Kept>> {
     let before = lors::xnd::read_regular(path, lors::xnd::MAX_XND_BYTES)?;
     let x = lors_exnode::xml::parse(&before)
@@ -115,9 +132,12 @@ fn keep_one(
         .unwrap_or(1);
     // Where new replicas may go; asked for each exNode, as its blocks'
     // holders differ. Without any, a cycle that needs none still runs.
-    let (mut depots, unplaced) = match a.targets.find(rt, &x, s, copies, true) {
-        Ok(f) => (f.depots, None),
-        Err(e) => (Vec::new(), Some(format!("{e:#}"))),
+    let (mut depots, unplaced) = match no_place {
+        Some(why) => (Vec::new(), Some(format!("no new copies: {why}"))),
+        None => match a.targets.find(rt, &x, s, copies, true) {
+            Ok(f) => (f.depots, None),
+            Err(e) => (Vec::new(), Some(format!("{e:#}"))),
+        },
     };
     // Stable: among depots as used, the directory's ranking stands.
     depots.sort_by_key(|d| placed.get(d).copied().unwrap_or(0));
