@@ -163,7 +163,7 @@ fn one_bad_entry_or_depot_never_costs_another_file_its_lease() {
         "--scrub-rate",
         "64M",
         "--file-deadline",
-        "15s",
+        "8s",
         "-T",
         "2s",
         kept.to_str().unwrap(),
