@@ -244,6 +244,7 @@ fn fifos_devices_and_huge_claims_are_refused_at_once() {
     std::fs::copy(&two, sub.join("1.xnd")).unwrap();
     let ec = dir.path().join("ec.xnd");
     lors::xnd::save(&ec, &huge_parity(&lors::xnd::load(&two).unwrap())).unwrap();
+    let out = dir.path().join("out");
     let limit = Duration::from_secs(20);
     let cases: Vec<(Vec<&str>, &str)> = vec![
         (vec!["stat", sub.to_str().unwrap()], "skipped"),
@@ -265,6 +266,15 @@ fn fifos_devices_and_huge_claims_are_refused_at_once() {
         ),
         (vec!["keep", "--once", ec.to_str().unwrap()], "2^44"),
         (vec!["download", "-o", "-", ec.to_str().unwrap()], "2^44"),
+        (
+            vec![
+                "download",
+                "-o",
+                out.to_str().unwrap(),
+                ec.to_str().unwrap(),
+            ],
+            "2^44",
+        ),
     ];
     for (args, want) in cases {
         let want = want.replace("2^44", &(1u64 << 44).to_string());
