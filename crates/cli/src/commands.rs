@@ -400,6 +400,20 @@ pub fn begin(
     Ok(rt.block_on(lors::commit::Session::begin(out, pool, LOCK_WAIT))?)
 }
 
+/// `x`, read from `input`, as it stands once `out`'s lock is held: read
+/// again when the run replaces it in place (another command may have
+/// changed it before the lock was taken).
+pub fn as_locked<'a>(
+    x: std::borrow::Cow<'a, ExNode>,
+    input: &std::path::Path,
+    out: &std::path::Path,
+) -> anyhow::Result<std::borrow::Cow<'a, ExNode>> {
+    Ok(match out == input {
+        true => std::borrow::Cow::Owned(lors::xnd::load(out)?),
+        false => x,
+    })
+}
+
 /// Ends `session` after `r`: `r`, unless ending failed where `r` did not.
 pub fn end<T>(
     rt: &tokio::runtime::Runtime,

@@ -152,15 +152,19 @@ pub async fn save_then_release(
     let total = free.len();
     let kept = pool.release_all_why(free.clone()).await;
     let unreleased: HashSet<String> = kept.iter().filter_map(|(m, _)| key(m)).collect();
-    let freed: HashSet<String> = (free.iter().filter_map(key))
-        .filter(|k| !unreleased.contains(k))
-        .collect();
-    leftover::drop_from(&record, &freed).map_err(Error::from)?;
+    leftover::drop_from(&record, &freed(&free, &unreleased)).map_err(Error::from)?;
     Ok(Committed {
         freed: total - kept.len(),
         record: (!kept.is_empty()).then_some(record),
         kept,
     })
+}
+
+/// The keys of `free` a depot released: all but the `unreleased`.
+fn freed(free: &[Mapping], unreleased: &HashSet<String>) -> HashSet<String> {
+    (free.iter().filter_map(key))
+        .filter(|k| !unreleased.contains(k))
+        .collect()
 }
 
 fn keys(ms: &[Mapping]) -> HashSet<String> {
@@ -232,9 +236,7 @@ pub async fn settle(out: &Path, pool: &Arc<Pool>) -> Result<usize> {
     if !stuck.is_empty() {
         leftover::to_free(&record, &stuck, leftover::ORPHAN)?;
     }
-    let freed: HashSet<String> = (free.iter().filter_map(key))
-        .filter(|k| !unreleased.contains(k))
-        .collect();
+    let freed = freed(&free, &unreleased);
     leftover::drop_from(&record, &freed)?;
     // Everything they listed is now named, freed or recorded.
     let _ = std::fs::remove_file(&journal);

@@ -74,11 +74,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     lors::commit::check_output(&out)?;
     let pool = std::sync::Arc::new(a.bwlimit.pool(s.client()));
     let session = super::begin(&rt, &out, &pool)?;
-    // Read again under the lock: another command may have changed it.
-    let x = match out == a.exnode.path {
-        true => lors::xnd::load(&out)?,
-        false => x,
-    };
+    let x = super::as_locked(std::borrow::Cow::Owned(x), &a.exnode.path, &out)?;
     let y = rt.block_on(async {
         lors::manage::augment(&x, &found.depots, a.copies, &opts, &pool, progress.as_ref()).await
     });
@@ -130,18 +126,11 @@ fn repair(
     let pool = std::sync::Arc::new(a.bwlimit.pool(s.client()));
     let session = super::begin(rt, out, &pool)?;
     let r = (|| {
-        let reread;
-        let x = match *out == a.exnode.path {
-            true => {
-                reread = lors::xnd::load(out)?;
-                &reread
-            }
-            false => x,
-        };
+        let x = super::as_locked(std::borrow::Cow::Borrowed(x), &a.exnode.path, out)?;
         let r = rt.block_on(async {
             let check_all = !a.lost_only;
             lors::repair::repair(
-                x,
+                &x,
                 &probes,
                 check_all,
                 &found.depots,

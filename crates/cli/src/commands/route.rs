@@ -76,11 +76,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let pool = std::sync::Arc::new(a.bwlimit.pool(s.client()));
     let session = super::begin(&rt, &out, &pool)?;
     let r = (|| {
-        // Read again under the lock: another command may have changed it.
-        let x = match out == a.exnode.path {
-            true => lors::xnd::load(&out)?,
-            false => x,
-        };
+        let x = super::as_locked(std::borrow::Cow::Owned(x), &a.exnode.path, &out)?;
         route(&a, &s, &rt, &x, &targets, &out, &pool, &progress)
     })();
     super::end(&rt, session, &pool, r)

@@ -511,3 +511,21 @@ pub fn free_block(xnd: &Path, offset: u64) {
     ]);
     assert!(ok, "{err}");
 }
+
+/// Runs the shell `script` in a private mount namespace (`unshare -m`),
+/// where it may mount a small tmpfs (exiting 77 when the mount fails):
+/// its output, or `None` (said on stderr) where this machine allows no
+/// private mounts.
+pub fn in_private_mounts(script: &str) -> Option<std::process::Output> {
+    let run = Command::new("unshare")
+        .args(["-m", "sh", "-c", script])
+        .output()
+        .unwrap();
+    // 77: no private mount; 126/127: no unshare; a signal: no code.
+    if run.status.code().is_none_or(|c| c >= 77) {
+        let err = String::from_utf8_lossy(&run.stderr);
+        eprintln!("skipping: no private mounts here ({err})");
+        return None;
+    }
+    Some(run)
+}
