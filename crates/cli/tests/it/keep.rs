@@ -304,6 +304,10 @@ fn settings_that_lose_data_or_spin_are_refused() {
     let x = x.to_str().unwrap();
     for (args, says) in [
         (vec!["--every", "0s"], "--every must be at least 1s"),
+        (
+            vec!["--file-deadline", "0s"],
+            "--file-deadline must be at least 1s",
+        ),
         (vec!["--lease", "0s"], "leases would end between cycles"),
         (
             vec!["--every", "2h", "--lease", "1h"],

@@ -117,6 +117,13 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         )
         .into());
     }
+    if a.file_deadline.is_some_and(|d| d < Duration::from_secs(1)) {
+        return Err(crate::UsageError(
+            "--file-deadline must be at least 1s: each exNode's turn probes every allocation"
+                .into(),
+        )
+        .into());
+    }
     if let Lease::To(d) = lease
         && d <= a.every
     {
