@@ -59,6 +59,15 @@ fn three_dead_depots_read_around_then_repair_restores_the_margin() {
     for i in [0, 4, 8] {
         ds[i].kill9();
     }
+    // Which stripes lose a block depends on where the upload placed them:
+    // the three full ones always, the short last one only sometimes.
+    let dead: Vec<&str> = [0, 4, 8].iter().map(|&i| ds[i].addr.as_str()).collect();
+    let mut hit: Vec<u64> = (x.allocations())
+        .filter(|m| m.depot().is_some_and(|d| dead.contains(&d.as_str())))
+        .filter_map(|m| m.shard().map(|(s, _)| s))
+        .collect();
+    hit.sort();
+    hit.dedup();
     let (ok, err) = download(&xnd, &out);
     assert!(ok, "{err}");
     assert!(std::fs::read(&out).unwrap() == data);
@@ -74,12 +83,12 @@ fn three_dead_depots_read_around_then_repair_restores_the_margin() {
         xnd.to_str().unwrap(),
     ]);
     assert!(ok, "{err}");
-    assert!(err.contains("repaired 4 stripes"), "{err}");
+    let repaired = format!("repaired {} stripes", hit.len());
+    assert!(err.contains(&repaired), "{err}");
     let st = stat(&xnd);
     assert!(st.contains("every stripe can lose 3 more blocks"), "{st}");
     // Never two blocks of a stripe on one live depot.
     let y = lors::xnd::load(&xnd).unwrap();
-    let dead: Vec<&str> = [0, 4, 8].iter().map(|&i| ds[i].addr.as_str()).collect();
     for s in 0..4u64 {
         let blocks = (x.allocations())
             .filter(|m| m.shard().is_some_and(|(t, _)| t == s))
