@@ -82,6 +82,7 @@ pub struct Metrics {
     requests: Family<Outcome, Counter>,
     latency: Family<ByCommand, Histogram, fn() -> Histogram>,
     allocations: Family<Resource, Gauge>,
+    degraded: Family<Resource, Gauge>,
     space: Family<Space, Gauge<u64, std::sync::atomic::AtomicU64>>,
 }
 
@@ -99,6 +100,7 @@ impl Default for Metrics {
             requests: Family::default(),
             latency: Family::new_with_constructor(latency_histogram),
             allocations: Family::default(),
+            degraded: Family::default(),
             space: Family::default(),
             registry: Registry::default(),
         };
@@ -149,6 +151,11 @@ impl Default for Metrics {
             m.allocations.clone(),
         );
         r.register(
+            "resource_degraded",
+            "1 while a resource takes no new allocation because its disk filled (it comes back by itself when space returns)",
+            m.degraded.clone(),
+        );
+        r.register(
             "space_bytes",
             "Space per resource by kind (total, hard_used, soft_used, free)",
             m.space.clone(),
@@ -195,6 +202,9 @@ impl Metrics {
             self.allocations
                 .get_or_create(&Resource { rid: r.rid.clone() })
                 .set(i64::try_from(r.usage.count).unwrap_or(i64::MAX));
+            self.degraded
+                .get_or_create(&Resource { rid: r.rid.clone() })
+                .set(i64::from(r.degraded));
             for (kind, v) in [
                 ("total", r.total),
                 ("hard_used", r.usage.hard),

@@ -343,7 +343,8 @@ pub async fn run(
     Ok(())
 }
 
-/// Deletes expired allocations, at most once per `reap_interval`.
+/// Deletes expired allocations, at most once per `reap_interval`, and
+/// brings resources out of their disk-full state.
 async fn expiry_worker(depot: Arc<Depot>, mut shutdown: watch::Receiver<bool>) {
     let every = depot.cfg.reap_interval.0.max(Duration::from_millis(100));
     loop {
@@ -351,6 +352,10 @@ async fn expiry_worker(depot: Arc<Depot>, mut shutdown: watch::Receiver<bool>) {
             _ = tokio::time::sleep(every) => {}
             _ = shutdown.changed() => return,
         }
+        // A resource whose disk filled comes back by itself once there is
+        // room again, whether or not anyone allocates meanwhile.
+        let store = depot.store.clone();
+        let _ = tokio::task::spawn_blocking(move || store.maintain()).await;
         if depot.store.next_expiry().is_none_or(|t| t > unix_now()) {
             continue;
         }

@@ -155,6 +155,15 @@ pub struct Resource {
     /// new allocations go where the disk is least busy, so a depot's
     /// throughput grows with its disks.
     active: std::sync::atomic::AtomicUsize,
+    /// Bytes its data files hold (headers, and byte arrays' committed
+    /// lengths): what of the space promised to allocations is on disk
+    /// already, the rest must still fit in the file system's free space.
+    stored: std::sync::atomic::AtomicU64,
+    /// The file system its data lives on (`st_dev`): resources on one share
+    /// its free space.
+    dev: u64,
+    /// Disk space kept free beyond every promise, for metadata.
+    headroom: u64,
 }
 
 /// A data phase on a resource, counted while it lives.
@@ -197,6 +206,24 @@ impl Resource {
     fn disk_free(&self) -> Option<u64> {
         let v = rustix::fs::statvfs(&self.data_dir).ok()?;
         Some(v.f_bavail.saturating_mul(v.f_frsize))
+    }
+
+    /// Bytes on disk in its data files.
+    fn stored(&self) -> u64 {
+        self.stored.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Counts a data file's bytes in (`grow`) or out.
+    fn count_stored(&self, bytes: u64, grow: bool) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let f = |v: u64| {
+            Some(if grow {
+                v.saturating_add(bytes)
+            } else {
+                v.saturating_sub(bytes)
+            })
+        };
+        let _ = self.stored.fetch_update(Relaxed, Relaxed, f);
     }
     fn hard_limit(&self) -> u64 {
         self.cfg.hard_size.map_or(self.cfg.size.0, |s| s.0)
@@ -250,6 +277,17 @@ struct AllocInfo {
     rec: AllocRecord,
     /// Set once deleted; later commits are no-ops.
     deleted: bool,
+}
+
+/// The bytes a data file in state `d` holds on disk: its header, and a byte
+/// array's committed length. A queue's ring is counted as promised until
+/// the allocation goes (its bytes come and go).
+fn on_disk(d: &DataState) -> u64 {
+    match (d.exists, d.extent.capacity) {
+        (false, _) => 0,
+        (true, 0) => datafile::HEADER_BYTES.saturating_add(d.extent.len),
+        (true, _) => datafile::HEADER_BYTES,
+    }
 }
 
 /// Data-file state.
@@ -361,7 +399,12 @@ impl Alloc {
     /// Removes the data file of a deleted allocation, closing the cache's
     /// descriptor too: an unlinked file keeps its disk space while open.
     fn remove_data(&self) {
-        let open = lock(&self.data).open.upgrade();
+        let open = {
+            let mut d = lock(&self.data);
+            self.res.count_stored(on_disk(&d), false);
+            d.exists = false;
+            d.open.upgrade()
+        };
         if let Some(f) = open {
             self.files.forget(&f);
         }
@@ -451,6 +494,7 @@ impl Alloc {
             len: 0,
             capacity,
         };
+        self.res.count_stored(on_disk(&d), true);
         Ok(f)
     }
 
@@ -461,7 +505,12 @@ impl Alloc {
             return Ok(());
         }
         datafile::commit(file, self.type_num(), extent, self.sync).map_err(StoreError::Write)?;
-        lock(&self.data).extent = extent;
+        let mut d = lock(&self.data);
+        let before = on_disk(&d);
+        d.extent = extent;
+        let after = on_disk(&d);
+        self.res
+            .count_stored(before.abs_diff(after), after > before);
         Ok(())
     }
 
@@ -683,6 +732,12 @@ pub struct ResourceStatus {
     pub usage: Usage,
     /// Max duration in seconds.
     pub max_duration: u64,
+    /// What its file system can still take on top of every promise made
+    /// (see [`ResourceStatus::free`]).
+    pub disk_room: u64,
+    /// It takes no new allocation until its disk has room again (a
+    /// metadata write met a full disk).
+    pub degraded: bool,
 }
 
 impl Usage {
@@ -716,9 +771,16 @@ impl Usage {
 }
 
 impl ResourceStatus {
-    /// Bytes still allocatable of any kind.
+    /// Bytes still allocatable of any kind: the resource's own room, or
+    /// what its file system can really take if that is less (0 while
+    /// degraded).
     pub fn free(&self) -> u64 {
-        self.total.saturating_sub(self.usage.used())
+        if self.degraded {
+            return 0;
+        }
+        self.total
+            .saturating_sub(self.usage.used())
+            .min(self.disk_room)
     }
     /// Bytes still allocatable as hard storage.
     pub fn hard_free(&self) -> u64 {
@@ -762,7 +824,15 @@ impl Store {
             // Staged writes left by a crash were never acknowledged.
             let _ = std::fs::remove_dir_all(&tmp_dir);
             std::fs::create_dir_all(&tmp_dir).map_err(StoreError::Write)?;
-            let db = MetaDb::open(&rc.path.join("meta.redb"))?;
+            let fs = rustix::fs::statvfs(&data_dir).map_err(|e| StoreError::Write(e.into()))?;
+            let reserve = meta::reserve_for(fs.f_blocks.saturating_mul(fs.f_frsize));
+            let db = MetaDb::open(&rc.path.join("meta.redb"), reserve)?;
+            if db.degraded() {
+                tracing::warn!(rid = %rc.rid, "the disk has no room for the metadata reserve: no new allocations until it has");
+            }
+            let dev = rustix::fs::stat(&data_dir)
+                .map_err(|e| StoreError::Write(e.into()))?
+                .st_dev;
             let res = Arc::new(Resource {
                 idx,
                 cfg: rc.clone(),
@@ -770,6 +840,9 @@ impl Store {
                 data_dir,
                 tmp_dir,
                 active: Default::default(),
+                stored: Default::default(),
+                dev,
+                headroom: reserve,
             });
             let (records, bad) = res.db.load_all()?;
             let mut reclaim = Vec::new();
@@ -804,10 +877,14 @@ impl Store {
                         rec: rec.clone(),
                         deleted: false,
                     }),
-                    data: Mutex::new(DataState {
-                        exists,
-                        open: Weak::new(),
-                        extent,
+                    data: Mutex::new({
+                        let d = DataState {
+                            exists,
+                            open: Weak::new(),
+                            extent,
+                        };
+                        res.count_stored(on_disk(&d), true);
+                        d
                     }),
                     writer: Arc::default(),
                     disk_chksum: rec.disk_chksum,
@@ -880,6 +957,8 @@ impl Store {
                 soft_total: r.soft_limit(),
                 usage: st.usage[r.idx],
                 max_duration: r.cfg.max_duration.0.as_secs(),
+                disk_room: self.disk_room(&st, r),
+                degraded: r.db.degraded(),
             })
             .collect()
     }
@@ -1005,6 +1084,7 @@ impl Store {
     /// ALLOCATE. Blocking (one metadata transaction).
     pub fn allocate(&self, req: &AllocRequest) -> Result<NewAlloc> {
         check_request(req)?;
+        self.maintain();
         let now = unix_now();
         let keys = new_keys()?;
         let key_hashes = [key_hash(&keys[0]), key_hash(&keys[1]), key_hash(&keys[2])];
@@ -1022,14 +1102,6 @@ impl Store {
             Lease::Secs(n) => n,
         };
         let id = st.fresh_id()?;
-        let mut revoked_ids = Vec::new();
-        let mut revoked_aliases = Vec::new();
-        for a in &revoke {
-            if st.remove(a.id).is_some() {
-                revoked_ids.push(a.id);
-                revoked_aliases.extend(st.drop_aliases_of(a.id));
-            }
-        }
         let rec = AllocRecord {
             atype: req.atype,
             reliability: req.reliability,
@@ -1056,15 +1128,29 @@ impl Store {
             files: self.files.clone(),
         });
         // Reserve now so concurrent ALLOCATEs see the space as taken; nobody
-        // can use the allocation before we reply with its keys.
+        // can use the allocation before we reply with its keys. What it
+        // revokes goes once the records say so: a failed write changes
+        // nothing.
         st.insert(alloc.clone(), &rec);
         drop(st);
+        let revoke_ids: Vec<u64> = revoke.iter().map(|a| a.id).collect();
+        if let Err(e) = res.db.apply(&[(id, rec.clone())], &revoke_ids) {
+            lock(&self.state).remove(id);
+            return Err(e.into());
+        }
         for a in &revoke {
             lock(&a.info).deleted = true;
         }
-        if let Err(e) = res.db.apply(&[(id, rec.clone())], &revoked_ids) {
-            lock(&self.state).remove(id);
-            return Err(e.into());
+        let mut revoked_ids = Vec::new();
+        let mut revoked_aliases = Vec::new();
+        {
+            let mut st = lock(&self.state);
+            for a in &revoke {
+                if st.remove(a.id).is_some() {
+                    revoked_ids.push(a.id);
+                    revoked_aliases.extend(st.drop_aliases_of(a.id));
+                }
+            }
         }
         alias::forget_aliases(&res, &revoked_aliases);
         for a in &revoke {
@@ -1079,11 +1165,36 @@ impl Store {
         })
     }
 
+    /// What the file system under `r` can still promise: its free space
+    /// (`statvfs`) less every byte promised to allocations on it (of every
+    /// resource it holds) and not yet written, less the metadata headroom.
+    /// `u64::MAX` when the file system cannot tell.
+    fn disk_room(&self, st: &State, r: &Resource) -> u64 {
+        let Some(free) = r.disk_free() else {
+            return u64::MAX;
+        };
+        let unwritten = (self.resources.iter())
+            .filter(|g| g.dev == r.dev)
+            .map(|g| st.usage[g.idx].used().saturating_sub(g.stored()))
+            .fold(0u64, u64::saturating_add);
+        free.saturating_sub(unwritten).saturating_sub(r.headroom)
+    }
+
+    /// Takes resources out of their disk-full state where space has
+    /// returned (their metadata reserve made again). Blocking.
+    pub fn maintain(&self) {
+        for r in &self.resources {
+            if r.db.degraded() && r.db.recover() {
+                tracing::info!(rid = %r.rid(), "resource takes new allocations again");
+            }
+        }
+    }
+
     /// The resource an ALLOCATE goes to: of those it may use (its RID's, or
-    /// all for `0`) that offer its type and lease and have room for it,
-    /// those whose disk can hold it first (the file system under a
-    /// resource may be shared or smaller than configured: `statvfs`), then
-    /// the one with the most room — the less of its own and its disk's —
+    /// all for `0`) that offer its type and lease, have room for it and
+    /// whose file system can hold it on top of everything promised (it
+    /// may be shared or smaller than configured: `statvfs`), and whose
+    /// metadata can be written, the one with the most room — the less of its own and its disk's —
     /// except that of those within two allocations of the most room, the
     /// one with the fewest data phases running goes first: bytes stay
     /// even across the disks, and an idle disk takes the next allocation
@@ -1113,23 +1224,24 @@ impl Store {
                 err = StoreError::Policy("allocation larger than the depot allows");
                 continue;
             }
+            if r.db.degraded() {
+                err = StoreError::NoSpace;
+                continue;
+            }
+            let disk = self.disk_room(st, r);
             match plan_space(st, r, req.reliability, req.size) {
-                Some((room, revoke)) => {
-                    let disk = r.disk_free().unwrap_or(u64::MAX);
+                Some((room, revoke)) if charged(req.size) <= disk => {
                     fit.push(Plan {
                         res: r,
-                        disk_fits: disk >= req.size,
                         // Resources on one file system see the same disk
                         // room: their own breaks the tie.
-                        room: (room.min(disk.saturating_sub(req.size)), room),
+                        room: (room.min(disk - charged(req.size)), room),
                         revoke,
                     });
                 }
-                None => err = StoreError::NoSpace,
+                _ => err = StoreError::NoSpace,
             }
         }
-        let disk_fits = fit.iter().any(|p| p.disk_fits);
-        fit.retain(|p| p.disk_fits == disk_fits);
         let most = fit.iter().map(|p| p.room).max().ok_or(err)?;
         let band = most.0.saturating_sub(req.size.saturating_mul(2));
         let pick = (fit.into_iter())
@@ -1166,11 +1278,16 @@ impl Store {
             }
             info.rec = rec;
         } else {
-            st.remove(a.id);
-            let aliases = st.drop_aliases_of(a.id);
+            // The reply tells what is durable: a deletion whose record
+            // could not be removed leaves the allocation as it was.
             drop(st);
-            info.deleted = true;
             a.res.db.apply(&[], &[a.id])?;
+            info.deleted = true;
+            let aliases = {
+                let mut st = lock(&self.state);
+                st.remove(a.id);
+                st.drop_aliases_of(a.id)
+            };
             alias::forget_aliases(&a.res, &aliases);
             a.remove_data();
         }
@@ -1329,8 +1446,6 @@ fn bump_count(read: &mut u32, write: &mut u32, which: RefCount, up: bool) -> boo
 /// soft allocations it would revoke.
 struct Plan<'a> {
     res: &'a Arc<Resource>,
-    /// The file system under it can hold the allocation.
-    disk_fits: bool,
     /// Its room after the allocation: the less of its own and its disk's,
     /// then its own.
     room: (u64, u64),
@@ -1512,6 +1627,7 @@ fn remove_orphans(res: &Resource, allocs: &HashMap<u64, Entry>) {
 mod tests {
     use super::*;
     use std::os::unix::fs::FileExt;
+    use std::sync::atomic::Ordering::Relaxed;
 
     const MIB: u64 = 1 << 20;
 
@@ -1550,6 +1666,34 @@ mod tests {
     fn alloc(s: &Store, size: u64) -> Arc<Alloc> {
         let id = s.allocate(&req(size, Reliability::Hard)).unwrap().id;
         lock(&s.state).allocs[&id].alloc.clone()
+    }
+
+    /// A deletion whose record cannot be removed (the disk is full) is
+    /// refused and changes nothing, in memory or on disk; a change whose
+    /// first write fails is retried on the database opened again.
+    #[test]
+    fn a_deletion_that_cannot_be_recorded_leaves_the_allocation_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(&config(dir.path())).unwrap();
+        let a = alloc(&s, 1000);
+        put(&a, 0, b"kept").unwrap();
+        let id = a.id;
+        a.res.db.fail_commits.store(2, Relaxed);
+        let e = s.change_refcount(&a, RefCount::Read, false).unwrap_err();
+        assert_eq!(e.status(), StatusCode::INTERNAL);
+        assert!(!lock(&a.info).deleted);
+        assert_eq!(s.allocation_count(), 1);
+        assert_eq!(a.probe().read_refs, 1);
+        s.check_accounting().unwrap();
+        // One failure only: the retry on the reopened database holds.
+        a.res.db.fail_commits.store(1, Relaxed);
+        s.change_refcount(&a, RefCount::Write, true).unwrap();
+        assert_eq!(a.probe().write_refs, 1);
+        drop((a, s));
+        let s = Store::open(&config(dir.path())).unwrap();
+        let a = lock(&s.state).allocs[&id].alloc.clone();
+        assert_eq!((a.probe().read_refs, a.probe().write_refs), (1, 1));
+        assert_eq!(a.extent().len, 4);
     }
 
     /// Four resources of 1 GiB each in `dir`.

@@ -4,6 +4,7 @@ mod abuse;
 mod bench;
 mod dashboard;
 mod depot;
+mod diskfull;
 mod dissem;
 mod erasure;
 mod federation;

@@ -230,6 +230,11 @@ impl Store {
             write_refs: 0,
             key_hashes: [key_hash(&keys[0]), key_hash(&keys[1]), key_hash(&keys[2])],
         };
+        // Metadata alone, but it grows the database: a resource whose disk
+        // filled keeps what room is left for deletions and changes.
+        if master.res.db.degraded() {
+            return Err(StoreError::NoSpace);
+        }
         let mut st = lock(&self.state);
         if !st.allocs.contains_key(&master.id) {
             return Err(StoreError::NotFound);
