@@ -5,7 +5,8 @@
 //!
 //! * [`client`] — a pooled client, bounded in time and answer size.
 //! * [`serve`] (feature `server`) — an axum router over HTTP/1.1 and h2c,
-//!   with per-client admission ([`peers`]) and graceful shutdown.
+//!   with per-client admission ([`peers`]), responses that must keep moving
+//!   ([`stall`]) and graceful shutdown.
 //! * [`metrics`] (feature `server`) — a Prometheus registry served at
 //!   `/metrics`.
 
@@ -16,5 +17,7 @@ pub mod metrics;
 pub mod peers;
 #[cfg(feature = "server")]
 pub mod serve;
+#[cfg(feature = "server")]
+pub mod stall;
 
 pub use client::{BaseUrl, Client, FetchError, fetch};

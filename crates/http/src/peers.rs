@@ -1,9 +1,12 @@
 //! Connections by client address, so that no one host — or handful of
 //! hosts — can take a service from everyone else: each address holds at
-//! most a share of the connections, and at the overall limit the server
-//! closes a connection with no request in flight (still waiting for its
-//! first, or idle between two), the oldest of the address holding the
-//! most, which hands its place to the newcomer (`THREAT-MODEL.md`).
+//! most a share of the connections and of the requests in flight (HTTP/2
+//! streams included), and at the overall limit the server closes a
+//! connection with no request in flight (still waiting for its first, or
+//! idle between two), the oldest of the address holding the most, which
+//! hands its place to the newcomer; when every connection is busy, the
+//! oldest of the address holding the most is closed anyway, if that
+//! address holds more than the newcomer's (`THREAT-MODEL.md`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
@@ -16,6 +19,7 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, oneshot};
 /// The table of connected addresses.
 pub struct Peers {
     per_client: usize,
+    per_client_requests: usize,
     table: Mutex<HashMap<IpAddr, Peer>>,
     seq: AtomicU64,
 }
@@ -23,9 +27,13 @@ pub struct Peers {
 #[derive(Default)]
 struct Peer {
     open: usize,
+    /// Requests in flight on its connections, response bodies included.
+    requests: usize,
     /// Its connections with no request in flight, oldest first, each with
     /// the signal that closes it.
     waiting: BTreeMap<u64, Arc<Evict>>,
+    /// All its connections, oldest first.
+    all: BTreeMap<u64, Arc<Evict>>,
 }
 
 /// How a connection is closed to make room: a signal, and where its place
@@ -34,6 +42,10 @@ struct Peer {
 struct Evict {
     close: Notify,
     to: Mutex<Option<oneshot::Sender<OwnedSemaphorePermit>>>,
+    /// Closed with requests in flight: at once, not after they finish.
+    busy: std::sync::atomic::AtomicBool,
+    /// It holds a place (one waiting for a place has none to hand over).
+    placed: std::sync::atomic::AtomicBool,
 }
 
 /// One admitted connection; dropping it releases its place.
@@ -51,11 +63,19 @@ pub struct Slot {
 /// A request in flight on a [`Slot`]; dropping it ends the request.
 pub struct Busy(Arc<Slot>);
 
+/// One of an address's requests in flight (see [`Slot::request`]).
+pub struct Request {
+    peers: Arc<Peers>,
+    ip: IpAddr,
+}
+
 impl Peers {
-    /// At most `per_client` connections per address.
-    pub fn new(per_client: usize) -> Arc<Peers> {
+    /// At most `per_client` connections and `per_client_requests` requests
+    /// in flight per address.
+    pub fn new(per_client: usize, per_client_requests: usize) -> Arc<Peers> {
         Arc::new(Peers {
             per_client: per_client.max(1),
+            per_client_requests: per_client_requests.max(1),
             table: Mutex::new(HashMap::new()),
             seq: AtomicU64::new(0),
         })
@@ -78,6 +98,7 @@ impl Peers {
         }
         p.open += 1;
         p.waiting.insert(seq, evict.clone());
+        p.all.insert(seq, evict.clone());
         Some(Slot {
             peers: self.clone(),
             ip,
@@ -89,18 +110,39 @@ impl Peers {
     }
 
     /// Closes the oldest connection with no request in flight of the
-    /// address holding the most connections, other than `newcomer`; its
-    /// place (its permit) arrives on the receiver returned. `None`: no
-    /// other connection waits.
+    /// address holding the most connections (at least as many as the
+    /// newcomer's), other than `newcomer`; if every connection is busy,
+    /// the oldest of the address holding the most, if that is more than
+    /// the newcomer's. Its place (its permit) arrives on the receiver
+    /// returned. `None`: no connection may be closed for it.
     pub fn evict_waiting(
         &self,
         newcomer: &Slot,
     ) -> Option<oneshot::Receiver<OwnedSemaphorePermit>> {
         let mut t = self.lock();
-        let others = |p: &&mut Peer| p.waiting.keys().any(|&s| s != newcomer.seq);
-        let p = t.values_mut().filter(others).max_by_key(|p| p.open)?;
-        let seq = *p.waiting.keys().find(|&&s| s != newcomer.seq)?;
-        let victim = p.waiting.remove(&seq)?;
+        let mine = t.get(&newcomer.ip).map_or(0, |p| p.open);
+        // One still waiting for its own place has none to hand over.
+        let can = |(s, e): (&u64, &Arc<Evict>)| *s != newcomer.seq && e.placed.load(Relaxed);
+        let waits = |p: &Peer| p.open >= mine && p.waiting.iter().any(can);
+        let victim = match t.values_mut().filter(|p| waits(p)).max_by_key(|p| p.open) {
+            Some(p) => {
+                let seq = *p.waiting.iter().find(|&e| can(e))?.0;
+                p.waiting.remove(&seq)?
+            }
+            None => {
+                let (_, p) = (t.iter_mut())
+                    .filter(|(ip, _)| **ip != newcomer.ip)
+                    .max_by_key(|(_, p)| p.open)?;
+                if p.open <= mine {
+                    return None;
+                }
+                let seq = *p.all.iter().find(|&e| can(e))?.0;
+                let v = p.all.remove(&seq)?;
+                p.waiting.remove(&seq);
+                v.busy.store(true, Relaxed);
+                v
+            }
+        };
         let (tx, rx) = oneshot::channel();
         *victim.to.lock().unwrap_or_else(|e| e.into_inner()) = Some(tx);
         victim.close.notify_one();
@@ -147,6 +189,32 @@ impl Slot {
         self.evict.close.notified().await;
     }
 
+    /// The connection holds its place now: it may be closed to make room.
+    pub fn placed(&self) {
+        self.evict.placed.store(true, Relaxed);
+    }
+
+    /// Whether it was closed to make room with requests in flight: they
+    /// are cut, not waited for.
+    pub fn evicted_busy(&self) -> bool {
+        self.evict.busy.load(Relaxed)
+    }
+
+    /// A request of this connection's address in flight until the guard is
+    /// dropped; `None` when the address has its share in flight already.
+    pub fn request(&self) -> Option<Request> {
+        let mut t = self.peers.lock();
+        let p = t.get_mut(&self.ip)?;
+        if p.requests >= self.peers.per_client_requests {
+            return None;
+        }
+        p.requests += 1;
+        Some(Request {
+            peers: self.peers.clone(),
+            ip: self.ip,
+        })
+    }
+
     /// Gives this evicted connection's place to the one it makes room for.
     pub fn hand_over(&self, place: OwnedSemaphorePermit) {
         if let Some(tx) = self
@@ -181,8 +249,21 @@ impl Drop for Slot {
         let mut t = self.peers.lock();
         if let Some(p) = t.get_mut(&self.ip) {
             p.waiting.remove(&self.seq);
+            p.all.remove(&self.seq);
             p.open = p.open.saturating_sub(1);
-            if p.open == 0 {
+            if p.open == 0 && p.requests == 0 {
+                t.remove(&self.ip);
+            }
+        }
+    }
+}
+
+impl Drop for Request {
+    fn drop(&mut self) {
+        let mut t = self.peers.lock();
+        if let Some(p) = t.get_mut(&self.ip) {
+            p.requests = p.requests.saturating_sub(1);
+            if p.open == 0 && p.requests == 0 {
                 t.remove(&self.ip);
             }
         }
@@ -202,11 +283,14 @@ mod tests {
 
     #[tokio::test]
     async fn shares_per_address_and_the_busiest_waits_lose_first() {
-        let peers = Peers::new(3);
+        let peers = Peers::new(3, 2);
         let a: IpAddr = "127.0.9.1".parse().unwrap();
         let b: IpAddr = "127.0.0.1".parse().unwrap();
         let flood: Vec<Arc<Slot>> = (0..3).map(|_| Arc::new(peers.admit(a).unwrap())).collect();
         assert!(peers.admit(a).is_none(), "a fourth from one address");
+        for s in &flood {
+            s.placed();
+        }
         let mine = peers.admit(b).unwrap();
         let place = peers.evict_waiting(&mine).unwrap();
         assert!(closed(&flood[0]).await);
@@ -220,9 +304,22 @@ mod tests {
         for s in &flood[1..] {
             s.served();
         }
-        assert!(peers.evict_waiting(&mine).is_none());
         mine.served();
-        assert!(peers.evict_waiting(&flood[1]).is_none());
+        assert!(
+            peers.evict_waiting(&flood[1]).is_none(),
+            "b holds fewer than a"
+        );
+        // Every connection busy: the busiest address gives up its oldest.
+        let busy = peers.evict_waiting(&mine);
+        assert!(busy.is_some());
+        assert!(closed(&flood[0]).await && flood[0].evicted_busy());
+        // Requests in flight per address, streams included.
+        let r1 = flood[1].request().unwrap();
+        let r2 = flood[2].request().unwrap();
+        assert!(flood[1].request().is_none(), "a third from one address");
+        assert!(mine.request().is_some(), "another address is not counted");
+        drop((r1, r2));
+        assert!(flood[1].request().is_some());
         // A keep-alive connection between requests may be closed again.
         let busy = flood[1].begin();
         assert!(flood[1].idle_for().is_none());

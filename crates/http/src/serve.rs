@@ -1,9 +1,11 @@
 //! Serving an axum [`Router`] over HTTP/1.1 (keep-alive) and h2c, with the
-//! limits every service of a deployment needs: connections per client
-//! address and overall (see [`crate::peers`]), header and body size, a
-//! time limit per request, requests handled at once, and idle connections
-//! closed. Shutdown is graceful: requests in flight finish, idle
-//! connections close, new ones are refused.
+//! limits every service of a deployment needs: connections and requests in
+//! flight per client address and overall (see [`crate::peers`]), header
+//! and body size, request bodies read whole within a deadline before they
+//! take one of the slots handlers run in, a time limit per request,
+//! responses dropped when they stop moving ([`crate::stall`]), and idle
+//! connections closed. Shutdown is graceful: requests in flight finish,
+//! idle connections close, new ones are refused.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -12,13 +14,14 @@ use std::time::Duration;
 use axum::Router;
 use axum::extract::ConnectInfo;
 use axum::http::StatusCode;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tower::ServiceExt as _;
 
 use crate::peers::{Peers, Slot};
+use crate::stall::{Paced, Watched, watched};
 
 /// The bounds a server keeps.
 #[derive(Debug, Clone)]
@@ -27,6 +30,13 @@ pub struct Limits {
     pub max_connections: usize,
     /// Connections one client address may hold at once.
     pub per_client: usize,
+    /// Requests (HTTP/2 streams included) one client address may have in
+    /// flight at once, a response counting until its body is sent; more
+    /// are answered 429 at once.
+    pub per_client_requests: usize,
+    /// A response body that makes no progress this long is dropped with
+    /// its connection (HTTP/1.1) or stream (HTTP/2).
+    pub send_stall: Duration,
     /// Largest request head (HTTP/1.1 buffer, HTTP/2 header list).
     pub header_bytes: usize,
     /// Largest request body.
@@ -36,15 +46,20 @@ pub struct Limits {
     /// An open connection with no request in flight is closed after this.
     pub idle_timeout: Duration,
     /// Requests handled at once; more wait their turn within
-    /// `request_timeout`.
+    /// `request_timeout`. A request takes its turn once its body is in.
     pub concurrency: usize,
 }
+
+/// HTTP/2 streams one connection may have open at once.
+const STREAMS_PER_CONNECTION: u32 = 16;
 
 impl Default for Limits {
     fn default() -> Self {
         Limits {
             max_connections: 256,
             per_client: 32,
+            per_client_requests: 32,
+            send_stall: Duration::from_secs(5),
             header_bytes: 16 * 1024,
             body_bytes: 1024 * 1024,
             request_timeout: Duration::from_secs(10),
@@ -109,9 +124,52 @@ impl Limits {
                 StatusCode::REQUEST_TIMEOUT,
                 self.request_timeout,
             ))
+            .layer(axum::middleware::from_fn_with_state(
+                self.request_timeout,
+                read_body,
+            ))
             .layer(tower_http::limit::RequestBodyLimitLayer::new(
                 self.body_bytes,
             ))
+    }
+}
+
+/// Reads a request's body whole within `limit` before the request goes on
+/// to wait for a slot: a client sending its body slowly holds one of its
+/// address's requests, never a slot everyone shares.
+async fn read_body(
+    axum::extract::State(limit): axum::extract::State<Duration>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse as _;
+    use http_body_util::BodyExt as _;
+    use hyper::body::Body as _;
+    let (parts, body) = req.into_parts();
+    if body.is_end_stream() {
+        let req = axum::extract::Request::from_parts(parts, body);
+        return next.run(req).await;
+    }
+    match tokio::time::timeout(limit, body.collect()).await {
+        Ok(Ok(b)) => {
+            let req =
+                axum::extract::Request::from_parts(parts, axum::body::Body::from(b.to_bytes()));
+            next.run(req).await
+        }
+        Ok(Err(e)) => {
+            let too_big = std::error::Error::source(&e)
+                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
+            if too_big {
+                (StatusCode::PAYLOAD_TOO_LARGE, "request body too large\n").into_response()
+            } else {
+                (StatusCode::BAD_REQUEST, "request body not read whole\n").into_response()
+            }
+        }
+        Err(_) => (
+            StatusCode::REQUEST_TIMEOUT,
+            "the request body did not arrive in time\n",
+        )
+            .into_response(),
     }
 }
 
@@ -137,9 +195,9 @@ pub async fn serve_tls(
     shutdown: watch::Receiver<bool>,
 ) {
     let router = limits.apply(router);
-    let peers = Peers::new(limits.per_client);
+    let peers = Peers::new(limits.per_client, limits.per_client_requests);
     let places = Arc::new(Semaphore::new(limits.max_connections.max(1)));
-    let mut builder = auto::Builder::new(TokioExecutor::new());
+    let mut builder = auto::Builder::new(Watched(limits.send_stall));
     builder
         .http1()
         .timer(TokioTimer::new())
@@ -150,7 +208,7 @@ pub async fn serve_tls(
         .http2()
         .timer(TokioTimer::new())
         .max_header_list_size(u32::try_from(limits.header_bytes).unwrap_or(u32::MAX))
-        .max_concurrent_streams(64);
+        .max_concurrent_streams(STREAMS_PER_CONNECTION);
     let builder = Arc::new(builder);
     let mut stop = shutdown.clone();
     let mut tasks = tokio::task::JoinSet::new();
@@ -188,42 +246,60 @@ pub async fn serve_tls(
             shutdown: shutdown.clone(),
         };
         let tls = tls.clone();
-        tasks.spawn(async move {
-            let place = match place {
-                Ok(p) => p,
-                Err(handed) => match tokio::time::timeout(EVICT_WAIT, handed).await {
-                    Ok(Ok(p)) => p,
-                    _ => return,
-                },
-            };
-            let _ = stream.set_nodelay(true);
-            match tls {
-                None => conn.run(stream, peer, slot, place).await,
-                Some(Tls(acceptor)) => {
-                    // A connection still in its handshake has no request in
-                    // flight: it may be closed to make room like any other.
-                    let hs =
-                        tokio::time::timeout(conn.limits.request_timeout, acceptor.accept(stream));
-                    tokio::select! {
-                        r = hs => match r {
-                            Ok(Ok(s)) => conn.run(s, peer, slot, place).await,
-                            Ok(Err(e)) => tracing::debug!(%peer, "TLS handshake failed: {e}"),
-                            Err(_) => tracing::debug!(%peer, "TLS handshake not done in time"),
-                        },
-                        () = slot.evicted() => slot.hand_over(place),
+        let stall = limits.send_stall;
+        tasks.spawn(watched(
+            async move {
+                let place = match place {
+                    Ok(p) => p,
+                    Err(handed) => match tokio::time::timeout(EVICT_WAIT, handed).await {
+                        Ok(Ok(p)) => p,
+                        _ => return,
+                    },
+                };
+                slot.placed();
+                let _ = stream.set_nodelay(true);
+                match tls {
+                    None => conn.run(stream, peer, slot, place).await,
+                    Some(Tls(acceptor)) => {
+                        // A connection still in its handshake has no request in
+                        // flight: it may be closed to make room like any other.
+                        let hs = tokio::time::timeout(
+                            conn.limits.request_timeout,
+                            acceptor.accept(stream),
+                        );
+                        tokio::select! {
+                            r = hs => match r {
+                                Ok(Ok(s)) => conn.run(s, peer, slot, place).await,
+                                Ok(Err(e)) => tracing::debug!(%peer, "TLS handshake failed: {e}"),
+                                Err(_) => tracing::debug!(%peer, "TLS handshake not done in time"),
+                            },
+                            () = slot.evicted() => slot.hand_over(place),
+                        }
                     }
                 }
-            }
-        });
+            },
+            stall,
+        ));
     }
     drop(listener);
     while tasks.join_next().await.is_some() {}
 }
 
+/// The answer to a request over its address's share in flight.
+fn too_many() -> axum::response::Response {
+    use axum::response::IntoResponse as _;
+    (
+        StatusCode::TOO_MANY_REQUESTS,
+        [(axum::http::header::RETRY_AFTER, "1")],
+        "too many requests in flight from your address: retry when some are answered\n",
+    )
+        .into_response()
+}
+
 /// What one connection's task needs.
 struct Connection {
     router: Router,
-    builder: Arc<auto::Builder<TokioExecutor>>,
+    builder: Arc<auto::Builder<Watched>>,
     limits: Limits,
     shutdown: watch::Receiver<bool>,
 }
@@ -237,13 +313,19 @@ impl Connection {
         let router = self.router.clone();
         let s = slot.clone();
         let svc = hyper::service::service_fn(move |mut req: hyper::Request<_>| {
+            // Both held until the response body is sent, or dropped.
             let busy = s.begin();
+            let request = s.request();
             req.extensions_mut().insert(ConnectInfo(peer));
             let router = router.clone();
             async move {
-                let resp = router.oneshot(req.map(axum::body::Body::new)).await;
-                drop(busy);
-                resp
+                let Some(request) = request else {
+                    return Ok(too_many());
+                };
+                let resp = router.oneshot(req.map(axum::body::Body::new)).await?;
+                Ok::<_, std::convert::Infallible>(
+                    resp.map(|b| axum::body::Body::new(Paced::new(b, (busy, request)))),
+                )
             }
         });
         let conn = self.builder.serve_connection(TokioIo::new(stream), svc);
@@ -269,7 +351,9 @@ impl Connection {
                 }
             }
         };
-        if closing {
+        // Closed to make room while busy: its requests are cut (it is the
+        // busiest address's oldest), not waited for.
+        if closing && !(evicted && slot.evicted_busy()) {
             conn.as_mut().graceful_shutdown();
             let _ = tokio::time::timeout(DRAIN, conn.as_mut()).await;
         }

@@ -13,6 +13,7 @@
 //!   itself is `lors-http`'s (axum and hyper).
 
 pub mod api;
+pub mod budget;
 pub mod client;
 pub mod forecast;
 pub mod legacy;

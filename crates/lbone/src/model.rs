@@ -93,6 +93,14 @@ pub const MAX_RESOURCES: usize = 256;
 pub const MAX_TEXT: usize = 255;
 /// Most tags per depot.
 pub const MAX_TAGS: usize = 32;
+/// Most allocation types per resource, and the longest name of one (the
+/// known ones are `byte_array`, `buffer`, `fifo`, `circular`).
+pub const MAX_TYPES: usize = 8;
+/// Longest allocation type name.
+pub const MAX_TYPE: usize = 32;
+/// Largest registration body, in bytes: 256 resources with every field at
+/// its bound fit.
+pub const MAX_REGISTRATION: usize = 256 << 10;
 
 impl Registration {
     /// `host:port`, the depot's identity in the directory.
@@ -128,10 +136,18 @@ impl Registration {
             || self
                 .resources
                 .iter()
-                .any(|r| r.rid.len() > MAX_TEXT || r.types.len() > 8)
+                .any(|r| r.rid.len() > MAX_TEXT || r.types.len() > MAX_TYPES)
         {
             return Err(format!(
-                "text fields are limited to {MAX_TEXT} bytes, tags to {MAX_TAGS}"
+                "text fields are limited to {MAX_TEXT} bytes, tags to {MAX_TAGS}, types to {MAX_TYPES} per resource"
+            ));
+        }
+        if (self.resources.iter())
+            .flat_map(|r| &r.types)
+            .any(|t| t.len() > MAX_TYPE)
+        {
+            return Err(format!(
+                "allocation type names are limited to {MAX_TYPE} bytes"
             ));
         }
         if l.latitude.is_some() != l.longitude.is_some()

@@ -20,6 +20,7 @@ use http_body_util::Full;
 use lors_http::peers::{Peers, Slot};
 
 use crate::api;
+use crate::budget::{self, Budget, NoRoom, Room};
 use crate::forecast::client_net;
 use crate::legacy::{self, LegacyRequest};
 use crate::metrics::{Metrics, Registered};
@@ -51,8 +52,13 @@ const LISTING_WORKERS: usize = 2;
 /// MiB with 64).
 const BODY_BUDGET: usize = 32 << 20;
 
-/// Response bytes one permit of the body budget stands for.
-const BODY_UNIT: usize = 64 << 10;
+/// One client address holds at most this part of the body budget (or one
+/// body larger than that): eight addresses holding theirs leave half of it.
+const BODY_SHARES: usize = 16;
+
+/// How long a made history answer serves before it is made again (a new
+/// sample makes it again at once).
+const HISTORY_FRESH: Duration = Duration::from_secs(10);
 
 /// A listing's question: the client's network and the query as asked.
 type Question = (String, String);
@@ -131,8 +137,12 @@ pub struct LBone {
     /// Bytes of the last listing of every depot: the most any listing
     /// takes, reserved from the body budget before one is made.
     largest: std::sync::atomic::AtomicUsize,
-    /// Response bytes in flight, in [`BODY_UNIT`]s.
-    bodies: Arc<Semaphore>,
+    /// Response bytes in flight.
+    budget: Arc<Budget>,
+    /// The last history answer, its sample time and when it was made.
+    history: std::sync::Mutex<Option<(i64, Instant, Bytes)>>,
+    /// Bytes of the last `/metrics` text.
+    metrics_bytes: std::sync::atomic::AtomicUsize,
     /// Rate-report requests per client network in the current minute.
     reporters: std::sync::Mutex<(Instant, HashMap<String, u32>)>,
     /// Forecasts (bytes/s by depot address) per client network, read as
@@ -249,8 +259,10 @@ impl LBone {
             listing: Fresh::new(),
             workers: Semaphore::new(LISTING_WORKERS),
             answers: std::sync::Mutex::new(HashMap::new()),
-            largest: std::sync::atomic::AtomicUsize::new(BODY_UNIT),
-            bodies: Arc::new(Semaphore::new(BODY_BUDGET / BODY_UNIT)),
+            largest: std::sync::atomic::AtomicUsize::new(budget::UNIT),
+            budget: Budget::new(BODY_BUDGET, BODY_SHARES),
+            history: std::sync::Mutex::new(None),
+            metrics_bytes: std::sync::atomic::AtomicUsize::new(budget::UNIT),
             reporters: std::sync::Mutex::new((Instant::now(), HashMap::new())),
             forecasts: std::sync::Mutex::new(HashMap::new()),
             metrics: Metrics::new(),
@@ -450,7 +462,8 @@ impl LBone {
     }
 
     /// `GET /api/v1/depots`: room for the answer is reserved from the body
-    /// budget first (as much as the largest listing took), then the answer
+    /// budget first (as much as the largest listing took, or for a query
+    /// of `count` depots that many depots' share of it), then the answer
     /// is taken from those given in the last second to the same question
     /// from the same network, or ranked and encoded on one of a few turns.
     /// However many clients ask at once, few copies of the directory exist.
@@ -471,11 +484,26 @@ impl LBone {
         };
         let busy = || error(503, "the directory is busy: retry in a second");
         let largest = self.largest.load(std::sync::atomic::Ordering::Relaxed);
-        let Some(room) = self.room(largest).await else {
-            return busy();
+        let estimate = match q.count {
+            0 => largest,
+            n => {
+                let depots = self.directory_len().max(1);
+                let each = largest / depots;
+                largest.min(each.saturating_mul(n).saturating_add(4096))
+            }
+        };
+        let mut room = match self.room(estimate, peer).await {
+            Ok(r) => r,
+            Err(e) => return e,
         };
         let key = (client_net(peer), raw_query.to_owned());
         if let Some(body) = self.answered(&key) {
+            if !room.holds(body.len()) {
+                room = match self.room(body.len(), peer).await {
+                    Ok(r) => r,
+                    Err(e) => return e,
+                };
+            }
             return json_held(body, room);
         }
         let Ok(_turn) = tokio::time::timeout(self.cfg.io_timeout, self.workers.acquire()).await
@@ -487,9 +515,9 @@ impl LBone {
             Ok(v) => v,
             Err(e) => return error(503, &e),
         };
-        // Encoded into room for the largest listing, so the buffer is not
+        // Encoded into room for the listing expected, so the buffer is not
         // grown by doubling past it; the views go before the body is shared.
-        let mut body = Vec::with_capacity(largest);
+        let mut body = Vec::with_capacity(estimate);
         let listing = Listing {
             depots: &v,
             offline_after: secs(self.cfg.offline_after),
@@ -502,7 +530,7 @@ impl LBone {
         let body = Bytes::from(body);
         // Every depot's listing is the largest there is; a smaller one may
         // only raise the estimate (the directory grew since).
-        let size = body.len().max(BODY_UNIT);
+        let size = body.len().max(budget::UNIT);
         if all {
             self.largest
                 .store(size, std::sync::atomic::Ordering::Relaxed);
@@ -510,14 +538,31 @@ impl LBone {
             self.largest
                 .fetch_max(size, std::sync::atomic::Ordering::Relaxed);
         }
-        let mut answers = self.answers.lock().unwrap_or_else(|e| e.into_inner());
-        answers.retain(|_, (at, _)| at.elapsed() < LISTING_FRESH);
-        let kept: usize = answers.values().map(|(_, b)| b.len()).sum();
-        if answers.len() < MAX_ANSWERS && kept + body.len() <= ANSWERS_BYTES {
-            answers.insert(key, (Instant::now(), body.clone()));
+        {
+            let mut answers = self.answers.lock().unwrap_or_else(|e| e.into_inner());
+            answers.retain(|_, (at, _)| at.elapsed() < LISTING_FRESH);
+            let kept: usize = answers.values().map(|(_, b)| b.len()).sum();
+            if answers.len() < MAX_ANSWERS && kept + body.len() <= ANSWERS_BYTES {
+                answers.insert(key, (Instant::now(), body.clone()));
+            }
         }
-        drop(answers);
+        drop(_turn);
+        if !room.holds(body.len()) {
+            // More than expected (the directory grew): room for all of it.
+            room = match self.room(body.len(), peer).await {
+                Ok(r) => r,
+                Err(e) => return e,
+            };
+        }
         json_held(body, room)
+    }
+
+    /// Depots in the directory now.
+    fn directory_len(&self) -> usize {
+        self.directory
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .len()
     }
 
     /// A listing given to the same question within [`LISTING_FRESH`].
@@ -529,15 +574,16 @@ impl LBone {
             .map(|(_, b)| b.clone())
     }
 
-    /// Room for `bytes` of response in the body budget, waited for up to the
-    /// I/O timeout.
-    async fn room(&self, bytes: usize) -> Option<tokio::sync::OwnedSemaphorePermit> {
-        let units = u32::try_from(bytes.div_ceil(BODY_UNIT).clamp(1, BODY_BUDGET / BODY_UNIT))
-            .unwrap_or(u32::MAX);
-        let wait = self.bodies.clone().acquire_many_owned(units);
-        match tokio::time::timeout(self.cfg.io_timeout, wait).await {
-            Ok(Ok(p)) => Some(p),
-            _ => None,
+    /// Room for `bytes` of response in the body budget, for `peer`, waited
+    /// for up to the I/O timeout; else the answer to give instead.
+    async fn room(&self, bytes: usize, peer: std::net::IpAddr) -> Result<Room, Response> {
+        match self.budget.room(bytes, peer, self.cfg.io_timeout).await {
+            Ok(r) => Ok(r),
+            Err(NoRoom::Share) => Err(error(
+                429,
+                "your address has as many answers in flight as it may: read them, then retry",
+            )),
+            Err(NoRoom::Busy) => Err(error(503, "the directory is busy: retry in a second")),
         }
     }
 
@@ -634,12 +680,70 @@ impl LBone {
         r
     }
 
-    /// `GET /api/v1/history`: the last day's samples.
-    async fn history(&self) -> Response {
-        match self.stored(self.store.samples(now() - 86_400)).await {
-            Ok(v) => ok(serde_json::json!({"step": SAMPLE_STEP, "samples": v})),
-            Err(e) => error(503, &e),
+    /// `GET /api/v1/history`: the last day's samples, read from the store
+    /// at most every [`HISTORY_FRESH`] (and after each new sample), each
+    /// answer's room taken from the body budget.
+    async fn history(&self, peer: std::net::IpAddr) -> Response {
+        let t = now();
+        let minute = t - t.rem_euclid(SAMPLE_STEP);
+        let cached = (self.history.lock().unwrap_or_else(|e| e.into_inner()))
+            .as_ref()
+            .filter(|(m, at, _)| *m == minute && at.elapsed() < HISTORY_FRESH)
+            .map(|(_, _, b)| b.clone());
+        let body = match cached {
+            Some(b) => b,
+            None => {
+                // One read at a time: the others wait for it, then share it.
+                let Ok(_turn) =
+                    tokio::time::timeout(self.cfg.io_timeout, self.workers.acquire()).await
+                else {
+                    return error(503, "the directory is busy: retry in a second");
+                };
+                let again = (self.history.lock().unwrap_or_else(|e| e.into_inner()))
+                    .as_ref()
+                    .filter(|(m, at, _)| *m == minute && at.elapsed() < HISTORY_FRESH)
+                    .map(|(_, _, b)| b.clone());
+                match again {
+                    Some(b) => b,
+                    None => match self.stored(self.store.samples(t - 86_400)).await {
+                        Ok(v) => {
+                            let b = Bytes::from(
+                                serde_json::json!({"step": SAMPLE_STEP, "samples": v}).to_string(),
+                            );
+                            *self.history.lock().unwrap_or_else(|e| e.into_inner()) =
+                                Some((minute, Instant::now(), b.clone()));
+                            b
+                        }
+                        Err(e) => return error(503, &e),
+                    },
+                }
+            }
+        };
+        match self.room(body.len(), peer).await {
+            Ok(room) => json_held(body, room),
+            Err(e) => e,
         }
+    }
+
+    /// `GET /metrics`, its room (as large as the last) taken from the body
+    /// budget before it is made.
+    async fn metrics_page(&self, peer: std::net::IpAddr, headers: &HeaderMap) -> Response {
+        use std::sync::atomic::Ordering::Relaxed;
+        let room = match self.room(self.metrics_bytes.load(Relaxed), peer).await {
+            Ok(r) => r,
+            Err(e) => return e,
+        };
+        let l = match self.depots().await {
+            Ok(l) => l,
+            Err(e) => return error(503, &e),
+        };
+        let text = self
+            .metrics
+            .render(&l.depots, now(), secs(self.cfg.offline_after));
+        self.metrics_bytes.store(text.len(), Relaxed);
+        let r = lors_http::metrics::exposition(headers, text);
+        let (parts, body) = r.into_parts();
+        Response::from_parts(parts, Body::new(Held { body, _room: room }))
     }
 
     fn offline_lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<String>> {
@@ -669,6 +773,15 @@ impl LBone {
 
     /// `POST /api/v1/register`: a registration or a heartbeat.
     async fn register(&self, body: &[u8]) -> Response {
+        if body.len() > crate::model::MAX_REGISTRATION {
+            return error(
+                413,
+                &format!(
+                    "a registration is at most {} bytes",
+                    crate::model::MAX_REGISTRATION
+                ),
+            );
+        }
         let reg: Registration = match serde_json::from_slice(body) {
             Ok(r) => r,
             Err(e) => return error(400, &format!("registration body: {e}")),
@@ -868,7 +981,10 @@ const EVICT_WAIT: Duration = Duration::from_secs(2);
 
 /// Accepts legacy-protocol connections: one 512-byte question each.
 async fn legacy_loop(l: TcpListener, lb: Arc<LBone>, mut shutdown: watch::Receiver<bool>) {
-    let peers = Peers::new(lb.cfg.max_connections_per_client);
+    let peers = Peers::new(
+        lb.cfg.max_connections_per_client,
+        lb.cfg.max_connections_per_client,
+    );
     let slots = Arc::new(Semaphore::new(lb.cfg.max_connections.max(1)));
     loop {
         let (s, peer) = tokio::select! {
@@ -906,6 +1022,7 @@ async fn legacy_loop(l: TcpListener, lb: Arc<LBone>, mut shutdown: watch::Receiv
                     _ => return,
                 },
             };
+            slot.placed();
             lb.serve_legacy(s, peer, slot, place).await;
         });
     }
@@ -934,7 +1051,7 @@ fn json(status: u16, body: Body) -> Response {
 
 /// A shared listing, holding its room in the body budget until the body
 /// has been sent (or the client has gone).
-fn json_held(body: Bytes, room: tokio::sync::OwnedSemaphorePermit) -> Response {
+fn json_held(body: Bytes, room: Room) -> Response {
     json(
         200,
         Body::new(Held {
@@ -945,14 +1062,14 @@ fn json_held(body: Bytes, room: tokio::sync::OwnedSemaphorePermit) -> Response {
 }
 
 /// A body and the budget it holds.
-struct Held {
-    body: Full<Bytes>,
-    _room: tokio::sync::OwnedSemaphorePermit,
+struct Held<B> {
+    body: B,
+    _room: Room,
 }
 
-impl http_body::Body for Held {
+impl<B: http_body::Body<Data = Bytes> + Unpin> http_body::Body for Held<B> {
     type Data = Bytes;
-    type Error = std::convert::Infallible;
+    type Error = B::Error;
 
     fn poll_frame(
         mut self: std::pin::Pin<&mut Self>,
@@ -1024,20 +1141,12 @@ pub fn router(lb: Arc<LBone>) -> Router {
         )
         .route(
             "/api/v1/history",
-            get(|State(lb): S| async move { lb.history().await }),
+            get(|State(lb): S, peer: Peer| async move { lb.history(peer.0.ip()).await }),
         )
         .route(
             "/metrics",
-            get(|State(lb): S, headers: HeaderMap| async move {
-                match lb.depots().await {
-                    Ok(l) => {
-                        let text = lb
-                            .metrics
-                            .render(&l.depots, now(), secs(lb.cfg.offline_after));
-                        lors_http::metrics::exposition(&headers, text)
-                    }
-                    Err(e) => error(503, &e),
-                }
+            get(|State(lb): S, peer: Peer, headers: HeaderMap| async move {
+                lb.metrics_page(peer.0.ip(), &headers).await
             }),
         )
         .route(

@@ -456,7 +456,7 @@ async fn an_alias_probe_reports_its_allocations_shortened_lease() {
 
 /// Raw HTTP to the L-Bone from a chosen local address; the status code
 /// (`None`: reset or closed without an answer) and the body.
-async fn http_from(addr: &str, from: &str, req: &str) -> (Option<u16>, String) {
+pub(crate) async fn http_from(addr: &str, from: &str, req: &str) -> (Option<u16>, String) {
     let mut r = Raw::connect_from(addr, from).await;
     if r.rd.get_mut().write_all(req.as_bytes()).await.is_err() {
         return (None, String::new());
@@ -475,7 +475,7 @@ async fn http_from(addr: &str, from: &str, req: &str) -> (Option<u16>, String) {
     (status, body)
 }
 
-fn post(path: &str, token: Option<&str>, body: &str) -> String {
+pub(crate) fn post(path: &str, token: Option<&str>, body: &str) -> String {
     let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
     format!(
         "POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
@@ -483,7 +483,7 @@ fn post(path: &str, token: Option<&str>, body: &str) -> String {
     )
 }
 
-fn registration(host: &str, city: &str) -> String {
+pub(crate) fn registration(host: &str, city: &str) -> String {
     serde_json::json!({
         "host": host,
         "port": 6714,

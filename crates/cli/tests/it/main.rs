@@ -8,6 +8,7 @@ mod diskfull;
 mod dissem;
 mod erasure;
 mod federation;
+mod flood;
 mod fuse;
 mod hostile;
 mod hung;
