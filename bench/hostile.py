@@ -21,6 +21,7 @@ import os
 import re
 import socket
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
@@ -37,6 +38,7 @@ LORS: Path = Path()
 
 # The bounds THREAT-MODEL.md states ("What an attack costs").
 LATENCY_BOUND_S = 2.0  # a legitimate depot round trip (1 MiB in and out) under attack
+P99_BOUND_S = 0.050  # a legitimate L-Bone round trip's 99th percentile under the HTTP/2 and body attacks
 DEPOT_PEAK_MIB = 512  # buffer_memory (256 MiB) plus the depot's own
 LBONE_PEAK_MIB = 256
 CLIENT_PEAK_MIB = 128  # lors download's own memory target
@@ -119,12 +121,13 @@ def disk(path: Path) -> float:
 
 
 class Server:
-    """A depot or L-Bone process on loopback, its stderr kept."""
+    """A depot or L-Bone process on loopback, its stderr kept; run through
+    `wrap` (e.g. `nsenter -t PID -m`) if given."""
 
-    def __init__(self, args: list[str], ready_prefix: str, workdir: Path):
+    def __init__(self, args: list[str], ready_prefix: str, workdir: Path, wrap: list[str] | None = None):
         self.err = open(workdir / "stderr.log", "w+")
         self.p = subprocess.Popen(
-            [str(LORS), *args], stdout=subprocess.PIPE, stderr=self.err, text=True
+            [*(wrap or []), str(LORS), *args], stdout=subprocess.PIPE, stderr=self.err, text=True
         )
         self.addr = None
         for line in self.p.stdout:
@@ -519,6 +522,323 @@ def fresh_checksummed(work: Path) -> Result:
 # -- the L-Bone's attacks --------------------------------------------------
 
 
+class H2:
+    """A raw h2c connection from `src`: requests on streams whose receive
+    window is `window` (0: the server may send headers, never a body byte),
+    request bodies left unfinished when asked. A reader thread answers the
+    server's SETTINGS and PINGs and counts what comes back."""
+
+    def __init__(self, addr, src: str, window: int = 0):
+        self.s = socket.socket()
+        self.s.settimeout(30)
+        self.s.bind((src, 0))
+        self.s.connect(addr)
+        self.lock = threading.Lock()
+        self.next = 1
+        self.heads = 0
+        self.resets = 0
+        self.closed = False
+        self.send(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + self.frame(4, 0, 0, struct.pack(">HI", 4, window)))
+        threading.Thread(target=self.read, daemon=True).start()
+
+    @staticmethod
+    def frame(kind: int, flags: int, sid: int, payload: bytes) -> bytes:
+        return struct.pack(">I", len(payload))[1:] + bytes([kind, flags]) + struct.pack(">I", sid) + payload
+
+    def send(self, b: bytes) -> None:
+        with self.lock:
+            try:
+                self.s.sendall(b)
+            except OSError:
+                self.closed = True
+
+    def read(self) -> None:
+        buf = b""
+        try:
+            while True:
+                while len(buf) < 9:
+                    chunk = self.s.recv(1 << 16)
+                    if not chunk:
+                        raise OSError("closed")
+                    buf += chunk
+                n = int.from_bytes(buf[:3], "big")
+                kind, flags = buf[3], buf[4]
+                while len(buf) < 9 + n:
+                    chunk = self.s.recv(1 << 16)
+                    if not chunk:
+                        raise OSError("closed")
+                    buf += chunk
+                payload, buf = buf[9:9 + n], buf[9 + n:]
+                if kind == 4 and not flags & 1:
+                    self.send(self.frame(4, 1, 0, b""))
+                elif kind == 6 and not flags & 1:
+                    self.send(self.frame(6, 1, 0, payload))
+                elif kind == 1:
+                    self.heads += 1
+                elif kind == 3:
+                    self.resets += 1
+                elif kind == 7:
+                    raise OSError("goaway")
+        except OSError:
+            self.closed = True
+
+    def request(self, method: str, path: str, unfinished: bool = False) -> None:
+        def lit(index: int, value: str) -> bytes:
+            # Literal without indexing, name from the static table.
+            head = bytes([index]) if index < 15 else bytes([15, index - 15])
+            return head + bytes([len(value)]) + value.encode()
+
+        block = bytes([0x82 if method == "GET" else 0x83, 0x86]) + lit(4, path) + lit(1, "lbone")
+        if unfinished:
+            block += lit(28, "100000")
+        sid, self.next = self.next, self.next + 2
+        self.send(self.frame(1, 0x4 | (0 if unfinished else 0x1), sid, block))
+        if unfinished:
+            self.send(self.frame(0, 0, sid, b'{"rates":['))
+
+    def close(self) -> None:
+        self.closed = True
+        self.s.close()
+
+
+def h2_flood(addrs: list[str], conns: int, streams: int, make, stop, every: float = 1.0, window: int = 0):
+    """`conns` h2c connections from each address, each keeping `streams`
+    requests (`make(conn, i)`) going: new ones every `every` seconds, as the
+    server resets or answers the old. Reconnects what the server closes."""
+    pool: list[H2] = []
+    try:
+        while not stop.is_set():
+            pool = [c for c in pool if not c.closed]
+            for a in addrs:
+                have = sum(1 for c in pool if c.src == a)
+                for _ in range(conns - have):
+                    try:
+                        c = H2(LBONE_ADDR[0], a, window)
+                        c.src = a
+                        pool.append(c)
+                    except OSError:
+                        break
+            for c in pool:
+                for i in range(streams):
+                    make(c, i)
+            stop.wait(every)
+    finally:
+        for c in pool:
+            c.close()
+    return pool
+
+
+LBONE_ADDR: list = [None]
+
+
+def legit_tail(res: Result) -> None:
+    """The p99 bound beside the max: 50 ms (THREAT-MODEL.md)."""
+    xs = sorted(res.under)
+    p99 = xs[min(len(xs) - 1, int(len(xs) * 0.99))] if xs else 0
+    res.notes.append(f"p99 {p99 * 1000:.0f} ms of {len(xs)}")
+    res.check(p99 <= P99_BOUND_S, f"legitimate p99 {p99 * 1000:.0f} ms > {P99_BOUND_S * 1000:.0f} ms")
+
+
+def populate(srv: Server, token: str, depots: int) -> None:
+    log(f"registering {depots} depots")
+
+    def register(lo, hi):
+        for i in range(lo, hi):
+            http(srv.addr, "127.0.0.1", post("/api/v1/register", registration(f"d{i}.example.org", "Brno" * 60), token))
+
+    ts = [threading.Thread(target=register, args=(k * depots // 8, (k + 1) * depots // 8)) for k in range(8)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+
+
+def h2_stalled(work: Path, depots: int) -> Result:
+    res = Result("lbone-h2-stall", f"h2c streams that never open their window, 8 addresses × 8 connections × 16 "
+                 f"streams, listings of {depots:,} depots and histories, renewed every second", peak_bound=LBONE_PEAK_MIB)
+    srv, token = lbone(work)
+    populate(srv, token, depots)
+    LBONE_ADDR[0] = srv.addr
+    seen = []
+
+    def attack(stop):
+        def make(c, i):
+            c.request("GET", "/api/v1/depots?all=1" if i % 2 == 0 else "/api/v1/history")
+        seen.extend(h2_flood([f"127.0.30.{a}" for a in range(1, 9)], 8, 16, make, stop))
+
+    measure(res, lbone_round_trip, srv.addr, attack, settle=6.0, tries=40)
+    finish(res, srv, None)
+    legit_tail(res)
+    res.notes.append(f"{sum(c.heads for c in seen)} answers headed, {sum(c.resets for c in seen)} streams reset")
+    srv.stop()
+    return res
+
+
+def slow_bodies(work: Path) -> Result:
+    res = Result("lbone-slow-body", "request bodies never finished: h2c 32 connections × 64 POST streams from one "
+                 "address, then HTTP/1.1 32 connections from each of eight", peak_bound=LBONE_PEAK_MIB)
+    srv, _ = lbone(work)
+    LBONE_ADDR[0] = srv.addr
+    held = []
+
+    def attack(stop):
+        h2 = threading.Thread(target=h2_flood, args=(["127.0.31.1"], 32, 64,
+                                                     lambda c, i: c.request("POST", "/api/v1/rates", unfinished=True),
+                                                     stop, 5.0, 65535), daemon=True)
+        h2.start()
+        while not stop.is_set():
+            for a in range(1, 9):
+                while sum(1 for r in held if r[0] == a) < 32 and not stop.is_set():
+                    try:
+                        r = Raw(srv.addr, f"127.0.32.{a}", timeout=30)
+                        r.send("POST /api/v1/rates HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n{")
+                        held.append((a, r))
+                    except OSError:
+                        break
+            stop.wait(1.0)
+            # The server gives up on each after its body deadline; open again.
+            for item in list(held):
+                try:
+                    item[1].s.setblocking(False)
+                    if item[1].s.recv(1, socket.MSG_PEEK) == b"":
+                        raise OSError
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    pass
+                finally:
+                    try:
+                        item[1].s.setblocking(True)
+                    except OSError:
+                        pass
+                held.remove(item)
+                item[1].close()
+        h2.join(10)
+
+    measure(res, lbone_round_trip, srv.addr, attack, settle=3.0, tries=40)
+    finish(res, srv, None)
+    legit_tail(res)
+    for _, r in held:
+        r.close()
+    srv.stop()
+    return res
+
+
+def history_flood(work: Path) -> Result:
+    res = Result("lbone-history", "1,024 /api/v1/history at once from one address (h2c, 32 connections × 32 "
+                 "streams), renewed every 0.2 s", peak_bound=LBONE_PEAK_MIB)
+    srv, _ = lbone(work)
+    LBONE_ADDR[0] = srv.addr
+    seen = []
+
+    def attack(stop):
+        seen.extend(h2_flood(["127.0.33.1"], 32, 32, lambda c, i: c.request("GET", "/api/v1/history"),
+                             stop, 0.2, 1 << 20))
+
+    measure(res, lbone_round_trip, srv.addr, attack, settle=2.0, tries=40)
+    finish(res, srv, None)
+    legit_tail(res)
+    res.notes.append(f"{sum(c.heads for c in seen)} answers headed (429 beyond the address's 32 in flight)")
+    srv.stop()
+    return res
+
+
+# -- a depot's full disk ---------------------------------------------------
+
+
+def disk_full(work: Path) -> Result:
+    res = Result("disk-full", "a resource on a 32 MiB tmpfs configured as 1 GiB, filled through IBP, then "
+                 "from outside to the last block; the space freed again", peak_bound=DEPOT_PEAK_MIB)
+    mnt = work / "small"
+    mnt.mkdir()
+    holder = subprocess.Popen(["unshare", "-m", "sh", "-c",
+                               f"mount -t tmpfs -o size=32m tmpfs {mnt} || exit 77; echo mounted; exec sleep 900"],
+                              stdout=subprocess.PIPE, text=True)
+    if holder.stdout.readline().strip() != "mounted":
+        holder.wait()
+        res.notes.append("skipped: no private tmpfs here (needs unshare -m as root)")
+        return res
+    inside = Path(f"/proc/{holder.pid}/root") / str(mnt).lstrip("/")
+    cfg = work / "depot.toml"
+    cfg.write_text(f'listen = "127.0.0.1:0"\nsync = "always"\n[[resource]]\nrid = "1"\npath = "{mnt}/r1"\n'
+                   f'size = "1GiB"\n[[resource]]\nrid = "2"\npath = "{work}/r2"\nsize = "1GiB"\n')
+    srv = Server(["depot", "--config", str(cfg)], "lors depot: serving IBP on ", work,
+                 wrap=["nsenter", "-t", str(holder.pid), "-m"])
+    said = {}
+
+    def alloc(r: Raw, rid: int, size: int = MiB) -> str:
+        return r.request(f"1 1 {rid} 2 1 3600 {size} 30")
+
+    def attack(stop):
+        r = Raw(srv.addr, "127.0.40.1", timeout=60)
+        n = 0
+        while True:
+            reply = alloc(r, 1)
+            if not reply.startswith("1 "):
+                said["ibp fill"] = f"{n} MiB, then {reply.strip()}"
+                break
+            _, wr, _ = caps(reply)
+            r.request(f"1 2 {wr} {MiB} 30")
+            r.send(os.urandom(MiB))
+            if r.line() != f"1 {MiB} \n":
+                said["store refused"] = "after a promise"
+                break
+            n += 1
+        with open(inside / "fill", "wb") as f:
+            try:
+                while True:
+                    f.write(b"\0" * (1 << 16))
+            except OSError:
+                pass
+        said["allocate on the full disk"] = alloc(r, 1, 4096).strip()
+        stop.wait(10)
+        r.close()
+
+    res.baseline = [depot_round_trip_rid0(srv.addr) for _ in range(5)]
+    stop = threading.Event()
+    t = threading.Thread(target=attack, args=(stop,), daemon=True)
+    t.start()
+    time.sleep(3)
+    res.under = [depot_round_trip_rid0(srv.addr) for _ in range(5)]
+    (inside / "fill").unlink()
+    t0 = time.perf_counter()
+    r = Raw(srv.addr, "127.0.0.1")
+    while not alloc(r, 1).startswith("1 ") and time.perf_counter() - t0 < 10:
+        time.sleep(0.01)
+    back = time.perf_counter() - t0
+    r.close()
+    stop.set()
+    t.join(30)
+    finish(res, srv, None)
+    res.notes.append("; ".join(f"{k}: {v}" for k, v in said.items()))
+    res.notes.append(f"ALLOCATE on the freed disk after {back * 1000:.0f} ms")
+    res.check(back <= 1.0, f"ALLOCATE back after {back:.2f} s > 1 s")
+    res.check(said.get("allocate on the full disk", "").startswith("-19"), "the full disk answered no-space")
+    srv.stop()
+    holder.kill()
+    holder.wait()
+    return res
+
+
+def depot_round_trip_rid0(addr) -> float:
+    """depot_round_trip, letting the depot choose the resource."""
+    t0 = time.perf_counter()
+    try:
+        r = Raw(addr, "127.0.0.1", timeout=60)
+        rd, wr, mg = caps(r.request("1 1 0 2 1 3600 1048576 30"))
+        if r.request(f"1 2 {wr} {MiB} 30") != "1 \n":
+            return float("inf")
+        r.send(os.urandom(MiB))
+        if r.line() != f"1 {MiB} \n":
+            return float("inf")
+        took = time.perf_counter() - t0
+        r.request(f"1 9 {mg} 42 1 10")
+        r.close()
+    except (OSError, RuntimeError, ConnectionError):
+        return float("inf")
+    return took
+
+
 def lbone(work: Path) -> tuple[Server, str]:
     token = "bench-token-0123456789"
     srv = Server(["lbone", "--data", str(work), "--listen", "127.0.0.1:0", "--no-legacy", "--token", token],
@@ -659,6 +979,10 @@ ATTACKS = {
     "lbone-rates": rates_flood,
     "lbone-idle": lbone_idle,
     "lbone-list": None,  # needs the depot count
+    "lbone-h2-stall": None,  # needs the depot count
+    "lbone-slow-body": slow_bodies,
+    "lbone-history": history_flood,
+    "disk-full": disk_full,
     "exnode": hostile_exnode,
 }
 
@@ -709,7 +1033,12 @@ def main() -> None:
         log(f"== {name}")
         with tempfile.TemporaryDirectory(prefix="lors-hostile-", dir="/var/tmp") as d:
             fn = ATTACKS[name]
-            r = lbone_listings(Path(d), args.depots) if name == "lbone-list" else fn(Path(d))
+            if name == "lbone-list":
+                r = lbone_listings(Path(d), args.depots)
+            elif name == "lbone-h2-stall":
+                r = h2_stalled(Path(d), args.depots)
+            else:
+                r = fn(Path(d))
             results.append(r)
             log(f"   {fmt_ms(r.baseline)} -> {fmt_ms(r.under)} ms, {r.rss:.0f}/{r.peak:.0f} MiB, "
                 f"{r.disk:.1f} MiB disk, {'held' if r.held else 'BROKEN'} {'; '.join(r.notes)}")
