@@ -769,38 +769,52 @@ def disk_full(work: Path) -> Result:
     def alloc(r: Raw, rid: int, size: int = MiB) -> str:
         return r.request(f"1 1 {rid} 2 1 3600 {size} 30")
 
+    def fill(name: str) -> None:
+        with open(inside / name, "wb") as f:
+            try:
+                while True:
+                    f.write(b"\0" * (1 << 16))
+                    f.flush()
+            except OSError:
+                pass
+
     def attack(stop):
         r = Raw(srv.addr, "127.0.40.1", timeout=60)
         n = 0
+        held = []
         while True:
             reply = alloc(r, 1)
             if not reply.startswith("1 "):
                 said["ibp fill"] = f"{n} MiB, then {reply.strip()}"
                 break
-            _, wr, _ = caps(reply)
+            _, wr, mg = caps(reply)
+            held.append(mg)
             r.request(f"1 2 {wr} {MiB} 30")
             r.send(os.urandom(MiB))
             if r.line() != f"1 {MiB} \n":
                 said["store refused"] = "after a promise"
                 break
             n += 1
-        with open(inside / "fill", "wb") as f:
-            try:
-                while True:
-                    f.write(b"\0" * (1 << 16))
-            except OSError:
-                pass
+        fill("fill1")
         said["allocate on the full disk"] = alloc(r, 1, 4096).strip()
+        # Deletions on the full disk, then what they freed taken too.
+        decrs = [r.request(f"1 9 {mg} 42 1 10").strip() for mg in held]
+        said["DECRs on the full disk"] = f"{sum(d == '1' for d in decrs)} of {len(decrs)} ok"
+        fill("fill2")
+        said["after the second fill"] = alloc(r, 1, 4096).strip()
+        filled.set()
         stop.wait(10)
         r.close()
 
+    filled = threading.Event()
     res.baseline = [depot_round_trip_rid0(srv.addr) for _ in range(5)]
     stop = threading.Event()
     t = threading.Thread(target=attack, args=(stop,), daemon=True)
     t.start()
-    time.sleep(3)
+    filled.wait(120)
     res.under = [depot_round_trip_rid0(srv.addr) for _ in range(5)]
-    (inside / "fill").unlink()
+    (inside / "fill1").unlink()
+    (inside / "fill2").unlink()
     t0 = time.perf_counter()
     r = Raw(srv.addr, "127.0.0.1")
     while not alloc(r, 1).startswith("1 ") and time.perf_counter() - t0 < 10:

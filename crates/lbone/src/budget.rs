@@ -1,7 +1,9 @@
 //! The response bytes the L-Bone holds at once: one budget for every body
 //! it makes (listings, history, metrics), each body's room reserved before
-//! it is made and held until it is sent or dropped — with a share per
-//! client address, so a handful of addresses cannot hold it all.
+//! it is made and held until every answer sending it is sent or dropped
+//! (a body shared by many answers is counted once) — and a share per
+//! client address of the answers in flight, so a handful of addresses
+//! cannot hold it all.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -22,11 +24,17 @@ pub struct Budget {
     shares: Mutex<HashMap<IpAddr, Arc<Semaphore>>>,
 }
 
-/// Room for one body; given back when dropped.
-pub struct Room {
+/// A body's room in the budget, shared by the answers sending it.
+pub struct Reserved {
     _total: OwnedSemaphorePermit,
-    _share: OwnedSemaphorePermit,
     units: usize,
+}
+
+/// Room for one answer: its body's reservation and its address's share;
+/// given back when dropped.
+pub struct Room {
+    body: Arc<Reserved>,
+    _share: OwnedSemaphorePermit,
 }
 
 /// Why no room was given.
@@ -56,38 +64,91 @@ impl Budget {
         bytes.div_ceil(UNIT).clamp(1, self.units)
     }
 
-    /// Room for `bytes` for `peer`, waited for up to `wait`: its share
-    /// first, then the budget.
+    /// Room for a new body of `bytes` for `peer`, waited for up to
+    /// `wait`: its share first, then the budget.
     pub async fn room(&self, bytes: usize, peer: IpAddr, wait: Duration) -> Result<Room, NoRoom> {
         let units = self.units_for(bytes);
-        let sem = {
-            let mut m = self.shares.lock().unwrap_or_else(|e| e.into_inner());
-            // Shares nobody holds go, so the table stays as small as the
-            // set of addresses with bodies in flight.
-            m.retain(|_, s| s.available_permits() < self.share || Arc::strong_count(s) > 1);
-            m.entry(peer.to_canonical())
-                .or_insert_with(|| Arc::new(Semaphore::new(self.share)))
-                .clone()
-        };
-        let of_share = u32::try_from(units.min(self.share)).unwrap_or(u32::MAX);
-        let of_total = u32::try_from(units).unwrap_or(u32::MAX);
         let take = async {
-            let share =
-                (sem.clone().acquire_many_owned(of_share).await).map_err(|_| NoRoom::Share)?;
-            let total = (self.total.clone().acquire_many_owned(of_total).await)
+            let share = self.share_of(units, peer).await?;
+            let total = (self.total.clone())
+                .acquire_many_owned(u32::try_from(units).unwrap_or(u32::MAX))
+                .await
                 .map_err(|_| NoRoom::Busy)?;
-            Ok::<_, NoRoom>((share, total))
+            Ok::<_, NoRoom>(Room {
+                body: Arc::new(Reserved {
+                    _total: total,
+                    units,
+                }),
+                _share: share,
+            })
         };
         match tokio::time::timeout(wait, take).await {
-            Ok(Ok((share, total))) => Ok(Room {
-                _total: total,
-                _share: share,
-                units,
-            }),
-            Ok(Err(e)) => Err(e),
-            Err(_) if sem.available_permits() < of_share as usize => Err(NoRoom::Share),
+            Ok(r) => r,
+            Err(_) if self.share_full(peer) => Err(NoRoom::Share),
             Err(_) => Err(NoRoom::Busy),
         }
+    }
+
+    /// Room for another answer sending a body already reserved: `peer`'s
+    /// share only, waited for up to `wait`.
+    pub async fn again(
+        &self,
+        body: &Arc<Reserved>,
+        peer: IpAddr,
+        wait: Duration,
+    ) -> Result<Room, NoRoom> {
+        match tokio::time::timeout(wait, self.share_of(body.units, peer)).await {
+            Ok(Ok(share)) => Ok(Room {
+                body: body.clone(),
+                _share: share,
+            }),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(NoRoom::Share),
+        }
+    }
+
+    /// Makes `room` (not yet shared) hold `bytes`: more of the budget,
+    /// waited for up to `wait`; its address's share stays as it is.
+    pub async fn grow(&self, room: &mut Room, bytes: usize, wait: Duration) -> Result<(), NoRoom> {
+        let units = self.units_for(bytes);
+        let Some(body) = Arc::get_mut(&mut room.body) else {
+            return Err(NoRoom::Busy);
+        };
+        if units <= body.units {
+            return Ok(());
+        }
+        let more = u32::try_from(units - body.units).unwrap_or(u32::MAX);
+        match tokio::time::timeout(wait, self.total.clone().acquire_many_owned(more)).await {
+            Ok(Ok(p)) => {
+                body._total.merge(p);
+                body.units = units;
+                Ok(())
+            }
+            _ => Err(NoRoom::Busy),
+        }
+    }
+
+    /// `peer`'s semaphore, made if it holds none.
+    fn share_sem(&self, peer: IpAddr) -> Arc<Semaphore> {
+        let mut m = self.shares.lock().unwrap_or_else(|e| e.into_inner());
+        // Shares nobody holds or waits for go, so the table stays as small
+        // as the set of addresses with answers in flight.
+        m.retain(|_, s| Arc::strong_count(s) > 1);
+        m.entry(peer.to_canonical())
+            .or_insert_with(|| Arc::new(Semaphore::new(self.share)))
+            .clone()
+    }
+
+    /// `units` of `peer`'s share (all of it for a body larger than it).
+    async fn share_of(&self, units: usize, peer: IpAddr) -> Result<OwnedSemaphorePermit, NoRoom> {
+        let n = u32::try_from(units.min(self.share)).unwrap_or(u32::MAX);
+        (self.share_sem(peer).acquire_many_owned(n).await).map_err(|_| NoRoom::Share)
+    }
+
+    fn share_full(&self, peer: IpAddr) -> bool {
+        let m = self.shares.lock().unwrap_or_else(|e| e.into_inner());
+        m.get(&peer.to_canonical())
+            .is_some_and(|s| s.available_permits() < self.share)
     }
 
     /// Units free now (for tests and metrics).
@@ -99,7 +160,12 @@ impl Budget {
 impl Room {
     /// Whether `bytes` fit in this room.
     pub fn holds(&self, bytes: usize) -> bool {
-        bytes <= self.units.saturating_mul(UNIT)
+        bytes <= self.body.units.saturating_mul(UNIT)
+    }
+
+    /// The body's reservation, for other answers sending the same body.
+    pub fn body(&self) -> Arc<Reserved> {
+        self.body.clone()
     }
 }
 
@@ -121,7 +187,23 @@ mod tests {
         // Another address is not held up by it.
         let other = b.room(4 * UNIT, c, wait).await.unwrap();
         assert_eq!(b.free_units(), 6);
-        drop((big, other));
+        // A body larger than its room grows it from the budget.
+        let e: IpAddr = "127.0.0.4".parse().unwrap();
+        let mut small = b.room(UNIT, e, wait).await.unwrap();
+        b.grow(&mut small, 2 * UNIT, wait).await.unwrap();
+        assert!(small.holds(2 * UNIT));
+        assert_eq!(b.free_units(), 4);
+        drop(small);
+        // A body sent again costs its address's share, not the budget.
+        let body = other.body();
+        drop(other);
+        assert_eq!(b.free_units(), 6);
+        let again = b.again(&body, a, wait).await.err();
+        assert_eq!(again, Some(NoRoom::Share), "a's share is still held");
+        drop(big);
+        let again = b.again(&body, a, wait).await.unwrap();
+        assert_eq!(b.free_units(), 12);
+        drop((body, again));
         assert_eq!(b.free_units(), 16);
         assert!(b.room(UNIT, a, wait).await.is_ok());
     }

@@ -46,14 +46,15 @@ const FOLLOW_BATCH: Duration = Duration::from_millis(20);
 /// Listings ranked and encoded at once: each holds a copy of the directory.
 const LISTING_WORKERS: usize = 2;
 
-/// Response bytes being sent at once, across all connections. 32 MiB
-/// holds the L-Bone within its memory bound under 96 concurrent listings of
-/// 10,000 depots (`bench/hostile.py`, lbone-list: peak 221 MiB; 256-259
-/// MiB with 64).
-const BODY_BUDGET: usize = 32 << 20;
+/// Response bytes being sent at once, across all connections, a body
+/// shared by many answers counted once. Eight addresses each holding a
+/// listing of 10,000 depots (5 MiB) leave more than half of it; the L-Bone
+/// stays within its memory bound under 96 concurrent listings of 10,000
+/// depots (`bench/hostile.py`, lbone-list).
+const BODY_BUDGET: usize = 64 << 20;
 
-/// One client address holds at most this part of the body budget (or one
-/// body larger than that): eight addresses holding theirs leave half of it.
+/// One client address's answers hold at most this part of the body budget
+/// (or one body larger than that).
 const BODY_SHARES: usize = 16;
 
 /// How long a made history answer serves before it is made again (a new
@@ -64,7 +65,7 @@ const HISTORY_FRESH: Duration = Duration::from_secs(10);
 type Question = (String, String);
 
 /// A listing given, and when.
-type Answered = (Instant, Bytes);
+type Answered = (Instant, Bytes, Arc<budget::Reserved>);
 
 /// Listings kept for [`LISTING_FRESH`] to answer the same question again,
 /// at most so many and so many bytes (distinct questions are not to fill
@@ -134,13 +135,18 @@ pub struct LBone {
     /// Listings answered within [`LISTING_FRESH`], by client network and
     /// query: the same question asked many times at once is encoded once.
     answers: std::sync::Mutex<HashMap<Question, Answered>>,
+    /// Whether `largest` was measured (a listing of every depot made).
+    measured: std::sync::atomic::AtomicBool,
     /// Bytes of the last listing of every depot: the most any listing
     /// takes, reserved from the body budget before one is made.
     largest: std::sync::atomic::AtomicUsize,
     /// Response bytes in flight.
     budget: Arc<Budget>,
-    /// The last history answer, its sample time and when it was made.
-    history: std::sync::Mutex<Option<(i64, Instant, Bytes)>>,
+    /// The last history answer: its sample time, when it was made, its
+    /// body and reservation.
+    history: std::sync::Mutex<Option<(i64, Instant, Bytes, Arc<budget::Reserved>)>>,
+    /// Bytes of the last history answer.
+    history_bytes: std::sync::atomic::AtomicUsize,
     /// Bytes of the last `/metrics` text.
     metrics_bytes: std::sync::atomic::AtomicUsize,
     /// Rate-report requests per client network in the current minute.
@@ -260,8 +266,10 @@ impl LBone {
             workers: Semaphore::new(LISTING_WORKERS),
             answers: std::sync::Mutex::new(HashMap::new()),
             largest: std::sync::atomic::AtomicUsize::new(budget::UNIT),
+            measured: std::sync::atomic::AtomicBool::new(false),
             budget: Budget::new(BODY_BUDGET, BODY_SHARES),
             history: std::sync::Mutex::new(None),
+            history_bytes: std::sync::atomic::AtomicUsize::new(budget::UNIT),
             metrics_bytes: std::sync::atomic::AtomicUsize::new(budget::UNIT),
             reporters: std::sync::Mutex::new((Instant::now(), HashMap::new())),
             forecasts: std::sync::Mutex::new(HashMap::new()),
@@ -483,33 +491,34 @@ impl LBone {
             Err(e) => return error(400, &e),
         };
         let busy = || error(503, "the directory is busy: retry in a second");
-        let largest = self.largest.load(std::sync::atomic::Ordering::Relaxed);
+        // Until a listing of every depot has been made, a kilobyte a depot
+        // (more than a registration with a full location takes).
+        let depots = self.directory_len().max(1);
+        let mut largest = self.largest.load(std::sync::atomic::Ordering::Relaxed);
+        if !self.measured.load(std::sync::atomic::Ordering::Relaxed) {
+            largest = largest.max(depots.saturating_mul(1024));
+        }
         let estimate = match q.count {
             0 => largest,
-            n => {
-                let depots = self.directory_len().max(1);
-                let each = largest / depots;
-                largest.min(each.saturating_mul(n).saturating_add(4096))
-            }
+            n => largest.min((largest / depots).saturating_mul(n).saturating_add(4096)),
         };
+        let key = (client_net(peer), raw_query.to_owned());
+        if let Some(hit) = self.answered(&key) {
+            return self.again(hit, peer).await;
+        }
         let mut room = match self.room(estimate, peer).await {
             Ok(r) => r,
             Err(e) => return e,
         };
-        let key = (client_net(peer), raw_query.to_owned());
-        if let Some(body) = self.answered(&key) {
-            if !room.holds(body.len()) {
-                room = match self.room(body.len(), peer).await {
-                    Ok(r) => r,
-                    Err(e) => return e,
-                };
-            }
-            return json_held(body, room);
-        }
         let Ok(_turn) = tokio::time::timeout(self.cfg.io_timeout, self.workers.acquire()).await
         else {
             return busy();
         };
+        // Made by whoever had the turn before.
+        if let Some(hit) = self.answered(&key) {
+            drop((_turn, room));
+            return self.again(hit, peer).await;
+        }
         let all = q.include_offline && params.len() == 1;
         let v = match self.query(q, peer).await {
             Ok(v) => v,
@@ -534,27 +543,48 @@ impl LBone {
         if all {
             self.largest
                 .store(size, std::sync::atomic::Ordering::Relaxed);
+            self.measured
+                .store(true, std::sync::atomic::Ordering::Relaxed);
         } else {
             self.largest
                 .fetch_max(size, std::sync::atomic::Ordering::Relaxed);
         }
+        // Larger than expected (the directory grew): more room, the turn
+        // still held so the next one finds this answer made.
+        if let Err(e) = self
+            .budget
+            .grow(&mut room, body.len(), self.cfg.io_timeout)
+            .await
+        {
+            return self.refusal(e);
+        }
         {
             let mut answers = self.answers.lock().unwrap_or_else(|e| e.into_inner());
-            answers.retain(|_, (at, _)| at.elapsed() < LISTING_FRESH);
-            let kept: usize = answers.values().map(|(_, b)| b.len()).sum();
+            answers.retain(|_, (at, _, _)| at.elapsed() < LISTING_FRESH);
+            let kept: usize = answers.values().map(|(_, b, _)| b.len()).sum();
             if answers.len() < MAX_ANSWERS && kept + body.len() <= ANSWERS_BYTES {
-                answers.insert(key, (Instant::now(), body.clone()));
+                answers.insert(key, (Instant::now(), body.clone(), room.body()));
             }
         }
         drop(_turn);
-        if !room.holds(body.len()) {
-            // More than expected (the directory grew): room for all of it.
-            room = match self.room(body.len(), peer).await {
-                Ok(r) => r,
-                Err(e) => return e,
-            };
-        }
         json_held(body, room)
+    }
+
+    /// An answer made already, sent again: its body is reserved, this
+    /// answer takes only its address's share.
+    async fn again(
+        &self,
+        (body, reserved): (Bytes, Arc<budget::Reserved>),
+        peer: std::net::IpAddr,
+    ) -> Response {
+        match self
+            .budget
+            .again(&reserved, peer, self.cfg.io_timeout)
+            .await
+        {
+            Ok(room) => json_held(body, room),
+            Err(e) => self.refusal(e),
+        }
     }
 
     /// Depots in the directory now.
@@ -565,25 +595,28 @@ impl LBone {
             .len()
     }
 
-    /// A listing given to the same question within [`LISTING_FRESH`].
-    fn answered(&self, key: &Question) -> Option<Bytes> {
-        let answers = self.answers.lock().unwrap_or_else(|e| e.into_inner());
-        answers
-            .get(key)
-            .filter(|(at, _)| at.elapsed() < LISTING_FRESH)
-            .map(|(_, b)| b.clone())
+    /// A listing given to the same question within [`LISTING_FRESH`], and
+    /// its reservation. Older ones go (with their reservations).
+    fn answered(&self, key: &Question) -> Option<(Bytes, Arc<budget::Reserved>)> {
+        let mut answers = self.answers.lock().unwrap_or_else(|e| e.into_inner());
+        answers.retain(|_, (at, _, _)| at.elapsed() < LISTING_FRESH);
+        answers.get(key).map(|(_, b, r)| (b.clone(), r.clone()))
     }
 
     /// Room for `bytes` of response in the body budget, for `peer`, waited
     /// for up to the I/O timeout; else the answer to give instead.
     async fn room(&self, bytes: usize, peer: std::net::IpAddr) -> Result<Room, Response> {
-        match self.budget.room(bytes, peer, self.cfg.io_timeout).await {
-            Ok(r) => Ok(r),
-            Err(NoRoom::Share) => Err(error(
+        (self.budget.room(bytes, peer, self.cfg.io_timeout).await).map_err(|e| self.refusal(e))
+    }
+
+    /// What a client is told when its answer finds no room.
+    fn refusal(&self, e: NoRoom) -> Response {
+        match e {
+            NoRoom::Share => error(
                 429,
                 "your address has as many answers in flight as it may: read them, then retry",
-            )),
-            Err(NoRoom::Busy) => Err(error(503, "the directory is busy: retry in a second")),
+            ),
+            NoRoom::Busy => error(503, "the directory is busy: retry in a second"),
         }
     }
 
@@ -681,48 +714,54 @@ impl LBone {
     }
 
     /// `GET /api/v1/history`: the last day's samples, read from the store
-    /// at most every [`HISTORY_FRESH`] (and after each new sample), each
-    /// answer's room taken from the body budget.
+    /// at most every [`HISTORY_FRESH`] (and after each new sample) and
+    /// shared, its room taken from the body budget once.
     async fn history(&self, peer: std::net::IpAddr) -> Response {
         let t = now();
         let minute = t - t.rem_euclid(SAMPLE_STEP);
-        let cached = (self.history.lock().unwrap_or_else(|e| e.into_inner()))
-            .as_ref()
-            .filter(|(m, at, _)| *m == minute && at.elapsed() < HISTORY_FRESH)
-            .map(|(_, _, b)| b.clone());
-        let body = match cached {
-            Some(b) => b,
-            None => {
-                // One read at a time: the others wait for it, then share it.
-                let Ok(_turn) =
-                    tokio::time::timeout(self.cfg.io_timeout, self.workers.acquire()).await
-                else {
-                    return error(503, "the directory is busy: retry in a second");
-                };
-                let again = (self.history.lock().unwrap_or_else(|e| e.into_inner()))
-                    .as_ref()
-                    .filter(|(m, at, _)| *m == minute && at.elapsed() < HISTORY_FRESH)
-                    .map(|(_, _, b)| b.clone());
-                match again {
-                    Some(b) => b,
-                    None => match self.stored(self.store.samples(t - 86_400)).await {
-                        Ok(v) => {
-                            let b = Bytes::from(
-                                serde_json::json!({"step": SAMPLE_STEP, "samples": v}).to_string(),
-                            );
-                            *self.history.lock().unwrap_or_else(|e| e.into_inner()) =
-                                Some((minute, Instant::now(), b.clone()));
-                            b
-                        }
-                        Err(e) => return error(503, &e),
-                    },
-                }
-            }
+        let cached = || {
+            (self.history.lock().unwrap_or_else(|e| e.into_inner()))
+                .as_ref()
+                .filter(|(m, at, _, _)| *m == minute && at.elapsed() < HISTORY_FRESH)
+                .map(|(_, _, b, r)| (b.clone(), r.clone()))
         };
-        match self.room(body.len(), peer).await {
-            Ok(room) => json_held(body, room),
-            Err(e) => e,
+        if let Some(hit) = cached() {
+            return self.again(hit, peer).await;
         }
+        // Room as large as the last answer, before the turn: a turn is
+        // never held waiting for an address's share.
+        use std::sync::atomic::Ordering::Relaxed;
+        let mut room = match self.room(self.history_bytes.load(Relaxed), peer).await {
+            Ok(r) => r,
+            Err(e) => return e,
+        };
+        // One read at a time: the others wait for it, then share it.
+        let Ok(_turn) = tokio::time::timeout(self.cfg.io_timeout, self.workers.acquire()).await
+        else {
+            return error(503, "the directory is busy: retry in a second");
+        };
+        if let Some(hit) = cached() {
+            drop((_turn, room));
+            return self.again(hit, peer).await;
+        }
+        let samples = match self.stored(self.store.samples(t - 86_400)).await {
+            Ok(v) => v,
+            Err(e) => return error(503, &e),
+        };
+        let body =
+            Bytes::from(serde_json::json!({"step": SAMPLE_STEP, "samples": samples}).to_string());
+        if let Err(e) = self
+            .budget
+            .grow(&mut room, body.len(), self.cfg.io_timeout)
+            .await
+        {
+            return self.refusal(e);
+        }
+        self.history_bytes.store(body.len(), Relaxed);
+        *self.history.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some((minute, Instant::now(), body.clone(), room.body()));
+        drop(_turn);
+        json_held(body, room)
     }
 
     /// `GET /metrics`, its room (as large as the last) taken from the body
