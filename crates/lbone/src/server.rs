@@ -144,7 +144,7 @@ pub struct LBone {
     budget: Arc<Budget>,
     /// The last history answer: its sample time, when it was made, its
     /// body and reservation.
-    history: std::sync::Mutex<Option<(i64, Instant, Bytes, Arc<budget::Reserved>)>>,
+    history: std::sync::Mutex<Option<(i64, Answered)>>,
     /// Bytes of the last history answer.
     history_bytes: std::sync::atomic::AtomicUsize,
     /// Bytes of the last `/metrics` text.
@@ -722,8 +722,8 @@ impl LBone {
         let cached = || {
             (self.history.lock().unwrap_or_else(|e| e.into_inner()))
                 .as_ref()
-                .filter(|(m, at, _, _)| *m == minute && at.elapsed() < HISTORY_FRESH)
-                .map(|(_, _, b, r)| (b.clone(), r.clone()))
+                .filter(|(m, (at, _, _))| *m == minute && at.elapsed() < HISTORY_FRESH)
+                .map(|(_, (_, b, r))| (b.clone(), r.clone()))
         };
         if let Some(hit) = cached() {
             return self.again(hit, peer).await;
@@ -759,7 +759,7 @@ impl LBone {
         }
         self.history_bytes.store(body.len(), Relaxed);
         *self.history.lock().unwrap_or_else(|e| e.into_inner()) =
-            Some((minute, Instant::now(), body.clone(), room.body()));
+            Some((minute, (Instant::now(), body.clone(), room.body())));
         drop(_turn);
         json_held(body, room)
     }
