@@ -130,12 +130,10 @@ impl Peers {
                 p.waiting.remove(&seq)?
             }
             None => {
-                let (_, p) = (t.iter_mut())
-                    .filter(|(ip, _)| **ip != newcomer.ip)
-                    .max_by_key(|(_, p)| p.open)?;
-                if p.open <= mine {
-                    return None;
-                }
+                let busy = |(ip, p): &(&IpAddr, &mut Peer)| {
+                    **ip != newcomer.ip && p.open > mine && p.all.iter().any(can)
+                };
+                let (_, p) = t.iter_mut().filter(busy).max_by_key(|(_, p)| p.open)?;
                 let seq = *p.all.iter().find(|&e| can(e))?.0;
                 let v = p.all.remove(&seq)?;
                 p.waiting.remove(&seq);

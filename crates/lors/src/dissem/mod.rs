@@ -716,9 +716,15 @@ async fn copy(
                     .run(&[&read.address(), site], Kind::Bytes(block.len()), send)
                     .await)
                     .map_err(|e| {
-                        // Not even reached: the source is at fault.
+                        // The SEND goes to the source: not reached, gone
+                        // mid-copy or talking nonsense, the source is at
+                        // fault (a destination that fails makes the source
+                        // answer with a status; a timeout may be either's).
                         let blame = match &e {
-                            lors_ibp::Error::Connect { .. } => Blame::From,
+                            lors_ibp::Error::Connect { .. }
+                            | lors_ibp::Error::Closed { .. }
+                            | lors_ibp::Error::Io { .. }
+                            | lors_ibp::Error::Protocol { .. } => Blame::From,
                             _ => Blame::Both,
                         };
                         (blame, e.to_string())
