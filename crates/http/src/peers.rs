@@ -46,6 +46,9 @@ struct Evict {
     busy: std::sync::atomic::AtomicBool,
     /// It holds a place (one waiting for a place has none to hand over).
     placed: std::sync::atomic::AtomicBool,
+    /// It was chosen to make room (its place goes to that newcomer only),
+    /// or its task has ended: never to be chosen again.
+    chosen: std::sync::atomic::AtomicBool,
 }
 
 /// One admitted connection; dropping it releases its place.
@@ -122,11 +125,15 @@ impl Peers {
         let mut t = self.lock();
         let mine = t.get(&newcomer.ip).map_or(0, |p| p.open);
         // One still waiting for its own place has none to hand over.
-        let can = |(s, e): (&u64, &Arc<Evict>)| *s != newcomer.seq && e.placed.load(Relaxed);
+        let can = |(s, e): (&u64, &Arc<Evict>)| {
+            *s != newcomer.seq && e.placed.load(Relaxed) && !e.chosen.load(Relaxed)
+        };
         let waits = |p: &Peer| p.open >= mine && p.waiting.iter().any(can);
         let victim = match t.values_mut().filter(|p| waits(p)).max_by_key(|p| p.open) {
             Some(p) => {
+                // Out of both lists: chosen once, never again.
                 let seq = *p.waiting.iter().find(|&e| can(e))?.0;
+                p.all.remove(&seq);
                 p.waiting.remove(&seq)?
             }
             None => {
@@ -142,10 +149,29 @@ impl Peers {
             }
         };
         let (tx, rx) = oneshot::channel();
+        victim.chosen.store(true, Relaxed);
         *victim.to.lock().unwrap_or_else(|e| e.into_inner()) = Some(tx);
         victim.close.notify_one();
         Some(rx)
     }
+}
+
+/// The place a newcomer waits for after [`Peers::evict_waiting`]: handed
+/// over by the connection closed for it, or — if that one's task ended
+/// first, its place back in `places` — taken from there; `None` after
+/// `wait`.
+pub async fn place_for(
+    handed: oneshot::Receiver<OwnedSemaphorePermit>,
+    places: Arc<tokio::sync::Semaphore>,
+    wait: Duration,
+) -> Option<OwnedSemaphorePermit> {
+    let take = async {
+        match handed.await {
+            Ok(p) => Some(p),
+            Err(_) => places.acquire_owned().await.ok(),
+        }
+    };
+    tokio::time::timeout(wait, take).await.ok().flatten()
 }
 
 impl Slot {
@@ -185,6 +211,17 @@ impl Slot {
     /// [`hand_over`](Slot::hand_over) its place.
     pub async fn evicted(&self) {
         self.evict.close.notified().await;
+    }
+
+    /// The connection's task has ended: it is no longer one to close to
+    /// make room (its place is gone with it), though requests of it may
+    /// still be finishing elsewhere (HTTP/2 streams).
+    pub fn ended(&self) {
+        if let Some(p) = self.peers.lock().get_mut(&self.ip) {
+            p.waiting.remove(&self.seq);
+            p.all.remove(&self.seq);
+        }
+        self.evict.chosen.store(true, Relaxed);
     }
 
     /// The connection holds its place now: it may be closed to make room.
@@ -236,6 +273,9 @@ impl Drop for Busy {
         *slot.idle_since.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
         // Listed again as a connection to close under pressure, at its
         // original age: the oldest idle ones go first.
+        if slot.evict.chosen.load(Relaxed) {
+            return;
+        }
         if let Some(p) = slot.peers.lock().get_mut(&slot.ip) {
             p.waiting.insert(slot.seq, slot.evict.clone());
         }
@@ -307,10 +347,12 @@ mod tests {
             peers.evict_waiting(&flood[1]).is_none(),
             "b holds fewer than a"
         );
-        // Every connection busy: the busiest address gives up its oldest.
+        // Every connection busy: the busiest address gives up its oldest
+        // not chosen already (a connection makes room for one newcomer).
         let busy = peers.evict_waiting(&mine);
         assert!(busy.is_some());
-        assert!(closed(&flood[0]).await && flood[0].evicted_busy());
+        assert!(closed(&flood[1]).await && flood[1].evicted_busy());
+        assert!(!closed(&flood[0]).await, "chosen once, never again");
         // Requests in flight per address, streams included.
         let r1 = flood[1].request().unwrap();
         let r2 = flood[2].request().unwrap();
@@ -319,11 +361,12 @@ mod tests {
         drop((r1, r2));
         assert!(flood[1].request().is_some());
         // A keep-alive connection between requests may be closed again.
-        let busy = flood[1].begin();
-        assert!(flood[1].idle_for().is_none());
+        let busy = flood[2].begin();
+        assert!(flood[2].idle_for().is_none());
         drop(busy);
-        assert!(flood[1].idle_for().is_some());
+        assert!(flood[2].idle_for().is_some());
         assert!(peers.evict_waiting(&mine).is_some());
+        assert!(closed(&flood[2]).await && !flood[2].evicted_busy());
         drop(flood);
         drop(mine);
         assert!(

@@ -20,7 +20,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tower::ServiceExt as _;
 
-use crate::peers::{Peers, Slot};
+use crate::peers::{Peers, Slot, place_for};
 use crate::stall::{Paced, Watched, watched};
 
 /// The bounds a server keeps.
@@ -110,6 +110,9 @@ const EVICT_WAIT: Duration = Duration::from_secs(2);
 /// How long a connection told to close may take to finish what is in
 /// flight.
 const DRAIN: Duration = Duration::from_secs(10);
+
+/// How long a connection closed to make room may take to go.
+const EVICT_DRAIN: Duration = Duration::from_millis(500);
 
 impl Limits {
     /// `router` behind the body-size, time and concurrency limits, as
@@ -247,13 +250,14 @@ pub async fn serve_tls(
         };
         let tls = tls.clone();
         let stall = limits.send_stall;
+        let places = places.clone();
         tasks.spawn(watched(
             async move {
                 let place = match place {
                     Ok(p) => p,
-                    Err(handed) => match tokio::time::timeout(EVICT_WAIT, handed).await {
-                        Ok(Ok(p)) => p,
-                        _ => return,
+                    Err(handed) => match place_for(handed, places, EVICT_WAIT).await {
+                        Some(p) => p,
+                        None => return,
                     },
                 };
                 slot.placed();
@@ -355,10 +359,16 @@ impl Connection {
         // busiest address's oldest), not waited for.
         if closing && !(evicted && slot.evicted_busy()) {
             conn.as_mut().graceful_shutdown();
-            let _ = tokio::time::timeout(DRAIN, conn.as_mut()).await;
+            // One closed to make room had nothing in flight by our count;
+            // if it does not go at once (a request body still unread
+            // behind an answer), it is cut: a newcomer waits for its place.
+            let drain = if evicted { EVICT_DRAIN } else { DRAIN };
+            let _ = tokio::time::timeout(drain, conn.as_mut()).await;
         }
-        if evicted {
-            slot.hand_over(place);
-        }
+        // Chosen to make room, whether it closed for that or on its own
+        // meanwhile: the newcomer waits for this place. Not to be chosen
+        // again: its streams may outlive it, its place does not.
+        slot.ended();
+        slot.hand_over(place);
     }
 }

@@ -17,7 +17,7 @@ use axum::http::header::{AUTHORIZATION, CACHE_CONTROL, CONTENT_TYPE, X_CONTENT_T
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::routing::{get, post};
 use http_body_util::Full;
-use lors_http::peers::{Peers, Slot};
+use lors_http::peers::{Peers, Slot, place_for};
 
 use crate::api;
 use crate::budget::{self, Budget, NoRoom, Room};
@@ -1053,12 +1053,13 @@ async fn legacy_loop(l: TcpListener, lb: Arc<LBone>, mut shutdown: watch::Receiv
             },
         };
         let lb = lb.clone();
+        let slots = slots.clone();
         tokio::spawn(async move {
             let place = match place {
                 Ok(p) => p,
-                Err(handed) => match tokio::time::timeout(EVICT_WAIT, handed).await {
-                    Ok(Ok(p)) => p,
-                    _ => return,
+                Err(handed) => match place_for(handed, slots, EVICT_WAIT).await {
+                    Some(p) => p,
+                    None => return,
                 },
             };
             slot.placed();
