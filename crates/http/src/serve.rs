@@ -355,20 +355,30 @@ impl Connection {
                 }
             }
         };
+        // Closed to make room: the newcomer gets the place at once, and
+        // this one goes within moments (a socket over the limit briefly).
+        let place = if evicted {
+            slot.hand_over(place);
+            None
+        } else {
+            Some(place)
+        };
         // Closed to make room while busy: its requests are cut (it is the
         // busiest address's oldest), not waited for.
         if closing && !(evicted && slot.evicted_busy()) {
             conn.as_mut().graceful_shutdown();
             // One closed to make room had nothing in flight by our count;
             // if it does not go at once (a request body still unread
-            // behind an answer), it is cut: a newcomer waits for its place.
+            // behind an answer), it is cut.
             let drain = if evicted { EVICT_DRAIN } else { DRAIN };
             let _ = tokio::time::timeout(drain, conn.as_mut()).await;
         }
-        // Chosen to make room, whether it closed for that or on its own
-        // meanwhile: the newcomer waits for this place. Not to be chosen
-        // again: its streams may outlive it, its place does not.
+        // Chosen to make room as it closed on its own: the newcomer waits
+        // for this place. Not to be chosen again: its streams may outlive
+        // it, its place does not.
         slot.ended();
-        slot.hand_over(place);
+        if let Some(place) = place {
+            slot.hand_over(place);
+        }
     }
 }
