@@ -631,6 +631,14 @@ def h2_flood(addrs: list[str], conns: int, streams: int, make, stop, every: floa
 LBONE_ADDR: list = [None]
 
 
+def measure_lbone(res: Result, srv: Server, attack, settle: float) -> None:
+    """measure() and finish() for an L-Bone attack, 40 tries, with the p99
+    bound beside the max."""
+    measure(res, lbone_round_trip, srv.addr, attack, settle=settle, tries=40)
+    finish(res, srv, None)
+    legit_tail(res)
+
+
 def legit_tail(res: Result) -> None:
     """The p99 bound beside the max: 50 ms (THREAT-MODEL.md)."""
     xs = sorted(res.under)
@@ -666,9 +674,7 @@ def h2_stalled(work: Path, depots: int) -> Result:
             c.request("GET", "/api/v1/depots?all=1" if i % 2 == 0 else "/api/v1/history")
         seen.extend(h2_flood([f"127.0.30.{a}" for a in range(1, 9)], 8, 16, make, stop))
 
-    measure(res, lbone_round_trip, srv.addr, attack, settle=6.0, tries=40)
-    finish(res, srv, None)
-    legit_tail(res)
+    measure_lbone(res, srv, attack, 6.0)
     res.notes.append(f"{sum(c.heads for c in seen)} answers headed, {sum(c.resets for c in seen)} streams reset")
     srv.stop()
     return res
@@ -715,9 +721,7 @@ def slow_bodies(work: Path) -> Result:
                 item[1].close()
         h2.join(10)
 
-    measure(res, lbone_round_trip, srv.addr, attack, settle=3.0, tries=40)
-    finish(res, srv, None)
-    legit_tail(res)
+    measure_lbone(res, srv, attack, 3.0)
     for _, r in held:
         r.close()
     srv.stop()
@@ -735,9 +739,7 @@ def history_flood(work: Path) -> Result:
         seen.extend(h2_flood(["127.0.33.1"], 32, 32, lambda c, i: c.request("GET", "/api/v1/history"),
                              stop, 0.2, 1 << 20))
 
-    measure(res, lbone_round_trip, srv.addr, attack, settle=2.0, tries=40)
-    finish(res, srv, None)
-    legit_tail(res)
+    measure_lbone(res, srv, attack, 2.0)
     res.notes.append(f"{sum(c.heads for c in seen)} answers headed (429 beyond the address's 32 in flight)")
     srv.stop()
     return res

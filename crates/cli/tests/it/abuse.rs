@@ -483,7 +483,7 @@ pub(crate) fn post(path: &str, token: Option<&str>, body: &str) -> String {
     )
 }
 
-pub(crate) fn registration(host: &str, city: &str) -> String {
+fn registration(host: &str, city: &str) -> String {
     serde_json::json!({
         "host": host,
         "port": 6714,
@@ -494,6 +494,20 @@ pub(crate) fn registration(host: &str, city: &str) -> String {
         "version": "test",
     })
     .to_string()
+}
+
+/// `n` depots registered with `lb`, each with a 240-character city: a
+/// listing of about 1 KB a depot.
+pub(crate) async fn register_many(lb: &LboneProc, n: usize) {
+    for i in 0..n {
+        let req = post(
+            "/api/v1/register",
+            Some(&lb.token),
+            &registration(&format!("depot{i}.example.org"), &"Brno".repeat(60)),
+        );
+        let (s, body) = http_from(&lb.http, "127.0.0.1", &req).await;
+        assert_eq!(s, Some(200), "{body}");
+    }
 }
 
 fn db_bytes(dir: &Path) -> u64 {
@@ -617,15 +631,7 @@ async fn lbone_concurrent_listings_share_memory() {
     let dir = tempdir();
     let lb = LboneProc::start(dir.path(), &[]);
     // 2,000 depots with long place names: a listing of a few MB.
-    for i in 0..2000 {
-        let req = post(
-            "/api/v1/register",
-            Some(&lb.token),
-            &registration(&format!("depot{i}.example.org"), &"Brno".repeat(60)),
-        );
-        let (s, body) = http_from(&lb.http, "127.0.0.1", &req).await;
-        assert_eq!(s, Some(200), "{body}");
-    }
+    register_many(&lb, 2000).await;
     let (s, one) = http_from(
         &lb.http,
         "127.0.0.1",

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use crate::abuse::{http_from, post, registration};
+use crate::abuse::{http_from, post, register_many};
 use crate::util::{LboneProc, tempdir};
 
 /// An h2c connection from `from` whose streams never open their receive
@@ -25,6 +25,10 @@ async fn stingy(addr: &str, from: &str) -> Option<h2::client::SendRequest<Bytes>
     Some(client)
 }
 
+/// A stream opened and never read: its answer, and its request body's
+/// sender when the body is left unfinished.
+type Held = (h2::client::ResponseFuture, Option<h2::SendStream<Bytes>>);
+
 /// Opens as many streams on `c` as the server lets it (up to `most`),
 /// each a request for `path` (with `body` sent but never finished, if
 /// given); returns their response futures, to be held and never read.
@@ -34,7 +38,7 @@ async fn streams(
     path: &str,
     body: Option<&'static [u8]>,
     most: usize,
-) -> Vec<(h2::client::ResponseFuture, Option<h2::SendStream<Bytes>>)> {
+) -> Vec<Held> {
     let mut held = Vec::new();
     for _ in 0..most {
         let ready = tokio::time::timeout(Duration::from_millis(300), c.clone().ready()).await;
@@ -79,16 +83,28 @@ async fn legit(lb: &LboneProc, rounds: usize) -> (Vec<Option<u16>>, Duration) {
     (statuses, slowest)
 }
 
-async fn register(lb: &LboneProc, n: usize) {
-    for i in 0..n {
-        let req = post(
-            "/api/v1/register",
-            Some(&lb.token),
-            &registration(&format!("depot{i}.example.org"), &"Brno".repeat(60)),
-        );
-        let (s, body) = http_from(&lb.http, "127.0.0.1", &req).await;
-        assert_eq!(s, Some(200), "{body}");
+/// `conns` stingy h2c connections from `from`, each with as many streams
+/// of `method path` as the server lets it open (up to `most`); the streams
+/// and the connections, to be held.
+async fn flood_from(
+    lb: &LboneProc,
+    from: &str,
+    conns: usize,
+    method: &str,
+    path: &str,
+    body: Option<&'static [u8]>,
+    most: usize,
+) -> (Vec<Held>, Vec<h2::client::SendRequest<Bytes>>) {
+    let mut held = Vec::new();
+    let mut open = Vec::new();
+    for _ in 0..conns {
+        let Some(mut c) = stingy(&lb.http, from).await else {
+            continue;
+        };
+        held.extend(streams(&mut c, method, path, body, most).await);
+        open.push(c);
     }
+    (held, open)
 }
 
 /// Items 2 and 3: listings and histories on h2 streams whose window never
@@ -100,7 +116,7 @@ async fn register(lb: &LboneProc, n: usize) {
 async fn streams_that_never_read_hold_nothing_for_long() {
     let dir = tempdir();
     let lb = LboneProc::start(dir.path(), &[]);
-    register(&lb, 600).await;
+    register_many(&lb, 600).await;
     let mut held = Vec::new();
     let mut conns = Vec::new();
     for a in 1..=8 {
@@ -150,16 +166,17 @@ async fn streams_that_never_read_hold_nothing_for_long() {
 async fn bodies_that_never_finish_take_no_one_elses_turn() {
     let dir = tempdir();
     let lb = LboneProc::start(dir.path(), &[]);
-    register(&lb, 5).await;
-    let mut held = Vec::new();
-    let mut conns = Vec::new();
-    for _ in 0..32 {
-        let Some(mut c) = stingy(&lb.http, "127.0.21.1").await else {
-            continue;
-        };
-        held.extend(streams(&mut c, "POST", "/api/v1/rates", Some(b"{\"rates\":["), 64).await);
-        conns.push(c);
-    }
+    register_many(&lb, 5).await;
+    let (held, conns) = flood_from(
+        &lb,
+        "127.0.21.1",
+        32,
+        "POST",
+        "/api/v1/rates",
+        Some(b"{\"rates\":["),
+        64,
+    )
+    .await;
     eprintln!("{} unfinished POST streams", held.len());
     let (statuses, slowest) = legit(&lb, 4).await;
     assert!(
@@ -194,16 +211,8 @@ async fn bodies_that_never_finish_take_no_one_elses_turn() {
 async fn a_history_flood_is_turned_away_at_the_door() {
     let dir = tempdir();
     let lb = LboneProc::start(dir.path(), &[]);
-    register(&lb, 5).await;
-    let mut held = Vec::new();
-    let mut conns = Vec::new();
-    for _ in 0..32 {
-        let Some(mut c) = stingy(&lb.http, "127.0.23.1").await else {
-            continue;
-        };
-        held.extend(streams(&mut c, "GET", "/api/v1/history", None, 32).await);
-        conns.push(c);
-    }
+    register_many(&lb, 5).await;
+    let (held, conns) = flood_from(&lb, "127.0.23.1", 32, "GET", "/api/v1/history", None, 32).await;
     let (statuses, _) = legit(&lb, 3).await;
     assert!(statuses.iter().all(|s| *s == Some(200)), "{statuses:?}");
     let mut by_status = std::collections::BTreeMap::new();
