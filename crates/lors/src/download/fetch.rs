@@ -64,7 +64,10 @@ pub(super) async fn worker(ctx: Arc<Ctx>, d: DepotId, conn: usize, tx: Option<mp
         }
         // Taken before picking, so a worker waiting for a slot holds no piece.
         let slot = match &ctx.slots {
-            Some(s) => Some(s.clone().acquire_owned().await),
+            Some(s) => match thread_slot(&ctx, &depot, s).await {
+                Some(slot) => Some(slot),
+                None => continue,
+            },
             None => None,
         };
         let (mut share, mut mem) = memory(&ctx, d).await;
@@ -168,6 +171,28 @@ pub(super) async fn worker(ctx: Arc<Ctx>, d: DepotId, conn: usize, tx: Option<mp
         }
         ctx.lock().writing -= 1;
         ctx.wake.notify_waiters();
+    }
+}
+
+/// A `threads` slot for a connection of `depot`; `None` once it served a
+/// read a rebuild asked of it while waiting. The rebuild holds a slot of
+/// its own for those reads: with every slot taken by rebuilds, the
+/// connections they ask would otherwise wait for them, and they for the
+/// connections.
+async fn thread_slot(
+    ctx: &Ctx,
+    depot: &str,
+    slots: &Arc<tokio::sync::Semaphore>,
+) -> Option<Result<tokio::sync::OwnedSemaphorePermit, tokio::sync::AcquireError>> {
+    let asked = ctx.wake.notified();
+    tokio::pin!(asked);
+    asked.as_mut().enable();
+    tokio::select! {
+        slot = slots.clone().acquire_owned() => Some(slot),
+        () = asked => {
+            ctx.serve_urgent(depot).await;
+            None
+        }
     }
 }
 

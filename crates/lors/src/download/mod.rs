@@ -363,10 +363,15 @@ impl Ctx {
             }
             let withdrawn =
                 state.compare_exchange(QUEUED, WITHDRAWN, Ordering::AcqRel, Ordering::Acquire);
-            match (withdrawn, rx.await) {
-                (Err(_), Ok(r)) => r,
-                _ => paid_load(&pool, &cap, offset, len).await,
+            // Withdrawn, the read stays queued until a connection skips it:
+            // waiting for its answer then would wait for connections that
+            // may all be waiting for what this read is part of.
+            if withdrawn.is_err()
+                && let Ok(r) = rx.await
+            {
+                return r;
             }
+            paid_load(&pool, &cap, offset, len).await
         }
     }
 

@@ -969,11 +969,13 @@ impl Sched {
                 continue;
             }
             // A last-resort depot leaves pieces to the others while they can;
-            // a slow one to a rebuilder too.
+            // a slow or stalled one to a rebuilder too (a stalled depot's
+            // fetch is not timed again: it would wait for the timeout).
             let rebuilt = |e: &DepotId| self.cfg.rebuilders.contains(e) && !self.depots[*e].dead;
+            let lagging = self.depots[d].slow || self.depots[d].stalled;
             if last_resort
                 && (others.iter().any(|&e| !self.is_last_resort(e))
-                    || (self.depots[d].slow && others.iter().any(rebuilt)))
+                    || (lagging && others.iter().any(rebuilt)))
             {
                 could_later = true;
                 continue;
