@@ -420,6 +420,13 @@ impl Erasure {
         Ok(Some(e))
     }
 
+    /// Removes the record from `x`'s metadata: its blocks are then read as
+    /// an ordinary striped file's.
+    pub fn forget(x: &mut ExNode) {
+        let record = [META_CODEC, META_DATA, META_PARITY, META_BLOCK, META_SIZE];
+        x.metadata.retain(|m| !record.contains(&m.name.as_str()));
+    }
+
     /// The exNode metadata recording it.
     pub fn metadata(&self) -> Vec<Metadata> {
         let int = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);

@@ -607,6 +607,7 @@ pub fn trim(x: &ExNode, sel: &Selection, allow_holes: bool) -> Result<Trimmed> {
         mappings: Vec::new(),
     };
     let mut dropped = Vec::new();
+    let mut parity = Vec::new();
     for (i, m) in x.allocations().enumerate() {
         if sel.contains(i, m) {
             dropped.push((i, m.clone()));
@@ -614,8 +615,19 @@ pub fn trim(x: &ExNode, sel: &Selection, allow_holes: bool) -> Result<Trimmed> {
         }
         match i < x.mappings.len() {
             true => keep.mappings.push(m.clone()),
-            false => keep.parity.push(m.clone()),
+            false => parity.push((i, m.clone())),
         }
+    }
+    keep.parity = parity.iter().map(|(_, m)| m.clone()).collect();
+    if erasure.is_some() && lors_exnode::erasure::Erasure::of(&keep).is_err() {
+        // Holes allowed and whole stripes gone: the record no longer
+        // describes what is left, and parity cannot rebuild a stripe with
+        // nothing left of it. The file becomes its remaining data blocks;
+        // the parity goes with the rest.
+        lors_exnode::erasure::Erasure::forget(&mut keep);
+        keep.parity.clear();
+        dropped.extend(parity);
+        dropped.sort_by_key(|(i, _)| *i);
     }
     Ok(Trimmed {
         exnode: keep,
@@ -787,22 +799,45 @@ impl Probe {
 /// depot cannot be reached its other mappings are reported unreachable
 /// without waiting for it again.
 pub async fn probe_all(x: &ExNode, pool: &Pool) -> Vec<Probe> {
-    let jobs = x
-        .allocations()
-        .enumerate()
-        .filter_map(|(i, m)| {
-            let c = m.manage.as_ref().or(m.read.as_ref()).or(m.write.as_ref())?;
-            Some((i, c.clone()))
-        })
+    probe_many(&[x], pool).await.pop().unwrap_or_default()
+}
+
+/// [`probe_all`] of several exNodes at once: each depot is asked about
+/// all of their allocations over its own connections, and a depot that
+/// does not answer costs one timeout for the lot, not one per exNode.
+///
+/// ```no_run
+/// # async fn f(a: lors_exnode::ExNode, b: lors_exnode::ExNode, pool: lors::Pool) {
+/// let probes = lors::manage::probe_many(&[&a, &b], &pool).await;
+/// assert_eq!(probes[1].len(), b.allocations().count());
+/// # }
+/// ```
+pub async fn probe_many(xs: &[&ExNode], pool: &Pool) -> Vec<Vec<Probe>> {
+    // Allocation i of exNode f is job starts[f] + i.
+    let mut starts = Vec::with_capacity(xs.len());
+    let mut jobs = Vec::new();
+    let mut total = 0usize;
+    for x in xs {
+        starts.push(total);
+        for (i, m) in x.allocations().enumerate() {
+            if let Some(c) = m.manage.as_ref().or(m.read.as_ref()).or(m.write.as_ref()) {
+                jobs.push((total + i, c.clone()));
+            }
+        }
+        total += x.allocations().count();
+    }
+    let mut out: Vec<Vec<Probe>> = (xs.iter())
+        .map(|x| vec![Probe::Failed("no capability".into()); x.allocations().count()])
         .collect();
-    let mut out = vec![Probe::Failed("no capability".into()); x.allocations().count()];
-    for (i, r) in by_depot(jobs, pool, &NoProgress, |mut c, _, cap| async move {
+    for (j, r) in by_depot(jobs, pool, &NoProgress, |mut c, _, cap| async move {
         let r = c.probe(&cap).await;
         (c, r)
     })
     .await
     {
-        out[i] = match r {
+        let f = starts.partition_point(|&s| s <= j) - 1;
+        let (x, i) = (xs[f], j - starts[f]);
+        out[f][i] = match r {
             Err(Failure::Skipped(why)) => Probe::Unreachable(why),
             Err(Failure::Silent(why)) => Probe::NoAnswer(why),
             Err(Failure::Op(e)) => Probe::from_result(Err(e)),

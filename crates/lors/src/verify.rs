@@ -4,16 +4,18 @@
 //! or vanished second copy goes unnoticed until the first one is lost too.
 //! [`verify`] reads every mapping whole, a few MiB at a time, the depots in
 //! parallel (one connection each), and checks each end-to-end block
-//! against its checksum (BLAKE3, MD5, an AEAD tag). Mappings stored as they
-//! are have nothing to check against: they are read through, which proves
-//! the depot still holds every byte, and reported as unchecked. Nothing is
-//! written anywhere.
+//! against its checksum (BLAKE3, MD5, an AEAD tag). An erasure-coded file's
+//! parity blocks are read too, each checked against the BLAKE3 digest of
+//! the parity its data encoded to at upload (or repair). Mappings stored as
+//! they are, without a digest, have nothing to check against: they are
+//! read through, which proves the depot still holds every byte, and
+//! reported as unchecked. Nothing is written anywhere.
 //!
 //! ```no_run
 //! # async fn f(x: lors_exnode::ExNode, pool: lors::Pool) -> Result<(), lors::plan::PlanError> {
 //! use std::sync::Arc;
 //! let report = lors::verify::verify(&x, &pool, Arc::new(lors::NoProgress)).await?;
-//! for (m, check) in x.mappings.iter().zip(&report) {
+//! for (m, check) in x.allocations().zip(&report) {
 //!     println!("{} {}: {}", m.exnode_offset, check.state(), check.reason());
 //! }
 //! # Ok(()) }
@@ -23,7 +25,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use lors_exnode::ExNode;
-use lors_exnode::functions::{Codec, E2eError, Slice};
+use lors_exnode::functions::{Codec, E2eError, STORED_BLAKE3, Slice};
 
 use crate::manage::{Failure, Probe, by_depot};
 use crate::plan::{PlanError, check_geometry};
@@ -101,15 +103,24 @@ struct Part {
     codec: Option<(Codec, Option<Slice>)>,
 }
 
-/// The parts mapping `m` is read in, of about `chunk` bytes.
+/// Whether mapping `m` records the digest of its stored bytes.
+fn has_digest(m: &lors_exnode::Mapping) -> bool {
+    m.metadata.iter().any(|d| d.name == STORED_BLAKE3)
+}
+
+/// The parts allocation `m` is read in, of about `chunk` bytes.
 fn parts(x: &ExNode, m: usize, chunk: u64) -> Vec<Part> {
-    let map = &x.mappings[m];
+    let Some(map) = x.allocation(m) else {
+        return Vec::new();
+    };
     let len = map.logical_length;
     // (Mappings whose functions cannot be undone are not read at all.)
     let codec = Codec::from_mapping(map).ok().flatten();
     let step = match &codec {
         Some(c) if c.is_sliceable(map) => chunk.next_multiple_of(c.e2e_blocksize().max(1)),
         Some(_) => len,
+        // Its digest is of the whole stored block: read in one.
+        None if has_digest(map) => len,
         None => chunk,
     };
     let part = |logical: Range<u64>| {
@@ -135,9 +146,10 @@ fn parts(x: &ExNode, m: usize, chunk: u64) -> Vec<Part> {
         .collect()
 }
 
-/// Reads every readable mapping of `x` back and checks it; one [`Check`]
-/// per mapping, in the exNode's order (a mapping without a read capability
-/// is unreadable). `progress` counts stored bytes read. An exNode whose
+/// Reads every readable allocation of `x` back and checks it; one
+/// [`Check`] per allocation, in the order of [`ExNode::allocations`]
+/// (mappings, then parity blocks; one without a read capability is
+/// unreadable). `progress` counts stored bytes read. An exNode whose
 /// sizes cannot be right is refused before any read, as a download
 /// refuses it.
 pub async fn verify(
@@ -146,22 +158,25 @@ pub async fn verify(
     progress: Arc<dyn Progress>,
 ) -> Result<Vec<Check>, PlanError> {
     check_geometry(&x.mappings)?;
-    let out: Vec<Check> = (x.mappings.iter())
+    let out: Vec<Check> = (x.allocations())
         .map(|m| match (&m.read, Codec::from_mapping(m)) {
             (None, _) => Check::Unreadable(Probe::Failed("no read capability".into())),
             (_, Err(e)) => Check::Unreadable(Probe::Failed(format!("unusable function: {e}"))),
             (Some(_), Ok(Some(_))) => Check::Good,
+            (Some(_), Ok(None)) if has_digest(m) => Check::Good,
             (Some(_), Ok(None)) => Check::Unchecked,
         })
         .collect();
-    let readable = || (0..x.mappings.len()).filter(|&m| !matches!(out[m], Check::Unreadable(_)));
+    let count = out.len();
+    let readable = || (0..count).filter(|&m| !matches!(out[m], Check::Unreadable(_)));
+    let length = |m: usize| x.allocation(m).map_or(0, |a| a.logical_length);
     // As a download plans: however much there is, a bounded number of
     // parts, larger ones for more data.
-    let bytes = readable().fold(0u64, |a, m| a.saturating_add(x.mappings[m].logical_length));
+    let bytes = readable().fold(0u64, |a, m| a.saturating_add(length(m)));
     let chunk = crate::plan::piece_for(bytes, CHUNK)?;
     let all: Vec<Part> = readable().flat_map(|m| parts(x, m, chunk)).collect();
     let jobs = (all.iter().enumerate())
-        .filter_map(|(j, p)| Some((j, x.mappings[p.mapping].read.clone()?)))
+        .filter_map(|(j, p)| Some((j, x.allocation(p.mapping)?.read.clone()?)))
         .collect();
     let total = (all.iter())
         .map(|p| p.stored.end - p.stored.start)
@@ -214,7 +229,9 @@ async fn read_part(
     p: &Part,
     cap: &lors_ibp::caps::Capability,
 ) -> lors_ibp::Result<Option<(Range<u64>, String)>> {
-    let m = &x.mappings[p.mapping];
+    let Some(m) = x.allocation(p.mapping) else {
+        return Ok(None);
+    };
     let mut buf = bytes::BytesMut::new();
     let (at, n) = (
         m.alloc_offset + p.stored.start,
@@ -222,7 +239,13 @@ async fn read_part(
     );
     c.load_buf(cap, at, n, &mut buf).await?;
     let Some((codec, slice)) = p.codec.clone() else {
-        return Ok(None); // stored as is: read whole is all there is
+        // Stored as is: its digest, if it records one; else read whole is
+        // all there is.
+        let whole = m.logical_length;
+        let at = m.exnode_offset;
+        return Ok(Codec::check_stored_digest(m, &buf)
+            .err()
+            .map(|e| (at..at + whole.max(1), e.to_string())));
     };
     let bs = codec.e2e_blocksize().max(1);
     // The range in the file of block `i` of this mapping, and why.

@@ -23,9 +23,10 @@ pub struct Args {
     exnode: ExnodeRef,
     #[command(flatten)]
     targets: super::Targets,
-    /// Replicas per block on the targets.
-    #[arg(short, long, default_value_t = 1)]
-    copies: usize,
+    /// Replicas per block on the targets [default: as many as the file
+    /// keeps now, else `copies=`, `LORS_COPIES` or `COPIES`, else 1].
+    #[arg(short, long)]
+    copies: Option<usize>,
     #[command(flatten)]
     lease: super::LeaseOpts,
     #[command(flatten)]
@@ -40,13 +41,24 @@ pub struct Args {
     report: ReportOpts,
 }
 
-pub fn run(a: Args) -> anyhow::Result<()> {
+pub fn run(mut a: Args) -> anyhow::Result<()> {
     let flags = a.lease.layer(a.targets.layer());
     let s = super::settings(&a.net, flags, Some(&a.exnode))?;
     let x = lors::xnd::load(&a.exnode.path)?;
+    let coded = lors_exnode::erasure::Erasure::of(&x)?;
+    // A move keeps the file as safe as it was: its copy count unless -c
+    // says otherwise.
+    let copies = match (a.copies, &coded) {
+        (Some(0), _) => {
+            return Err(UsageError("-c 0: a route keeps at least one copy".into()).into());
+        }
+        (Some(n), _) => n,
+        (None, Some(_)) => 1,
+        (None, None) => lors::manage::copies_policy(&x).or(s.copies).unwrap_or(1),
+    };
     // A coded file moves block by block, each stripe onto as many depots.
-    let spread = match lors_exnode::erasure::Erasure::of(&x)? {
-        Some(_) if a.copies != 1 => {
+    let spread = match coded {
+        Some(_) if copies != 1 => {
             return Err(UsageError(
                 "-c: an erasure-coded file keeps one copy of each block; its parity is its redundancy".into(),
             )
@@ -58,7 +70,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     // Replicas already on a target count toward the copies wanted.
     let progress = Reporter::new("route", Unit::Bytes, &a.report, false);
     let rt = super::runtime(super::Threads::Many)?;
-    let want = spread.map_or(a.copies, |e| e.blocks());
+    a.copies = Some(copies);
+    let want = spread.map_or(copies, |e| e.blocks());
     let targets = a.targets.find(&rt, &x, &s, want, false)?.depots;
     if let Some(e) = spread.filter(|e| targets.len() < e.blocks()) {
         return Err(UsageError(format!(
@@ -102,7 +115,7 @@ fn route(
         stop: Some(stop),
     };
     let y = rt.block_on(async {
-        let want = Replicas::OnTargets(a.copies);
+        let want = Replicas::OnTargets(a.copies.unwrap_or(1));
         lors::manage::replicate(x, targets, want, &opts, pool, progress.as_ref()).await
     });
     progress.finish();
@@ -121,7 +134,13 @@ fn route(
         return Err(crate::commands::interrupted(&signal));
     }
     let y = super::upload::copies_outcome("route", y, out, &signal)?;
-    let t = lors::manage::trim(&y, &Selection::NotOn(targets.to_vec()), false)?;
+    let mut t = lors::manage::trim(&y, &Selection::NotOn(targets.to_vec()), false)?;
+    if lors_exnode::erasure::Erasure::of(&t.exnode)?.is_none() {
+        // What the file keeps from now on, for writes and the keeper.
+        let n = i64::try_from(a.copies.unwrap_or(1)).unwrap_or(i64::MAX);
+        let policy = lors_exnode::model::Metadata::integer(lors::manage::COPIES_META, n);
+        t.exnode.set_meta(policy);
+    }
     // The new exNode is saved before anything only the old one named is
     // released: a failure or a kill in between leaves the old file or the
     // new one whole, and what is to be freed recorded in OUT.partial.

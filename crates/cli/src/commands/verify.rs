@@ -14,20 +14,24 @@ use crate::report::{ReportOpts, Reporter, Unit};
 expired second copy goes unnoticed until the first is lost too. verify reads
 every replica whole, the depots in parallel, and checks each end-to-end block
 (BLAKE3, MD5, AES-GCM/ChaCha20 tags). Replicas stored without checksums
-(`upload -n`) are read through and reported as unchecked.
+(`upload -n`) are read through and reported as unchecked. An erasure-coded
+file's parity blocks are read too, each checked against the digest of the
+parity its data encoded to; its bytes are lost only where a stripe has fewer
+good blocks than it has data blocks.
 
 Exit status: 0 when every replica is good or unchecked, 1 when any is
 corrupt or cannot be read.
 
 EXAMPLES:
   lors verify run42.xnd                   # the bad replicas, and a summary
-  lors verify --all data/*.xnd            # a line for every replica
+  lors verify --all data/                 # every exNode under data/, a line per replica
   lors verify --json run42.xnd | jq 'select(.state? and .state != \"good\")'
   lors trim -m 3 run42.xnd && lors augment -c 1 run42.xnd   # drop a bad replica, make a new one"
 )]
 pub struct Args {
-    /// The exNodes.
-    #[arg(value_parser = super::exnode_arg, value_name = "FILE.xnd|lors://…", required = true)]
+    /// The exNodes: files, or directories whose `*.xnd` files (at any
+    /// depth) are verified.
+    #[arg(value_parser = super::exnode_arg, value_name = "FILE.xnd|DIR|lors://…", required = true)]
     exnodes: Vec<ExnodeRef>,
     /// List every replica, the good ones too [default: only those that are
     /// not good].
@@ -45,25 +49,32 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let json = progress.is_json();
     let mut total = Summary::default();
     let mut report = Vec::new();
-    for r in &a.exnodes {
+    for (r, path) in files(&a.exnodes)? {
         let s = super::settings(&a.net, Default::default(), Some(r))?;
-        let x = lors::xnd::load(&r.path)?;
+        let x = lors::xnd::load(&path)?;
         // What a download would refuse is no file to vouch for.
         lors::plan::check_exnode(&x)?;
-        let name = r.path.display().to_string();
+        let name = path.display().to_string();
         let checks = rt.block_on(lors::verify::verify(
             &x,
             &Pool::new(s.client()),
             progress.clone(),
         ))?;
         let numbering = x.numbering();
-        let mut rows: Vec<(usize, usize)> = (0..x.mappings.len())
+        let mut rows: Vec<(usize, usize)> = (0..checks.len())
             .map(|i| (numbering.number(i), i))
             .collect();
         rows.sort_unstable();
         let mut lines = Vec::new();
+        let data = x.mappings.len();
         for (n, i) in rows {
-            let (m, c) = (&x.mappings[i], &checks[i]);
+            let (Some(m), c) = (x.allocation(i), &checks[i]) else {
+                continue;
+            };
+            let what = match i < data {
+                true => "mapping",
+                false => "parity block",
+            };
             let depot = m.depot().unwrap_or_default();
             if json {
                 lines.push(super::json_line(&Replica {
@@ -77,17 +88,19 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                     why: (!matches!(c, Check::Good)).then(|| c.reason()),
                 })?);
             } else if a.all || !c.is_good() {
+                let place = match m.shard().filter(|_| i >= data) {
+                    Some((stripe, index)) => format!("stripe {stripe} block {index}"),
+                    None => format!("bytes {}..{}", m.exnode_offset, m.logical_end()),
+                };
                 lines.push(format!(
-                    "  mapping {n}, bytes {}..{} on {depot}: {}: {}",
-                    m.exnode_offset,
-                    m.logical_end(),
+                    "  {what} {n}, {place} on {depot}: {}: {}",
                     c.state(),
                     c.reason()
                 ));
             }
         }
         let good: Vec<bool> = checks.iter().map(Check::is_good).collect();
-        let lost = lors::manage::uncovered(&x, &good);
+        let lost = lost(&x, &good)?;
         let mut file = Summary {
             replicas: checks.len(),
             good: checks.iter().filter(|c| matches!(c, Check::Good)).count(),
@@ -108,10 +121,13 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 }
             }
             let states: Vec<String> = states.iter().map(|(s, k)| format!("{k} {s}")).collect();
+            let of = match lors_exnode::erasure::Erasure::of(&x)? {
+                Some(e) => format!("blocks of {} stripes ({})", e.stripes(), e.scheme),
+                None => format!("replicas of {} blocks", lors::manage::blocks(&x).len()),
+            };
             report.push(format!(
-                "{name}: {} replicas of {} blocks: {}",
+                "{name}: {} {of}: {}",
                 file.replicas,
-                lors::manage::blocks(&x).len(),
                 states.join(", ")
             ));
         }
@@ -150,6 +166,46 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         total.replicas,
     );
     Ok(())
+}
+
+/// The exNodes named: files, and the `*.xnd` files under directories,
+/// each with the argument it came from (its settings).
+fn files(args: &[ExnodeRef]) -> anyhow::Result<Vec<(&ExnodeRef, std::path::PathBuf)>> {
+    let mut out = Vec::new();
+    for r in args {
+        if !r.path.is_dir() {
+            out.push((r, r.path.clone()));
+            continue;
+        }
+        let max = super::stat::MAX_FILES;
+        let mut w = super::stat::Walk::default();
+        super::stat::xnd_files(&r.path, &mut w, max)?;
+        anyhow::ensure!(
+            !w.truncated,
+            "more than {max} exNodes under {}: name fewer at once",
+            r.path.display()
+        );
+        for (p, why) in &w.skipped {
+            eprintln!("lors: {}: skipped: {why}", p.display());
+        }
+        out.extend(w.files.into_iter().map(|p| (r, p)));
+    }
+    Ok(out)
+}
+
+/// The byte ranges of `x` no good allocation can give back: bytes no good
+/// replica holds, or of an erasure-coded file the stripes with fewer than
+/// their data blocks' number of good blocks.
+fn lost(x: &lors_exnode::ExNode, good: &[bool]) -> anyhow::Result<Vec<(u64, u64)>> {
+    Ok(match lors_exnode::erasure::Erasure::of(x)? {
+        Some(e) => (e
+            .margins(x, |i| good.get(i).copied().unwrap_or(false))
+            .into_iter())
+        .filter(|m| m.margin < 0)
+        .map(|m| (m.bytes.start, m.bytes.end))
+        .collect(),
+        None => lors::manage::uncovered(x, good),
+    })
 }
 
 /// `--json`: one replica's check.

@@ -6,6 +6,8 @@ mod dashboard;
 mod depot;
 mod diskfull;
 mod dissem;
+mod ecmatrix;
+mod edges;
 mod erasure;
 mod federation;
 mod flood;

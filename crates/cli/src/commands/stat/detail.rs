@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use lors::manage::Probe;
 use lors::uri::ExnodeRef;
 
-use super::Args;
+use super::{Args, Stripes, StripesJson};
 
 /// One exNode in detail.
 pub(super) fn detail(a: &Args, r: &ExnodeRef) -> anyhow::Result<()> {
@@ -160,108 +160,6 @@ struct Summary<'a> {
     /// An erasure-coded file's stripes.
     #[serde(skip_serializing_if = "Option::is_none")]
     erasure: Option<StripesJson>,
-}
-
-/// An erasure-coded file's stripes, as probed.
-struct Stripes {
-    erasure: lors_exnode::erasure::Erasure,
-    margins: Vec<lors_exnode::erasure::Margin>,
-    data: usize,
-    parity: usize,
-}
-
-/// `--json`: the stripes of an erasure-coded file.
-#[derive(serde::Serialize)]
-struct StripesJson {
-    code: String,
-    stripes: usize,
-    /// Fewest further losses any stripe can take (negative: unreadable).
-    min_margin: i64,
-    /// Stripes one more loss would make unreadable.
-    at_margin_zero: Vec<u64>,
-    /// Stripes that cannot be read.
-    lost: Vec<u64>,
-}
-
-impl Stripes {
-    fn of(x: &lors_exnode::ExNode, probes: &[Probe]) -> anyhow::Result<Option<Stripes>> {
-        let Some(erasure) = lors_exnode::erasure::Erasure::of(x)? else {
-            return Ok(None);
-        };
-        let live = |i: usize| probes.get(i).is_some_and(Probe::is_live);
-        Ok(Some(Stripes {
-            erasure,
-            margins: erasure.margins(x, live),
-            data: x.mappings.len(),
-            parity: x.parity.len(),
-        }))
-    }
-
-    fn min_margin(&self) -> i64 {
-        self.margins
-            .iter()
-            .map(|m| m.margin)
-            .min()
-            .unwrap_or(self.erasure.scheme.parity as i64)
-    }
-
-    fn with(&self, f: impl Fn(i64) -> bool) -> Vec<u64> {
-        (self.margins.iter())
-            .filter(|m| f(m.margin))
-            .map(|m| m.stripe)
-            .collect()
-    }
-
-    fn json(&self) -> StripesJson {
-        StripesJson {
-            code: self.erasure.scheme.to_string(),
-            stripes: self.margins.len(),
-            min_margin: self.min_margin(),
-            at_margin_zero: self.with(|m| m == 0),
-            lost: self.with(|m| m < 0),
-        }
-    }
-
-    fn print(&self) -> anyhow::Result<()> {
-        let e = &self.erasure.scheme;
-        crate::commands::outln!(
-            "code:      erasure {e}: {} stripes, {} data and {} parity blocks",
-            self.margins.len(),
-            self.data,
-            self.parity
-        );
-        let list = |v: &[u64]| {
-            let mut s: Vec<String> = v.iter().take(10).map(u64::to_string).collect();
-            if v.len() > 10 {
-                s.push(format!("… ({} in all)", v.len()));
-            }
-            s.join(", ")
-        };
-        let (zero, lost) = (self.with(|m| m == 0), self.with(|m| m < 0));
-        let min = self.min_margin();
-        if min >= 0 {
-            crate::commands::outln!(
-                "margin:    every stripe can lose {min} more block{} ({} of {} at most)",
-                if min == 1 { "" } else { "s" },
-                e.parity,
-                e.blocks()
-            );
-        }
-        if !zero.is_empty() {
-            crate::commands::outln!(
-                "at margin 0: stripes {} (one more loss makes them unreadable); repair with `lors augment --repair`",
-                list(&zero)
-            );
-        }
-        if !lost.is_empty() {
-            crate::commands::outln!(
-                "lost:      stripes {} have fewer than {} live blocks",
-                list(&lost),
-                e.data
-            );
-        }
-        Ok(())
-    }
 }
 
 /// Mappings held by one depot.

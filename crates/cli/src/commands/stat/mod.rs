@@ -10,6 +10,7 @@ mod many;
 use detail::detail;
 use many::many;
 
+use lors::manage::Probe;
 use lors::uri::ExnodeRef;
 
 /// Summarize an exNode: size, blocks, replicas, depots, leases, problems;
@@ -113,4 +114,112 @@ pub(crate) fn xnd_files(dir: &Path, w: &mut Walk, max: usize) -> anyhow::Result<
         }
     }
     Ok(())
+}
+
+/// An erasure-coded file's stripes, as probed.
+pub(super) struct Stripes {
+    pub(super) erasure: lors_exnode::erasure::Erasure,
+    pub(super) margins: Vec<lors_exnode::erasure::Margin>,
+    data: usize,
+    parity: usize,
+}
+
+/// `--json`: the stripes of an erasure-coded file.
+#[derive(serde::Serialize)]
+pub(super) struct StripesJson {
+    pub(super) code: String,
+    pub(super) stripes: usize,
+    /// Fewest further losses any stripe can take (negative: unreadable).
+    pub(super) min_margin: i64,
+    /// Stripes one more loss would make unreadable.
+    pub(super) at_margin_zero: Vec<u64>,
+    /// Stripes that cannot be read.
+    pub(super) lost: Vec<u64>,
+    /// Blocks per stripe, data and parity.
+    pub(super) blocks: usize,
+    /// The margin of a stripe none of whose blocks is lost.
+    pub(super) full_margin: i64,
+}
+
+impl Stripes {
+    pub(super) fn of(x: &lors_exnode::ExNode, probes: &[Probe]) -> anyhow::Result<Option<Stripes>> {
+        let Some(erasure) = lors_exnode::erasure::Erasure::of(x)? else {
+            return Ok(None);
+        };
+        let live = |i: usize| probes.get(i).is_some_and(Probe::is_live);
+        Ok(Some(Stripes {
+            erasure,
+            margins: erasure.margins(x, live),
+            data: x.mappings.len(),
+            parity: x.parity.len(),
+        }))
+    }
+
+    pub(super) fn min_margin(&self) -> i64 {
+        self.margins
+            .iter()
+            .map(|m| m.margin)
+            .min()
+            .unwrap_or(self.erasure.scheme.parity as i64)
+    }
+
+    pub(super) fn with(&self, f: impl Fn(i64) -> bool) -> Vec<u64> {
+        (self.margins.iter())
+            .filter(|m| f(m.margin))
+            .map(|m| m.stripe)
+            .collect()
+    }
+
+    pub(super) fn json(&self) -> StripesJson {
+        StripesJson {
+            code: self.erasure.scheme.to_string(),
+            stripes: self.margins.len(),
+            min_margin: self.min_margin(),
+            at_margin_zero: self.with(|m| m == 0),
+            lost: self.with(|m| m < 0),
+            blocks: self.erasure.scheme.blocks(),
+            full_margin: self.erasure.scheme.parity as i64,
+        }
+    }
+
+    pub(super) fn print(&self) -> anyhow::Result<()> {
+        let e = &self.erasure.scheme;
+        crate::commands::outln!(
+            "code:      erasure {e}: {} stripes, {} data and {} parity blocks",
+            self.margins.len(),
+            self.data,
+            self.parity
+        );
+        let list = |v: &[u64]| {
+            let mut s: Vec<String> = v.iter().take(10).map(u64::to_string).collect();
+            if v.len() > 10 {
+                s.push(format!("… ({} in all)", v.len()));
+            }
+            s.join(", ")
+        };
+        let (zero, lost) = (self.with(|m| m == 0), self.with(|m| m < 0));
+        let min = self.min_margin();
+        if min >= 0 {
+            crate::commands::outln!(
+                "margin:    every stripe can lose {min} more block{} ({} of {} at most)",
+                if min == 1 { "" } else { "s" },
+                e.parity,
+                e.blocks()
+            );
+        }
+        if !zero.is_empty() {
+            crate::commands::outln!(
+                "at margin 0: stripes {} (one more loss makes them unreadable); repair with `lors augment --repair`",
+                list(&zero)
+            );
+        }
+        if !lost.is_empty() {
+            crate::commands::outln!(
+                "lost:      stripes {} have fewer than {} live blocks",
+                list(&lost),
+                e.data
+            );
+        }
+        Ok(())
+    }
 }
