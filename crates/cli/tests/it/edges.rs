@@ -221,3 +221,55 @@ fn stat_over_many_files_pays_for_a_hung_depot_once() {
     let (_, err) = r.expect("21 files with a hung depot take about one probe timeout, not 21");
     assert!(!err.contains("panicked"), "{err}");
 }
+
+/// `lors keep` over an erasure-coded file with a dead depot and no depot
+/// left to remake its blocks on: a line per stripe, each naming its own
+/// stripe, bytes and margin (every line used to repeat the first
+/// stripe's error); with a spare depot, the cycle counts the blocks it
+/// remade (it used to say "0 new replicas").
+#[test]
+fn keep_speaks_of_each_short_stripe_and_counts_blocks_remade() {
+    let dir = tempdir();
+    let mut ds = depots(7, dir.path());
+    let data = pattern(3 * 4 * (64 << 10) + 99, 31);
+    let six: Vec<&DepotProc> = ds[..6].iter().collect();
+    let xnd = upload(&six, dir.path(), "f", &data, &["--ec", "4+2", "-b", "64K"]);
+    let x = lors::xnd::load(&xnd).unwrap();
+    let dead = (ds.iter())
+        .position(|d| Some(&d.addr) == x.mappings[0].depot().as_ref())
+        .unwrap();
+    let hit: std::collections::BTreeSet<u64> = (x.allocations())
+        .filter(|m| m.depot().as_ref() == Some(&ds[dead].addr))
+        .filter_map(|m| m.shard().map(|(s, _)| s))
+        .collect();
+    ds[dead].kill9();
+    let five: Vec<&DepotProc> = (0..6).filter(|&i| i != dead).map(|i| &ds[i]).collect();
+    let path = xnd.to_str().unwrap();
+    let (ok, _, err) = lors(&["keep", "--once", "--depot", &list(&five), path]);
+    assert!(!ok, "{err}");
+    let lines: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("not made whole"))
+        .collect();
+    assert_eq!(lines.len(), hit.len(), "{err}");
+    for s in &hit {
+        let e = lors_exnode::erasure::Erasure::of(&x).unwrap().unwrap();
+        let r = e.stripe(*s);
+        let want = format!(
+            "stripe {s} (bytes {}..{}) can lose 1 more of its 6 blocks",
+            r.start, r.end
+        );
+        assert!(lines.iter().any(|l| l.contains(&want)), "{want}: {err}");
+    }
+    let mut all = five.clone();
+    all.push(&ds[6]);
+    let (ok, out, err) = lors(&["keep", "--once", "--depot", &list(&all), path]);
+    let out = String::from_utf8_lossy(&out);
+    assert!(ok, "{out}{err}");
+    let n = hit.len();
+    assert!(out.contains(&format!("{n} blocks remade")), "{out}");
+    assert!(
+        err.contains(&format!("0 new replicas, {n} blocks remade")),
+        "{err}"
+    );
+}

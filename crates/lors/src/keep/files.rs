@@ -105,11 +105,14 @@ pub struct Totals {
     pub not_refreshed: usize,
     /// Replicas made.
     pub healed: usize,
+    /// Blocks of erasure-coded files made again.
+    pub remade: usize,
     /// Mappings dropped.
     pub trimmed: usize,
     /// Bytes with no live replica.
     pub lost_bytes: u64,
-    /// Blocks short of their copies.
+    /// Blocks short of their copies, and stripes of erasure-coded files
+    /// below their full margin.
     pub short_blocks: usize,
     /// ExNodes that could not be kept.
     pub failed: usize,
@@ -125,10 +128,18 @@ impl Totals {
         self.corrupt += k.corrupt.len();
         self.refreshed += k.refreshed;
         self.not_refreshed += k.not_refreshed.len();
-        self.healed += k.healed;
+        match &k.stripes {
+            Some((_, short)) => {
+                self.remade += k.healed;
+                self.short_blocks += short.len();
+            }
+            None => {
+                self.healed += k.healed;
+                self.short_blocks += k.short.len();
+            }
+        }
         self.trimmed += k.trimmed;
         self.lost_bytes += k.lost.iter().map(|(s, e)| e - s).sum::<u64>();
-        self.short_blocks += k.short.len();
     }
 
     /// Whether everything is kept: nothing lost, short, unrefreshed or
@@ -163,9 +174,19 @@ pub async fn save_kept(
     k: &Kept,
     pool: &Arc<Pool>,
 ) -> Result<Vec<String>, SaveError> {
-    let made = &k.exnode.mappings[k.exnode.mappings.len() - k.healed..];
+    // What this cycle made: named by the kept exNode and not by the one
+    // it read (an erasure-coded file's new blocks are not all at the end,
+    // parity among them). Unreadable before: nothing is taken as new.
+    let old = lors_exnode::xml::parse(before).map(|x| crate::commit::named(&x));
+    let made: Vec<lors_exnode::Mapping> = match &old {
+        Ok(old) => (k.exnode.allocations())
+            .filter(|m| crate::commit::key(m).is_some_and(|key| !old.contains(&key)))
+            .cloned()
+            .collect(),
+        Err(_) => Vec::new(),
+    };
     if std::fs::read(path).ok().as_deref() != Some(before) {
-        release(made, pool).await;
+        release(&made, pool).await;
         return Err(SaveError::Changed);
     }
     // Named nowhere once the save is done: freed after it, recorded

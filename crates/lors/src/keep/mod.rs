@@ -105,6 +105,24 @@ pub struct Kept {
     /// The corrupt replicas dropped (their blocks have good ones): to be
     /// freed once the new exNode is written ([`release`]).
     pub dropped_corrupt: Vec<lors_exnode::Mapping>,
+    /// Of an erasure-coded file: its code, and each stripe left below its
+    /// full margin after the cycle (its blocks were not all made again),
+    /// with why. `short` and `heal_error` then say nothing more.
+    pub stripes: Option<(lors_exnode::erasure::Scheme, Vec<StripeShort>)>,
+}
+
+/// A stripe of an erasure-coded file still missing blocks after a cycle.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StripeShort {
+    /// The stripe.
+    pub stripe: u64,
+    /// Its bytes in the file.
+    pub bytes: std::ops::Range<u64>,
+    /// How many more of its blocks it can lose and still be read
+    /// (negative: it cannot be read now).
+    pub margin: i64,
+    /// Why its blocks were not made again.
+    pub why: String,
 }
 
 /// Reads back and checks the live mappings among `which`: the corrupt ones
@@ -197,6 +215,7 @@ pub async fn cycle(
         trimmed: s.trimmed,
         lost: s.lost,
         short: s.short,
+        stripes: None,
         heal_error,
     })
 }

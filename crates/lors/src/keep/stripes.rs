@@ -7,7 +7,7 @@ use std::sync::Arc;
 use lors_exnode::ExNode;
 use lors_exnode::erasure::Erasure;
 
-use super::{Kept, Policy};
+use super::{Kept, Policy, StripeShort};
 use crate::error::{Error, Result};
 use crate::manage::Probe;
 use crate::pool::Pool;
@@ -59,6 +59,7 @@ pub(super) async fn cycle(
         scrubbed: seen.scrubbed,
         corrupt: seen.corrupt,
         dropped_corrupt: Vec::new(),
+        stripes: Some((e.scheme, Vec::new())),
     };
     if whole {
         return Ok(kept);
@@ -74,6 +75,26 @@ pub(super) async fn cycle(
                 .failed
                 .first()
                 .map(|(s, why)| format!("stripe {s}: {why}"));
+            // Each stripe still short, with its own margin and reason.
+            // (A block made this cycle is live; one the input had, as probed.)
+            let after = &r.exnode;
+            let present = |i: usize| {
+                let m = after.allocation(i);
+                let old = m.and_then(|m| x.allocations().position(|o| o.read == m.read));
+                old.is_none_or(|o| probes[o].is_live())
+            };
+            let now = e.margins(after, present);
+            if let Some((_, list)) = kept.stripes.as_mut() {
+                for (s, why) in r.failed.iter().filter(|(s, _)| *s != u64::MAX) {
+                    let margin = now.iter().find(|m| m.stripe == *s).map_or(-1, |m| m.margin);
+                    list.push(StripeShort {
+                        stripe: *s,
+                        bytes: e.stripe(*s),
+                        margin,
+                        why: why.clone(),
+                    });
+                }
+            }
             kept.healed = r.blocks;
             kept.trimmed = r.dropped;
             kept.changed = r.blocks > 0 || r.dropped > 0;

@@ -13,6 +13,7 @@ pub(super) struct Metrics {
     cycles: Counter,
     refreshed: Counter,
     healed: Counter,
+    remade: Counter,
     trimmed: Counter,
     scrubbed_bytes: Counter,
     corrupt: Counter,
@@ -33,6 +34,7 @@ impl Default for Metrics {
             cycles: Default::default(),
             refreshed: Default::default(),
             healed: Default::default(),
+            remade: Default::default(),
             trimmed: Default::default(),
             scrubbed_bytes: Default::default(),
             corrupt: Default::default(),
@@ -50,6 +52,11 @@ impl Default for Metrics {
             "replicas_made",
             "Replicas made for blocks short of copies",
             m.healed.clone(),
+        );
+        r.register(
+            "blocks_remade",
+            "Blocks of erasure-coded files made again",
+            m.remade.clone(),
         );
         r.register(
             "mappings_dropped",
@@ -110,6 +117,7 @@ impl Metrics {
         self.corrupt.inc_by(n(t.corrupt));
         self.refreshed.inc_by(n(t.refreshed));
         self.healed.inc_by(n(t.healed));
+        self.remade.inc_by(n(t.remade));
         self.trimmed.inc_by(n(t.trimmed));
         self.last_seconds.set(took.as_secs_f64());
         self.last_end.set(g(lors_ibp::units::unix_now()));

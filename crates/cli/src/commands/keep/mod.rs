@@ -188,7 +188,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             }
             anyhow::ensure!(
                 totals.all_kept(),
-                "not everything is kept: {} bytes lost, {} leases not extended, {} blocks short of copies, {} exNodes not kept",
+                "not everything is kept: {} bytes lost, {} leases not extended, {} blocks short of copies or stripes below their margin, {} exNodes not kept",
                 totals.lost_bytes,
                 totals.not_refreshed,
                 totals.short_blocks,

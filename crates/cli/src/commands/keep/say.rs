@@ -67,10 +67,11 @@ pub(super) fn cycle_done(totals: &Totals, json: bool, quiet: bool) -> anyhow::Re
         );
     } else if !quiet {
         eprintln!(
-            "lors: cycle done: {} exNodes, {} leases extended, {} new replicas, {} mappings dropped{}",
+            "lors: cycle done: {} exNodes, {} leases extended, {} new replicas, {} blocks remade, {} mappings dropped{}",
             totals.exnodes,
             totals.refreshed,
             totals.healed,
+            totals.remade,
             totals.trimmed,
             if totals.lost_bytes > 0 {
                 format!(", {} bytes LOST", totals.lost_bytes)
@@ -94,6 +95,7 @@ pub(super) fn kept(name: &str, k: &Kept, json: bool, quiet: bool) -> anyhow::Res
                 "refreshed": k.refreshed,
                 "not_refreshed": k.not_refreshed.iter().map(|(i, e)| serde_json::json!({"mapping": i, "error": e})).collect::<Vec<_>>(),
                 "healed": k.healed,
+                "stripes_short": k.stripes.as_ref().map(|(_, v)| v.iter().map(|s| serde_json::json!({"stripe": s.stripe, "start": s.bytes.start, "end": s.bytes.end, "margin": s.margin, "why": s.why})).collect::<Vec<_>>()),
                 "trimmed": k.trimmed,
                 "lost": k.lost,
                 "short": k.short,
@@ -108,8 +110,10 @@ pub(super) fn kept(name: &str, k: &Kept, json: bool, quiet: bool) -> anyhow::Res
     if k.refreshed > 0 {
         did.push(format!("{} leases extended", k.refreshed));
     }
-    if k.healed > 0 {
-        did.push(format!("{} new replicas", k.healed));
+    match (&k.stripes, k.healed) {
+        (_, 0) => {}
+        (Some(_), n) => did.push(format!("{n} blocks remade")),
+        (None, n) => did.push(format!("{n} new replicas")),
     }
     if k.trimmed > 0 {
         did.push(format!("{} dead mappings dropped", k.trimmed));
@@ -129,7 +133,21 @@ pub(super) fn kept(name: &str, k: &Kept, json: bool, quiet: bool) -> anyhow::Res
     for (i, e) in &k.not_refreshed {
         eprintln!("lors: {name}: mapping {i}: lease not extended: {e}");
     }
-    for (s, e) in &k.short {
+    if let Some((code, short)) = &k.stripes {
+        for s in short {
+            let (a, b) = (s.bytes.start, s.bytes.end);
+            let state = match s.margin {
+                m if m < 0 => "cannot be read".to_string(),
+                0 => "is at margin 0 (one more loss makes it unreadable)".to_string(),
+                m => format!("can lose {m} more of its {} blocks", code.blocks()),
+            };
+            eprintln!(
+                "lors: {name}: stripe {} (bytes {a}..{b}) {state}; not made whole: {}",
+                s.stripe, s.why
+            );
+        }
+    }
+    for (s, e) in k.short.iter().filter(|_| k.stripes.is_none()) {
         eprintln!(
             "lors: {name}: bytes {s}..{e} are short of {} live copies{}",
             k.copies,
