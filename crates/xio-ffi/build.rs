@@ -13,13 +13,26 @@ fn main() {
         .expect("crates/xio-ffi/cbindgen.toml is valid");
     let header = cbindgen::generate_with_config(&crate_dir, config)
         .expect("generating xio.h from src/lib.rs");
-    header.write_to_file(out.join("xio.h"));
+    // cbindgen ends its C++ guards with `// __cplusplus` comments, which C89
+    // compilers warn about (or refuse with -pedantic-errors).
+    let mut text = Vec::new();
+    header.write(&mut text);
+    let text = String::from_utf8(text)
+        .expect("xio.h is UTF-8")
+        .replace("// __cplusplus", "/* __cplusplus */")
+        .replace("// extern \"C\"", "/* extern \"C\" */");
+    let write = |path: PathBuf| {
+        if std::fs::read_to_string(&path).ok().as_deref() != Some(text.as_str()) {
+            std::fs::write(&path, &text).expect("writing xio.h");
+        }
+    };
+    write(out.join("xio.h"));
     // OUT_DIR is TARGET/PROFILE/build/PKG-HASH/out: the header goes to
     // TARGET/PROFILE/include/xio.h, next to libxio.so.
     if let Some(profile_dir) = out.ancestors().nth(3) {
         let inc = profile_dir.join("include");
         if std::fs::create_dir_all(&inc).is_ok() {
-            header.write_to_file(inc.join("xio.h"));
+            write(inc.join("xio.h"));
         }
         // `pkg-config --cflags --libs xio` with PKG_CONFIG_PATH set to the
         // profile directory: the flags to build against this build.

@@ -27,10 +27,22 @@ fn header_serves_cpp_and_c89() {
         h.contains("#ifdef __cplusplus") && h.contains("extern \"C\" {"),
         "{h}"
     );
-    let code: Vec<&str> = h
-        .lines()
-        .filter(|l| l.trim_start().starts_with("//"))
-        .collect();
+    // Anywhere outside a /* */ comment (`#endif // x` too).
+    let (mut code, mut rest, mut line) = (Vec::new(), h, 1);
+    while !rest.is_empty() {
+        if let Some(after) = rest.strip_prefix("/*") {
+            let end = after.find("*/").map_or(after.len(), |e| e + 2);
+            line += after[..end].matches('\n').count();
+            rest = &after[end..];
+        } else if rest.starts_with("//") {
+            code.push(h.lines().nth(line - 1).unwrap_or_default());
+            rest = &rest[2..];
+        } else {
+            let c = rest.chars().next().unwrap_or_default();
+            line += usize::from(c == '\n');
+            rest = &rest[c.len_utf8()..];
+        }
+    }
     assert!(code.is_empty(), "C99 comments: {code:?}");
     // A C++ compiler takes it, where one is installed.
     if std::process::Command::new("g++")
@@ -46,12 +58,36 @@ fn header_serves_cpp_and_c89() {
             "#include \"xio.h\"\nint main() { return xio_close(-1) == -1 ? 0 : 1; }\n",
         )
         .unwrap();
+        std::fs::write(
+            dir.join("t.c"),
+            "#include \"xio.h\"\nint main(void) { return xio_close(-1) == -1 ? 0 : 1; }\n",
+        )
+        .unwrap();
         let out = std::process::Command::new("g++")
             .args(["-fsyntax-only", "-Wall", "-Werror", "t.cpp"])
             .current_dir(&dir)
             .output()
             .unwrap();
+        // And a C89 compiler, pedantic.
+        let c89 = std::process::Command::new("gcc")
+            .args([
+                "-std=c89",
+                "-pedantic",
+                "-Wall",
+                "-Werror",
+                "-fsyntax-only",
+                "t.c",
+            ])
+            .current_dir(&dir)
+            .output();
         let _ = std::fs::remove_dir_all(&dir);
+        if let Ok(c89) = c89 {
+            assert!(
+                c89.status.success(),
+                "{}",
+                String::from_utf8_lossy(&c89.stderr)
+            );
+        }
         assert!(
             out.status.success(),
             "{}",

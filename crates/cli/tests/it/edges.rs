@@ -273,3 +273,45 @@ fn keep_speaks_of_each_short_stripe_and_counts_blocks_remade() {
         "{err}"
     );
 }
+
+/// The documented ways to join an L-Bone are ones a depot accepts: it
+/// refuses to send its token in clear to another machine, so no example
+/// (docs, `lors depot --help`) registers over plain http:// without
+/// `--insecure` (docs/lbone.md and the help once both did).
+#[test]
+fn no_example_registers_a_depot_over_plain_http() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut texts: Vec<(String, String)> = std::fs::read_dir(root.join("docs"))
+        .unwrap()
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "md"))
+        .map(|p| {
+            (
+                p.display().to_string(),
+                std::fs::read_to_string(&p).unwrap(),
+            )
+        })
+        .collect();
+    texts.push((
+        "README.md".into(),
+        std::fs::read_to_string(root.join("README.md")).unwrap(),
+    ));
+    let (_, help, _) = lors(&["depot", "--help"]);
+    texts.push((
+        "lors depot --help".into(),
+        String::from_utf8_lossy(&help).into_owned(),
+    ));
+    for (name, text) in &texts {
+        // A command continued over lines is one example.
+        let joined = text.replace("\\\n", " ");
+        for line in joined.lines().filter(|l| l.contains("--lbone http://")) {
+            let url = line.split("--lbone http://").nth(1).unwrap_or("");
+            let local = url.starts_with("127.0.0.1") || url.starts_with("localhost");
+            assert!(
+                local || line.contains("--insecure"),
+                "{name}: an example the depot refuses: {line}"
+            );
+        }
+    }
+}

@@ -41,7 +41,7 @@ use crate::UsageError;
 
   Registered with an L-Bone, so clients find it:
     lors depot --data /srv/ibp --advertise depot1.example.org \
-               --lbone http://lbone.example.org:8767 --lbone-token-file /etc/lors/lbone-token \
+               --lbone https://lbone.example.org:8767 --lbone-token-file /etc/lors/lbone-token \
                --city Knoxville --state TN --country US --lat 35.96 --lon -83.92")]
 pub struct Args {
     /// TOML configuration file.
