@@ -179,7 +179,13 @@ struct Site {
     from_client: usize,
     out_busy: usize,
     dead: bool,
+    /// Failures in a row receiving.
     failures: u32,
+    /// Failures in a row sending to others; at the limit the site is no
+    /// longer a source, and still receives: a slow or flaky uplink is not
+    /// a reason to give up the site's own replica.
+    send_failures: u32,
+    muted: bool,
     rate_in: Rate,
     rate_out: Rate,
 }
@@ -270,6 +276,8 @@ impl Sched {
                     out_busy: 0,
                     dead: false,
                     failures: 0,
+                    send_failures: 0,
+                    muted: false,
                     rate_in: Rate::default(),
                     rate_out: Rate::default(),
                 })
@@ -318,11 +326,13 @@ impl Sched {
     /// Puts `block` in the set it belongs to by its holders and copies.
     fn index(&mut self, block: BlockId) {
         let c = self.copies[block];
-        let held = !self.holders[block].is_empty()
+        let held = (self.holders[block].iter()).any(|&h| !self.sites[h].muted)
             || self.origin_of[block].iter().any(|&o| !self.origins[o].dead);
+        // Held only by sites that cannot send: the client sends it again.
+        let muted_only = !self.holders[block].is_empty();
         if held {
             self.relayable.insert((c, block));
-        } else if c == 0 && self.client {
+        } else if (c == 0 || muted_only) && self.client {
             self.unsent.insert(block);
         }
     }
@@ -347,16 +357,21 @@ impl Sched {
                 .collect();
             let per_site = self.cfg.client_slots.div_ceil(takers.len().max(1));
             while self.client_busy < self.cfg.client_slots {
-                let Some(&b) = self.unsent.iter().next() else {
-                    break;
+                // (A block only sites that cannot send hold goes to the
+                // others.)
+                let take = |s: SiteId, b: BlockId| {
+                    let x = &self.sites[s];
+                    x.in_busy < self.in_slots(s)
+                        && x.from_client < per_site
+                        && x.has[b] == Has::Missing
                 };
-                let to = (takers.iter().copied())
-                    .filter(|&s| {
-                        let x = &self.sites[s];
-                        x.in_busy < self.in_slots(s) && x.from_client < per_site
-                    })
-                    .min_by_key(|&s| (self.sites[s].from_client, self.sites[s].count));
-                let Some(to) = to else {
+                let next = (self.unsent.iter().take(SCAN)).find_map(|&b| {
+                    let to = (takers.iter().copied())
+                        .filter(|&s| take(s, b))
+                        .min_by_key(|&s| (self.sites[s].from_client, self.sites[s].count))?;
+                    Some((b, to))
+                });
+                let Some((b, to)) = next else {
                     break;
                 };
                 out.push(self.start(b, Source::Client, to, now));
@@ -417,7 +432,8 @@ impl Sched {
         if self.is_slow(s) && self.fast_sites > 0 {
             return None;
         }
-        if let Some(&b) = self.unsent.iter().next() {
+        let lacks = |b: &&BlockId| self.sites[s].has[**b] == Has::Missing;
+        if let Some(&b) = self.unsent.iter().take(SCAN).find(lacks) {
             return Some(self.start(b, Source::Client, s, now));
         }
         // Nothing new left: a block nobody has yet whose copies in flight
@@ -452,7 +468,12 @@ impl Sched {
         let mut slow_free = None;
         let sites = (self.holders[b].iter()).map(|&h| {
             let x = &self.sites[h];
-            (Source::Site(h), sent_or_received(x), x.out_busy, x.dead)
+            (
+                Source::Site(h),
+                sent_or_received(x),
+                x.out_busy,
+                x.dead || x.muted,
+            )
         });
         let origins = (self.origin_of[b].iter()).map(|&o| {
             let x = &self.origins[o];
@@ -593,7 +614,7 @@ impl Sched {
                 self.origins[o].rate_out.add(len, took);
             }
             Source::Site(h) => {
-                self.sites[h].failures = 0;
+                self.sites[h].send_failures = 0;
                 self.sites[h].rate_out.add(len, took);
             }
         }
@@ -621,9 +642,16 @@ impl Sched {
             match t.from {
                 Source::Client => {}
                 Source::Site(h) => {
-                    self.sites[h].failures += 1;
-                    if self.sites[h].failures >= self.cfg.max_failures {
-                        void.extend(self.drop_site(h));
+                    let x = &mut self.sites[h];
+                    x.send_failures += 1;
+                    if x.send_failures >= self.cfg.max_failures && !x.muted {
+                        x.muted = true;
+                        for b in 0..self.lens.len() {
+                            if self.sites[h].has[b] == Has::Have {
+                                self.unindex(b);
+                                self.index(b);
+                            }
+                        }
                     }
                 }
                 Source::Origin(o) => {
@@ -703,7 +731,7 @@ impl Sched {
     /// Whether block `b` can still be had from someone.
     fn available(&self, b: BlockId) -> bool {
         self.client
-            || !self.holders[b].is_empty()
+            || self.holders[b].iter().any(|&h| !self.sites[h].muted)
             || self.origin_of[b].iter().any(|&o| !self.origins[o].dead)
     }
 

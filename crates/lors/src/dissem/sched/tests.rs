@@ -123,6 +123,21 @@ fn a_source_site_that_dies_mid_run_leaves_its_blocks_to_others() {
 }
 
 #[test]
+fn a_site_that_cannot_send_still_gets_its_replica() {
+    // Every copy from site 1 fails on its side (a slow uplink timing out):
+    // it stops being a source, and it is neither dropped nor short.
+    let mut s = Sched::new(vec![10; 40], 3, None, None, &[]);
+    run(&mut s, &[1000.0; 3], |t| {
+        (t.from == Source::Site(1)).then_some(Blame::From)
+    });
+    assert!(!s.is_dropped(1));
+    assert!(s.finished());
+    for i in 0..3 {
+        assert!(s.is_complete(i), "site {i}");
+    }
+}
+
+#[test]
 fn blocks_on_origins_are_relayed_from_there_not_from_the_client() {
     // Two origins, each block on one of them.
     let origins: Vec<Vec<usize>> = (0..16).map(|b| vec![b % 2]).collect();
