@@ -2,6 +2,7 @@
 
 pub mod augment;
 pub mod bench;
+pub mod copies;
 pub mod demo;
 pub mod depot;
 pub mod disseminate;
@@ -412,6 +413,43 @@ pub fn as_locked<'a>(
         true => std::borrow::Cow::Owned(lors::xnd::load(out)?),
         false => x,
     })
+}
+
+/// `x`, about to be saved at `out`: when that is a new file beside the
+/// `input` it came from, the input stays whole — it keeps its references,
+/// so nothing it names is the run's to free — and `x` takes its own on
+/// what it shares with the input, so removing either later leaves the
+/// other its data. Whether `out` is such a new file.
+pub fn as_new_file(
+    rt: &tokio::runtime::Runtime,
+    input: &std::path::Path,
+    out: &std::path::Path,
+    x: &mut ExNode,
+    pool: &std::sync::Arc<lors::Pool>,
+) -> anyhow::Result<bool> {
+    if input == out {
+        return Ok(false);
+    }
+    let borrowed = rt.block_on(lors::commit::share_with(input, x, pool))?;
+    if borrowed > 0 {
+        eprintln!(
+            "lors: {borrowed} allocations {} shares with {} could not take a reference of their own: removing {} frees them",
+            out.display(),
+            input.display(),
+            input.display()
+        );
+    }
+    Ok(true)
+}
+
+/// The note for a run whose release was skipped because it wrote a new
+/// file beside its input.
+pub fn input_keeps(input: &std::path::Path) {
+    eprintln!(
+        "lors: {} stays as it was and keeps what it names: `lors rm {}` frees what only it names",
+        input.display(),
+        input.display()
+    );
 }
 
 /// Ends `session` after `r`: `r`, unless ending failed where `r` did not.

@@ -53,6 +53,10 @@ enum Command {
     Share(commands::share::Args),
     /// Move a file onto other depots.
     Route(commands::route::Args),
+    /// Copy an exNode; the copy holds its own references on the depots.
+    Cp(commands::copies::CpArgs),
+    /// Remove exNodes, freeing what no other copy names.
+    Rm(commands::copies::RmArgs),
     /// Send a file to many depots at once; the depots relay to each other.
     Disseminate(commands::disseminate::Args),
     /// Serve a directory of exNodes as ordinary files (FUSE).
@@ -132,6 +136,8 @@ fn main() -> ExitCode {
         Command::Modify(a) => commands::modify::run(a),
         Command::Share(a) => commands::share::run(a),
         Command::Route(a) => commands::route::run(a),
+        Command::Cp(a) => commands::copies::cp(a),
+        Command::Rm(a) => commands::copies::rm(a),
         Command::Disseminate(a) => commands::disseminate::run(a),
         Command::Mount(a) => commands::mount::run(a),
         Command::Bench(a) => commands::bench::run(a),

@@ -60,6 +60,96 @@ pub fn named(x: &ExNode) -> HashSet<String> {
     x.allocations().filter_map(key).collect()
 }
 
+/// Mapping metadata: this exNode names the allocation without holding a
+/// reference on it (another copy of the file does), so nothing it does
+/// releases it — dropped from this exNode, it is left to the others.
+pub const BORROWED_META: &str = "lors_borrowed";
+
+/// Whether `m` is named without a reference ([`BORROWED_META`]).
+pub fn is_borrowed(m: &Mapping) -> bool {
+    m.metadata.iter().any(|d| d.name == BORROWED_META)
+}
+
+/// Takes a reference (MANAGE INCR of the read count) on every allocation
+/// of `x` that `which` selects, for `x` to hold as its own: freeing one
+/// copy of a file then leaves the others their data. An allocation whose
+/// depot does not grant one (unreachable, no manage capability) is marked
+/// borrowed in `x` ([`BORROWED_META`]), and one that does loses the mark.
+/// The number marked borrowed.
+pub async fn take_references(
+    x: &mut ExNode,
+    which: impl Fn(&Mapping) -> bool,
+    pool: &Arc<Pool>,
+) -> usize {
+    let mut caps = std::collections::HashMap::new();
+    for m in x.allocations().filter(|m| which(m)) {
+        if let (Some(k), Some(c)) = (key(m), m.manage.as_ref()) {
+            caps.entry(k).or_insert_with(|| c.clone());
+        }
+    }
+    let limit = Arc::new(tokio::sync::Semaphore::new(16));
+    let mut set = tokio::task::JoinSet::new();
+    for (k, cap) in caps {
+        let (pool, limit) = (pool.clone(), limit.clone());
+        set.spawn(async move {
+            let _slot = limit.acquire_owned().await;
+            let took = tokio::time::timeout(crate::stall::RELEASE_WAIT, pool.reference(&cap)).await;
+            (k, matches!(took, Ok(Ok(()))))
+        });
+    }
+    let mut held = HashSet::new();
+    while let Some(done) = set.join_next().await {
+        if let Ok((k, true)) = done {
+            held.insert(k);
+        }
+    }
+    let mut borrowed = 0;
+    for m in x.mappings.iter_mut().chain(x.parity.iter_mut()) {
+        if !which(m) {
+            continue;
+        }
+        m.metadata.retain(|d| d.name != BORROWED_META);
+        if !key(m).is_some_and(|k| held.contains(&k)) {
+            m.metadata
+                .push(lors_exnode::model::Metadata::integer(BORROWED_META, 1));
+            borrowed += 1;
+        }
+    }
+    borrowed
+}
+
+/// A copy of an exNode made outside lors (see [`xnd::outside_copy`]) at
+/// `path` becomes a file of its own: beside its original, it takes a
+/// reference on every allocation it names; with the original gone, it
+/// holds the original's. Then it is saved again (as itself). Called with `path`'s lock held, before anything changes it.
+/// How many allocations it could not take a reference on (left borrowed),
+/// or `None` when it is no such copy.
+pub async fn adopt(path: &Path, pool: &Arc<Pool>) -> Result<Option<usize>> {
+    if std::fs::symlink_metadata(path).is_err() {
+        return Ok(None);
+    }
+    let mut x = xnd::load(path)?;
+    let borrowed = match xnd::outside_copy(path, &x) {
+        None => return Ok(None),
+        // The one name left: the original's references are its own.
+        Some(xnd::Copied::OriginalGone) => 0,
+        Some(xnd::Copied::BesideOriginal) => take_references(&mut x, |_| true, pool).await,
+    };
+    xnd::save(path, &x)?;
+    tracing::info!(path = %path.display(), borrowed, "a copy made outside lors took its own references");
+    Ok(Some(borrowed))
+}
+
+/// `new`, about to be saved as a file beside `input` (which stays), takes
+/// its own reference on each allocation `input` also names.
+pub async fn share_with(input: &Path, new: &mut ExNode, pool: &Arc<Pool>) -> Result<usize> {
+    let theirs = match xnd::load(input) {
+        Ok(x) => named(&x),
+        Err(_) => return Ok(0),
+    };
+    Ok(take_references(new, |m| key(m).is_some_and(|k| theirs.contains(&k)), pool).await)
+}
+
 /// Fails unless an exNode can be saved at `path`: its directory exists
 /// and a new file can be made in it (one is made and removed), and the
 /// path, if it exists, is a regular file. Called before any depot is
@@ -203,7 +293,7 @@ pub async fn settle(out: &Path, pool: &Arc<Pool>) -> Result<usize> {
                 path: out.to_owned(),
                 source,
             })?;
-            (blake3::hash(&bytes).to_hex().to_string(), named(&x))
+            (digest(&x), named(&x))
         }
         Err(_) => (String::new(), HashSet::new()),
     };
@@ -277,10 +367,13 @@ fn dead_journals(out: &Path) -> Vec<(PathBuf, std::fs::File)> {
         .collect()
 }
 
-/// The BLAKE3 (hex) of `x` as [`xnd::save`] writes it: what a record
-/// names the save that frees its allocations by.
+/// The BLAKE3 (hex) of `x` as [`xnd::save`] writes it, but for the file
+/// it records being saved as ([`xnd::IDENTITY_META`], known only once
+/// saved): what a record names the save that frees its allocations by.
 pub fn digest(x: &ExNode) -> String {
-    blake3::hash(lors_exnode::xml::write(x).as_bytes())
+    let mut x = x.clone();
+    x.metadata.retain(|m| m.name != xnd::IDENTITY_META);
+    blake3::hash(lors_exnode::xml::write(&x).as_bytes())
         .to_hex()
         .to_string()
 }
@@ -552,6 +645,9 @@ impl Session {
                 .map_err(|e| Error::io("locking", std::io::Error::other(e.to_string())))??
         };
         settle(out, pool).await?;
+        // A copy made with cp or rsync holds no references yet: it takes
+        // them before this run frees anything it names.
+        adopt(out, pool).await?;
         let path = journal_path(out);
         // A first line now: a disk that cannot take the journal stops the
         // run here, before any depot is asked for anything.

@@ -210,9 +210,19 @@ impl Pool {
         Ok(n)
     }
 
+    /// Takes one more reference on the allocation `manage` controls (INCR
+    /// of its read count): a second exNode naming it holds its own, and a
+    /// release by either leaves the other its data.
+    pub async fn reference(&self, manage: &Capability) -> Result<()> {
+        let mut c = self.get(&manage.address()).await?;
+        c.incr(manage, lors_ibp::CapKind::Read).await?;
+        self.put(c);
+        Ok(())
+    }
+
     /// Drops our reference to the allocation `manage` controls (DECR of its
-    /// read count), so the depot frees it now rather than at the end of its
-    /// lease.
+    /// read count): the depot frees it now, rather than at the end of its
+    /// lease, when no other reference is left.
     pub async fn release(&self, manage: &Capability) -> Result<()> {
         let mut c = self.get(&manage.address()).await?;
         c.decr(manage, lors_ibp::CapKind::Read).await?;
@@ -245,6 +255,11 @@ impl Pool {
             let (pool, limit, hung) = (self.clone(), limit.clone(), hung.clone());
             set.spawn(async move {
                 let _slot = limit.acquire_owned().await;
+                // Another copy of the file holds its reference: as good as
+                // released for this one.
+                if crate::commit::is_borrowed(&m) {
+                    return (m, None);
+                }
                 let Some(cap) = &m.manage else {
                     return (m, Some("no manage capability".to_string()));
                 };

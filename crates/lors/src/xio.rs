@@ -246,12 +246,13 @@ impl File {
         // the check for another's save and ours are one step.
         let _lock = crate::commit::Lock::take(&self.path, SAVE_WAIT)
             .map_err(|e| io::Error::new(io::ErrorKind::ResourceBusy, e.to_string()))?;
-        let old = std::mem::take(&mut self.to_release);
+        let mut old = std::mem::take(&mut self.to_release);
         let pool = self.pool.clone();
         if self.dirty {
             if stamp(&self.path) != self.disk {
                 return Err(self.conflict());
             }
+            self.adopt(&mut old);
             // The data's modification time goes with it, unless a program
             // set one after writing.
             if let (Some(t), false) = (self.modified, self.times_set) {
@@ -290,6 +291,24 @@ impl File {
             }
         }
         Ok(())
+    }
+
+    /// The `.xnd` is a copy made outside lors (`cp`, `rsync`): what it
+    /// named holds no reference of its own. Those it still names take one
+    /// now; those this handle superseded are not this file's to release.
+    fn adopt(&mut self, old: &mut Vec<lors_exnode::Mapping>) {
+        let Ok(disk) = xnd::load(&self.path) else {
+            return;
+        };
+        if xnd::outside_copy(&self.path, &disk) != Some(xnd::Copied::BesideOriginal) {
+            return;
+        }
+        let theirs = crate::commit::named(&disk);
+        let ours =
+            |m: &lors_exnode::Mapping| crate::commit::key(m).is_some_and(|k| theirs.contains(&k));
+        old.retain(|m| !ours(m));
+        let pool = self.pool.clone();
+        runtime().block_on(crate::commit::take_references(&mut self.x, ours, &pool));
     }
 
     /// Another writer saved the `.xnd` since this handle read or wrote it:

@@ -12,6 +12,7 @@ use std::io::Write as _;
 use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 
+use lors_exnode::model::Metadata;
 use lors_exnode::{ExNode, xml};
 
 /// The largest `.xnd` file read (an exNode of a million mappings is ~500 MB;
@@ -117,7 +118,102 @@ pub fn read_regular(path: &Path, limit: u64) -> Result<Vec<u8>, XndError> {
 /// capabilities (it is then a secret), else 0644.
 pub fn save(path: &Path, x: &ExNode) -> Result<(), XndError> {
     let mode = if x.holds_secrets() { 0o600 } else { 0o644 };
-    save_bytes(path, xml::write(x).as_bytes(), mode)
+    // Where it is saved, for a copy to find its original by.
+    let at = (path.parent().filter(|p| !p.as_os_str().is_empty()))
+        .unwrap_or(Path::new("."))
+        .canonicalize()
+        .map(|d| d.join(path.file_name().unwrap_or_default()))
+        .unwrap_or_else(|_| path.to_owned());
+    // The file's line: kept by every save of it (and by copies of it), new
+    // for a new exNode.
+    let lineage = match Identity::of(x) {
+        Some(id) => id.lineage,
+        None => new_lineage(&at),
+    };
+    save_with(path, mode, |f| {
+        let mut x = x.clone();
+        let id = format!("{}:{lineage}:{}", identity_of(f)?, at.display());
+        x.set_meta(Metadata::string(IDENTITY_META, &id));
+        Ok(xml::write(&x).into_bytes())
+    })
+}
+
+/// What [`IDENTITY_META`] records.
+struct Identity {
+    /// `DEV:INO` of the file saved.
+    file: String,
+    lineage: String,
+    path: PathBuf,
+}
+
+impl Identity {
+    fn of(x: &ExNode) -> Option<Identity> {
+        let Some(lors_exnode::model::Value::String(saved)) = x.meta(IDENTITY_META) else {
+            return None;
+        };
+        let mut parts = saved.splitn(4, ':');
+        let (dev, ino, lineage) = (parts.next()?, parts.next()?, parts.next()?);
+        Some(Identity {
+            file: format!("{dev}:{ino}"),
+            lineage: lineage.to_owned(),
+            path: PathBuf::from(parts.next().unwrap_or("")),
+        })
+    }
+}
+
+/// A new exNode's line: unique without any coordination.
+fn new_lineage(at: &Path) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let seed = format!("{nanos}:{}:{}", std::process::id(), at.display());
+    blake3::hash(seed.as_bytes()).to_hex()[..16].to_owned()
+}
+
+/// The exNode metadata item naming the file it was saved as: device and
+/// inode, the file's line (kept by its every save) and its path
+/// (`DEV:INO:LINE:PATH`). A copy made outside lors (`cp`, `rsync`, `tar`)
+/// carries its original's, and is known by it ([`outside_copy`]).
+pub const IDENTITY_META: &str = "lors_file";
+
+/// Device and inode of an open file, as [`IDENTITY_META`] records them.
+fn identity_of(f: &std::fs::File) -> std::io::Result<String> {
+    use std::os::unix::fs::MetadataExt as _;
+    let m = f.metadata()?;
+    Ok(format!("{}:{}", m.dev(), m.ino()))
+}
+
+/// What [`outside_copy`] found of a copy made outside lors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Copied {
+    /// Its original is still where it was saved (as it was, or saved
+    /// since by lors: the same line): two files name the same
+    /// allocations, and the copy holds no reference of its own.
+    BesideOriginal,
+    /// No exNode of its line is where its original was saved (moved to
+    /// another file system, removed without `lors rm`, replaced by another
+    /// upload, restored from a backup): the copy is the one name left,
+    /// and the original's references are its own.
+    OriginalGone,
+}
+
+/// Whether `x`, read from `path`, is a copy of an exNode made outside
+/// lors — it records being saved as another file — and whether its
+/// original is still there. `None` for an exNode saved as `path`, or one
+/// that records nothing (another tool's, or older: taken as an original).
+pub fn outside_copy(path: &Path, x: &ExNode) -> Option<Copied> {
+    let id = Identity::of(x)?;
+    let of = |p: &Path| std::fs::File::open(p).and_then(|f| identity_of(&f)).ok();
+    if of(path)? == id.file {
+        return None;
+    }
+    let original = load(&id.path).ok().and_then(|o| Identity::of(&o));
+    Some(match original {
+        Some(o) if o.lineage == id.lineage && of(&id.path).is_some_and(|f| f == o.file) => {
+            Copied::BesideOriginal
+        }
+        _ => Copied::OriginalGone,
+    })
 }
 
 /// Writes `bytes` to `path` atomically with `mode`: a new file beside it
@@ -125,6 +221,16 @@ pub fn save(path: &Path, x: &ExNode) -> Result<(), XndError> {
 /// fsync, rename over `path` (a link there is replaced, its target never
 /// written), fsync of the directory. A device or FIFO at `path` is refused.
 pub fn save_bytes(path: &Path, bytes: &[u8], mode: u32) -> Result<(), XndError> {
+    save_with(path, mode, |_| Ok(bytes.to_vec()))
+}
+
+/// [`save_bytes`] of what `bytes` makes, given the new file before it is
+/// written.
+fn save_with(
+    path: &Path,
+    mode: u32,
+    bytes: impl FnOnce(&std::fs::File) -> std::io::Result<Vec<u8>>,
+) -> Result<(), XndError> {
     let fail = |source| XndError::Write {
         path: path.to_owned(),
         source,
@@ -158,7 +264,7 @@ pub fn save_bytes(path: &Path, bytes: &[u8], mode: u32) -> Result<(), XndError> 
         .open(&tmp)
         .map_err(fail)?;
     let res = (|| {
-        f.write_all(bytes)?;
+        f.write_all(&bytes(&f)?)?;
         f.sync_all()?;
         std::fs::rename(&tmp, path)?;
         std::fs::File::open(dir)?.sync_all()

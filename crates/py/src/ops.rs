@@ -516,11 +516,22 @@ pub(crate) fn trim(
         Some(o) => Some(exnode_ref(&o.0)?.path),
         None => t.path.clone(),
     };
-    let old: Vec<_> = match release {
+    // Into a new file beside the input: the input keeps what it names.
+    let new_file = matches!((&path, &t.path), (Some(p), Some(i)) if p != i);
+    let old: Vec<_> = match release && !new_file {
         true => trimmed.dropped.into_iter().map(|(_, m)| m).collect(),
         false => Vec::new(),
     };
-    let x = trimmed.exnode;
+    let mut x = trimmed.exnode;
+    if let (true, Some(input)) = (new_file, t.path.clone()) {
+        let (pool, mut y) = (pool.clone(), x.clone());
+        let shared = async move {
+            lors::commit::share_with(&input, &mut y, &pool)
+                .await
+                .map(|_| y)
+        };
+        x = crate::run::wait(py, shared)?.map_err(|e| from_lors(py, &e))?;
+    }
     // Saved before anything it no longer names is freed (lors::commit); an
     // exNode only in memory is the caller's to keep.
     let run = {
@@ -529,6 +540,9 @@ pub(crate) fn trim(
             match &path {
                 Some(p) => {
                     lors::commit::check_output(p)?;
+                    // A copy made with cp takes its references before its
+                    // own are dropped.
+                    lors::commit::adopt(p, &pool).await?;
                     lors::commit::save_then_release(p, &x, old, &pool).await?;
                 }
                 None => drop(pool.release_all(old).await),

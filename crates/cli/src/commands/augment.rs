@@ -81,8 +81,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     progress.finish();
     // A failed save leaves the copies named nowhere: the session's end
     // frees them (its journal lists them).
-    let r = super::upload::copies_outcome("augment", y, &out, &signal)
-        .and_then(|y| Ok(lors::xnd::save(&out, &y).map(|()| y)?));
+    let r = super::upload::copies_outcome("augment", y, &out, &signal).and_then(|mut y| {
+        super::as_new_file(&rt, &a.exnode.path, &out, &mut y, &pool)?;
+        Ok(lors::xnd::save(&out, &y).map(|()| y)?)
+    });
     let y = super::end(&rt, session, &pool, r)?;
     let added = y.mappings.len() - x.mappings.len();
     if progress.is_json() {
@@ -141,12 +143,17 @@ fn repair(
             .await
         });
         progress.finish();
-        let r = match r {
+        let mut r = match r {
             Err(e @ lors::Error::Abandoned { .. }) => return Err(super::upload::failed(e, out)),
             r => super::upload::copies_outcome("repair", r, out, &signal)?,
         };
-        // Saved before the corrupt blocks it replaced are freed.
-        let to_free = r.to_free.clone();
+        let new_file = super::as_new_file(rt, &a.exnode.path, out, &mut r.exnode, &pool)?;
+        // Saved before the corrupt blocks it replaced are freed (the
+        // input's, unless the result is a new file beside it).
+        let to_free = match new_file {
+            true => Vec::new(),
+            false => r.to_free.clone(),
+        };
         let done = rt.block_on(lors::commit::save_then_release(
             out, &r.exnode, to_free, &pool,
         ))?;

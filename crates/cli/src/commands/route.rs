@@ -83,6 +83,14 @@ pub fn run(mut a: Args) -> anyhow::Result<()> {
         ))
         .into());
     }
+    if spread.is_none() && targets.len() < copies {
+        return Err(UsageError(format!(
+            "the file keeps {copies} copies of each block, on distinct depots, and {} target depots were given: give more, or say -c {}",
+            targets.len(),
+            targets.len().max(1)
+        ))
+        .into());
+    }
     let out = a.output.clone().map_or(a.exnode.path.clone(), |o| o.path);
     // Before any depot is touched: a typo in -o must cost nothing.
     lors::commit::check_output(&out)?;
@@ -125,7 +133,9 @@ fn route(
         && stored.allocations().count() > x.allocations().count()
     {
         crate::report::clear();
-        lors::xnd::save(out, stored)?;
+        let mut stored = stored.clone();
+        super::as_new_file(rt, &a.exnode.path, out, &mut stored, pool)?;
+        lors::xnd::save(out, &stored)?;
         let n = stored.allocations().count() - x.allocations().count();
         eprintln!(
             "lors: route interrupted: the {n} copies made so far are kept in {} beside the old ones; run the same `lors route` on it again to copy the rest",
@@ -144,10 +154,14 @@ fn route(
     // The new exNode is saved before anything only the old one named is
     // released: a failure or a kill in between leaves the old file or the
     // new one whole, and what is to be freed recorded in OUT.partial.
-    let old = match a.keep_old {
+    let new_file = super::as_new_file(rt, &a.exnode.path, out, &mut t.exnode, pool)?;
+    let old = match a.keep_old || new_file {
         true => Vec::new(),
         false => t.dropped.iter().map(|(_, m)| m.clone()).collect(),
     };
+    if new_file && !a.keep_old {
+        super::input_keeps(&a.exnode.path);
+    }
     let done = match rt.block_on(lors::commit::save_then_release(out, &t.exnode, old, pool)) {
         Ok(done) => done,
         Err(e) => {

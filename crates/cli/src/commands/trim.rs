@@ -106,20 +106,24 @@ fn trim(
 ) -> anyhow::Result<()> {
     let x = lors::xnd::load(&a.exnode.path)?;
     // Mapping numbers name what the user saw: not another version.
+    // (A copy made outside lors took its references meanwhile: the same
+    // allocations, in the same order.)
+    let keys = |x: &lors_exnode::ExNode| x.allocations().map(lors::commit::key).collect::<Vec<_>>();
     anyhow::ensure!(
-        x == *before,
+        keys(&x) == keys(before) && x.mappings.len() == before.mappings.len(),
         "{} changed while this trim waited for it: run it again (see lors ls)",
         a.exnode.path.display()
     );
     let numbering = x.numbering();
-    let t = lors::manage::trim(&x, sel, a.allow_holes)?;
+    let mut t = lors::manage::trim(&x, sel, a.allow_holes)?;
+    let new_file = super::as_new_file(rt, &a.exnode.path, out, &mut t.exnode, pool)?;
     let progress = Reporter::new("trim", Unit::Allocations, &a.report, false);
     // A record beside an exNode (`OUT.partial`) frees only what that
     // exNode no longer names: a run that died before its save recorded
     // allocations the old exNode still holds.
     let named_beside = named_beside(&a.exnode.path)?;
     let mut not_released: Vec<(usize, String)> = Vec::new();
-    if a.decrement {
+    if a.decrement && !new_file {
         let mut old = Vec::new();
         for (i, m) in &t.dropped {
             match lors::commit::key(m) {
@@ -140,6 +144,9 @@ fn trim(
         progress.start(Some(0));
         lors::xnd::save(out, &t.exnode)?;
         progress.finish();
+        if a.decrement {
+            super::input_keeps(&a.exnode.path);
+        }
     }
     not_released.sort_by_key(|(i, _)| *i);
     for (i, e) in &not_released {

@@ -10,13 +10,13 @@ use crate::tools::used;
 use crate::util::{DepotProc, lors, pattern, tempdir};
 
 /// A running `lors mount`; unmounted (SIGTERM) when dropped.
-struct Mount {
+pub(crate) struct Mount {
     child: Child,
     at: std::path::PathBuf,
 }
 
 impl Mount {
-    fn start(dir: &Path, at: &Path, extra: &[&str]) -> Mount {
+    pub(crate) fn start(dir: &Path, at: &Path, extra: &[&str]) -> Mount {
         Mount::start_with(Command::new(env!("CARGO_BIN_EXE_lors")), dir, at, extra)
     }
 
@@ -48,7 +48,7 @@ impl Mount {
     }
 
     /// SIGTERM: unmounts and exits 0.
-    fn stop(&mut self) -> std::process::ExitStatus {
+    pub(crate) fn stop(&mut self) -> std::process::ExitStatus {
         let _ = Command::new("kill")
             .arg(self.child.id().to_string())
             .status();

@@ -160,13 +160,7 @@ fn every_command_finishes_at_the_pace_of_the_healthy_depots() {
     let depots = list(&all);
     let targets = list(&[&ds[2], &ds[3]]);
     let src = p("two.bin");
-    let (up, aug, routed, dis, trimmed) = (
-        p("up.xnd"),
-        p("aug.xnd"),
-        p("routed.xnd"),
-        p("dis.xnd"),
-        p("trimmed.xnd"),
-    );
+    let (up, aug, routed, dis) = (p("up.xnd"), p("aug.xnd"), p("routed.xnd"), p("dis.xnd"));
     hung.signal("STOP");
     let t = ["-T", "60s"];
     let cases: Vec<(&str, Vec<&str>)> = vec![
@@ -224,13 +218,7 @@ fn every_command_finishes_at_the_pace_of_the_healthy_depots() {
             "trim",
             [
                 &["trim", "-q", "--decrement", "--allow-holes", "--depot"][..],
-                &[
-                    hung.addr.as_str(),
-                    "--depot",
-                    ds[3].addr.as_str(),
-                    "-o",
-                    &trimmed,
-                ],
+                &[hung.addr.as_str(), "--depot", ds[3].addr.as_str()],
                 &t,
                 &[doomed_s],
             ]

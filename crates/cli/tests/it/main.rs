@@ -2,6 +2,7 @@
 
 mod abuse;
 mod bench;
+mod copies;
 mod dashboard;
 mod depot;
 mod diskfull;

@@ -599,6 +599,11 @@ fn demo_runs_and_verifies() {
         out.contains("== L-Bone directory and dashboard: http://127.0.0.1:"),
         "{out}"
     );
+    // The URL is dead once the demo ends: it says so, and how to keep it.
+    assert!(
+        out.contains("up while the demo runs; --linger 120 keeps it up after"),
+        "{out}"
+    );
     assert!(out.contains("\"country= CZ\": Brno, "), "{out}");
     // A file smaller than one block: the depots still have room for it.
     let (ok, out, err) = lors(&["demo", "--size", "1M"]);
@@ -807,8 +812,18 @@ async fn augment_trim_refresh_modify_route_as_the_depots_see_them() {
         );
     }
 
-    // trim --decrement the originals: their allocations are freed (probe: not found),
-    // and the file still downloads from the new replicas only.
+    // Two files now name the originals, each with its reference.
+    for m in &x1.mappings[..5] {
+        assert_eq!(
+            probe(m).await.unwrap().read_refs,
+            2,
+            "m.bin.xnd's and aug.xnd's"
+        );
+    }
+
+    // trim into a new file: the input keeps its references, nothing is
+    // freed; removing both files that name the originals frees them
+    // (probe: not found), and the new file downloads from its replicas.
     let trimmed = dir.path().join("trim.xnd");
     let (ok, _, err) = lors(&[
         "trim",
@@ -824,6 +839,13 @@ async fn augment_trim_refresh_modify_route_as_the_depots_see_them() {
     assert!(ok, "{err}");
     let x2 = read_x(&trimmed);
     assert_eq!(x2.mappings.len(), 5);
+    for m in &x1.mappings[..5] {
+        assert_eq!(probe(m).await.unwrap().read_refs, 2, "not freed: named");
+    }
+    for f in [&aug, &xnd] {
+        let (ok, _, err) = lors(&["rm", "-q", f.to_str().unwrap()]);
+        assert!(ok, "{err}");
+    }
     for m in &x1.mappings[..5] {
         let e = probe(m).await.unwrap_err();
         assert_eq!(
@@ -914,7 +936,8 @@ async fn augment_trim_refresh_modify_route_as_the_depots_see_them() {
     let (ok, out, _) = lors(&["download", "--quiet", "-o", "-", share.to_str().unwrap()]);
     assert!(ok && out == data);
 
-    // route: everything onto depot 1, old replicas released.
+    // route into a new file: everything onto depot 1; the old replicas
+    // go once trim.xnd, which still names them, is removed.
     let routed = dir.path().join("routed.xnd");
     let (ok, _, err) = lors(&[
         "route",
@@ -929,6 +952,11 @@ async fn augment_trim_refresh_modify_route_as_the_depots_see_them() {
     let x4 = read_x(&routed);
     assert_eq!(x4.mappings.len(), 5);
     assert!(x4.mappings.iter().all(|m| m.depot().unwrap() == ds[0].addr));
+    for m in &x2.mappings {
+        assert!(probe(m).await.is_ok(), "trim.xnd still names it");
+    }
+    let (ok, _, err) = lors(&["rm", "-q", trimmed.to_str().unwrap()]);
+    assert!(ok, "{err}");
     for m in &x2.mappings {
         assert_eq!(probe(m).await.unwrap_err().status().unwrap().code(), -4);
     }
@@ -975,23 +1003,8 @@ fn stat_over_many_exnodes_names_what_expires_is_short_or_lost() {
     std::fs::write(tree.join("junk.xnd"), "<exnode").unwrap();
     std::fs::write(tree.join("notes.txt"), "not an exNode").unwrap();
     // One copy of a block of "short" freed; the only copy of a block of "lost".
-    let trim_first = |x: &Path, n: &str| {
-        let other = dir.path().join("other.xnd");
-        let (ok, _, err) = lors(&[
-            "trim",
-            "-q",
-            "--decrement",
-            "--allow-holes",
-            "-m",
-            n,
-            "-o",
-            other.to_str().unwrap(),
-            x.to_str().unwrap(),
-        ]);
-        assert!(ok, "{err}");
-    };
-    trim_first(&short, "0");
-    trim_first(&lost, "1");
+    crate::util::free_numbered(&short, 0);
+    crate::util::free_numbered(&lost, 1);
     let t = tree.to_str().unwrap();
     let (ok, out, err) = lors(&["stat", t]);
     let out = String::from_utf8(out).unwrap();
@@ -1030,7 +1043,9 @@ fn stat_over_many_exnodes_names_what_expires_is_short_or_lost() {
     assert!(line("junk").contains("cannot be read"), "{out}");
     assert!(!out.contains("notes.txt"), "{out}");
     assert!(
-        out.contains("5 exNodes: 1 under their copy count, 1 with lost bytes, 1 unreadable"),
+        out.contains(
+            "5 exNodes: 1 under their copy count or parity margin, 1 with lost bytes, 1 unreadable"
+        ),
         "{out}"
     );
     // Within two hours: the lease that ends, and the problems; not the rest.
@@ -1717,7 +1732,7 @@ fn ls_and_stat_tell_expired_from_unreachable_and_fail_when_bytes_are_lost() {
     let out = String::from_utf8(out).unwrap();
     assert!(ok && out.contains("mappings:  6 live"), "{out}{err}");
 
-    // Free one replica of block 0 behind the exNode's back (through a copy).
+    // Free one replica of block 0 behind the exNode's back.
     let (i, m) = x
         .mappings
         .iter()
@@ -1731,17 +1746,8 @@ fn ls_and_stat_tell_expired_from_unreachable_and_fail_when_bytes_are_lost() {
         .unwrap()
         .depot()
         .unwrap();
-    let copy = dir.path().join("copy.xnd");
-    std::fs::copy(&xnd, &copy).unwrap();
     let n = x.numbering().number(i);
-    let (ok, _, err) = lors(&[
-        "trim",
-        "--decrement",
-        "-m",
-        &n.to_string(),
-        copy.to_str().unwrap(),
-    ]);
-    assert!(ok, "{err}");
+    crate::util::free_numbered(&xnd, n);
     let (ok, out, err) = lors(&["ls", "--json", p]);
     assert!(ok, "one replica of each block is still live: {err}");
     let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
@@ -2255,7 +2261,6 @@ fn every_command_gives_a_silent_depot_up_after_the_one_timeout() {
     };
     let (rc_slow, rc_fast) = (rc("600s"), rc("1s"));
     let out = dir.path().join("t.out").display().to_string();
-    let trimmed = dir.path().join("trimmed.xnd").display().to_string();
     let copy = dir.path().join("copy.xnd").display().to_string();
     ds[0].signal("STOP");
     // A 20 s limit: the old fixed deadlines (20 s for ls/stat, 60 s for
@@ -2291,8 +2296,6 @@ fn every_command_gives_a_silent_depot_up_after_the_one_timeout() {
                 "--allow-holes",
                 "-m",
                 "0",
-                "-o",
-                &trimmed,
                 &doomed,
             ],
             &[],
@@ -2396,8 +2399,7 @@ fn transfer_commands_stream_json_events_and_plain_progress() {
     let src = dir.path().join("e.bin");
     std::fs::write(&src, &data).unwrap();
     let p = |n: &str| dir.path().join(n).display().to_string();
-    let (xnd, aug, out, trimmed, routed) =
-        (p("e.xnd"), p("aug.xnd"), p("e.out"), p("t.xnd"), p("r.xnd"));
+    let (xnd, aug, out) = (p("e.xnd"), p("aug.xnd"), p("e.out"));
     let src = src.display().to_string();
     let size = data.len() as u64;
 
@@ -2474,17 +2476,9 @@ fn transfer_commands_stream_json_events_and_plain_progress() {
         "{done}"
     );
 
-    // trim: releases counted per allocation.
-    let (ok, got, err) = lors(&[
-        "trim",
-        "--json",
-        "--depot",
-        &b,
-        "--decrement",
-        "-o",
-        &trimmed,
-        &aug,
-    ]);
+    // trim: releases counted per allocation (in place: into a new file,
+    // the input would keep them).
+    let (ok, got, err) = lors(&["trim", "--json", "--depot", &b, "--decrement", &aug]);
     assert!(ok, "{err}");
     let ev = json_events(&got, "trim");
     let done = ev.last().unwrap();
@@ -2498,7 +2492,7 @@ fn transfer_commands_stream_json_events_and_plain_progress() {
     );
 
     // route onto C: the old replicas on the dead depot cannot be released.
-    let (ok, got, err) = lors(&["route", "--json", "--depot", &c, "-o", &routed, &trimmed]);
+    let (ok, got, err) = lors(&["route", "--json", "--depot", &c, "-c", "1", &aug]);
     assert!(ok, "{err}");
     let ev = json_events(&got, "route");
     let done = ev.last().unwrap();
@@ -2507,7 +2501,7 @@ fn transfer_commands_stream_json_events_and_plain_progress() {
         (done["removed"].clone(), done["not_released"].clone()),
         (10.into(), 10.into())
     );
-    let (ok, got, err) = lors(&["download", "-q", "-o", "-", &routed]);
+    let (ok, got, err) = lors(&["download", "-q", "-o", "-", &aug]);
     assert!(ok, "{err}");
     assert!(got == data);
 }

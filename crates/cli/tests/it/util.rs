@@ -486,30 +486,41 @@ pub fn flip_stored_byte(ds: &[DepotProc], dir: &Path, m: &lors_exnode::Mapping, 
     f.write_all_at(&[b[0] ^ 0x10], at).unwrap();
 }
 
-/// Frees every replica of the block at `offset` of the exNode `xnd`
-/// (`lors trim --decrement` into a copy beside it), as a depot losing them
-/// would: `xnd` still names them.
+/// Frees every replica of the block at `offset` of the exNode `xnd` on
+/// its depot, as a depot losing them would: `xnd` still names them.
 pub fn free_block(xnd: &Path, offset: u64) {
     let x = lors::xnd::load(xnd).unwrap();
-    let nums = lors_exnode::Numbering::of(&x.mappings);
-    let all: Vec<String> = (0..x.mappings.len())
-        .filter(|&i| x.mappings[i].exnode_offset == offset)
-        .map(|i| nums.number(i).to_string())
+    let at: Vec<&lors_exnode::Mapping> = (x.mappings.iter())
+        .filter(|m| m.exnode_offset == offset)
         .collect();
-    assert!(!all.is_empty(), "no block at {offset}");
-    let other = xnd.with_extension(format!("freed-{offset}.xnd"));
-    let (ok, _, err) = lors(&[
-        "trim",
-        "-q",
-        "--decrement",
-        "--allow-holes",
-        "-m",
-        &all.join(","),
-        "-o",
-        other.to_str().unwrap(),
-        xnd.to_str().unwrap(),
-    ]);
-    assert!(ok, "{err}");
+    assert!(!at.is_empty(), "no block at {offset}");
+    free_allocations(&at);
+}
+
+/// Frees the allocations of `ms` on their depots (MANAGE DECR until the
+/// depot has them no more, whoever held references), as a depot losing
+/// them would.
+pub fn free_allocations(ms: &[&lors_exnode::Mapping]) {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        for m in ms {
+            let cap = m.manage.as_ref().expect("a manage capability");
+            let mut c = Connection::connect(&cap.address(), &client_cfg())
+                .await
+                .unwrap();
+            while c.probe(cap).await.is_ok() {
+                c.decr(cap, lors_ibp::CapKind::Read).await.unwrap();
+            }
+        }
+    });
+}
+
+/// Frees mapping number `n` (as `lors ls` numbers them) of `xnd` on its
+/// depot.
+pub fn free_numbered(xnd: &Path, n: usize) {
+    let x = lors::xnd::load(xnd).unwrap();
+    let i = x.numbering().index(n).expect("a mapping of that number");
+    free_allocations(&[x.allocation(i).unwrap()]);
 }
 
 /// Runs the shell `script` in a private mount namespace (`unshare -m`),

@@ -1,0 +1,170 @@
+//! `lors cp` and `lors rm`: exNodes copied and removed as files are, with
+//! the references on the depots that keep every copy's data its own.
+//!
+//! Each exNode holds one reference (IBP's read count) on every allocation
+//! it names, and a lors command frees only by dropping its file's
+//! reference (MANAGE DECR): the depot frees an allocation when no
+//! reference is left. `lors cp` takes the new file's references; a copy
+//! made with `cp`, `rsync` or `tar` takes them the first time a lors
+//! command or the mount changes it.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use lors::Pool;
+use lors::uri::ExnodeRef;
+
+use crate::UsageError;
+
+/// Copy an exNode: the copy takes its own reference on every allocation,
+/// so trimming, routing, overwriting or removing either file leaves the
+/// other whole.
+#[derive(clap::Args)]
+#[command(after_help = "EXAMPLES:
+  lors cp run42.xnd backup/run42.xnd      # a second file naming the same blocks
+  lors cp run42.xnd backup/               # into a directory, under the same name
+  lors rm run42.xnd                       # later: backup/run42.xnd still downloads
+
+A copy made with cp or rsync takes its references the first time a lors
+command or the mount changes it; until then, removing the original frees
+what the copy names. Use lors cp.")]
+pub struct CpArgs {
+    /// The exNode to copy.
+    #[arg(value_parser = super::exnode_arg, value_name = "SRC.xnd|lors://…")]
+    source: ExnodeRef,
+    /// The new file, or a directory to put it in.
+    #[arg(value_name = "DST.xnd|DIR")]
+    target: PathBuf,
+    #[command(flatten)]
+    net: super::NetOpts,
+}
+
+pub fn cp(a: CpArgs) -> anyhow::Result<()> {
+    let s = super::settings(&a.net, Default::default(), Some(&a.source))?;
+    let mut x = lors::xnd::load(&a.source.path)?;
+    let target = match a.target.is_dir() {
+        true => {
+            let name = (a.source.path.file_name())
+                .ok_or_else(|| UsageError(format!("{}: names no file", a.source.path.display())))?;
+            a.target.join(name)
+        }
+        false => a.target.clone(),
+    };
+    if std::fs::symlink_metadata(&target).is_ok() {
+        return Err(UsageError(format!(
+            "{} exists: remove it first (`lors rm` frees what it names), or copy to another name",
+            target.display()
+        ))
+        .into());
+    }
+    lors::commit::check_output(&target)?;
+    let rt = super::runtime(super::Threads::One)?;
+    let pool = Arc::new(Pool::new(s.client()));
+    let borrowed = rt.block_on(lors::commit::take_references(&mut x, |_| true, &pool));
+    if let Err(e) = lors::xnd::save(&target, &x) {
+        // Named by no new file: the references taken go back.
+        let held: Vec<_> = (x.allocations())
+            .filter(|m| !lors::commit::is_borrowed(m))
+            .cloned()
+            .collect();
+        rt.block_on(pool.release_all(held));
+        return Err(anyhow::Error::from(e).context(format!("saving {}", target.display())));
+    }
+    if borrowed > 0 {
+        eprintln!(
+            "lors: {borrowed} allocations could not take a reference for {} (their depots did not answer): until `lors keep` or another copy takes one, freeing {} frees them",
+            target.display(),
+            a.source.path.display()
+        );
+    }
+    Ok(())
+}
+
+/// Remove exNodes and free what they name: each file's reference on its
+/// allocations is dropped (MANAGE DECR), so an allocation another copy
+/// still names stays; the file goes once every one is released.
+#[derive(clap::Args)]
+#[command(after_help = "EXAMPLES:
+  lors rm run42.xnd                       # free its blocks (those no other copy names) and remove it
+  lors rm data/*.xnd
+
+A depot that does not answer keeps the file, emptied, beside a record of
+what is left to free (FILE.partial): the same command again finishes it.")]
+pub struct RmArgs {
+    /// The exNodes.
+    #[arg(value_parser = super::exnode_arg, value_name = "FILE.xnd|lors://…", required = true)]
+    exnodes: Vec<ExnodeRef>,
+    #[command(flatten)]
+    net: super::NetOpts,
+    /// Say nothing but errors.
+    #[arg(short, long)]
+    quiet: bool,
+}
+
+pub fn rm(a: RmArgs) -> anyhow::Result<()> {
+    let rt = super::runtime(super::Threads::One)?;
+    let mut failed = 0;
+    for r in &a.exnodes {
+        let s = super::settings(&a.net, Default::default(), Some(r))?;
+        let pool = Arc::new(Pool::new(s.client()));
+        match remove(&rt, &r.path, &pool) {
+            Ok(freed) if !a.quiet => eprintln!(
+                "lors: removed {} ({freed} allocations released)",
+                r.path.display()
+            ),
+            Ok(_) => {}
+            Err(e) => {
+                failed += 1;
+                eprintln!("lors: {}: {e:#}", r.path.display());
+            }
+        }
+    }
+    anyhow::ensure!(
+        failed == 0,
+        "{failed} of {} exNodes not removed",
+        a.exnodes.len()
+    );
+    Ok(())
+}
+
+/// Removes one exNode: its references dropped, then the file. The number
+/// of allocations released.
+fn remove(rt: &tokio::runtime::Runtime, path: &Path, pool: &Arc<Pool>) -> anyhow::Result<usize> {
+    let meta = std::fs::symlink_metadata(path)
+        .map_err(|e| anyhow::anyhow!("cannot remove {}: {e}", path.display()))?;
+    anyhow::ensure!(
+        meta.is_file(),
+        "not a regular file (a directory, link or device): name the exNode files"
+    );
+    // Locked, what an earlier run left settled, and a copy made outside
+    // lors given its references first (so dropping them is its own).
+    let session = super::begin(rt, path, pool)?;
+    let r = (|| {
+        let x = lors::xnd::load(path)?;
+        let empty = lors_exnode::ExNode {
+            metadata: x.metadata.clone(),
+            ..Default::default()
+        };
+        // Those without a manage capability (a read-only copy's) were
+        // never this file's to free.
+        let all: Vec<_> = (x.allocations())
+            .filter(|m| m.manage.is_some())
+            .cloned()
+            .collect();
+        // Saved empty first: a kill mid-way leaves a file naming nothing
+        // and the record of what is left to free, never a file naming
+        // freed allocations.
+        let done = rt.block_on(lors::commit::save_then_release(path, &empty, all, pool))?;
+        anyhow::ensure!(
+            done.kept.is_empty(),
+            "{} allocations not released ({}); the emptied exNode stays, with what is left named in {}: run the same command again",
+            done.kept.len(),
+            done.kept[0].1,
+            lors::leftover::record_path(path).display()
+        );
+        Ok(done.freed)
+    })();
+    let freed = super::end(rt, session, pool, r)?;
+    std::fs::remove_file(path).map_err(|e| anyhow::anyhow!("removing {}: {e}", path.display()))?;
+    Ok(freed)
+}
