@@ -851,7 +851,15 @@ pub async fn probe_many(xs: &[&ExNode], pool: &Pool) -> Vec<Vec<Probe>> {
                     "the allocation holds {} bytes, and the mapping needs {need}: its data never arrived",
                     p.size
                 )),
-                _ => Probe::Live(p),
+                // A share's keys end with its own expiry, whatever the
+                // owner's lease says.
+                _ => Probe::Live(lors_ibp::ProbeInfo {
+                    seconds_left: match crate::share::ends_in(x) {
+                        Some(left) => p.seconds_left.min(left),
+                        None => p.seconds_left,
+                    },
+                    ..p
+                }),
             },
         };
     }

@@ -168,10 +168,12 @@ impl Layer {
             copies: u.copies,
             ec: u.ec.or(u.copies.map(|_| None)),
             duration: u.duration,
-            lbone: u
-                .lbone
-                .as_ref()
-                .map(|(h, p)| LboneAt::Legacy(h.clone(), *p)),
+            // HOST:PORT as `-H` takes it: the legacy protocol on its own
+            // port (the default), else HTTP if spoken there.
+            lbone: u.lbone.as_ref().map(|(h, p)| match h.contains(':') {
+                true => LboneAt::Legacy(h.clone(), *p),
+                false => LboneAt::Named(format!("{h}:{p}")),
+            }),
             ..Layer::default()
         }
     }

@@ -439,16 +439,34 @@ fn shared_exnode(x: &ExNode, cuts: &[Cut], got: BTreeMap<usize, CapSet>) -> ExNo
     y
 }
 
+/// Seconds until the share `x` ends ([`EXPIRES_META`]; 0 once it has),
+/// or `None` when `x` is no share with an end.
+pub fn ends_in(x: &ExNode) -> Option<i64> {
+    match x.meta(EXPIRES_META) {
+        Some(Value::Integer(t)) => {
+            let now = i64::try_from(lors_ibp::units::unix_now()).unwrap_or(i64::MAX);
+            Some(t.saturating_sub(now).max(0))
+        }
+        _ => None,
+    }
+}
+
 /// When `e` (from reading `x`) is a depot refusing a key of `x`, and `x`
 /// is a share: a sentence saying that the share was revoked or expired,
 /// and when it was due to end.
 pub fn access_lost(x: &ExNode, e: &crate::Error) -> Option<String> {
-    let Some(Value::String(id)) = x.meta(SHARE_META) else {
-        return None;
-    };
     if e.status() != Some(StatusCode::CAP_NOT_FOUND) {
         return None;
     }
+    revoked(x)
+}
+
+/// For a share `x` whose depots no longer know its keys: the sentence
+/// saying it was revoked or ran out. `None` when `x` is no share.
+pub fn revoked(x: &ExNode) -> Option<String> {
+    let Some(Value::String(id)) = x.meta(SHARE_META) else {
+        return None;
+    };
     let until = match x.meta(EXPIRES_META) {
         Some(Value::Integer(t))
             if u64::try_from(*t).is_ok_and(|t| t <= lors_ibp::units::unix_now()) =>

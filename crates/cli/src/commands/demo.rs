@@ -78,7 +78,11 @@ async fn demo(a: &Args, dir: &std::path::Path) -> anyhow::Result<()> {
     let lb_url = format!("http://{}", http.local_addr()?);
     let (lb_stop, lb_rx) = tokio::sync::watch::channel(false);
     let lb_task = tokio::spawn(lors_lbone::server::run(lb, http, None, lb_rx));
-    println!("== L-Bone directory and dashboard: {lb_url}/");
+    let up = match a.linger.is_zero() {
+        true => "up while the demo runs; --linger 120 keeps it up after".to_string(),
+        false => format!("up until {}s after the demo", a.linger.as_secs()),
+    };
+    println!("== L-Bone directory and dashboard: {lb_url}/ ({up})");
     let base = BaseUrl::parse(&lb_url).map_err(anyhow::Error::msg)?;
     println!(
         "== starting 4 depots on 127.0.0.1 (data in {}), registering with the L-Bone",
@@ -149,6 +153,11 @@ async fn demo(a: &Args, dir: &std::path::Path) -> anyhow::Result<()> {
     let stats = download_and_check(a, &x, &data, pool).await?;
     lors::directory::report_rates(Some(&directory), &stats.per_depot, stats.elapsed).await;
     println!("== verified: every byte identical. demo OK");
+    if a.linger.is_zero() {
+        println!(
+            "== stopping the L-Bone and the depots (--linger SECONDS keeps them up to look at the dashboard)"
+        );
+    }
     if !a.linger.is_zero() {
         println!(
             "== keeping the L-Bone ({lb_url}/) and the depots up for {}s (Ctrl-C to stop)",

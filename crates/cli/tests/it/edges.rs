@@ -93,7 +93,12 @@ async fn trimming_every_block_of_an_erasure_coded_file_leaves_a_readable_exnode(
     assert!(ok, "{err}");
     let x = lors::xnd::load(&xnd).unwrap();
     assert_eq!(x.allocations().count(), 0);
-    for cmd in [&["ls"][..], &["stat"], &["verify"], &["keep", "--once"]] {
+    for cmd in [
+        &["ls"][..],
+        &["stat"],
+        &["verify"],
+        &["keep", "--grace", "0", "--once"],
+    ] {
         let mut args = cmd.to_vec();
         args.push(xnd.to_str().unwrap());
         let (ok, out, err) = lors(&args);
@@ -245,7 +250,15 @@ fn keep_speaks_of_each_short_stripe_and_counts_blocks_remade() {
     ds[dead].kill9();
     let five: Vec<&DepotProc> = (0..6).filter(|&i| i != dead).map(|i| &ds[i]).collect();
     let path = xnd.to_str().unwrap();
-    let (ok, _, err) = lors(&["keep", "--once", "--depot", &list(&five), path]);
+    let (ok, _, err) = lors(&[
+        "keep",
+        "--grace",
+        "0",
+        "--once",
+        "--depot",
+        &list(&five),
+        path,
+    ]);
     assert!(!ok, "{err}");
     let lines: Vec<&str> = err
         .lines()
@@ -263,7 +276,15 @@ fn keep_speaks_of_each_short_stripe_and_counts_blocks_remade() {
     }
     let mut all = five.clone();
     all.push(&ds[6]);
-    let (ok, out, err) = lors(&["keep", "--once", "--depot", &list(&all), path]);
+    let (ok, out, err) = lors(&[
+        "keep",
+        "--grace",
+        "0",
+        "--once",
+        "--depot",
+        &list(&all),
+        path,
+    ]);
     let out = String::from_utf8_lossy(&out);
     assert!(ok, "{out}{err}");
     let n = hit.len();
@@ -314,4 +335,286 @@ fn no_example_registers_a_depot_over_plain_http() {
             );
         }
     }
+}
+
+/// `route --keep-old -o` writes a second exNode sharing the blocks already
+/// on the targets; trimming the original's copies there used to destroy
+/// the new file's replicas. The new file holds its own references now.
+#[test]
+fn a_routed_copy_keeps_its_replicas_when_the_original_is_trimmed() {
+    let dir = tempdir();
+    let ds = depots(4, dir.path());
+    let data = pattern(500_000, 12);
+    let first: Vec<&DepotProc> = ds[..3].iter().collect();
+    let f = upload(&first, dir.path(), "f", &data, &["-c", "2", "-b", "100K"]);
+    let at_b = dir.path().join("at-b.xnd");
+    let targets = list(&[&ds[2], &ds[3]]);
+    let (ok, _, err) = lors(&[
+        "route",
+        "-q",
+        "--keep-old",
+        "--depot",
+        &targets,
+        "-o",
+        at_b.to_str().unwrap(),
+        f.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let (ok, _, err) = lors(&[
+        "trim",
+        "-q",
+        "--decrement",
+        "--allow-holes",
+        "--depot",
+        &ds[2].addr,
+        f.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let out = dir.path().join("out");
+    let (ok, _, err) = lors(&[
+        "download",
+        "-q",
+        "-o",
+        out.to_str().unwrap(),
+        at_b.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    assert!(std::fs::read(&out).unwrap() == data);
+    let (ok, _, err) = lors(&["verify", at_b.to_str().unwrap()]);
+    assert!(ok, "every replica of the routed copy is whole: {err}");
+}
+
+/// A `lors://HOST:PORT/…` URI names its L-Bone as `-H HOST:PORT` does:
+/// HTTP when spoken there (it used to be taken for the legacy protocol and
+/// fail with "bad status field (L-Bone error 0)").
+#[test]
+fn a_lors_uri_finds_the_lbone_on_its_http_port() {
+    let dir = tempdir();
+    let lb = LboneProc::start(&dir.path().join("lb"), &["--heartbeat", "1s"]);
+    let _d = crate::lbone::located_depot(&dir.path().join("d"), &lb, "1G", &[]);
+    let src = dir.path().join("src");
+    let data = pattern(200_000, 4);
+    std::fs::write(&src, &data).unwrap();
+    // Once the depot is listed, as `-H` sees it.
+    let t0 = std::time::Instant::now();
+    loop {
+        let probe = dir.path().join("probe.xnd");
+        let (ok, _, err) = lors(&[
+            "upload",
+            "-q",
+            "-c",
+            "1",
+            "-H",
+            &lb.http,
+            "-o",
+            probe.to_str().unwrap(),
+            src.to_str().unwrap(),
+        ]);
+        if ok {
+            break;
+        }
+        assert!(t0.elapsed() < std::time::Duration::from_secs(30), "{err}");
+        std::thread::sleep(std::time::Duration::from_millis(300));
+    }
+    let xnd = dir.path().join("u.xnd");
+    // (lors://HOST//abs/path: an absolute path.)
+    let uri = format!("lors://{}/{}?copies=1", lb.http, xnd.display());
+    let (ok, _, err) = lors(&["upload", "-q", "-o", &uri, src.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    let out = dir.path().join("out");
+    let (ok, _, err) = lors(&[
+        "download",
+        "-q",
+        "-o",
+        out.to_str().unwrap(),
+        xnd.to_str().unwrap(),
+    ]);
+    assert!(ok && std::fs::read(&out).unwrap() == data, "{err}");
+}
+
+/// `lors upload DIR` says what to do instead (it used to fail with "Is a
+/// directory (os error 21)"); `-o DIR/` puts the exNode in the directory,
+/// named after the file (it used to upload, fail "not a regular file" and
+/// release everything).
+#[test]
+fn upload_takes_a_directory_output_and_explains_a_directory_input() {
+    let dir = tempdir();
+    let d = DepotProc::start(&dir.path().join("d"), &["--sync", "never"]);
+    let tree = dir.path().join("tree");
+    std::fs::create_dir(&tree).unwrap();
+    let (ok, _, err) = lors(&[
+        "upload",
+        "--depot",
+        &d.addr,
+        "-o",
+        "x.xnd",
+        tree.to_str().unwrap(),
+    ]);
+    assert!(
+        !ok && err.contains("is a directory") && err.contains("lors mount"),
+        "{err}"
+    );
+    let src = dir.path().join("run42.dat");
+    let data = pattern(150_000, 6);
+    std::fs::write(&src, &data).unwrap();
+    let xnds = dir.path().join("xnds");
+    std::fs::create_dir(&xnds).unwrap();
+    let (ok, _, err) = lors(&[
+        "upload",
+        "-q",
+        "-c",
+        "1",
+        "--depot",
+        &d.addr,
+        "-o",
+        xnds.to_str().unwrap(),
+        src.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let xnd = xnds.join("run42.dat.xnd");
+    let out = dir.path().join("out");
+    let (ok, _, err) = lors(&[
+        "download",
+        "-q",
+        "-o",
+        out.to_str().unwrap(),
+        xnd.to_str().unwrap(),
+    ]);
+    assert!(ok && std::fs::read(&out).unwrap() == data, "{err}");
+}
+
+/// A share's `stat` shows when the share ends, not the owner's lease
+/// (it showed the owner's 7 days for a one-hour share); downloading a
+/// revoked share says so in one line and leaves nothing behind (it tried
+/// every replica, printed a line each, and left a part file to "resume").
+#[test]
+fn a_share_shows_its_own_end_and_a_revoked_one_says_so_once() {
+    let dir = tempdir();
+    let d = DepotProc::start(&dir.path().join("d"), &["--sync", "never"]);
+    let data = pattern(400_000, 2);
+    let f = upload(
+        &[&d],
+        dir.path(),
+        "f",
+        &data,
+        &["-c", "1", "-b", "100K", "-d", "7d"],
+    );
+    let sh = dir.path().join("sh.xnd");
+    let (ok, _, err) = lors(&[
+        "share",
+        "--expires",
+        "1h",
+        "-o",
+        sh.to_str().unwrap(),
+        f.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let (ok, out, err) = lors(&["stat", "--json", sh.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    let left = v["soonest_expiry_s"].as_i64().unwrap();
+    assert!(
+        (3500..=3600).contains(&left),
+        "the share's hour, not the owner's week: {v}"
+    );
+    let (ok, _, err) = lors(&[
+        "share",
+        "--revoke",
+        sh.to_str().unwrap(),
+        "--owner",
+        f.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let out = dir.path().join("out");
+    let (ok, _, err) = lors(&[
+        "download",
+        "-o",
+        out.to_str().unwrap(),
+        sh.to_str().unwrap(),
+    ]);
+    assert!(!ok);
+    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "{err}");
+    assert!(lines[0].contains("access revoked or expired"), "{err}");
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("out"))
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
+
+/// A depot paused for a moment is not a loss: `lors keep` waits out the
+/// grace before copying its blocks elsewhere (a 2 s pause used to
+/// re-replicate everything on it and strand the old copies), and once it
+/// does, the old copies are freed when their depot answers again: the
+/// depots end holding exactly what the exNode names.
+#[test]
+fn keep_waits_out_a_pause_and_frees_the_old_copies_when_the_depot_is_back() {
+    let dir = tempdir();
+    let ds = depots(4, dir.path());
+    let data = pattern(400_000, 13);
+    let first: Vec<&DepotProc> = ds[..3].iter().collect();
+    // (Leases far from their end: no refresh is due while a depot sleeps.)
+    let f = upload(
+        &first,
+        dir.path(),
+        "f",
+        &data,
+        &["-c", "2", "-b", "100K", "-d", "7d"],
+    );
+    let path = f.to_str().unwrap();
+    let all = list(&ds.iter().collect::<Vec<_>>());
+    let paused = (ds[..3].iter())
+        .position(|d| {
+            lors::xnd::load(&f)
+                .unwrap()
+                .mappings
+                .iter()
+                .any(|m| m.depot().as_ref() == Some(&d.addr))
+        })
+        .unwrap();
+    ds[paused].signal("STOP");
+    let (ok, out, err) = lors(&["keep", "--once", "--depot", &all, path]);
+    let out = String::from_utf8_lossy(&out);
+    assert!(ok, "a pause within the grace is no fault: {out}{err}");
+    assert!(
+        !out.contains("new replicas") && !out.contains("dropped"),
+        "{out}"
+    );
+    ds[paused].signal("CONT");
+    let (ok, out, err) = lors(&["keep", "--once", "--depot", &all, path]);
+    assert!(
+        ok && !String::from_utf8_lossy(&out).contains("new replicas"),
+        "{err}"
+    );
+    assert!(
+        !std::fs::read_to_string(&f)
+            .unwrap()
+            .contains("lors_silent_since"),
+        "the mark went"
+    );
+
+    // Past a (short) grace, its blocks are copied elsewhere; its old
+    // copies stay recorded until it answers, then go.
+    ds[paused].signal("STOP");
+    let grace = ["keep", "--once", "--grace", "1s", "--depot", &all, path];
+    let (ok, _, err) = lors(&grace);
+    assert!(ok, "{err}");
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let (_, out, err) = lors(&grace);
+    let out = String::from_utf8_lossy(&out);
+    assert!(out.contains("new replicas"), "{out}{err}");
+    ds[paused].signal("CONT");
+    let (ok, _, err) = lors(&grace);
+    assert!(ok, "{err}");
+    let outp = dir.path().join("out");
+    let (ok, _, err) = lors(&["download", "-q", "-o", outp.to_str().unwrap(), path]);
+    assert!(ok && std::fs::read(&outp).unwrap() == data, "{err}");
+    assert_eq!(
+        crate::copies::held(&ds, dir.path()),
+        crate::copies::named(&ds, &[&f]),
+        "the depots hold what the exNode names"
+    );
 }

@@ -386,7 +386,7 @@ fn keep_remakes_a_lost_depots_blocks_and_restores_the_margin() {
         stat(&xnd)
     );
     let all = list(&ds.iter().collect::<Vec<_>>());
-    let (ok, _, err) = lors(&["keep", "--once", "--depot", &all, x]);
+    let (ok, _, err) = lors(&["keep", "--grace", "0", "--once", "--depot", &all, x]);
     assert!(ok, "{err}");
     let st = stat(&xnd);
     assert!(st.contains("every stripe can lose 2 more blocks"), "{st}");

@@ -43,7 +43,7 @@ fn a_dead_depot_is_replaced_in_one_cycle() {
     assert!(holders(&xnd).iter().any(|h| h.contains(&dead)));
     ds[1].kill9();
     let all = list(&ds.iter().collect::<Vec<_>>());
-    let (ok, out, err) = lors(&["keep", "--once", "--depot", &all, x]);
+    let (ok, out, err) = lors(&["keep", "--grace", "0", "--once", "--depot", &all, x]);
     assert!(ok, "{err}");
     let out = String::from_utf8(out).unwrap();
     assert!(
@@ -61,7 +61,7 @@ fn a_dead_depot_is_replaced_in_one_cycle() {
     assert!(ok, "{err}");
     // Nothing left to do: a second cycle changes nothing.
     let before = std::fs::read(&xnd).unwrap();
-    let (ok, _, err) = lors(&["keep", "--once", "--depot", &all, x]);
+    let (ok, _, err) = lors(&["keep", "--grace", "0", "--once", "--depot", &all, x]);
     assert!(ok, "{err}");
     assert!(std::fs::read(&xnd).unwrap() == before);
 }
@@ -80,6 +80,8 @@ fn a_keeper_keeps_short_leases_alive() {
     let control = upload(&to, dir.path(), "control", &data, &flags);
     let mut keeper = lors_cmd(&[
         "keep",
+        "--grace",
+        "0",
         "--every",
         "2s",
         "--lease",
@@ -133,7 +135,7 @@ fn a_block_with_no_replica_left_is_reported_lost() {
     // Both copies of block 1 freed, through another exNode.
     free_block(&xnd, 1 << 20);
     let before = std::fs::read(&xnd).unwrap();
-    let (ok, _, err) = lors(&["keep", "--once", "--depot", &list(&to), x]);
+    let (ok, _, err) = lors(&["keep", "--grace", "0", "--once", "--depot", &list(&to), x]);
     assert!(!ok);
     assert!(
         err.contains(&format!(
@@ -172,21 +174,14 @@ fn a_stopped_heal_leaves_the_old_or_the_new_exnode_and_nothing_stranded() {
         );
         let x = xnd.to_str().unwrap();
         // Depot 1's copies freed: every block it held is one short.
-        let other = dir.path().join(format!("other{i}.xnd"));
-        let (ok, _, err) = lors(&[
-            "trim",
-            "-q",
-            "--decrement",
-            "--depot",
-            &ds[1].addr,
-            "-o",
-            other.to_str().unwrap(),
-            x,
-        ]);
-        assert!(ok, "{err}");
+        let on_1 = lors::xnd::load(&xnd).unwrap();
+        let on_1: Vec<&lors_exnode::Mapping> = (on_1.mappings.iter())
+            .filter(|m| m.depot().as_ref() == Some(&ds[1].addr))
+            .collect();
+        crate::util::free_allocations(&on_1);
         let before = std::fs::read(&xnd).unwrap();
         let t0 = Instant::now();
-        let mut child = lors_cmd(&["keep", "--once", "--depot", &all, x])
+        let mut child = lors_cmd(&["keep", "--grace", "0", "--once", "--depot", &all, x])
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -214,7 +209,7 @@ fn a_stopped_heal_leaves_the_old_or_the_new_exnode_and_nothing_stranded() {
             );
         }
         // A full cycle, then every allocation on the depots is named.
-        let (ok, _, err) = lors(&["keep", "--once", "--depot", &all, x]);
+        let (ok, _, err) = lors(&["keep", "--grace", "0", "--once", "--depot", &all, x]);
         assert!(ok, "{err}");
         let (ok, got, err) = lors(&["download", "-q", "-o", "-", x]);
         assert!(ok && got == data, "{err}");
@@ -265,6 +260,8 @@ fn the_scrub_finds_a_flipped_byte_and_replaces_the_replica() {
     for _ in 0..3 {
         let (ok, _, err) = lors(&[
             "keep",
+            "--grace",
+            "0",
             "--once",
             "--every",
             "1s",
@@ -314,7 +311,7 @@ fn settings_that_lose_data_or_spin_are_refused() {
             "leases would end between cycles",
         ),
     ] {
-        let mut cmd = vec!["keep", "--once"];
+        let mut cmd = vec!["keep", "--grace", "0", "--once"];
         cmd.extend(args);
         cmd.push(x);
         let out = lors_cmd(&cmd).output().unwrap();
@@ -356,6 +353,8 @@ fn a_keeper_serves_its_findings_as_prometheus_metrics() {
     };
     let mut keeper = lors_cmd(&[
         "keep",
+        "--grace",
+        "0",
         "-q",
         "--every",
         "1s",
@@ -425,6 +424,8 @@ fn a_cycle_spreads_new_replicas_over_the_depots() {
     let targets: Vec<&DepotProc> = ds[1..].iter().collect();
     let (ok, _, err) = lors(&[
         "keep",
+        "--grace",
+        "0",
         "--once",
         "--depot",
         &list(&targets),

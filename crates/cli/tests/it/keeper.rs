@@ -153,6 +153,8 @@ fn one_bad_entry_or_depot_never_costs_another_file_its_lease() {
     let t0 = Instant::now();
     let mut keeper = lors_cmd(&[
         "keep",
+        "--grace",
+        "0",
         "-q",
         "--every",
         "10s",
@@ -264,7 +266,10 @@ fn fifos_devices_and_huge_claims_are_refused_at_once() {
             ],
             "2^44",
         ),
-        (vec!["keep", "--once", ec.to_str().unwrap()], "2^44"),
+        (
+            vec!["keep", "--grace", "0", "--once", ec.to_str().unwrap()],
+            "2^44",
+        ),
         (vec!["download", "-o", "-", ec.to_str().unwrap()], "2^44"),
         (
             vec![
@@ -309,6 +314,8 @@ fn the_scrub_wraps_and_its_state_is_never_written_through_a_link() {
     let cycle = || {
         let (ok, out, err) = lors(&[
             "keep",
+            "--grace",
+            "0",
             "--once",
             "--json",
             "--every",
@@ -366,11 +373,13 @@ fn links_are_never_replaced_by_the_keeper() {
     std::fs::create_dir(&kept).unwrap();
     let link = kept.join("outside.xnd");
     std::os::unix::fs::symlink(&xnd, &link).unwrap();
-    let (ok, _, err) = lors(&["keep", "--once", kept.to_str().unwrap()]);
+    let (ok, _, err) = lors(&["keep", "--grace", "0", "--once", kept.to_str().unwrap()]);
     assert!(ok, "{err}");
     assert!(err.contains("outside.xnd: skipped"), "{err}");
     let (ok, _, err) = lors(&[
         "keep",
+        "--grace",
+        "0",
         "--once",
         "-c",
         "2",
@@ -410,6 +419,8 @@ fn two_keepers_on_one_directory_strand_nothing() {
         let run = || {
             lors_cmd(&[
                 "keep",
+                "--grace",
+                "0",
                 "--once",
                 "-q",
                 "--depot",
@@ -530,7 +541,17 @@ fn a_copy_that_never_arrived_is_not_a_live_replica() {
     let said = String::from_utf8_lossy(&out);
     assert!(said.contains("1 live, 1 failed"), "{said}");
     let _ = ok;
-    let (ok, _, err) = lors(&["keep", "--once", "-c", "2", "--depot", &ds[2].addr, x_s]);
+    let (ok, _, err) = lors(&[
+        "keep",
+        "--grace",
+        "0",
+        "--once",
+        "-c",
+        "2",
+        "--depot",
+        &ds[2].addr,
+        x_s,
+    ]);
     assert!(ok, "{err}");
     let kept = lors::xnd::load(&xnd).unwrap();
     let on: Vec<String> = kept.mappings.iter().filter_map(|m| m.depot()).collect();
@@ -574,6 +595,8 @@ fn a_keeper_extends_leases_where_it_cannot_write() {
     }
     let (ok, _, err) = lors(&[
         "keep",
+        "--grace",
+        "0",
         "--once",
         "--lease",
         "2h",

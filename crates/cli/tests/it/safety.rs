@@ -359,7 +359,9 @@ fn commands_killed_at_any_point_lose_nothing_and_strand_nothing() {
             ),
             _ => (
                 "keep",
-                vec!["keep", "--once", "-q", "-c", "2", "--depot", &b],
+                vec![
+                    "keep", "--grace", "0", "--once", "-q", "-c", "2", "--depot", &b,
+                ],
             ),
         };
         let mut args = args;
@@ -380,7 +382,7 @@ fn commands_killed_at_any_point_lose_nothing_and_strand_nothing() {
         );
         // What the killed run left, settled by the next command on the
         // exNode (a keeper's cycle here): exactly what it names is kept.
-        let (ok, _, err) = lors(&["keep", "--once", "-q", "-c", "1", &x]);
+        let (ok, _, err) = lors(&["keep", "--grace", "0", "--once", "-q", "-c", "1", &x]);
         assert!(ok, "{at}: {err}");
         let left: Vec<String> = (std::fs::read_dir(dir.path()).unwrap())
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())

@@ -192,7 +192,11 @@ pub async fn save_kept(
     // Named nowhere once the save is done: freed after it, recorded
     // beside the file until then (a depot that does not free one leaves
     // it in the record for the next cycle's settle).
-    crate::commit::save_then_release(path, &k.exnode, k.dropped_corrupt.clone(), pool)
+    let free = (k.dropped_corrupt.iter())
+        .chain(&k.stale)
+        .cloned()
+        .collect();
+    crate::commit::save_then_release(path, &k.exnode, free, pool)
         .await
         .map_err(|e| match e {
             crate::Error::Xnd(x) => SaveError::Write(x),

@@ -43,6 +43,10 @@ use crate::manage::{self, CopyOptions, Lease, Probe, Replicas};
 use crate::pool::Pool;
 use crate::progress::NoProgress;
 
+/// How long a keeper waits for a silent depot by default: a restart, a
+/// network blip or a paused process is back well within it.
+pub const DEFAULT_GRACE: Duration = Duration::from_secs(15 * 60);
+
 /// What a keeper keeps.
 #[derive(Debug, Clone)]
 pub struct Policy {
@@ -55,6 +59,9 @@ pub struct Policy {
     pub margin: Duration,
     /// New replicas: their lease, reliability, and the stop signal.
     pub copy: CopyOptions,
+    /// How long a depot may not answer before its replicas are made again
+    /// elsewhere ([`pause`]); zero: at once.
+    pub grace: Duration,
 }
 
 impl Policy {
@@ -70,6 +77,7 @@ impl Policy {
                 reliability: Reliability::Hard,
                 stop: None,
             },
+            grace: DEFAULT_GRACE,
         }
     }
 }
@@ -105,6 +113,11 @@ pub struct Kept {
     /// The corrupt replicas dropped (their blocks have good ones): to be
     /// freed once the new exNode is written ([`release`]).
     pub dropped_corrupt: Vec<lors_exnode::Mapping>,
+    /// Replicas dropped on a depot silent past the grace (their blocks
+    /// have live ones again): to be freed once the new exNode is written,
+    /// which, while the depot is away, records them beside it for a later
+    /// cycle to free when it answers.
+    pub stale: Vec<lors_exnode::Mapping>,
     /// Of an erasure-coded file: its code, and each stripe left below its
     /// full margin after the cycle (its blocks were not all made again),
     /// with why. `short` and `heal_error` then say nothing more.
@@ -182,6 +195,10 @@ pub async fn cycle(
     // (of a depot that trickles, say) must not hold them up.
     let (refreshed, not_refreshed) = refresh_due(x, &probes, policy, pool).await;
     let (corrupt, scrubbed) = scrub_some(x, &probes, scrub, pool).await;
+    // From here a depot silent for less than the grace counts as there.
+    let now = lors_ibp::units::unix_now();
+    let (marked, marks_changed, probes) = pause::apply(x, probes, policy.grace, now);
+    let x = &marked;
     if let Some(e) = erasure {
         let seen = stripes::Seen {
             probes,
@@ -190,7 +207,9 @@ pub async fn cycle(
             refreshed,
             not_refreshed,
         };
-        return stripes::cycle(x, e, seen, depots, policy, pool).await;
+        let mut k = stripes::cycle(x, e, seen, depots, policy, pool).await?;
+        k.changed |= marks_changed;
+        return Ok(k);
     }
     let live = |i: usize| probes[i].is_live() && !corrupt.iter().any(|(c, _)| *c == i);
     let copies = policy
@@ -203,10 +222,11 @@ pub async fn cycle(
     let healed = new.len();
     let s = settle(x, &blocks, &probes, &live, new, copies);
     Ok(Kept {
-        changed: s.trimmed > 0 || healed > 0,
+        changed: s.trimmed > 0 || healed > 0 || marks_changed,
         scrubbed,
         corrupt,
         dropped_corrupt: s.bad,
+        stale: s.stale,
         exnode: s.kept,
         copies,
         refreshed,
@@ -310,6 +330,8 @@ struct Settled {
     lost: Vec<(u64, u64)>,
     /// Corrupt replicas dropped.
     bad: Vec<Mapping>,
+    /// Replicas on depots silent past the grace, dropped.
+    stale: Vec<Mapping>,
 }
 
 /// What each block has live now, counting the `new` replicas: the
@@ -339,6 +361,7 @@ fn settle(
     let mut trimmed = 0;
     let mut short = Vec::new();
     let mut bad = Vec::new();
+    let mut stale = Vec::new();
     for (range, idx) in blocks {
         let alive = live_after(*range, idx);
         let whole = alive >= copies;
@@ -358,8 +381,17 @@ fn settle(
                 // Gone for good, but a lost block's mappings stay: the
                 // exNode never names less of the file than before.
                 Probe::Gone | Probe::Refused(_) => alive > 0,
+                // Silent past the grace: dropped once the block is whole
+                // again, and freed when its depot answers (the caller
+                // records it).
+                Probe::Unreachable(_) | Probe::NoAnswer(_) => {
+                    if whole {
+                        stale.push(x.mappings[i].clone());
+                    }
+                    whole
+                }
                 // Perhaps back tomorrow: kept while the block needs it.
-                Probe::Unreachable(_) | Probe::NoAnswer(_) | Probe::Failed(_) => whole,
+                Probe::Failed(_) => whole,
             };
             if drop {
                 trimmed += 1;
@@ -385,6 +417,7 @@ fn settle(
         short,
         lost,
         bad,
+        stale,
     }
 }
 
@@ -405,5 +438,6 @@ pub async fn release(made: &[lors_exnode::Mapping], pool: &Arc<Pool>) {
 }
 
 mod files;
+mod pause;
 mod stripes;
 pub use files::{Cursor, SaveError, Scrub, Totals, save_kept};

@@ -59,6 +59,7 @@ pub(super) async fn cycle(
         scrubbed: seen.scrubbed,
         corrupt: seen.corrupt,
         dropped_corrupt: Vec::new(),
+        stale: Vec::new(),
         stripes: Some((e.scheme, Vec::new())),
     };
     if whole {
@@ -99,6 +100,14 @@ pub(super) async fn cycle(
             kept.trimmed = r.dropped;
             kept.changed = r.blocks > 0 || r.dropped > 0;
             kept.exnode = r.exnode;
+            // Blocks on depots silent past the grace that the repair
+            // replaced: freed when their depot answers again.
+            let named = crate::commit::named(&kept.exnode);
+            kept.stale = (x.allocations().enumerate())
+                .filter(|(i, _)| matches!(probes[*i], Probe::Unreachable(_) | Probe::NoAnswer(_)))
+                .filter(|(_, m)| crate::commit::key(m).is_some_and(|k| !named.contains(&k)))
+                .map(|(_, m)| m.clone())
+                .collect();
             // Corrupt blocks whose stripe was made whole again: dropped,
             // for the caller to free once the new exNode is written.
             let data = x.mappings.len();

@@ -106,6 +106,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         .tuning
         .options(block_size, s.threads.unwrap_or(0), last_resort);
     let cfg = s.client();
+    // A share checked before anything is written: revoked or run out, it
+    // says so in one line and leaves nothing behind.
+    if let Some(why) = rt.block_on(share_gone(&x, cfg.clone())) {
+        anyhow::bail!(why);
+    }
     let progress = Reporter::new("download", Unit::Bytes, &a.report, stdout);
     let stats = rt.block_on(async {
         let pool = Arc::new(a.bwlimit.pool(cfg));
@@ -132,8 +137,15 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         };
         download(&x, output, &opts, pool, progress.clone()).await
     });
+    let revoked = (stats.as_ref().err()).and_then(|e| lors::share::access_lost(&x, e));
     let stats = match stats.map_err(|e| share_revoked(&x, e)) {
         Ok(s) => s,
+        // Revoked mid-way: a rerun cannot resume, so nothing is kept.
+        Err(_) if revoked.is_some() && !stdout && !device => {
+            let _ = std::fs::remove_file(lors::download::partial_path(&out));
+            let _ = std::fs::remove_file(lors::download::record_path(&out));
+            anyhow::bail!(revoked.unwrap_or_default());
+        }
         Err(e) if !stdout && !device => {
             let part = lors::download::partial_path(&out);
             return Err(if part.exists() {
@@ -216,6 +228,19 @@ fn same_file(a: &std::path::Path, b: &std::path::Path) -> bool {
         (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
         _ => false,
     }
+}
+
+/// For a share (`lors share`): why it can no longer be read, when a depot
+/// says its keys are gone; `None` for any other exNode, or a share whose
+/// keys its depots still know (or that cannot be asked now: the download
+/// says what is wrong then).
+async fn share_gone(x: &lors_exnode::ExNode, cfg: lors_ibp::ClientConfig) -> Option<String> {
+    let why = lors::share::revoked(x)?;
+    let pool = lors::Pool::new(cfg);
+    let probes = lors::manage::probe_all(x, &pool).await;
+    (probes.iter())
+        .any(|p| matches!(p, lors::manage::Probe::Gone))
+        .then_some(why)
 }
 
 /// A download through a shared exNode whose depots no longer know its

@@ -42,6 +42,7 @@ pub(super) fn one_cycle(
                 reliability: s.reliability,
                 stop: Some(stop.clone()),
             },
+            grace: a.grace,
         };
         let first = match n {
             0 if scrub.cursor.file == path => scrub.cursor.mapping,

@@ -28,9 +28,10 @@ use metrics::Metrics;
 ones included): probe every allocation; extend the leases with less than
 --margin left; give each block with fewer live replicas than its copy count
 new ones, copied depot to depot from a live replica (--depot or the L-Bone
-choose where, never beside a replica of the same block); drop mappings that
-are gone for good, and those of unreachable depots once their block has its
-copies again; with --scrub-rate, read back and check the next replicas in
+choose where, never beside a replica of the same block) — a replica whose
+depot does not answer counts for --grace first; drop mappings that are gone
+for good, and those of depots silent past the grace once their block has
+its copies again (freed when the depot answers); with --scrub-rate, read back and check the next replicas in
 turn, replacing a corrupt one. A block with no live replica is reported LOST with its bytes;
 the keeper never makes a replica from anything but a live one. An exNode is
 rewritten atomically, and not at all if it changed while the cycle ran.
@@ -53,6 +54,12 @@ pub struct Args {
     /// Time from the start of one cycle to the start of the next.
     #[arg(long, value_parser = super::duration_arg, default_value = "1h")]
     every: Duration,
+    /// How long a depot may not answer before its replicas are made again
+    /// elsewhere (`0`: at once). A restart or a pause is not a loss; the
+    /// copies made past it are freed on the old depot when it answers
+    /// again.
+    #[arg(long, value_parser = super::duration_arg, default_value = "15m", value_name = "DURATION")]
+    grace: Duration,
     /// Live replicas each block keeps [default: the exNode's own copy
     /// count (recorded at upload, else what its blocks have)].
     #[arg(short, long, value_parser = clap::value_parser!(u64).range(1..=16))]
