@@ -106,7 +106,7 @@ pub(crate) fn upload(
             let _ = std::fs::remove_file(p);
         }
     }
-    Ok(PyExNode::new(x, out))
+    Ok(PyExNode::new(as_saved(x, out.as_deref()), out))
 }
 
 /// Refuses to replace an exNode (it may hold the only capabilities to its
@@ -417,7 +417,14 @@ fn save_to(py: Python<'_>, t: &Target, output: Option<PathOrStr>, x: ExNode) -> 
     if let Some(p) = &path {
         lors::xnd::save(p, &x).map_err(|e| from_xnd(py, &e))?;
     }
-    Ok(PyExNode::new(x, path))
+    Ok(PyExNode::new(as_saved(x, path.as_deref()), path))
+}
+
+/// `x` as saved at `path`: with the record of the file it was saved as
+/// (what tells a later copy of it for one), so the object and its file
+/// are the same exNode.
+pub(crate) fn as_saved(x: ExNode, path: Option<&std::path::Path>) -> ExNode {
+    path.and_then(|p| lors::xnd::load(p).ok()).unwrap_or(x)
 }
 
 /// Adds `copies` more copies of every block, depot to depot; the exNode
@@ -551,7 +558,7 @@ pub(crate) fn trim(
         }
     };
     crate::run::wait(py, run)?.map_err(|e| from_lors(py, &e))?;
-    Ok(PyExNode::new(x, path))
+    Ok(PyExNode::new(as_saved(x, path.as_deref()), path))
 }
 
 /// One allocation's refresh: its number, its new seconds left, or why not.
