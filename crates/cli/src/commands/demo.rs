@@ -153,11 +153,6 @@ async fn demo(a: &Args, dir: &std::path::Path) -> anyhow::Result<()> {
     let stats = download_and_check(a, &x, &data, pool).await?;
     lors::directory::report_rates(Some(&directory), &stats.per_depot, stats.elapsed).await;
     println!("== verified: every byte identical. demo OK");
-    if a.linger.is_zero() {
-        println!(
-            "== stopping the L-Bone and the depots (--linger SECONDS keeps them up to look at the dashboard)"
-        );
-    }
     if !a.linger.is_zero() {
         println!(
             "== keeping the L-Bone ({lb_url}/) and the depots up for {}s (Ctrl-C to stop)",

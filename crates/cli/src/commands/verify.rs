@@ -60,45 +60,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             &Pool::new(s.client()),
             progress.clone(),
         ))?;
-        let numbering = x.numbering();
-        let mut rows: Vec<(usize, usize)> = (0..checks.len())
-            .map(|i| (numbering.number(i), i))
-            .collect();
-        rows.sort_unstable();
-        let mut lines = Vec::new();
-        let data = x.mappings.len();
-        for (n, i) in rows {
-            let (Some(m), c) = (x.allocation(i), &checks[i]) else {
-                continue;
-            };
-            let what = match i < data {
-                true => "mapping",
-                false => "parity block",
-            };
-            let depot = m.depot().unwrap_or_default();
-            if json {
-                lines.push(super::json_line(&Replica {
-                    event: "replica",
-                    file: &name,
-                    mapping: n,
-                    offset: m.exnode_offset,
-                    length: m.logical_length,
-                    depot: &depot,
-                    state: c.state(),
-                    why: (!matches!(c, Check::Good)).then(|| c.reason()),
-                })?);
-            } else if a.all || !c.is_good() {
-                let place = match m.shard().filter(|_| i >= data) {
-                    Some((stripe, index)) => format!("stripe {stripe} block {index}"),
-                    None => format!("bytes {}..{}", m.exnode_offset, m.logical_end()),
-                };
-                lines.push(format!(
-                    "  {what} {n}, {place} on {depot}: {}: {}",
-                    c.state(),
-                    c.reason()
-                ));
-            }
-        }
+        let mut lines = replica_lines(&x, &checks, &name, json, a.all)?;
         let good: Vec<bool> = checks.iter().map(Check::is_good).collect();
         let lost = lost(&x, &good)?;
         let mut file = Summary {
@@ -166,6 +128,57 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         total.replicas,
     );
     Ok(())
+}
+
+/// A line per allocation `checks` found not good (every one with `all`),
+/// in the numbering `lors ls` gives them, or a JSON event each.
+fn replica_lines(
+    x: &lors_exnode::ExNode,
+    checks: &[Check],
+    name: &str,
+    json: bool,
+    all: bool,
+) -> anyhow::Result<Vec<String>> {
+    let numbering = x.numbering();
+    let mut rows: Vec<(usize, usize)> = (0..checks.len())
+        .map(|i| (numbering.number(i), i))
+        .collect();
+    rows.sort_unstable();
+    let mut lines = Vec::new();
+    let data = x.mappings.len();
+    for (n, i) in rows {
+        let (Some(m), c) = (x.allocation(i), &checks[i]) else {
+            continue;
+        };
+        let what = match i < data {
+            true => "mapping",
+            false => "parity block",
+        };
+        let depot = m.depot().unwrap_or_default();
+        if json {
+            lines.push(super::json_line(&Replica {
+                event: "replica",
+                file: name,
+                mapping: n,
+                offset: m.exnode_offset,
+                length: m.logical_length,
+                depot: &depot,
+                state: c.state(),
+                why: (!matches!(c, Check::Good)).then(|| c.reason()),
+            })?);
+        } else if all || !c.is_good() {
+            let place = match m.shard().filter(|_| i >= data) {
+                Some((stripe, index)) => format!("stripe {stripe} block {index}"),
+                None => format!("bytes {}..{}", m.exnode_offset, m.logical_end()),
+            };
+            lines.push(format!(
+                "  {what} {n}, {place} on {depot}: {}: {}",
+                c.state(),
+                c.reason()
+            ));
+        }
+    }
+    Ok(lines)
 }
 
 /// The exNodes named: files, and the `*.xnd` files under directories,

@@ -60,7 +60,8 @@ pub struct Policy {
     /// New replicas: their lease, reliability, and the stop signal.
     pub copy: CopyOptions,
     /// How long a depot may not answer before its replicas are made again
-    /// elsewhere ([`pause`]); zero: at once.
+    /// elsewhere (the mark is `lors_silent_since` on its mappings); zero:
+    /// at once.
     pub grace: Duration,
 }
 

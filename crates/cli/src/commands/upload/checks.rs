@@ -1,7 +1,10 @@
 //! What `lors upload` checks and derives from its flags before anything
 //! is stored: the end-to-end encoding, the output, the block size.
 
+use std::path::PathBuf;
+
 use anyhow::Context as _;
+use lors::uri::ExnodeRef;
 use lors::xndrc::Xndrc;
 use lors_exnode::functions::Codec;
 
@@ -83,4 +86,40 @@ pub(super) fn check_block_size(
         "block size {bs} bytes is below the 64 KiB minimum: every block is an allocation{count}. Use -b 10M (the default), or --small-blocks if you mean it"
     ))
     .into())
+}
+
+/// Where the exNode goes: `-o`, or `FILE.xnd` with `-f`.
+pub(super) fn output(a: &Args) -> anyhow::Result<ExnodeRef> {
+    let stdin = a.file.as_os_str() == "-";
+    if !stdin && a.file.is_dir() {
+        return Err(UsageError(format!(
+            "{} is a directory: lors upload stores one file per exNode. For a tree, copy it into a mount (`lors mount XNDS MNT; cp -r {} MNT/`), or upload each file (`for f in {}/*; do lors upload -o xnds/\"${{f##*/}}\".xnd \"$f\"; done`)",
+            a.file.display(),
+            a.file.display(),
+            a.file.display()
+        ))
+        .into());
+    }
+    match (a.output.clone().or_else(|| a.dest.clone()), a.auto_name) {
+        // A directory: the exNode goes in it, named after the file.
+        (Some(mut o), _) if o.path.is_dir() && !stdin => {
+            let mut name = a.file.file_name().unwrap_or_default().to_owned();
+            name.push(".xnd");
+            o.path = o.path.join(name);
+            Ok(o)
+        }
+        (Some(o), _) => Ok(o),
+        (None, true) if !stdin => {
+            let mut s = a.file.clone().into_os_string();
+            s.push(".xnd");
+            Ok(ExnodeRef {
+                path: PathBuf::from(s),
+                ..ExnodeRef::default()
+            })
+        }
+        _ => Err(UsageError(
+            "say where the exNode goes: -o OUT.xnd (or -f to write FILE.xnd)".into(),
+        )
+        .into()),
+    }
 }

@@ -12,12 +12,11 @@ mod leftover_notes;
 mod store;
 
 pub(crate) use checks::check_output;
-use checks::{chain, check_block_size};
+use checks::{chain, check_block_size, output};
 pub(crate) use leftover_notes::{copies_outcome, failed, record_unreleased};
 use store::store;
 
 use super::{block_size_arg, nonzero_block_size_arg};
-use crate::UsageError;
 use crate::report::{ReportOpts, Reporter, Unit};
 use lors::settings::Layer;
 
@@ -191,42 +190,6 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     ));
     summary(&a, &progress, &out, &x, copies, started.elapsed());
     Ok(())
-}
-
-/// Where the exNode goes: `-o`, or `FILE.xnd` with `-f`.
-fn output(a: &Args) -> anyhow::Result<ExnodeRef> {
-    let stdin = a.file.as_os_str() == "-";
-    if !stdin && a.file.is_dir() {
-        return Err(UsageError(format!(
-            "{} is a directory: lors upload stores one file per exNode. For a tree, copy it into a mount (`lors mount XNDS MNT; cp -r {} MNT/`), or upload each file (`for f in {}/*; do lors upload -o xnds/\"${{f##*/}}\".xnd \"$f\"; done`)",
-            a.file.display(),
-            a.file.display(),
-            a.file.display()
-        ))
-        .into());
-    }
-    match (a.output.clone().or_else(|| a.dest.clone()), a.auto_name) {
-        // A directory: the exNode goes in it, named after the file.
-        (Some(mut o), _) if o.path.is_dir() && !stdin => {
-            let mut name = a.file.file_name().unwrap_or_default().to_owned();
-            name.push(".xnd");
-            o.path = o.path.join(name);
-            Ok(o)
-        }
-        (Some(o), _) => Ok(o),
-        (None, true) if !stdin => {
-            let mut s = a.file.clone().into_os_string();
-            s.push(".xnd");
-            Ok(ExnodeRef {
-                path: PathBuf::from(s),
-                ..ExnodeRef::default()
-            })
-        }
-        _ => Err(UsageError(
-            "say where the exNode goes: -o OUT.xnd (or -f to write FILE.xnd)".into(),
-        )
-        .into()),
-    }
 }
 
 /// The file's name as the exNode records it.
