@@ -618,3 +618,21 @@ fn keep_waits_out_a_pause_and_frees_the_old_copies_when_the_depot_is_back() {
         "the depots hold what the exNode names"
     );
 }
+
+/// An empty file kept with two copies is short of nothing: `stat
+/// --expiring` left it out of its report (it flagged "0 of 2 copies" every
+/// day).
+#[test]
+fn an_empty_file_is_not_under_its_copy_count() {
+    let dir = tempdir();
+    let ds = depots(2, dir.path());
+    let all: Vec<&DepotProc> = ds.iter().collect();
+    let tree = dir.path().join("t");
+    std::fs::create_dir(&tree).unwrap();
+    upload(&all, &tree, "empty", b"", &["-c", "2", "-d", "30d"]);
+    let (ok, out, err) = lors(&["stat", "--expiring", "7d", tree.to_str().unwrap()]);
+    let out = String::from_utf8_lossy(&out);
+    assert!(ok, "{out}{err}");
+    assert!(!out.contains("empty.xnd"), "{out}");
+    assert!(out.contains("0 under their copy count"), "{out}");
+}

@@ -204,15 +204,17 @@ impl<'a> Health<'a> {
                 erasure: Some(st.json()),
             });
         }
+        let copies = lors::manage::copies_policy(x).unwrap_or(1);
         Ok(Health {
             file,
             size: x.logical_size(),
             blocks: blocks.len(),
+            // (A file of no block, an empty one, is short of nothing.)
             min_live_replicas: (blocks.values())
                 .map(|v| v.iter().filter(|&&i| live[i]).count())
                 .min()
-                .unwrap_or(0),
-            copies: lors::manage::copies_policy(x).unwrap_or(1),
+                .unwrap_or(copies),
+            copies,
             soonest_expiry_s,
             lost_bytes: (lors::manage::uncovered(x, &live).iter())
                 .map(|(s, e)| e - s)
