@@ -309,3 +309,70 @@ fn a_full_disk_is_refused_survived_and_recovered_without_a_restart() {
         }
     });
 }
+
+/// A second upload to a depot whose only disk is full says so and leaves
+/// nothing behind (a user saw "Connection reset by peer … during STORE"),
+/// and `lors depot --status` reports the room the disk really has (it
+/// said 964 MiB free with 3.5 MiB left).
+#[test]
+fn an_upload_to_a_full_depot_says_so_and_status_tells_the_real_room() {
+    let dir = tempdir();
+    let Some(disk) = SmallDisk::mount(&dir.path().join("small"), "16m") else {
+        return;
+    };
+    let cfg = dir.path().join("depot.toml");
+    let toml = format!(
+        "listen = \"127.0.0.1:0\"\nsync = \"always\"\n[[resource]]\nrid = \"1\"\npath = \"{}\"\nsize = \"1GiB\"\n",
+        disk.at.join("r1").display()
+    );
+    std::fs::write(&cfg, toml).unwrap();
+    let d = DepotProc::start_in(
+        &disk.wrap(),
+        dir.path(),
+        &["--config", cfg.to_str().unwrap()],
+    );
+    let up = |name: &str| {
+        let src = dir.path().join(name);
+        std::fs::write(&src, pattern(10 << 20, 1)).unwrap();
+        let xnd = dir.path().join(format!("{name}.xnd"));
+        let r = crate::util::lors(&[
+            "upload",
+            "-q",
+            "-c",
+            "1",
+            "-b",
+            "1M",
+            "--depot",
+            &d.addr,
+            "-o",
+            xnd.to_str().unwrap(),
+            src.to_str().unwrap(),
+        ]);
+        (r, xnd)
+    };
+    let ((ok, _, err), _) = up("first");
+    assert!(ok, "{err}");
+    let ((ok, _, err), second) = up("second");
+    assert!(!ok, "a 10 MiB upload fitted a 16 MiB disk twice");
+    assert!(!err.contains("reset by peer"), "{err}");
+    eprintln!("{err}");
+    assert!(
+        err.contains("IBP_E_WOULD_EXCEED_LIMIT") || err.contains("full"),
+        "{err}"
+    );
+    assert!(!second.exists(), "no exNode of a failed upload");
+    let (ok, out, err) = crate::util::lors(&["depot", "--status", &d.addr]);
+    let out = String::from_utf8_lossy(&out);
+    assert!(ok, "{err}");
+    // RID SIZE USED USED% HARD-USED FREE MAX-LEASE, sizes as "1.0 GiB".
+    let row: Vec<&str> = (out.lines())
+        .find(|l| l.starts_with("1 "))
+        .unwrap_or_else(|| panic!("{out}"))
+        .split_whitespace()
+        .collect();
+    let (free, unit) = (row[8].parse::<f64>().unwrap(), row[9]);
+    assert!(
+        matches!(unit, "B" | "KiB") || (unit == "MiB" && free < 6.0),
+        "FREE is what the 16 MiB disk holds, less the first upload: {out}"
+    );
+}
