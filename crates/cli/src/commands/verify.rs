@@ -1,5 +1,7 @@
 //! `lors verify`: read every replica back and check it (a scrub).
 
+use std::sync::Arc;
+
 use lors::Pool;
 use lors::uri::ExnodeRef;
 use lors::verify::Check;
@@ -49,17 +51,21 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let json = progress.is_json();
     let mut total = Summary::default();
     let mut report = Vec::new();
+    let mut jobs = Vec::new();
     for (r, path) in files(&a.exnodes)? {
         let s = super::settings(&a.net, Default::default(), Some(r))?;
         let x = lors::xnd::load(&path)?;
         // What a download would refuse is no file to vouch for.
         lors::plan::check_exnode(&x)?;
-        let name = path.display().to_string();
-        let checks = rt.block_on(lors::verify::verify(
-            &x,
-            &Pool::new(s.client()),
-            progress.clone(),
-        ))?;
+        jobs.push((
+            path.display().to_string(),
+            Arc::new(x),
+            Arc::new(Pool::new(s.client())),
+        ));
+    }
+    let progress_dyn: Arc<dyn lors::Progress> = progress.clone();
+    let all = rt.block_on(verify_all(&jobs, progress_dyn))?;
+    for ((name, x, _), checks) in jobs.iter().zip(all) {
         let mut lines = replica_lines(&x, &checks, &name, json, a.all)?;
         let good: Vec<bool> = checks.iter().map(Check::is_good).collect();
         let lost = lost(&x, &good)?;
@@ -128,6 +134,33 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         total.replicas,
     );
     Ok(())
+}
+
+/// Files verified at once: a depot that does not answer costs one
+/// stall for all of them, not one per file.
+const AT_ONCE: usize = 16;
+
+/// Every exNode of `jobs` (name, exNode, pool) verified, [`AT_ONCE`] at a
+/// time; the checks in `jobs`' order.
+async fn verify_all(
+    jobs: &[(String, Arc<lors_exnode::ExNode>, Arc<Pool>)],
+    progress: Arc<dyn lors::Progress>,
+) -> anyhow::Result<Vec<Vec<Check>>> {
+    let limit = Arc::new(tokio::sync::Semaphore::new(AT_ONCE));
+    let mut set = tokio::task::JoinSet::new();
+    for (i, (_, x, pool)) in jobs.iter().enumerate() {
+        let (x, pool, progress, limit) = (x.clone(), pool.clone(), progress.clone(), limit.clone());
+        set.spawn(async move {
+            let _turn = limit.acquire_owned().await;
+            (i, lors::verify::verify(&x, &pool, progress).await)
+        });
+    }
+    let mut out: Vec<Option<Vec<Check>>> = vec![None; jobs.len()];
+    while let Some(done) = set.join_next().await {
+        let (i, checks) = done?;
+        out[i] = Some(checks?);
+    }
+    Ok(out.into_iter().map(Option::unwrap_or_default).collect())
 }
 
 /// A line per allocation `checks` found not good (every one with `all`),

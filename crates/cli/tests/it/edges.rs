@@ -200,11 +200,12 @@ fn verify_reads_parity_blocks_and_takes_directories() {
     );
 }
 
-/// Many exNodes and one hung depot: `stat` probes them together, so the
-/// hung depot costs one probe timeout in all, not one per file (21 files
-/// took 34 s one after another).
+/// Many exNodes and one hung depot: `stat` probes them together and
+/// `verify` reads them together, so the hung depot costs one stall in
+/// all, not one per file (21 files took 34 s one after another; verify 2 s
+/// a file).
 #[test]
-fn stat_over_many_files_pays_for_a_hung_depot_once() {
+fn stat_and_verify_over_many_files_pay_for_a_hung_depot_once() {
     let dir = tempdir();
     let ds = depots(3, dir.path());
     let many = dir.path().join("many");
@@ -219,12 +220,22 @@ fn stat_over_many_files_pays_for_a_hung_depot_once() {
             &["-c", "2"],
         );
     }
-    ds[0].signal("STOP");
-    let args = ["stat", "--expiring", "7d", many.to_str().unwrap()];
-    let r = lors_within(&args, std::time::Duration::from_secs(20));
-    ds[0].signal("CONT");
-    let (_, err) = r.expect("21 files with a hung depot take about one probe timeout, not 21");
+    // The depot holding the first file's first replica: it holds some.
+    let x = lors::xnd::load(&many.join("f00.xnd")).unwrap();
+    let hung = (ds.iter())
+        .find(|d| x.mappings[0].depot().as_ref() == Some(&d.addr))
+        .unwrap();
+    hung.signal("STOP");
+    let m = many.to_str().unwrap();
+    let limit = std::time::Duration::from_secs(20);
+    let stat = lors_within(&["stat", "--expiring", "7d", m], limit);
+    let verify = lors_within(&["verify", m], limit);
+    hung.signal("CONT");
+    let (_, err) = stat.expect("21 files with a hung depot take about one probe timeout, not 21");
     assert!(!err.contains("panicked"), "{err}");
+    let (ok, err) =
+        verify.expect("21 files verified with a hung depot take about one stall, not 21");
+    assert!(!ok && err.contains("cannot be read"), "{err}");
 }
 
 /// `lors keep` over an erasure-coded file with a dead depot and no depot
