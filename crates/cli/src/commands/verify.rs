@@ -66,9 +66,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let progress_dyn: Arc<dyn lors::Progress> = progress.clone();
     let all = rt.block_on(verify_all(&jobs, progress_dyn))?;
     for ((name, x, _), checks) in jobs.iter().zip(all) {
-        let mut lines = replica_lines(&x, &checks, &name, json, a.all)?;
+        let mut lines = replica_lines(x, &checks, name, json, a.all)?;
         let good: Vec<bool> = checks.iter().map(Check::is_good).collect();
-        let lost = lost(&x, &good)?;
+        let lost = lost(x, &good)?;
         let mut file = Summary {
             replicas: checks.len(),
             good: checks.iter().filter(|c| matches!(c, Check::Good)).count(),
@@ -89,9 +89,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 }
             }
             let states: Vec<String> = states.iter().map(|(s, k)| format!("{k} {s}")).collect();
-            let of = match lors_exnode::erasure::Erasure::of(&x)? {
+            let of = match lors_exnode::erasure::Erasure::of(x)? {
                 Some(e) => format!("blocks of {} stripes ({})", e.stripes(), e.scheme),
-                None => format!("replicas of {} blocks", lors::manage::blocks(&x).len()),
+                None => format!("replicas of {} blocks", lors::manage::blocks(x).len()),
             };
             report.push(format!(
                 "{name}: {} {of}: {}",
