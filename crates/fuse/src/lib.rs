@@ -572,7 +572,14 @@ impl Filesystem for Fs {
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         match self.open_file(ino.0, flags.0, false) {
             Ok((fh, _)) => reply.opened(FileHandle(fh), FopenFlags::empty()),
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => {
+                // The program sees EROFS alone; the mount's log says why
+                // (no write capability, or an erasure-coded file).
+                if e.kind() == io::ErrorKind::ReadOnlyFilesystem {
+                    tracing::warn!(error = %e, "opened for writing: refused");
+                }
+                reply.error(errno(&e))
+            }
         }
     }
 
