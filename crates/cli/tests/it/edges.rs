@@ -33,16 +33,7 @@ fn route_keeps_the_files_copy_count_unless_told() {
         assert!(on.iter().all(|d| targets.contains(d.as_str())), "{on:?}");
     }
     assert_eq!(lors::manage::copies_policy(&x), Some(2));
-    let out = dir.path().join("out");
-    let (ok, _, err) = lors(&[
-        "download",
-        "-q",
-        "-o",
-        out.to_str().unwrap(),
-        xnd.to_str().unwrap(),
-    ]);
-    assert!(ok, "{err}");
-    assert!(std::fs::read(&out).unwrap() == data);
+    assert_downloads(&xnd, &data, dir.path());
 
     let (ok, _, err) = lors(&[
         "route",
@@ -381,16 +372,7 @@ fn a_routed_copy_keeps_its_replicas_when_the_original_is_trimmed() {
         f.to_str().unwrap(),
     ]);
     assert!(ok, "{err}");
-    let out = dir.path().join("out");
-    let (ok, _, err) = lors(&[
-        "download",
-        "-q",
-        "-o",
-        out.to_str().unwrap(),
-        at_b.to_str().unwrap(),
-    ]);
-    assert!(ok, "{err}");
-    assert!(std::fs::read(&out).unwrap() == data);
+    assert_downloads(&at_b, &data, dir.path());
     let (ok, _, err) = lors(&["verify", at_b.to_str().unwrap()]);
     assert!(ok, "every replica of the routed copy is whole: {err}");
 }
@@ -432,15 +414,7 @@ fn a_lors_uri_finds_the_lbone_on_its_http_port() {
     let uri = format!("lors://{}/{}?copies=1", lb.http, xnd.display());
     let (ok, _, err) = lors(&["upload", "-q", "-o", &uri, src.to_str().unwrap()]);
     assert!(ok, "{err}");
-    let out = dir.path().join("out");
-    let (ok, _, err) = lors(&[
-        "download",
-        "-q",
-        "-o",
-        out.to_str().unwrap(),
-        xnd.to_str().unwrap(),
-    ]);
-    assert!(ok && std::fs::read(&out).unwrap() == data, "{err}");
+    assert_downloads(&xnd, &data, dir.path());
 }
 
 /// `lors upload DIR` says what to do instead (it used to fail with "Is a
@@ -483,15 +457,7 @@ fn upload_takes_a_directory_output_and_explains_a_directory_input() {
     ]);
     assert!(ok, "{err}");
     let xnd = xnds.join("run42.dat.xnd");
-    let out = dir.path().join("out");
-    let (ok, _, err) = lors(&[
-        "download",
-        "-q",
-        "-o",
-        out.to_str().unwrap(),
-        xnd.to_str().unwrap(),
-    ]);
-    assert!(ok && std::fs::read(&out).unwrap() == data, "{err}");
+    assert_downloads(&xnd, &data, dir.path());
 }
 
 /// A share's `stat` shows when the share ends, not the owner's lease
@@ -620,9 +586,7 @@ fn keep_waits_out_a_pause_and_frees_the_old_copies_when_the_depot_is_back() {
     ds[paused].signal("CONT");
     let (ok, _, err) = lors(&grace);
     assert!(ok, "{err}");
-    let outp = dir.path().join("out");
-    let (ok, _, err) = lors(&["download", "-q", "-o", outp.to_str().unwrap(), path]);
-    assert!(ok && std::fs::read(&outp).unwrap() == data, "{err}");
+    assert_downloads(&f, &data, dir.path());
     assert_eq!(
         crate::copies::held(&ds, dir.path()),
         crate::copies::named(&ds, &[&f]),

@@ -540,3 +540,22 @@ pub fn in_private_mounts(script: &str) -> Option<std::process::Output> {
     }
     Some(run)
 }
+
+/// `xnd` downloads (to `dir/out`, replaced) as exactly `data`.
+pub fn assert_downloads(xnd: &Path, data: &[u8], dir: &Path) {
+    let out = dir.join("out");
+    let _ = std::fs::remove_file(&out);
+    let (ok, _, err) = lors(&[
+        "download",
+        "-q",
+        "-o",
+        out.to_str().unwrap(),
+        xnd.to_str().unwrap(),
+    ]);
+    assert!(ok, "{}: {err}", xnd.display());
+    assert!(
+        std::fs::read(&out).unwrap() == data,
+        "{} differs",
+        xnd.display()
+    );
+}
