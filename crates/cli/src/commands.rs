@@ -416,13 +416,13 @@ pub fn as_locked<'a>(
 }
 
 /// `x`, about to be saved at `out`: when that is a new file beside the
-/// `input` it came from, the input stays whole — it keeps its references,
+/// `input` it came from (`read` from there), the input stays whole — it keeps its references,
 /// so nothing it names is the run's to free — and `x` takes its own on
 /// what it shares with the input, so removing either later leaves the
 /// other its data. Whether `out` is such a new file.
 pub fn as_new_file(
     rt: &tokio::runtime::Runtime,
-    input: &std::path::Path,
+    (input, read): (&std::path::Path, &ExNode),
     out: &std::path::Path,
     x: &mut ExNode,
     pool: &std::sync::Arc<lors::Pool>,
@@ -430,7 +430,7 @@ pub fn as_new_file(
     if input == out {
         return Ok(false);
     }
-    let borrowed = rt.block_on(lors::commit::share_with(input, x, pool))?;
+    let borrowed = rt.block_on(lors::commit::share_with(read, x, pool));
     if borrowed > 0 {
         eprintln!(
             "lors: {borrowed} allocations {} shares with {} could not take a reference of their own: removing {} frees them",

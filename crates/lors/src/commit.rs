@@ -140,14 +140,12 @@ pub async fn adopt(path: &Path, pool: &Arc<Pool>) -> Result<Option<usize>> {
     Ok(Some(borrowed))
 }
 
-/// `new`, about to be saved as a file beside `input` (which stays), takes
-/// its own reference on each allocation `input` also names.
-pub async fn share_with(input: &Path, new: &mut ExNode, pool: &Arc<Pool>) -> Result<usize> {
-    let theirs = match xnd::load(input) {
-        Ok(x) => named(&x),
-        Err(_) => return Ok(0),
-    };
-    Ok(take_references(new, |m| key(m).is_some_and(|k| theirs.contains(&k)), pool).await)
+/// `new`, about to be saved as a file beside the exNode `input` (whose
+/// file stays), takes its own reference on each allocation `input` also
+/// names. How many it could not take ([`take_references`]).
+pub async fn share_with(input: &ExNode, new: &mut ExNode, pool: &Arc<Pool>) -> usize {
+    let theirs = named(input);
+    take_references(new, |m| key(m).is_some_and(|k| theirs.contains(&k)), pool).await
 }
 
 /// Fails unless an exNode can be saved at `path`: its directory exists

@@ -530,14 +530,13 @@ pub(crate) fn trim(
         false => Vec::new(),
     };
     let mut x = trimmed.exnode;
-    if let (true, Some(input)) = (new_file, t.path.clone()) {
-        let (pool, mut y) = (pool.clone(), x.clone());
+    if new_file {
+        let (pool, input, mut y) = (pool.clone(), t.x.clone(), x.clone());
         let shared = async move {
-            lors::commit::share_with(&input, &mut y, &pool)
-                .await
-                .map(|_| y)
+            lors::commit::share_with(&input, &mut y, &pool).await;
+            y
         };
-        x = crate::run::wait(py, shared)?.map_err(|e| from_lors(py, &e))?;
+        x = crate::run::wait(py, shared)?;
     }
     // Saved before anything it no longer names is freed (lors::commit); an
     // exNode only in memory is the caller's to keep.

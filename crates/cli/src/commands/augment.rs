@@ -82,7 +82,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     // A failed save leaves the copies named nowhere: the session's end
     // frees them (its journal lists them).
     let r = super::upload::copies_outcome("augment", y, &out, &signal).and_then(|mut y| {
-        super::as_new_file(&rt, &a.exnode.path, &out, &mut y, &pool)?;
+        super::as_new_file(&rt, (&a.exnode.path, &x), &out, &mut y, &pool)?;
         Ok(lors::xnd::save(&out, &y).map(|()| y)?)
     });
     let y = super::end(&rt, session, &pool, r)?;
@@ -147,7 +147,7 @@ fn repair(
             Err(e @ lors::Error::Abandoned { .. }) => return Err(super::upload::failed(e, out)),
             r => super::upload::copies_outcome("repair", r, out, &signal)?,
         };
-        let new_file = super::as_new_file(rt, &a.exnode.path, out, &mut r.exnode, &pool)?;
+        let new_file = super::as_new_file(rt, (&a.exnode.path, &x), out, &mut r.exnode, &pool)?;
         // Saved before the corrupt blocks it replaced are freed (the
         // input's, unless the result is a new file beside it).
         let to_free = match new_file {

@@ -134,7 +134,7 @@ fn route(
     {
         crate::report::clear();
         let mut stored = stored.clone();
-        super::as_new_file(rt, &a.exnode.path, out, &mut stored, pool)?;
+        super::as_new_file(rt, (&a.exnode.path, x), out, &mut stored, pool)?;
         lors::xnd::save(out, &stored)?;
         let n = stored.allocations().count() - x.allocations().count();
         eprintln!(
@@ -154,7 +154,7 @@ fn route(
     // The new exNode is saved before anything only the old one named is
     // released: a failure or a kill in between leaves the old file or the
     // new one whole, and what is to be freed recorded in OUT.partial.
-    let new_file = super::as_new_file(rt, &a.exnode.path, out, &mut t.exnode, pool)?;
+    let new_file = super::as_new_file(rt, (&a.exnode.path, x), out, &mut t.exnode, pool)?;
     let old = match a.keep_old || new_file {
         true => Vec::new(),
         false => t.dropped.iter().map(|(_, m)| m.clone()).collect(),

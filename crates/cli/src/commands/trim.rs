@@ -116,7 +116,7 @@ fn trim(
     );
     let numbering = x.numbering();
     let mut t = lors::manage::trim(&x, sel, a.allow_holes)?;
-    let new_file = super::as_new_file(rt, &a.exnode.path, out, &mut t.exnode, pool)?;
+    let new_file = super::as_new_file(rt, (&a.exnode.path, &x), out, &mut t.exnode, pool)?;
     let progress = Reporter::new("trim", Unit::Allocations, &a.report, false);
     // A record beside an exNode (`OUT.partial`) frees only what that
     // exNode no longer names: a run that died before its save recorded
