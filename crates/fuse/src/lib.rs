@@ -64,6 +64,18 @@ pub struct Options {
     /// process without `CAP_SYS_ADMIN` or `CAP_SYS_RESOURCE` copies anyway:
     /// see [`lors_ibp::spliced::unlimited`].)
     pub copy_reads: bool,
+    /// Permission bits of files that record none (exNodes written by
+    /// `lors upload`, `augment`, `route`, or copied in): without it they
+    /// show the `.xnd` file's own, owner-only, as it holds keys. Files
+    /// created or `chmod`ed through a mount or libxio keep the mode they
+    /// were given.
+    pub file_mode: Option<u32>,
+    /// The owner every file and the root show, instead of the exNode
+    /// directory's: with [`Options::allow_other`], how a server running
+    /// as another user (nginx's `www-data`) reads owner-only files.
+    pub uid: Option<u32>,
+    /// The group every file and the root show.
+    pub gid: Option<u32>,
 }
 
 /// Mounts `dir` on `mountpoint` and serves it until unmounted (`umount`,
@@ -90,6 +102,8 @@ pub fn run(
     let fs = Fs {
         dir: dir.to_path_buf(),
         open: opts.open.clone(),
+        file_mode: opts.file_mode.map(|m| m & 0o7777),
+        owner: (opts.uid, opts.gid),
         dev: dev.clone(),
         names: Mutex::new(Names::default()),
         handles: Mutex::new(HashMap::new()),
@@ -231,6 +245,10 @@ struct Handle {
 struct Fs {
     dir: PathBuf,
     open: OpenOptions,
+    /// [`Options::file_mode`].
+    file_mode: Option<u32>,
+    /// [`Options::uid`] and [`Options::gid`].
+    owner: (Option<u32>, Option<u32>),
     /// The FUSE device, once mounted, for spliced READ replies
     /// ([`splice`]); never set with [`Options::copy_reads`].
     dev: Arc<OnceLock<OwnedFd>>,
@@ -293,8 +311,8 @@ impl Fs {
                 kind: FileType::Directory,
                 perm: (m.mode() & 0o7777) as u16,
                 nlink: 2,
-                uid: m.uid(),
-                gid: m.gid(),
+                uid: self.owner.0.unwrap_or(m.uid()),
+                gid: self.owner.1.unwrap_or(m.gid()),
                 rdev: 0,
                 blksize: 4096,
                 flags: 0,
@@ -311,6 +329,13 @@ impl Fs {
             })?,
         };
         let fsm = std::fs::metadata(self.xnd(&name))?;
+        let mut perm = match (m.mode_recorded, self.file_mode) {
+            (false, Some(mode)) => mode,
+            _ => m.permissions,
+        };
+        if m.readonly {
+            perm &= !0o222;
+        }
         Ok(FileAttr {
             ino: INodeNo(ino),
             size: m.len,
@@ -320,10 +345,10 @@ impl Fs {
             ctime: m.modified,
             crtime: SystemTime::UNIX_EPOCH,
             kind: FileType::RegularFile,
-            perm: m.permissions as u16,
+            perm: perm as u16,
             nlink: 1,
-            uid: fsm.uid(),
-            gid: fsm.gid(),
+            uid: self.owner.0.unwrap_or(fsm.uid()),
+            gid: self.owner.1.unwrap_or(fsm.gid()),
             rdev: 0,
             blksize: 1 << 20,
             flags: 0,
@@ -381,16 +406,12 @@ impl Fs {
 
     /// Frees what the exNode `name` holds on depots (as far as it can) and
     /// removes the `.xnd`.
+    /// What `lors rm` does: an erasure-coded file's blocks, parity too,
+    /// are freed as a plain one's; those another exNode also names (a
+    /// copy) lose only this file's reference; a read-only copy frees
+    /// nothing.
     fn remove(&self, name: &OsStr) -> io::Result<()> {
-        let mut o = self.open.clone();
-        o.write(true).truncate(true);
-        match o.open(&self.target(name)?) {
-            Ok(f) => f.close()?,
-            // Read-only exNodes: nothing of ours to free.
-            Err(e) if e.kind() == io::ErrorKind::ReadOnlyFilesystem => {}
-            Err(e) => return Err(e),
-        }
-        std::fs::remove_file(self.xnd(name))
+        self.open.remove(&self.target(name)?)
     }
 
     fn lookup_name(&self, parent: INodeNo, name: &OsStr) -> io::Result<FileAttr> {
@@ -588,8 +609,8 @@ impl Filesystem for Fs {
         _req: &Request,
         parent: INodeNo,
         name: &OsStr,
-        _mode: u32,
-        _umask: u32,
+        mode: u32,
+        umask: u32,
         flags: i32,
         reply: ReplyCreate,
     ) {
@@ -600,9 +621,12 @@ impl Filesystem for Fs {
             return reply.error(Errno::EINVAL);
         }
         let ino = lock(&self.names).ino(name);
-        let r = self
-            .open_file(ino, flags, true)
-            .and_then(|(fh, _)| Ok((fh, self.attr(ino)?)));
+        let r = self.open_file(ino, flags, true).and_then(|(fh, h)| {
+            // The mode the program asked for (0644 from `cp`, 0664 under
+            // umask 002), saved with the file; not the `.xnd`'s own.
+            lock(&h.file).set_attributes(None, None, Some(mode & !umask & 0o7777));
+            Ok((fh, self.attr(ino)?))
+        });
         match r {
             Ok((fh, a)) => {
                 reply.created(&TTL, &a, Generation(0), FileHandle(fh), FopenFlags::empty())
@@ -831,4 +855,42 @@ fn set_dir_attrs(
         std::fs::File::open(dir)?.set_times(times)?;
     }
     Ok(())
+}
+
+/// The uid of `user`: a number, or a name in `/etc/passwd` (users known
+/// only to LDAP or another NSS source: give the number, `id -u USER`).
+///
+/// ```no_run
+/// let www = lors_fuse::uid_of("www-data")?;
+/// # Ok::<(), std::io::Error>(())
+/// ```
+pub fn uid_of(user: &str) -> io::Result<u32> {
+    lookup(user, "user", Path::new("/etc/passwd"))
+}
+
+/// The gid of `group`: a number, or a name in `/etc/group`.
+pub fn gid_of(group: &str) -> io::Result<u32> {
+    lookup(group, "group", Path::new("/etc/group"))
+}
+
+/// `name`'s number in a `name:password:number:…` file.
+fn lookup(name: &str, what: &str, file: &Path) -> io::Result<u32> {
+    if let Ok(n) = name.parse::<u32>() {
+        return Ok(n);
+    }
+    let text = std::fs::read_to_string(file)
+        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", file.display())))?;
+    (text.lines())
+        .map(|l| l.split(':').collect::<Vec<_>>())
+        .find(|f| f.first() == Some(&name))
+        .and_then(|f| f.get(2)?.parse().ok())
+        .ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                format!(
+                    "no {what} named {name} in {} (give its number instead)",
+                    file.display()
+                ),
+            )
+        })
 }

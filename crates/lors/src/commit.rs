@@ -248,6 +248,57 @@ pub async fn save_then_release(
     })
 }
 
+/// Removes the exNode at `path` as `rm` removes a file: what it names is
+/// released — those allocations another exNode also names lose only this
+/// file's reference — and the file goes. Taken under its [`Lock`] (waiting
+/// up to `wait`); a copy made outside lors takes its references first.
+/// The exNode is saved empty before anything is released, so a kill
+/// mid-way leaves a file naming nothing and the record of what is left,
+/// never one naming freed allocations. The number of allocations released.
+///
+/// # Errors
+/// [`Error::NotReleased`] when a depot did not release one: the emptied
+/// exNode stays with its record, and removing it again finishes.
+pub async fn remove(path: &Path, pool: &Arc<Pool>, wait: std::time::Duration) -> Result<usize> {
+    let meta = std::fs::symlink_metadata(path)
+        .map_err(|e| Error::io(format!("cannot remove {}", path.display()), e))?;
+    if !meta.is_file() {
+        return Err(Error::io(
+            "not a regular file (a directory, link or device): name the exNode files",
+            std::io::Error::from(std::io::ErrorKind::InvalidInput),
+        ));
+    }
+    let session = Session::begin(path, pool, wait).await?;
+    let r = async {
+        let x = xnd::load(path)?;
+        let empty = ExNode {
+            metadata: x.metadata.clone(),
+            ..Default::default()
+        };
+        // Those without a manage capability (a read-only copy's) were
+        // never this file's to free.
+        let all: Vec<Mapping> = (x.allocations())
+            .filter(|m| m.manage.is_some())
+            .cloned()
+            .collect();
+        let done = save_then_release(path, &empty, all, pool).await?;
+        match done.kept.first() {
+            None => Ok(done.freed),
+            Some((_, why)) => Err(Error::NotReleased {
+                count: done.kept.len(),
+                why: why.clone(),
+                record: leftover::record_path(path),
+            }),
+        }
+    }
+    .await;
+    let ended = session.end(pool).await;
+    let freed = r?;
+    ended?;
+    std::fs::remove_file(path).map_err(|e| Error::io(format!("removing {}", path.display()), e))?;
+    Ok(freed)
+}
+
 /// The keys of `free` a depot released: all but the `unreleased`.
 fn freed(free: &[Mapping], unreleased: &HashSet<String>) -> HashSet<String> {
     (free.iter().filter_map(key))

@@ -196,6 +196,17 @@ pub enum Error {
     /// read or saved.
     #[error(transparent)]
     Xnd(#[from] crate::xnd::XndError),
+    /// [`crate::commit::remove`] left allocations a depot did not release:
+    /// the exNode stays, emptied, beside the record naming them.
+    #[error("{count} allocations not released ({why}); the emptied exNode stays, with what is left named in {}: remove it again to finish", .record.display())]
+    NotReleased {
+        /// How many.
+        count: usize,
+        /// Why the first was not.
+        why: String,
+        /// The record naming them.
+        record: std::path::PathBuf,
+    },
 }
 
 /// An error and its sources, as `anyhow` prints them with `{:#}`.

@@ -381,10 +381,18 @@ impl File {
         }
     }
 
+    /// The file's data changed now (a write, a truncation).
     fn touch(&mut self) {
-        self.dirty = true;
         self.modified = Some(SystemTime::now());
         self.times_set = false;
+        self.changed();
+    }
+
+    /// The exNode changed but not the data it holds: stored blocks of
+    /// earlier writes landed. The modification time stays that of the
+    /// writes, or the one a program set since (`cp -p`, `tar -x`).
+    fn changed(&mut self) {
+        self.dirty = true;
         self.reader.lock().invalidate();
         // Readers waiting for a stream that is gone look again.
         self.reader.arrived.notify_all();

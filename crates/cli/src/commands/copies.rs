@@ -130,41 +130,5 @@ pub fn rm(a: RmArgs) -> anyhow::Result<()> {
 /// Removes one exNode: its references dropped, then the file. The number
 /// of allocations released.
 fn remove(rt: &tokio::runtime::Runtime, path: &Path, pool: &Arc<Pool>) -> anyhow::Result<usize> {
-    let meta = std::fs::symlink_metadata(path)
-        .map_err(|e| anyhow::anyhow!("cannot remove {}: {e}", path.display()))?;
-    anyhow::ensure!(
-        meta.is_file(),
-        "not a regular file (a directory, link or device): name the exNode files"
-    );
-    // Locked, what an earlier run left settled, and a copy made outside
-    // lors given its references first (so dropping them is its own).
-    let session = super::begin(rt, path, pool)?;
-    let r = (|| {
-        let x = lors::xnd::load(path)?;
-        let empty = lors_exnode::ExNode {
-            metadata: x.metadata.clone(),
-            ..Default::default()
-        };
-        // Those without a manage capability (a read-only copy's) were
-        // never this file's to free.
-        let all: Vec<_> = (x.allocations())
-            .filter(|m| m.manage.is_some())
-            .cloned()
-            .collect();
-        // Saved empty first: a kill mid-way leaves a file naming nothing
-        // and the record of what is left to free, never a file naming
-        // freed allocations.
-        let done = rt.block_on(lors::commit::save_then_release(path, &empty, all, pool))?;
-        anyhow::ensure!(
-            done.kept.is_empty(),
-            "{} allocations not released ({}); the emptied exNode stays, with what is left named in {}: run the same command again",
-            done.kept.len(),
-            done.kept[0].1,
-            lors::leftover::record_path(path).display()
-        );
-        Ok(done.freed)
-    })();
-    let freed = super::end(rt, session, pool, r)?;
-    std::fs::remove_file(path).map_err(|e| anyhow::anyhow!("removing {}: {e}", path.display()))?;
-    Ok(freed)
+    Ok(rt.block_on(lors::commit::remove(path, pool, super::LOCK_WAIT))?)
 }

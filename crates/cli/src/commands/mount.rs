@@ -15,6 +15,7 @@ use crate::UsageError;
   ffmpeg -i /mnt/runs/video.mp4 -f null -                # reads with read-ahead
   cp results.tar /mnt/runs/                              # stores it, writes runs/results.tar.xnd
   umount /mnt/runs                                       # (or Ctrl-C) stores open files, unmounts
+  lors mount --allow-other --file-mode 0644 --uid www-data runs/ /srv/runs &   # for nginx
 
 Reads fetch blocks from the best replicas with read-ahead for sequential
 readers; writes are stored in blocks of the write buffer (-B) on the depots
@@ -65,6 +66,26 @@ pub struct Args {
     /// or a kernel that refuses spliced replies.
     #[arg(long)]
     copy_reads: bool,
+    /// Permission bits (octal) of files that record none — those written
+    /// by lors upload, augment or route, or copied in — e.g. 0644 to serve
+    /// them [default: the .xnd's own, owner-only]. Files created or
+    /// chmod'ed through a mount keep theirs.
+    #[arg(long, value_name = "MODE", value_parser = mode_arg)]
+    file_mode: Option<u32>,
+    /// Owner (name or number) every file shows, e.g. www-data for a web
+    /// server, with --allow-other [default: the .xnd's].
+    #[arg(long, value_name = "USER")]
+    uid: Option<String>,
+    /// Group (name or number) every file shows [default: the .xnd's].
+    #[arg(long, value_name = "GROUP")]
+    gid: Option<String>,
+}
+
+fn mode_arg(s: &str) -> Result<u32, String> {
+    u32::from_str_radix(s.trim_start_matches("0o"), 8)
+        .ok()
+        .filter(|m| *m <= 0o7777)
+        .ok_or_else(|| format!("{s:?} is not a mode: give octal permission bits, e.g. 0644"))
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
@@ -93,10 +114,19 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         .cache(a.cache)
         .depots(a.depots)
         .settings(s);
+    let id = |v: &Option<String>, of: fn(&str) -> std::io::Result<u32>| {
+        v.as_deref()
+            .map(of)
+            .transpose()
+            .map_err(|e| UsageError(e.to_string()))
+    };
     let opts = lors_fuse::Options {
         open,
         allow_other: a.allow_other,
         copy_reads: a.copy_reads,
+        file_mode: a.file_mode,
+        uid: id(&a.uid, lors_fuse::uid_of)?,
+        gid: id(&a.gid, lors_fuse::gid_of)?,
     };
     lors_fuse::run(&a.dir, &a.mountpoint, &opts, |m| {
         // On standard output, so a script can wait for it.

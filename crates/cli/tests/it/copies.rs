@@ -53,7 +53,7 @@ pub(crate) fn named(ds: &[DepotProc], xnds: &[&PathBuf]) -> BTreeMap<String, BTr
 
 /// Each of `live` downloads as its data, and the depots hold what they
 /// name and nothing else.
-fn check(ds: &[DepotProc], dir: &Path, live: &[(&PathBuf, &[u8])], after: &str) {
+pub(crate) fn check(ds: &[DepotProc], dir: &Path, live: &[(&PathBuf, &[u8])], after: &str) {
     for (xnd, data) in live {
         let out = dir.join("out");
         let _ = std::fs::remove_file(&out);

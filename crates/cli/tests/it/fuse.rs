@@ -394,6 +394,18 @@ fn mount_keeps_times_and_modes_across_a_remount() {
         dir.path(),
     );
     sh(&format!("rsync -a tree/ {}/", mnt.display()), dir.path());
+    // cp -p and tar -xpf set the times while the file is open, before its
+    // blocks are stored at close; new files take the mode asked for.
+    sh(
+        &format!(
+            "chmod 0644 tree/a.bin && cp -p tree/a.bin {m}/cp-p \
+             && chmod 0664 tree/b.bin && tar -cf t.tar -C tree b.bin \
+             && tar -xpf t.tar -C {m} --transform s/b.bin/tarred/ \
+             && (umask 002 && echo hi > {m}/umask002) && (umask 022 && touch {m}/touched)",
+            m = mnt.display()
+        ),
+        dir.path(),
+    );
     let stat = |f: &str| sh(&format!("stat -c '%a %Y' {f}"), &mnt);
     assert_eq!(stat("f").trim(), "640 981173106");
     // mkdir: refused, the log says why.
@@ -410,6 +422,18 @@ fn mount_keeps_times_and_modes_across_a_remount() {
     for f in ["a.bin", "b.bin"] {
         assert!(stat(f).ends_with(" 1262304000\n"), "{f}: {}", stat(f));
     }
+    assert_eq!(
+        stat("cp-p").trim(),
+        "644 1262304000",
+        "cp -p, after a remount"
+    );
+    assert_eq!(
+        stat("tarred").trim(),
+        "664 1262304000",
+        "tar -xpf, after a remount"
+    );
+    assert!(stat("umask002").starts_with("664 "), "{}", stat("umask002"));
+    assert!(stat("touched").starts_with("644 "), "{}", stat("touched"));
     // Everything is as rsync left it: a second run sends no file.
     let again = sh(
         &format!("rsync -a --itemize-changes tree/ {}/", mnt.display()),
@@ -433,8 +457,24 @@ fn loaded(d: &DepotProc) -> f64 {
 /// on or off. Killed when dropped.
 struct Nginx(Child, u16);
 
+/// This test process runs as root.
+fn as_root() -> bool {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    status
+        .lines()
+        .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"))
+}
+
 impl Nginx {
+    /// Workers as the user who mounted (a FUSE mount without allow_other
+    /// is that user's alone).
     fn start(dir: &Path, root: &Path, sendfile: bool) -> Nginx {
+        let user = if as_root() { Some("root") } else { None };
+        Nginx::start_as(dir, root, sendfile, user)
+    }
+
+    /// Workers as `user` (root only can switch).
+    fn start_as(dir: &Path, root: &Path, sendfile: bool, user: Option<&str>) -> Nginx {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -442,13 +482,7 @@ impl Nginx {
             .port();
         let tag = if sendfile { "on" } else { "off" };
         let conf = dir.join(format!("nginx-{tag}.conf"));
-        // Workers as the user who mounted (a FUSE mount without allow_other
-        // is that user's alone).
-        let status = std::fs::read_to_string("/proc/self/status").unwrap();
-        let as_root = status
-            .lines()
-            .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"));
-        let user = if as_root { "user root;" } else { "" };
+        let user = user.map_or(String::new(), |u| format!("user {u};"));
         std::fs::write(
             &conf,
             format!(
@@ -479,6 +513,24 @@ http {{ access_log off; sendfile {tag}; client_body_temp_path {d}/nginx-body-{ta
             std::thread::sleep(Duration::from_millis(50));
         }
         Nginx(child, port)
+    }
+
+    /// The HTTP status of a GET of `path`.
+    fn status(&self, path: &str) -> String {
+        let out = Command::new("curl")
+            .args([
+                "-s",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+                "--max-time",
+                "60",
+            ])
+            .arg(format!("http://127.0.0.1:{}/{path}", self.1))
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
     /// `curl` of `path`, with `range` (`-r A-B`) when given.
@@ -545,6 +597,96 @@ fn nginx_and_rsync_serve_the_mount_and_a_range_request_reads_only_its_range() {
         ),
         dir.path(),
     );
+}
+
+/// nginx as Debian runs it, workers as www-data, on a mount other users
+/// may reach: the exNodes' owner-only mode refuses them until the mount
+/// is given a mode for files that record none (`--file-mode`), or shows
+/// them as www-data's (`--uid`).
+#[test]
+fn nginx_as_www_data_serves_the_mount_given_a_file_mode_or_owner() {
+    if !as_root() {
+        eprintln!("skipped: only root starts nginx workers as www-data");
+        return;
+    }
+    let dir = tempdir();
+    // www-data reaches the mount point through the test's directory.
+    sh(&format!("chmod 0755 {}", dir.path().display()), dir.path());
+    let d = DepotProc::start(&dir.path().join("d"), &[]);
+    let data = pattern(3 << 20, 5);
+    let (xnds, mnt) = one_file_on(&d, dir.path(), data.clone(), &[]);
+    let mount = |extra: &[&str]| {
+        let mut a = vec!["--depot", d.addr.as_str(), "--allow-other"];
+        a.extend_from_slice(extra);
+        Mount::start(&xnds, &mnt, &a)
+    };
+    let web = |tag| {
+        let conf = dir.path().join(tag);
+        std::fs::create_dir(&conf).unwrap();
+        Nginx::start_as(&conf, &mnt, true, Some("www-data"))
+    };
+    {
+        let _m = mount(&[]);
+        let w = web("plain");
+        assert_eq!(w.status("f"), "403", "an owner-only file to another user");
+    }
+    {
+        let _m = mount(&["--file-mode", "0644"]);
+        let w = web("mode");
+        assert!(w.get("f", None) == data, "--file-mode 0644");
+        // A mode set through the mount is the file's own: kept.
+        sh("chmod 0600 f", &mnt);
+        assert_eq!(w.status("f"), "403", "chmod 0600 through the mount");
+    }
+    let _m = mount(&["--uid", "www-data", "--gid", "www-data"]);
+    let w = web("owner");
+    assert_eq!(
+        sh("stat -c '%U:%G %a' f", &mnt).trim(),
+        "www-data:www-data 600"
+    );
+    assert!(w.get("f", None) == data, "--uid www-data");
+}
+
+/// `rm` on the mount does what `lors rm` does: an erasure-coded file's
+/// blocks, parity too, are freed (they were left on the depots, the
+/// `.xnd` gone), and a copy made with `lors cp` keeps its data.
+#[test]
+fn rm_on_the_mount_frees_an_erasure_coded_file_and_spares_its_copy() {
+    let dir = tempdir();
+    let ds: Vec<DepotProc> = (0..3)
+        .map(|i| DepotProc::start(&dir.path().join(format!("d{i}")), &[]))
+        .collect();
+    let all: Vec<&str> = ds.iter().map(|d| d.addr.as_str()).collect();
+    let data = pattern(1 << 20, 9);
+    let (xnds, mnt) = (dir.path().join("x"), dir.path().join("m"));
+    std::fs::create_dir(&xnds).unwrap();
+    std::fs::create_dir(&mnt).unwrap();
+    let (f, kept) = (xnds.join("f.xnd"), dir.path().join("kept.xnd"));
+    let src = dir.path().join("src");
+    std::fs::write(&src, &data).unwrap();
+    let depots = all.join(",");
+    let (ok, _, err) = lors(&[
+        "upload",
+        "--depot",
+        &depots,
+        "--ec",
+        "2+1",
+        "-b",
+        "128k",
+        "-o",
+        f.to_str().unwrap(),
+        src.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let (ok, _, err) = lors(&["cp", f.to_str().unwrap(), kept.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    let _m = Mount::start(&xnds, &mnt, &["--depot", &depots]);
+    sh("rm f", &mnt);
+    assert!(!f.exists());
+    crate::copies::check(&ds, dir.path(), &[(&kept, &data)], "rm on the mount");
+    let (ok, _, err) = lors(&["rm", kept.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    crate::copies::check(&ds, dir.path(), &[], "lors rm of the copy");
 }
 
 /// A sparse file on the mount: `lseek` finds its data and its holes

@@ -46,6 +46,9 @@ pub struct Metadata {
     pub permissions: u32,
     /// No write capability: opening for writing fails with `EROFS`.
     pub readonly: bool,
+    /// The permission bits were set through libxio or a mount (`chmod`, a
+    /// created file's mode), not taken from the `.xnd` file.
+    pub mode_recorded: bool,
 }
 
 /// The metadata of the exNode at `target` (a path or `lors://` URI),
@@ -112,10 +115,8 @@ pub(super) fn metadata_of(
         .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
     let readonly = x.mappings.iter().any(|m| m.write.is_none());
     let recorded = |name| meta_int(x, name).and_then(time_of);
-    let mut permissions = (meta_int(x, MODE_META))
-        .and_then(|m| u32::try_from(m).ok())
-        .unwrap_or(fs.permissions().mode())
-        & 0o7777;
+    let recorded_mode = meta_int(x, MODE_META).and_then(|m| u32::try_from(m).ok());
+    let mut permissions = recorded_mode.unwrap_or(fs.permissions().mode()) & 0o7777;
     if readonly {
         permissions &= !0o222;
     }
@@ -130,6 +131,7 @@ pub(super) fn metadata_of(
             .unwrap_or(SystemTime::UNIX_EPOCH),
         permissions,
         readonly,
+        mode_recorded: recorded_mode.is_some(),
     })
 }
 

@@ -137,6 +137,48 @@ impl OpenOptions {
         self.open_ref(&r)
     }
 
+    /// Removes the exNode at `target` (a path or `lors://` URI) as
+    /// `unlink(2)` removes a file, with these options' settings: what it
+    /// names is released on its depots (an allocation another exNode also
+    /// names loses only this file's reference), erasure-coded or not, then
+    /// the `.xnd` goes ([`crate::commit::remove`]).
+    ///
+    /// ```no_run
+    /// lors::xio::OpenOptions::new().remove("runs/old.xnd")?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// `ENOENT` when there is no such file; `EIO` when a depot did not
+    /// release an allocation (the emptied `.xnd` stays, with the record of
+    /// what is left: removing it again finishes).
+    pub fn remove(&self, target: &str) -> io::Result<()> {
+        let r = ExnodeRef::parse(target).map_err(invalid)?;
+        let settings = self.resolved(&r)?;
+        let pool = Arc::new(Pool::new(settings.client()));
+        super::runtime()
+            .block_on(crate::commit::remove(&r.path, &pool, super::SAVE_WAIT))
+            .map(drop)
+            .map_err(|e| match e {
+                crate::Error::Io { what, source } => {
+                    io::Error::new(source.kind(), format!("{what}: {source}"))
+                }
+                crate::Error::Xnd(e) => xnd_error(e),
+                e => super::lors_error(e),
+            })
+    }
+
+    fn resolved(&self, r: &ExnodeRef) -> io::Result<Settings> {
+        match &self.settings {
+            Some(s) => Ok(s.clone()),
+            None => {
+                let rc = crate::xndrc::load(None).map_err(invalid)?;
+                Settings::resolve(Layer::default(), Some(r), &Env::process(), rc)
+                    .map_err(|e| invalid(e.to_string()))
+            }
+        }
+    }
+
     /// Opens the exNode `r` names.
     pub fn open_ref(&self, r: &ExnodeRef) -> io::Result<File> {
         let writable = self.write || self.append;
@@ -146,14 +188,7 @@ impl OpenOptions {
         if (self.create || self.create_new || self.truncate) && !writable {
             return Err(invalid("creating or truncating needs write access"));
         }
-        let settings = match &self.settings {
-            Some(s) => s.clone(),
-            None => {
-                let rc = crate::xndrc::load(None).map_err(invalid)?;
-                Settings::resolve(Layer::default(), Some(r), &Env::process(), rc)
-                    .map_err(|e| invalid(e.to_string()))?
-            }
-        };
+        let settings = self.resolved(r)?;
         let path = r.path.clone();
         let loaded = match xnd::load(&path) {
             Ok(x) => Some(x),

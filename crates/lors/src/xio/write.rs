@@ -219,7 +219,7 @@ impl File {
         let dropped = ranges::merge(&mut self.x.mappings, off, len, new);
         self.x.fill_holes(off, off.saturating_add(len));
         self.retire(dropped);
-        self.touch();
+        self.changed();
     }
 
     /// Writes at the position (at the end with `append`).
