@@ -275,10 +275,21 @@ impl Placement<'_> {
         bytes: u64,
         exclude: Vec<String>,
     ) -> anyhow::Result<lors::directory::Found> {
+        rt.block_on(self.query(copies, bytes, exclude))
+    }
+
+    /// [`Placement::find`], in a task.
+    pub async fn query(
+        &self,
+        copies: usize,
+        bytes: u64,
+        exclude: Vec<String>,
+    ) -> anyhow::Result<lors::directory::Found> {
         use lors::directory::DirectoryError;
         let s = self.settings;
-        let named = directory(rt, s);
-        rt.block_on(s.find_depots(self.depots, named, copies, bytes, exclude))
+        let named = s.directory().await;
+        s.find_depots(self.depots, named, copies, bytes, exclude)
+            .await
             .map_err(|e| match e {
                 DirectoryError::NoSource => UsageError(
                     "no depots: give --depot HOST[:PORT] (repeatable), an L-Bone (-H HOST|URL or LBONE_SERVER), or DEPOT lines in ~/.xndrc".into(),
@@ -561,6 +572,17 @@ impl Targets {
         copies: usize,
         beside_held: bool,
     ) -> anyhow::Result<lors::directory::Found> {
+        rt.block_on(self.query(x, s, copies, beside_held))
+    }
+
+    /// [`Targets::find`], in a task.
+    pub async fn query(
+        &self,
+        x: &ExNode,
+        s: &Settings,
+        copies: usize,
+        beside_held: bool,
+    ) -> anyhow::Result<lors::directory::Found> {
         let (held, exclude) = if beside_held {
             let holders: Vec<std::collections::BTreeSet<String>> = (lors::manage::blocks(x))
                 .values()
@@ -583,7 +605,8 @@ impl Targets {
             depots: &self.depots,
             settings: s,
         }
-        .find(rt, copies + held, largest_allocation(x), exclude)
+        .query(copies + held, largest_allocation(x), exclude)
+        .await
     }
 }
 

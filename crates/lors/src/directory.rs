@@ -146,7 +146,9 @@ pub async fn find_depots(
                 ));
             }
             Err(e) => {
-                tracing::warn!(error = %e, "L-Bone failed; trying the next one, if any");
+                // The error returned says it; a list's failover says
+                // each instance that failed before one answered.
+                tracing::debug!(error = %e, "L-Bone failed");
                 last = DirectoryError::Lbone(e);
             }
         }

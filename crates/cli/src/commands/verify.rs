@@ -93,11 +93,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 Some(e) => format!("blocks of {} stripes ({})", e.stripes(), e.scheme),
                 None => format!("replicas of {} blocks", lors::manage::blocks(x).len()),
             };
-            report.push(format!(
-                "{name}: {} {of}: {}",
-                file.replicas,
-                states.join(", ")
-            ));
+            report.push(match file.replicas {
+                0 if x.logical_size() == 0 => format!("{name}: empty, nothing to read"),
+                _ => format!("{name}: {} {of}: {}", file.replicas, states.join(", ")),
+            });
         }
         report.append(&mut lines);
         if !json {

@@ -610,4 +610,74 @@ fn an_empty_file_is_not_under_its_copy_count() {
     assert!(ok, "{out}{err}");
     assert!(!out.contains("empty.xnd"), "{out}");
     assert!(out.contains("0 under their copy count"), "{out}");
+    let t = tree.to_str().unwrap();
+    let (ok, out, err) = lors(&["keep", "--once", "--grace", "0", "-c", "2", t]);
+    assert!(ok, "{err}");
+    assert!(!String::from_utf8_lossy(&out).contains("empty"), "keep");
+    let (ok, out, err) = lors(&["verify", t]);
+    let out = String::from_utf8_lossy(&out);
+    assert!(
+        ok && out.contains("empty.xnd: empty, nothing to read"),
+        "{out}{err}"
+    );
+}
+
+/// An L-Bone that is down is said once, where it matters: not as a WARN
+/// line repeating the error, and not by a keeper cycle over files that
+/// need no new copy (it said so for each of 21 files).
+#[test]
+fn a_dead_lbone_is_said_once_and_only_when_it_is_needed() {
+    let dir = tempdir();
+    let ds = depots(1, dir.path());
+    let tree = dir.path().join("t");
+    std::fs::create_dir(&tree).unwrap();
+    for i in 0..3 {
+        upload(
+            &[&ds[0]],
+            &tree,
+            &format!("f{i}"),
+            &pattern(70_000, i),
+            &["-c", "1"],
+        );
+    }
+    let t = tree.to_str().unwrap();
+    let down = ["-H", "127.0.0.1:1"];
+    let (ok, out, err) = lors(&[&["keep", "--once", "--grace", "0"][..], &down, &[t]].concat());
+    let out = String::from_utf8_lossy(&out);
+    assert!(ok, "{out}{err}");
+    assert!(!err.contains("L-Bone") && !err.contains("WARN"), "{err}");
+    let (ok, out, err) = lors(
+        &[
+            &["keep", "--once", "--grace", "0", "-c", "2"][..],
+            &down,
+            &[t],
+        ]
+        .concat(),
+    );
+    let out = String::from_utf8_lossy(&out);
+    assert!(!ok, "{out}{err}");
+    assert!(!err.contains("WARN") && !out.contains("WARN"), "{err}");
+    let said = |f: &str| {
+        (err.lines().chain(out.lines()))
+            .filter(|l| l.contains(f) && l.contains("asking the L-Bone"))
+            .count()
+    };
+    for f in ["f0.xnd", "f1.xnd", "f2.xnd"] {
+        assert_eq!(said(f), 1, "{f}: {out}{err}");
+    }
+    let src = tree.join("f0");
+    let (ok, _, err) = lors(
+        &[
+            &["upload", "-c", "1", "-o", "n.xnd"][..],
+            &down,
+            &[src.to_str().unwrap()],
+        ]
+        .concat(),
+    );
+    assert!(!ok);
+    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+    assert!(
+        err.contains("asking the L-Bone") && !err.contains("WARN"),
+        "{err}"
+    );
 }

@@ -32,6 +32,8 @@
 //! ```
 
 use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -46,6 +48,74 @@ use crate::progress::NoProgress;
 /// How long a keeper waits for a silent depot by default: a restart, a
 /// network blip or a paused process is back well within it.
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(15 * 60);
+
+/// The answer of [`Places`]: depots, or why there are none.
+pub type Found = std::result::Result<Vec<String>, String>;
+
+/// Where a cycle's new replicas may go, found the first time a file
+/// needs one: a file whose blocks all have their copies asks no L-Bone
+/// (one that is down costs nothing, and says nothing, until it is
+/// needed).
+///
+/// ```
+/// # async fn f() {
+/// let given = lors::keep::Places::given(vec!["d1.example.org:6714".into()]);
+/// let lazy = lors::keep::Places::new(|| Box::pin(async { Err("no L-Bone".to_string()) }));
+/// assert_eq!(given.get().await, Ok(&["d1.example.org:6714".to_string()][..]));
+/// assert_eq!(lazy.get().await, Err("no L-Bone"));
+/// # }
+/// ```
+pub struct Places<'a> {
+    find: Box<dyn Fn() -> Pin<Box<dyn Future<Output = Found> + Send + 'a>> + Send + Sync + 'a>,
+    found: tokio::sync::OnceCell<Found>,
+}
+
+impl<'a> Places<'a> {
+    /// Asks `find` when first needed, once.
+    pub fn new(
+        find: impl Fn() -> Pin<Box<dyn Future<Output = Found> + Send + 'a>> + Send + Sync + 'a,
+    ) -> Self {
+        Places {
+            find: Box::new(find),
+            found: tokio::sync::OnceCell::new(),
+        }
+    }
+
+    /// These depots.
+    pub fn given(depots: Vec<String>) -> Self {
+        let found = tokio::sync::OnceCell::new_with(Some(Ok(depots)));
+        Places {
+            find: Box::new(|| Box::pin(async { Ok(Vec::new()) })),
+            found,
+        }
+    }
+
+    /// None, for `why`.
+    pub fn given_none(why: String) -> Self {
+        let found = tokio::sync::OnceCell::new_with(Some(Err(why)));
+        Places {
+            find: Box::new(|| Box::pin(async { Ok(Vec::new()) })),
+            found,
+        }
+    }
+
+    /// The depots, asked for now if not yet.
+    pub async fn get(&self) -> std::result::Result<&[String], &str> {
+        match self.found.get_or_init(|| (self.find)()).await {
+            Ok(d) => Ok(d),
+            Err(why) => Err(why),
+        }
+    }
+
+    /// The depots to use (none when they could not be found), and why
+    /// there are none.
+    async fn or_none(&self) -> (&[String], Option<String>) {
+        match self.get().await {
+            Ok(d) => (d, None),
+            Err(why) => (&[], Some(why.to_owned())),
+        }
+    }
+}
 
 /// What a keeper keeps.
 #[derive(Debug, Clone)]
@@ -185,7 +255,7 @@ async fn scrub_some(
 /// result.
 pub async fn cycle(
     x: &ExNode,
-    depots: &[String],
+    depots: &Places<'_>,
     policy: &Policy,
     pool: &Arc<Pool>,
     scrub: &[usize],
@@ -286,7 +356,7 @@ async fn heal(
     blocks: &Blocks,
     live: &(dyn Fn(usize) -> bool + Sync),
     copies: usize,
-    depots: &[String],
+    places: &Places<'_>,
     policy: &Policy,
     pool: &Arc<Pool>,
 ) -> Result<(Vec<Mapping>, Option<String>)> {
@@ -298,6 +368,10 @@ async fn heal(
         }
     }
     let mut new = Vec::new();
+    if by_lack.is_empty() {
+        return Ok((new, None));
+    }
+    let (depots, unplaced) = places.or_none().await;
     let mut heal_error = None;
     for (lack, sources) in by_lack {
         let sub = ExNode {
@@ -317,7 +391,8 @@ async fn heal(
             Err(e) => heal_error = Some(e.to_string()),
         }
     }
-    Ok((new, heal_error))
+    // Without depots, why there are none is the error that matters.
+    Ok((new, heal_error.map(|e| unplaced.unwrap_or(e))))
 }
 
 /// The blocks of an exNode: mapping indices by (offset, length).

@@ -30,7 +30,7 @@ pub(super) async fn cycle(
     x: &ExNode,
     e: Erasure,
     seen: Seen,
-    depots: &[String],
+    places: &super::Places<'_>,
     policy: &Policy,
     pool: &Arc<Pool>,
 ) -> Result<Kept> {
@@ -65,6 +65,7 @@ pub(super) async fn cycle(
     if whole {
         return Ok(kept);
     }
+    let (depots, unplaced) = places.or_none().await;
     match crate::repair::repair(x, &probes, false, depots, &policy.copy, pool, &NoProgress).await {
         Ok(r) => {
             kept.short = (r.failed.iter())
@@ -72,10 +73,12 @@ pub(super) async fn cycle(
                 .map(|(s, _)| e.stripe(*s))
                 .map(|b| (b.start, b.end))
                 .collect();
-            kept.heal_error = r
-                .failed
-                .first()
-                .map(|(s, why)| format!("stripe {s}: {why}"));
+            // Without depots, why there are none is the error that matters.
+            kept.heal_error = (r.failed.first()).map(|(s, why)| {
+                unplaced
+                    .clone()
+                    .unwrap_or_else(|| format!("stripe {s}: {why}"))
+            });
             // Each stripe still short, with its own margin and reason.
             // (A block made this cycle is live; one the input had, as probed.)
             let after = &r.exnode;

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lors::Pool;
-use lors::keep::{Kept, Policy, Scrub, Totals};
+use lors::keep::{Kept, Places, Policy, Scrub, Totals};
 use lors::manage::{CopyOptions, Lease};
 
 use super::{Args, files, say};
@@ -131,22 +131,28 @@ fn keep_one(
         .copies
         .or_else(|| lors::manage::copies_policy(&x))
         .unwrap_or(1);
-    // Where new replicas may go; asked for each exNode, as its blocks'
-    // holders differ. Without any, a cycle that needs none still runs.
-    let (mut depots, unplaced) = match no_place {
-        Some(why) => (Vec::new(), Some(format!("no new copies: {why}"))),
-        None => match a.targets.find(rt, &x, s, copies, true) {
-            Ok(f) => (f.depots, None),
-            Err(e) => (Vec::new(), Some(format!("{e:#}"))),
-        },
+    // Where new replicas may go: asked for each exNode that needs one (its
+    // blocks' holders differ), and only then.
+    let used = &*placed;
+    let places = match no_place {
+        Some(why) => Places::given_none(format!("no new copies: {why}")),
+        None => Places::new(|| {
+            let x = &x;
+            Box::pin(async move {
+                let mut depots = (a.targets.query(x, s, copies, true).await)
+                    .map_err(|e| format!("{e:#}"))?
+                    .depots;
+                // Stable: among depots as used, the directory's ranking stands.
+                depots.sort_by_key(|d| used.get(d).copied().unwrap_or(0));
+                Ok(depots)
+            })
+        }),
     };
-    // Stable: among depots as used, the directory's ranking stands.
-    depots.sort_by_key(|d| placed.get(d).copied().unwrap_or(0));
     // However the depots behave, one file's turn ends: what it began is
     // dropped (copies in flight are freed by the session's end, from its
     // journal) and the file waits for the next cycle.
     let deadline = a.file_deadline();
-    let run = lors::keep::cycle(&x, &depots, policy, pool, &checked);
+    let run = lors::keep::cycle(&x, &places, policy, pool, &checked);
     let mut k = match rt.block_on(async { tokio::time::timeout(deadline, run).await }) {
         Ok(Ok(k)) => k,
         Ok(Err(lors::Error::Interrupted { .. })) => return Ok(None),
@@ -156,14 +162,12 @@ fn keep_one(
             lors_ibp::units::Secs(deadline.as_secs())
         ),
     };
-    if k.heal_error.is_some() && depots.is_empty() {
-        k.heal_error = unplaced;
-    }
     // Mappings as `lors ls` numbers them.
     let numbering = x.numbering();
     for (i, _) in k.corrupt.iter_mut().chain(k.not_refreshed.iter_mut()) {
         *i = numbering.number(*i);
     }
+    drop(places);
     if k.changed {
         for d in rt.block_on(lors::keep::save_kept(path, &before, &k, pool))? {
             *placed.entry(d).or_default() += 1;
