@@ -192,11 +192,11 @@ fn verify_reads_parity_blocks_and_takes_directories() {
 }
 
 /// Many exNodes and one hung depot: `stat` probes them together and
-/// `verify` reads them together, so the hung depot costs one stall in
-/// all, not one per file (21 files took 34 s one after another; verify 2 s
-/// a file).
+/// `verify` reads them together, and `keep` probes them in batches, so the
+/// hung depot costs one stall in all, not one per file (21 files took 34 s
+/// one after another; verify and keep 2 s a file).
 #[test]
-fn stat_and_verify_over_many_files_pay_for_a_hung_depot_once() {
+fn stat_verify_and_keep_over_many_files_pay_for_a_hung_depot_once() {
     let dir = tempdir();
     let ds = depots(3, dir.path());
     let many = dir.path().join("many");
@@ -221,7 +221,10 @@ fn stat_and_verify_over_many_files_pay_for_a_hung_depot_once() {
     let limit = std::time::Duration::from_secs(20);
     let stat = lors_within(&["stat", "--expiring", "7d", m], limit);
     let verify = lors_within(&["verify", m], limit);
+    let keep = lors_within(&["keep", "--once", m], limit);
     hung.signal("CONT");
+    let (ok, err) = keep.expect("keep over 21 files with a hung depot probes them together");
+    assert!(ok, "a pause within the grace is no loss: {err}");
     let (_, err) = stat.expect("21 files with a hung depot take about one probe timeout, not 21");
     assert!(!err.contains("panicked"), "{err}");
     let (ok, err) =

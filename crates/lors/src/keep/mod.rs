@@ -24,9 +24,10 @@
 //! ```no_run
 //! # async fn f(x: lors_exnode::ExNode, pool: std::sync::Arc<lors::Pool>) -> lors::Result<()> {
 //! use std::time::Duration;
-//! use lors::keep::{Policy, cycle};
+//! use lors::keep::{Places, Policy, Probed, cycle};
 //! let policy = Policy::new(lors::manage::Lease::Max, Duration::from_secs(86_400));
-//! let kept = cycle(&x, &["d4:6714".to_string()], &policy, &pool, &[]).await?;
+//! let depots = Places::given(vec!["d4:6714".to_string()]);
+//! let kept = cycle(&x, &depots, &policy, &pool, &[], &Probed::none()).await?;
 //! println!("{} refreshed, {} new replicas, lost {:?}", kept.refreshed, kept.healed, kept.lost);
 //! # Ok(()) }
 //! ```
@@ -259,9 +260,10 @@ pub async fn cycle(
     policy: &Policy,
     pool: &Arc<Pool>,
     scrub: &[usize],
+    probed: &Probed,
 ) -> Result<Kept> {
     let erasure = lors_exnode::erasure::Erasure::of(x)?;
-    let probes = manage::probe_all(x, pool).await;
+    let probes = probed.of_exnode(x, pool).await;
     // Leases first: they are what is lost soonest, and the scrub's reads
     // (of a depot that trickles, say) must not hold them up.
     let (refreshed, not_refreshed) = refresh_due(x, &probes, policy, pool).await;
@@ -515,5 +517,7 @@ pub async fn release(made: &[lors_exnode::Mapping], pool: &Arc<Pool>) {
 
 mod files;
 mod pause;
+mod probed;
 mod stripes;
 pub use files::{Cursor, SaveError, Scrub, Totals, save_kept};
+pub use probed::Probed;

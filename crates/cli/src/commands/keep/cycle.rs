@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lors::Pool;
-use lors::keep::{Kept, Places, Policy, Scrub, Totals};
+use lors::keep::{Kept, Places, Policy, Probed, Scrub, Totals};
 use lors::manage::{CopyOptions, Lease};
 
 use super::{Args, files, say};
@@ -27,11 +27,17 @@ pub(super) fn one_cycle(
     // (each placing only a copy or two) spreads them instead of giving all
     // to the first depot listed.
     let mut placed: std::collections::HashMap<String, usize> = Default::default();
-    for (n, (path, s)) in all.into_iter().enumerate() {
+    let mut probed = Probed::none();
+    for (n, (path, s)) in all.iter().enumerate() {
         let pool = Arc::new(Pool::new(s.client()));
         if *stop.borrow() {
             return Ok(totals);
         }
+        if n % PROBE_BATCH == 0 {
+            let batch = &all[n..all.len().min(n + PROBE_BATCH)];
+            probed = probe_batch(rt, batch, &pool);
+        }
+        let path = path.clone();
         let name = path.display().to_string();
         let policy = Policy {
             copies: a.copies.map(|c| c as usize),
@@ -79,13 +85,14 @@ pub(super) fn one_cycle(
             a,
             rt,
             &path,
-            &s,
+            s,
             &policy,
             &pool,
             scrub,
             first,
             &mut placed,
             no_place,
+            &probed,
         );
         let kept = match session {
             Ok(session) => crate::commands::end(rt, session, &pool, kept),
@@ -108,6 +115,24 @@ pub(super) fn one_cycle(
     Ok(totals)
 }
 
+/// ExNodes probed together: a depot that does not answer costs one stall
+/// for the batch, not one per file (the probes stay this fresh).
+const PROBE_BATCH: usize = 256;
+
+/// The probes of `batch`'s exNodes, taken at once; those that do not load
+/// are left to their own turn, which says why.
+fn probe_batch(
+    rt: &tokio::runtime::Runtime,
+    batch: &[(std::path::PathBuf, Arc<lors::settings::Settings>)],
+    pool: &Arc<Pool>,
+) -> Probed {
+    let xs: Vec<lors_exnode::ExNode> = (batch.iter())
+        .filter_map(|(p, _)| lors::xnd::load(p).ok())
+        .collect();
+    let refs: Vec<&lors_exnode::ExNode> = xs.iter().collect();
+    rt.block_on(Probed::of(&refs, pool))
+}
+
 /// Keeps one exNode, scrubbing its mappings from `first` on as far as the
 /// budget goes; `None` when a signal stopped it (nothing changed).
 #[allow(clippy::too_many_arguments)]
@@ -122,6 +147,7 @@ fn keep_one(
     first: usize,
     placed: &mut std::collections::HashMap<String, usize>,
     no_place: Option<String>,
+    probed: &Probed,
 ) -> anyhow::Result<Option<Kept>> {
     let before = lors::xnd::read_regular(path, lors::xnd::MAX_XND_BYTES)?;
     let x = lors_exnode::xml::parse(&before)
@@ -152,7 +178,7 @@ fn keep_one(
     // dropped (copies in flight are freed by the session's end, from its
     // journal) and the file waits for the next cycle.
     let deadline = a.file_deadline();
-    let run = lors::keep::cycle(&x, &places, policy, pool, &checked);
+    let run = lors::keep::cycle(&x, &places, policy, pool, &checked, probed);
     let mut k = match rt.block_on(async { tokio::time::timeout(deadline, run).await }) {
         Ok(Ok(k)) => k,
         Ok(Err(lors::Error::Interrupted { .. })) => return Ok(None),
