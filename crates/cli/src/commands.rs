@@ -152,18 +152,6 @@ pub fn probe_all(x: &ExNode, s: &Settings) -> anyhow::Result<Vec<lors::manage::P
 
 /// The error `ls` and `stat` end with when part of the file has no live
 /// replica, after printing their report.
-/// Refuses an erasure-coded exNode in a command that would lose or
-/// misplace its parity blocks.
-pub fn refuse_erasure(x: &ExNode, what: &str) -> anyhow::Result<()> {
-    if x.meta(lors_exnode::erasure::META_CODEC).is_some() || !x.parity.is_empty() {
-        return Err(UsageError(format!(
-            "the file is erasure-coded (lors upload --ec): {what} does not handle such files yet"
-        ))
-        .into());
-    }
-    Ok(())
-}
-
 pub fn unreadable(x: &ExNode, probes: &[lors::manage::Probe]) -> anyhow::Result<()> {
     let live: Vec<bool> = probes.iter().map(lors::manage::Probe::is_live).collect();
     if let Some(e) = lors_exnode::erasure::Erasure::of(x)? {

@@ -57,10 +57,12 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     if a.repair {
         return repair(&a, &s, &x, &rt, progress);
     }
-    super::refuse_erasure(
-        &x,
-        "lors augment -c (to add redundancy to it, use a stronger code)",
-    )?;
+    if x.meta(lors_exnode::erasure::META_CODEC).is_some() || !x.parity.is_empty() {
+        return Err(crate::UsageError(
+            "the file is erasure-coded (lors upload --ec): its redundancy is its parity, not copies; lors augment --repair remakes lost blocks, and more redundancy takes a stronger code (upload it again with --ec K+M, more parity)".into(),
+        )
+        .into());
+    }
     // From an L-Bone, the best depots that hold none of the file yet.
     let found = a.targets.find(&rt, &x, &s, a.copies, true)?;
     let (stop, signal) = super::stop_on_signal(&rt);

@@ -119,7 +119,6 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     }
     let s = super::settings(&a.net, Default::default(), Some(&src))?;
     let x = lors::xnd::load(&src.path)?;
-    super::refuse_erasure(&x, "lors share")?;
     let opts = Options {
         expires,
         range: a.range,
@@ -127,18 +126,35 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let made = rt.block_on(lors::share::share(&x, &opts, &Pool::new(s.client())))?;
     lors::xnd::save(&out.path, &made.exnode)?;
     if !a.quiet {
+        let code = lors_exnode::erasure::Erasure::of(&made.exnode)?;
         for (from, to, depot, why) in &made.skipped {
-            eprintln!(
-                "lors: warning: bytes {from}..{to}: the replica on {depot} is not in the share ({why}); other replicas are"
-            );
+            match code {
+                Some(_) => eprintln!(
+                    "lors: warning: the block on {depot} is not in the share ({why}); its stripe is rebuilt from the others when read"
+                ),
+                None => eprintln!(
+                    "lors: warning: bytes {from}..{to}: the replica on {depot} is not in the share ({why}); other replicas are"
+                ),
+            }
         }
+        let what = match code {
+            Some(e) => format!(
+                "{} of {} blocks, {} code",
+                made.exnode
+                    .allocations()
+                    .filter(|m| m.read.is_some())
+                    .count(),
+                made.exnode.allocations().count(),
+                e.scheme
+            ),
+            None => format!("{} replicas", made.exnode.mappings.len()),
+        };
         let left = made.expires_at.saturating_sub(lors_ibp::units::unix_now());
         eprintln!(
-            "lors: shared {} bytes of {} as {} ({} replicas, read-only) until {} ({}); revoke with: lors share --revoke {} --owner {}",
+            "lors: shared {} bytes of {} as {} ({what}, read-only) until {} ({}); revoke with: lors share --revoke {} --owner {}",
             made.exnode.logical_size(),
             src.path.display(),
             out.path.display(),
-            made.exnode.mappings.len(),
             super::utc(made.expires_at),
             Secs(left),
             out.path.display(),

@@ -123,11 +123,18 @@ impl Rebuild {
         let mut y = x.clone();
         let first = y.mappings.len();
         let mut shards = Vec::new();
-        for (&s, (_, len)) in &stripes {
+        for (&s, (members, len)) in &stripes {
             for index in 0..k {
-                let Some(r) = erasure.data_record(x, s, index) else {
+                let Some(mut r) = erasure.data_record(x, s, index) else {
                     continue;
                 };
+                // A block without a read capability of its own (left out
+                // of a share, its depot down) is rebuilt all the same: a
+                // virtual mapping is read from the rebuilder, never through
+                // the capability it carries, which the planner wants.
+                if r.read.is_none() {
+                    r.read = members.first().and_then(|m| m.mapping.read.clone());
+                }
                 if r.read.is_some() && r.alloc_length <= *len {
                     shards.push((s, index));
                     y.mappings.push(r);

@@ -38,6 +38,8 @@ use lors_ibp::caps::{CapSet, Capability};
 use lors_ibp::proto::{Lease, StatusCode};
 
 use crate::manage::{Failure, by_depot};
+
+mod coded;
 use crate::pool::Pool;
 use crate::progress::NoProgress;
 
@@ -139,6 +141,30 @@ pub enum ShareError {
         /// The last failure.
         why: String,
     },
+    /// A range of an erasure-coded file: its stripes are read whole.
+    #[error(
+        "the file is erasure-coded: its stripes are read whole, so a share is of the whole file; to share part of it, download the part and upload it on its own"
+    )]
+    RangeOfCoded,
+    /// An erasure-coded file's blocks that could be shared leave a stripe
+    /// short of the blocks it needs.
+    #[error(
+        "stripe {stripe} (bytes {from}..{to}) could not be shared: {shared} of its blocks were, and it needs {need}; last error: {why}"
+    )]
+    StripeUnshared {
+        /// The stripe.
+        stripe: u64,
+        /// Its first byte.
+        from: u64,
+        /// One past its last.
+        to: u64,
+        /// Blocks aliased.
+        shared: usize,
+        /// Blocks it needs.
+        need: usize,
+        /// The last failure.
+        why: String,
+    },
     /// The exNode given to revoke or extend is not a share.
     #[error("this exNode was not made by lors share: it carries no revocation keys")]
     NotAShare,
@@ -177,7 +203,8 @@ pub struct Revoked {
 /// allocation and where its bytes land in the shared file.
 #[derive(Debug, Clone)]
 struct Cut {
-    /// Index in the owner's mappings.
+    /// Index among the owner's allocations (its mappings, then its
+    /// parity blocks).
     index: usize,
     window: (u64, u64),
     mapping: Mapping,
@@ -185,6 +212,9 @@ struct Cut {
 
 /// Works out which part of each mapping `opts.range` reaches.
 fn cuts(x: &ExNode, opts: &Options) -> Result<Vec<Cut>, ShareError> {
+    if coded(x) {
+        return coded::cuts(x, opts);
+    }
     let size = x.logical_size();
     let (off, len) = opts.range.unwrap_or((0, size));
     let end = match off.checked_add(len) {
@@ -258,6 +288,17 @@ fn cuts(x: &ExNode, opts: &Options) -> Result<Vec<Cut>, ShareError> {
     Ok(out)
 }
 
+/// The owner's allocation `c` reaches.
+fn owner_of<'a>(x: &'a ExNode, c: &Cut) -> &'a Mapping {
+    x.allocation(c.index)
+        .expect("cuts name the owner's allocations")
+}
+
+/// An erasure-coded exNode: shared whole, block by block ([`coded`]).
+fn coded(x: &ExNode) -> bool {
+    x.meta(lors_exnode::erasure::META_CODEC).is_some() || !x.parity.is_empty()
+}
+
 /// Whether a depot's refusal means it does not know aliases at all.
 fn unsupported(e: &lors_ibp::Error) -> bool {
     e.status()
@@ -274,7 +315,7 @@ pub async fn share(x: &ExNode, opts: &Options, pool: &Pool) -> Result<Shared, Sh
     let at = opts.range.map_or(0, |r| r.0);
     let mut jobs = Vec::with_capacity(cuts.len());
     for (i, c) in cuts.iter().enumerate() {
-        let m = &x.mappings[c.index];
+        let m = owner_of(x, c);
         match &m.manage {
             Some(cap) => jobs.push((i, cap.clone())),
             None => {
@@ -321,7 +362,7 @@ pub async fn share(x: &ExNode, opts: &Options, pool: &Pool) -> Result<Shared, Sh
         let made: Vec<(Capability, Capability)> = got
             .iter()
             .filter_map(|(&i, caps)| {
-                let master = x.mappings[cuts[i].index].manage.clone()?;
+                let master = owner_of(x, &cuts[i]).manage.clone()?;
                 Some((caps.manage.clone(), master))
             })
             .collect();
@@ -348,7 +389,7 @@ pub async fn share(x: &ExNode, opts: &Options, pool: &Pool) -> Result<Shared, Sh
         .iter()
         .map(|(i, f)| {
             let c = &cuts[*i];
-            let m = &x.mappings[c.index];
+            let m = owner_of(x, c);
             (
                 c.mapping.exnode_offset + at,
                 c.mapping.logical_end() + at,
@@ -377,7 +418,7 @@ fn refusal(
 ) -> Option<ShareError> {
     let fatal = |i: usize, f: &Failure| -> Option<ShareError> {
         let Failure::Op(e) = f else { return None };
-        let depot = x.mappings[cuts[i].index].depot().unwrap_or_default();
+        let depot = owner_of(x, &cuts[i]).depot().unwrap_or_default();
         if unsupported(e) {
             Some(ShareError::NoAliases { depot })
         } else if e.status() == Some(StatusCode::LONG_DURATION) {
@@ -391,6 +432,9 @@ fn refusal(
     };
     if let Some(e) = failures.iter().find_map(|(i, f)| fatal(*i, f)) {
         return Some(e);
+    }
+    if coded(x) {
+        return coded::refusal(x, got, failures);
     }
     // Every byte must keep at least one replica.
     let covered: BTreeSet<(u64, u64)> = (got.keys())
@@ -413,7 +457,7 @@ fn refusal(
 
 /// The shared exNode: each alias's read capability, its manage key sealed
 /// for the owner, and the share's id.
-fn shared_exnode(x: &ExNode, cuts: &[Cut], got: BTreeMap<usize, CapSet>) -> ExNode {
+fn shared_exnode(x: &ExNode, cuts: &[Cut], mut got: BTreeMap<usize, CapSet>) -> ExNode {
     let mut y = ExNode {
         metadata: x.metadata.clone(),
         mappings: Vec::with_capacity(got.len()),
@@ -421,18 +465,29 @@ fn shared_exnode(x: &ExNode, cuts: &[Cut], got: BTreeMap<usize, CapSet>) -> ExNo
         holes: Vec::new(),
     };
     let mut ids = blake3::Hasher::new();
-    for (i, caps) in got {
-        let c = &cuts[i];
-        let master = x.mappings[c.index].manage.as_ref().expect("checked above");
+    for (i, c) in cuts.iter().enumerate() {
         let mut m = c.mapping.clone();
-        let sealed = seal(
-            &seal_key(master, &caps.read),
-            caps.manage.to_url().as_bytes(),
-        );
-        m.metadata.push(Metadata::string(SEAL_META, &sealed));
-        ids.update(caps.read.key.expose().as_bytes());
-        m.read = Some(caps.read);
-        y.mappings.push(m);
+        match got.remove(&i) {
+            Some(caps) => {
+                let master = owner_of(x, c).manage.as_ref().expect("checked above");
+                let sealed = seal(
+                    &seal_key(master, &caps.read),
+                    caps.manage.to_url().as_bytes(),
+                );
+                m.metadata.push(Metadata::string(SEAL_META, &sealed));
+                ids.update(caps.read.key.expose().as_bytes());
+                m.read = Some(caps.read);
+            }
+            // A block of a code keeps its place, unreadable, so the
+            // others keep theirs in the stripes; a replica is left out.
+            None if coded(x) => {}
+            None => continue,
+        }
+        if c.index >= x.mappings.len() {
+            y.parity.push(m);
+        } else {
+            y.mappings.push(m);
+        }
     }
     let id = ids.finalize().to_hex();
     y.set_meta(Metadata::string(SHARE_META, &id[..16]));
@@ -507,14 +562,14 @@ fn unsealed(
     }
     // The owner's replicas by depot, to try only those that can match.
     let mut by_depot: BTreeMap<String, Vec<&Capability>> = BTreeMap::new();
-    for m in &owner.mappings {
+    for m in owner.allocations() {
         if let (Some(d), Some(cap)) = (m.depot(), &m.manage) {
             by_depot.entry(d).or_default().push(cap);
         }
     }
     let mut out = Vec::with_capacity(shared.mappings.len());
     let mut any_sealed = false;
-    for m in &shared.mappings {
+    for m in shared.allocations() {
         let sealed = m.metadata.iter().find_map(|d| match &d.value {
             Value::String(s) if d.name == SEAL_META => Some(s.as_str()),
             _ => None,
@@ -586,10 +641,12 @@ async fn each_alias(
     let mut out = Revoked::default();
     let mut jobs = Vec::new();
     let mut masters = Vec::new();
-    for (m, pair) in shared.mappings.iter().zip(pairs) {
+    for (m, pair) in shared.allocations().zip(pairs) {
         let (from, to) = range(m);
         let depot = m.depot().unwrap_or_default();
         match pair {
+            // A coded block no alias was made for.
+            None if m.read.is_none() => {}
             Some((alias, master)) => {
                 jobs.push((masters.len(), alias));
                 masters.push((master, from, to, depot));
