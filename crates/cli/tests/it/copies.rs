@@ -170,3 +170,59 @@ fn copies_of_an_exnode_never_destroy_each_other() {
         .collect();
     assert!(left.is_empty(), "left in the exNodes' directory: {left:?}");
 }
+
+/// `lors upload --force` over an exNode releases what the old one named
+/// once the new one is saved — it used to leave it on the depots, named by
+/// nothing, until the leases ended — and a copy (made with `cp` or `lors
+/// cp`) of the file it replaced keeps its data.
+#[test]
+fn upload_force_releases_what_it_replaced_and_spares_copies() {
+    let dir = tempdir();
+    let ds = depots(2, dir.path());
+    let x = dir.path().join("x");
+    std::fs::create_dir(&x).unwrap();
+    let all: Vec<&DepotProc> = ds.iter().collect();
+    let (old, new) = (pattern(300_000, 1), pattern(200_000, 2));
+    let f = upload(&all, &x, "f", &old, &["-c", "2", "-b", "64K"]);
+    let (outside, lcp) = (x.join("outside.xnd"), x.join("lcp.xnd"));
+    std::fs::copy(&f, &outside).unwrap();
+    let (ok, _, err) = lors(&["cp", f.to_str().unwrap(), lcp.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    let src = x.join("new");
+    std::fs::write(&src, &new).unwrap();
+    let force = |over: &PathBuf| {
+        let (ok, _, err) = lors(&[
+            "upload",
+            "--depot",
+            &list(&all),
+            "-c",
+            "1",
+            "--force",
+            "-o",
+            over.to_str().unwrap(),
+            src.to_str().unwrap(),
+        ]);
+        assert!(ok && err.contains("replaced"), "{err}");
+    };
+    force(&outside);
+    check(
+        &ds,
+        dir.path(),
+        &[(&f, &old), (&lcp, &old), (&outside, &new)],
+        "over a cp copy",
+    );
+    force(&f);
+    check(
+        &ds,
+        dir.path(),
+        &[(&f, &new), (&lcp, &old), (&outside, &new)],
+        "over the original",
+    );
+    force(&lcp);
+    check(
+        &ds,
+        dir.path(),
+        &[(&f, &new), (&lcp, &new), (&outside, &new)],
+        "over the last",
+    );
+}

@@ -123,3 +123,30 @@ pub(super) fn output(a: &Args) -> anyhow::Result<ExnodeRef> {
         .into()),
     }
 }
+
+/// `--force` over an exNode: its lock, held for the run, and the
+/// allocations it names (a copy made with cp first taking references of
+/// its own), released once the new exNode is saved.
+pub(crate) struct Replaced {
+    _lock: lors::commit::Lock,
+    pub(crate) old: Vec<lors_exnode::Mapping>,
+}
+
+/// What `--force` replaces at `out`, if it is an exNode.
+pub(crate) fn replacing(
+    rt: &tokio::runtime::Runtime,
+    out: &std::path::Path,
+    force: bool,
+    pool: &std::sync::Arc<lors::Pool>,
+) -> anyhow::Result<Option<Replaced>> {
+    if !force || std::fs::symlink_metadata(out).is_err() || lors::xnd::load(out).is_err() {
+        return Ok(None);
+    }
+    let lock = lors::commit::Lock::take(out, crate::commands::LOCK_WAIT)?;
+    rt.block_on(lors::commit::adopt(out, pool))?;
+    let old = (lors::xnd::load(out)?.allocations())
+        .filter(|m| m.manage.is_some())
+        .cloned()
+        .collect();
+    Ok(Some(Replaced { _lock: lock, old }))
+}

@@ -133,3 +133,21 @@ pub(crate) fn record_unreleased(stranded: &lors_exnode::ExNode, said: &str, out:
         ),
     }
 }
+
+/// What replacing the old exNode released.
+pub(super) fn replaced_said(out: &std::path::Path, done: &lors::commit::Committed) {
+    match done.kept.first() {
+        None => eprintln!(
+            "lors: {} replaced: {} allocations of the old exNode released",
+            out.display(),
+            done.freed
+        ),
+        Some((_, why)) => eprintln!(
+            "lors: {} replaced: {} allocations of the old exNode released, {} not ({why}): named in {} for the next command on it to free",
+            out.display(),
+            done.freed,
+            done.kept.len(),
+            lors::leftover::record_path(out).display()
+        ),
+    }
+}

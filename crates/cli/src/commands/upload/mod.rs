@@ -12,9 +12,10 @@ mod leftover_notes;
 mod store;
 
 pub(crate) use checks::check_output;
-use checks::{chain, check_block_size, output};
+use checks::{chain, check_block_size, output, replacing};
+use leftover_notes::replaced_said;
 pub(crate) use leftover_notes::{copies_outcome, failed, record_unreleased};
-use store::store;
+use store::{save, store};
 
 use super::{block_size_arg, nonzero_block_size_arg};
 use crate::report::{ReportOpts, Reporter, Unit};
@@ -108,7 +109,9 @@ pub struct Args {
     /// Write the exNode to FILE.xnd.
     #[arg(short = 'f', long = "auto-name")]
     auto_name: bool,
-    /// Replace an existing exNode file (its allocations are not freed).
+    /// Replace an existing exNode file: once the new one is saved, what the
+    /// old one named is released (blocks another exNode also names, as
+    /// after `lors cp`, stay with it).
     #[arg(long)]
     force: bool,
     /// Allow blocks smaller than 64 KiB (every block is an allocation on a
@@ -162,15 +165,12 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let started = std::time::Instant::now();
     let pool = Arc::new(a.bwlimit.pool(s.client()));
     let progress = Reporter::new("upload", Unit::Bytes, &a.report, false);
+    let replaced = replacing(&rt, &out, a.force, &pool)?;
     let (x, resumed) = store(&a, &out, &opts, &rt, &pool, &progress)?;
-    if let Err(e) = lors::xnd::save(&out, &x) {
-        // Without its exNode nobody can reach the data: free it now.
-        let kept = rt.block_on(pool.release_all(x.mappings.clone())).len();
-        let freed = x.mappings.len() - kept;
-        return Err(anyhow::Error::new(e).context(format!(
-            "the upload finished but its exNode could not be written; {freed} of {} allocations were released",
-            x.mappings.len()
-        )));
+    // A resumed upload's record is its own: what it replaced is left be.
+    let done = save(&rt, &out, &x, replaced.filter(|_| !resumed), &pool)?;
+    if let Some(done) = done.filter(|_| !a.report.quiet) {
+        replaced_said(&out, &done);
     }
     if resumed {
         // Its blocks are in the exNode now.

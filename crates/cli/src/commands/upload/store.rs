@@ -117,3 +117,42 @@ pub(super) fn store(
         Err(e) => Err(failed(e, out)),
     }
 }
+
+/// Saves the uploaded `x` at `out`, then releases what the exNode it
+/// `replaced` named; the new data is released if the save fails (nothing
+/// would name it).
+pub(super) fn save(
+    rt: &tokio::runtime::Runtime,
+    out: &std::path::Path,
+    x: &lors_exnode::ExNode,
+    replaced: Option<super::checks::Replaced>,
+    pool: &std::sync::Arc<lors::Pool>,
+) -> anyhow::Result<Option<lors::commit::Committed>> {
+    let saved = match replaced {
+        Some(r) => (rt.block_on(lors::commit::save_then_release(out, x, r.old, pool)))
+            .map(Some)
+            .map_err(anyhow::Error::new),
+        None => lors::xnd::save(out, x)
+            .map(|()| None)
+            .map_err(anyhow::Error::new),
+    };
+    let Err(e) = saved else {
+        return saved;
+    };
+    // Saved, and what followed failed: the new data is named, and stays.
+    let digest = lors::commit::digest(x);
+    if lors::xnd::load(out).is_ok_and(|y| lors::commit::digest(&y) == digest) {
+        return Err(e.context(format!(
+            "{} is saved; releasing what the exNode it replaced named failed",
+            out.display()
+        )));
+    }
+    // Without its exNode nobody can reach the data: free it now.
+    let made: Vec<_> = x.allocations().cloned().collect();
+    let kept = rt.block_on(pool.release_all(made.clone())).len();
+    Err(e.context(format!(
+        "the upload finished but its exNode could not be written; {} of {} allocations were released",
+        made.len() - kept,
+        made.len()
+    )))
+}
