@@ -404,9 +404,8 @@ impl Fs {
         Ok((fh, h))
     }
 
-    /// Frees what the exNode `name` holds on depots (as far as it can) and
-    /// removes the `.xnd`.
-    /// What `lors rm` does: an erasure-coded file's blocks, parity too,
+    /// Frees what the exNode `name` holds on depots and removes the
+    /// `.xnd`, as `lors rm` does: an erasure-coded file's blocks, parity too,
     /// are freed as a plain one's; those another exNode also names (a
     /// copy) lose only this file's reference; a read-only copy frees
     /// nothing.

@@ -84,19 +84,18 @@ impl<'a> Places<'a> {
 
     /// These depots.
     pub fn given(depots: Vec<String>) -> Self {
-        let found = tokio::sync::OnceCell::new_with(Some(Ok(depots)));
-        Places {
-            find: Box::new(|| Box::pin(async { Ok(Vec::new()) })),
-            found,
-        }
+        Places::known(Ok(depots))
     }
 
     /// None, for `why`.
     pub fn given_none(why: String) -> Self {
-        let found = tokio::sync::OnceCell::new_with(Some(Err(why)));
+        Places::known(Err(why))
+    }
+
+    fn known(found: Found) -> Self {
         Places {
             find: Box::new(|| Box::pin(async { Ok(Vec::new()) })),
-            found,
+            found: tokio::sync::OnceCell::new_with(Some(found)),
         }
     }
 
