@@ -8,6 +8,13 @@
 #                                Mbit/s in both directions (tbf); 0 = unlimited. Recreates
 #                                the lab if it already exists.
 #   netlab.sh rate I RATE_MBIT   change host I's access link rate (0 = unlimited)
+#   netlab.sh wan I DELAY_MS [LOSS_PCT] [JITTER_MS]
+#                                give host I's link distance: its veth is replaced by a
+#                                lors-wan wire (a userspace delay line between two TAP
+#                                devices: this kernel has no netem) adding DELAY_MS one way
+#                                in each direction, LOSS_PCT random loss each way and up to
+#                                JITTER_MS (order kept); the link keeps its rate. The RTT
+#                                between two hosts is the sum of their links' two delays.
 #   netlab.sh exec I CMD [ARG..] run CMD inside host I (I = 1..N, or "hub")
 #   netlab.sh addr I             print host I's address (use it in commands run in the lab)
 #   netlab.sh status             list hosts, addresses, qdiscs and byte counters
@@ -24,6 +31,11 @@
 #              with A.B from NL_NET; used automatically when the bridge cannot be created)
 #   NL_BURST_MS  tbf bucket depth in ms of line rate (default 10; at least 128 KiB so GSO
 #              super-packets pass)
+#   NL_MTU     MTU of every host link (default 1500; 9000 cuts a wire's packets six-fold)
+#   NL_WAN     the lors-wan binary (default: lors-wan in PATH, else target/release/ or
+#              target/debug/ beside this script)
+#
+# This copy adds `wan` and NL_MTU to the workplace's netlab.sh.
 #
 # topology:   nl-h1 [eth0]--veth--[p1]\
 #             nl-h2 [eth0]--veth--[p2]-- br0 (in nl-hub, unlimited core)
@@ -43,6 +55,8 @@ P="${NL_PREFIX:-nl}"
 NET="${NL_NET:-10.213.7}"
 MODE="${NL_MODE:-bridge}"
 BURST_MS="${NL_BURST_MS:-10}"
+MTU="${NL_MTU:-1500}"
+WAND="/run/lors-netlab"  # the wires' pid and log files
 HUB="$P-hub"
 
 die() { echo "netlab: $*" >&2; exit 1; }
@@ -80,6 +94,7 @@ cmd_down() {
     for p in $(ip netns pids "$ns" 2>/dev/null); do kill -9 "$p" 2>/dev/null || true; done
     ip netns del "$ns"
   done
+  rm -f "$WAND/$P-wan"*
 }
 
 cmd_up() {
@@ -109,8 +124,8 @@ cmd_up() {
       ip -n "$HUB" addr add "$(route_net "$i").1/24" dev "p$i"
       ip -n "$ns" addr add "$(route_net "$i").2/24" dev eth0
     fi
-    ip -n "$HUB" link set "p$i" up
-    ip -n "$ns" link set eth0 up
+    ip -n "$HUB" link set "p$i" mtu "$MTU" up
+    ip -n "$ns" link set eth0 mtu "$MTU" up
     if [ "$MODE" = route ]; then
       ip -n "$ns" route add default via "$(route_net "$i").1"
     fi
@@ -126,6 +141,53 @@ cmd_rate() {
   [[ "$r" =~ ^[0-9]+$ ]] || die "rate: RATE_MBIT must be an integer"
   set_tbf "$(host_ns "$i")" eth0 "$r"
   set_tbf "$HUB" "p$i" "$r"
+}
+
+wan_bin() {
+  local here; here="$(cd "$(dirname "$0")/.." && pwd)"
+  if [ -n "${NL_WAN:-}" ]; then echo "$NL_WAN"; return; fi
+  if command -v lors-wan >/dev/null 2>&1; then command -v lors-wan; return; fi
+  for b in "$here/target/release/lors-wan" "$here/target/debug/lors-wan"; do
+    [ -x "$b" ] && { echo "$b"; return; }
+  done
+  die "wan: no lors-wan binary (cargo build --release -p lors-wan, or set NL_WAN)"
+}
+
+# the rate of a tbf on ns dev, in Mbit/s (0 when there is none)
+rate_of() {
+  tc -n "$1" qdisc show dev "$2" 2>/dev/null | sed -n 's/.* rate \([0-9]*\)Mbit.*/\1/p;s/.* rate \([0-9]*\)Gbit.*/\1000/p' | head -1 | grep . || echo 0
+}
+
+cmd_wan() {
+  local i="${1:-}" d="${2:-}" loss="${3:-0}" jit="${4:-0}" ns r wan log
+  ns=$(host_ns "$i")
+  ip netns list | grep "^$ns\b" >/dev/null || die "wan: no host $i"
+  [[ "$d" =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "wan: DELAY_MS must be a number of ms"
+  [ "$(mode_now)" = bridge ] || die "wan: needs the bridge mode"
+  wan=$(wan_bin)
+  mkdir -p "$WAND"
+  r=$(rate_of "$ns" eth0)
+  # The old link (a veth, or an earlier wire: its process goes with its devices).
+  ip -n "$HUB" link del "p$i" 2>/dev/null || true
+  ip -n "$ns" link del eth0 2>/dev/null || true
+  [ -f "$WAND/$P-wan$i.pid" ] && kill "$(cat "$WAND/$P-wan$i.pid")" 2>/dev/null || true
+  log="$WAND/$P-wan$i.log"
+  ip netns exec "$HUB" setsid "$wan" --tap "w$i" --tap "p$i" --delay "${d}ms" \
+    --loss "$loss" --jitter "${jit}ms" --seed "$i" >"$log" 2>&1 < /dev/null &
+  echo $! > "$WAND/$P-wan$i.pid"
+  for _ in $(seq 1 50); do grep -q ready "$log" 2>/dev/null && break; sleep 0.1; done
+  grep -q ready "$log" || die "wan: lors-wan did not start: $(cat "$log")"
+  ip -n "$HUB" link set "w$i" netns "$ns"
+  ip -n "$ns" link set "w$i" name eth0
+  ip -n "$ns" addr add "$NET.$i/24" dev eth0
+  ip -n "$ns" link set eth0 mtu "$MTU" up
+  ip -n "$HUB" link set "p$i" master br0
+  ip -n "$HUB" link set "p$i" mtu "$MTU" up
+  set_tbf "$ns" eth0 "$r"
+  set_tbf "$HUB" "p$i" "$r"
+  # The new device has a new address: nobody waits for a stale entry.
+  local h; for h in $(hosts); do ip -n "$(host_ns "$h")" neigh flush all 2>/dev/null || true; done
+  echo "netlab: host $i: ${d} ms each way, loss ${loss} %, jitter ${jit} ms, ${r} Mbit/s" >&2
 }
 
 cmd_exec() {
@@ -153,6 +215,7 @@ case "$sub" in
   up) cmd_up "$@" ;;
   down) cmd_down ;;
   rate) cmd_rate "$@" ;;
+  wan) cmd_wan "$@" ;;
   exec) cmd_exec "$@" ;;
   addr) host_addr "${1:?host index}" ;;
   status) cmd_status ;;

@@ -28,6 +28,11 @@ if ! command -v ip >/dev/null 2>&1 || ! command -v tc >/dev/null 2>&1; then
     echo "installing iproute2 (network lab)"
     _apt_install iproute2
 fi
+# The lab's wire with distance (crates/wan) is checked with ping.
+if ! command -v ping >/dev/null 2>&1; then
+    echo "installing iputils-ping (the lab's wire with distance)"
+    _apt_install iputils-ping
+fi
 # xio: the FUSE tests mount with fuser's own mount(2) as root or fusermount3
 # (package fuse3) otherwise, and run rsync and sqlite3 on it; the C test
 # program is compiled with gcc against libxio.so.
