@@ -15,6 +15,11 @@
 #                                in each direction, LOSS_PCT random loss each way and up to
 #                                JITTER_MS (order kept); the link keeps its rate. The RTT
 #                                between two hosts is the sum of their links' two delays.
+#   netlab.sh tcp I|all untuned|tuned
+#                                "untuned" caps host I's TCP buffers at 64 KiB (tcp_rmem and
+#                                tcp_wmem max; no window beyond it), as the untuned hosts of
+#                                the "Video IBPster" experiments; "tuned" gives back the
+#                                machine's own settings
 #   netlab.sh exec I CMD [ARG..] run CMD inside host I (I = 1..N, or "hub")
 #   netlab.sh addr I             print host I's address (use it in commands run in the lab)
 #   netlab.sh status             list hosts, addresses, qdiscs and byte counters
@@ -190,6 +195,19 @@ cmd_wan() {
   echo "netlab: host $i: ${d} ms each way, loss ${loss} %, jitter ${jit} ms, ${r} Mbit/s" >&2
 }
 
+cmd_tcp() {
+  local which="${1:-}" how="${2:-}" h rmem wmem
+  case "$how" in
+    untuned) rmem="4096 65536 65536"; wmem="4096 16384 65536" ;;
+    tuned) rmem="$(sysctl -n net.ipv4.tcp_rmem)"; wmem="$(sysctl -n net.ipv4.tcp_wmem)" ;;
+    *) die "tcp: untuned or tuned" ;;
+  esac
+  for h in $(if [ "$which" = all ]; then hosts; else echo "$which"; fi); do
+    ip netns list | grep "^$(host_ns "$h")\b" >/dev/null || die "tcp: no host $h"
+    ip netns exec "$(host_ns "$h")" sysctl -qw net.ipv4.tcp_rmem="$rmem" net.ipv4.tcp_wmem="$wmem"
+  done
+}
+
 cmd_exec() {
   local i="${1:-}"; shift || true
   [ $# -ge 1 ] || die "exec: need a command"
@@ -216,6 +234,7 @@ case "$sub" in
   down) cmd_down ;;
   rate) cmd_rate "$@" ;;
   wan) cmd_wan "$@" ;;
+  tcp) cmd_tcp "$@" ;;
   exec) cmd_exec "$@" ;;
   addr) host_addr "${1:?host index}" ;;
   status) cmd_status ;;
