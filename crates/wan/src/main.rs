@@ -30,7 +30,7 @@ mod tap;
 use args::Args;
 
 /// How close to a frame's time the writer stops sleeping and spins.
-const SPIN: Duration = Duration::from_micros(60);
+const SPIN: Duration = Duration::from_micros(20);
 
 /// A frame waiting for its time.
 struct Due {
