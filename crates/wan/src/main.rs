@@ -29,9 +29,6 @@ mod tap;
 
 use args::Args;
 
-/// How close to a frame's time the writer stops sleeping and spins.
-const SPIN: Duration = Duration::from_micros(20);
-
 /// A frame waiting for its time.
 struct Due {
     at: Instant,
@@ -110,16 +107,8 @@ fn direction(
                         let _ = to.write(&d.frame);
                         g = m.lock().unwrap_or_else(|e| e.into_inner());
                     }
-                    // The last stretch spun: a timed wait wakes up to tens of
-                    // microseconds late, which at 5 ms is 1 % of the delay.
-                    Some(d) if d.at - now <= SPIN => {
-                        drop(g);
-                        std::hint::spin_loop();
-                        std::thread::yield_now();
-                        g = m.lock().unwrap_or_else(|e| e.into_inner());
-                    }
                     Some(d) => {
-                        let wait = d.at - now - SPIN;
+                        let wait = d.at - now;
                         g = cv
                             .wait_timeout(g, wait)
                             .unwrap_or_else(|e| e.into_inner())
