@@ -150,13 +150,19 @@ fn direction(
                 continue;
             }
             g.bytes += n;
+            // The writer sleeps until its earliest frame's time: woken only
+            // when this one goes before that (frames come in order, so
+            // mostly when the queue was empty), not once per frame.
+            let first = g.heap.peek().is_none_or(|d| at < d.at);
             g.heap.push(Due {
                 at,
                 seq,
                 frame: buf[..n].to_vec(),
             });
             drop(g);
-            cv.notify_one();
+            if first {
+                cv.notify_one();
+            }
         }
         m.lock().unwrap_or_else(|e| e.into_inner()).closed = true;
         cv.notify_one();
