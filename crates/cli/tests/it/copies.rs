@@ -55,21 +55,8 @@ pub(crate) fn named(ds: &[DepotProc], xnds: &[&PathBuf]) -> BTreeMap<String, BTr
 /// name and nothing else.
 pub(crate) fn check(ds: &[DepotProc], dir: &Path, live: &[(&PathBuf, &[u8])], after: &str) {
     for (xnd, data) in live {
-        let out = dir.join("out");
-        let _ = std::fs::remove_file(&out);
-        let (ok, _, err) = lors(&[
-            "download",
-            "-q",
-            "-o",
-            out.to_str().unwrap(),
-            xnd.to_str().unwrap(),
-        ]);
-        assert!(ok, "after {after}, {}: {err}", xnd.display());
-        assert!(
-            std::fs::read(&out).unwrap() == *data,
-            "after {after}, {} differs",
-            xnd.display()
-        );
+        eprintln!("after {after}: {}", xnd.display());
+        crate::util::assert_downloads(xnd, data, dir);
     }
     let xnds: Vec<&PathBuf> = live.iter().map(|(p, _)| *p).collect();
     assert_eq!(
