@@ -139,15 +139,20 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     }
     say(&a, &progress, &done, complete, &out);
     if complete < done.sites.len() {
-        let failed: Vec<&str> = (done.sites.iter())
+        // Each site with its reason, so a user knows whether to wait, retry
+        // or pick another depot.
+        let failed: Vec<String> = (done.sites.iter())
             .filter(|r| !r.complete)
-            .map(|r| r.depot.as_str())
+            .map(|r| match &r.error {
+                Some(why) => format!("{}: {why}", r.depot),
+                None => r.depot.clone(),
+            })
             .collect();
         let missing = format!(
             "{} of {} sites did not get a full replica ({}); run the same command on {} to complete them",
             failed.len(),
             done.sites.len(),
-            failed.join(", "),
+            failed.join("; "),
             if complete > 0 {
                 out.display().to_string()
             } else {
