@@ -182,12 +182,12 @@ pub struct Config {
     /// timeout field (default 300 s). Longer requests get this much.
     #[serde(default = "default_max_client_timeout")]
     pub max_client_timeout: Span,
-    /// Most connections one client address may hold open (default 64); more
+    /// Most connections one client address may hold open (default 160); more
     /// get `-66` (busy), as over `max_connections`.
     #[serde(default = "default_connections_per_client")]
     pub max_connections_per_client: usize,
     /// Most data phases (STORE, WRITE, queue LOAD) one client address may run
-    /// at once (default 16); more wait, up to their I/O deadline, for a slot.
+    /// at once (default 128); more wait, up to their I/O deadline, for a slot.
     #[serde(default = "default_transfers_per_client")]
     pub max_transfers_per_client: usize,
     /// Most transfer-buffer memory one client address may hold at once
@@ -241,11 +241,15 @@ fn default_idle() -> Span {
 fn default_max_client_timeout() -> Span {
     Span(Duration::from_secs(300))
 }
+// A client 188 ms away whose TCP buffers are not tuned needs about 70
+// connections, each moving one 32 KiB window per round trip, to fill a
+// 100 Mbit/s link, and its tools open up to 128 (a download's distance,
+// `lors::download::MAX_AUTO_CONNECTIONS`); the rest is room for others.
 fn default_connections_per_client() -> usize {
-    64
+    160
 }
 fn default_transfers_per_client() -> usize {
-    16
+    128
 }
 fn default_max_allocations() -> usize {
     1_000_000

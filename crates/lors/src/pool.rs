@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use lors_exnode::Mapping;
 use lors_ibp::proto::{AllocType, Lease, Reliability};
@@ -30,6 +30,10 @@ pub struct Pool {
     /// Where every allocation made through this pool is written down the
     /// moment it is granted ([`crate::commit::Session`]).
     journal: std::sync::OnceLock<Arc<crate::commit::Journal>>,
+    /// The quickest connect to each depot so far: its round trip, as far
+    /// as a client can tell without asking the kernel (a TCP handshake is
+    /// one).
+    rtts: Mutex<HashMap<String, Duration>>,
 }
 
 impl Pool {
@@ -41,7 +45,15 @@ impl Pool {
             limit: None,
             watch: std::sync::OnceLock::new(),
             journal: std::sync::OnceLock::new(),
+            rtts: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The round trip to `addr`, from the quickest connection made to it
+    /// so far; `None` before the first.
+    pub fn rtt(&self, addr: &str) -> Option<Duration> {
+        let rtts = self.rtts.lock().unwrap_or_else(|e| e.into_inner());
+        rtts.get(addr).copied()
     }
 
     /// The watcher of the uploads through this pool (see [`crate::stall`]).
@@ -84,7 +96,15 @@ impl Pool {
             match reused {
                 Some(c) if c.is_reusable() => return Ok(c),
                 Some(_) => continue, // closed while idle: try the next
-                None => return Connection::connect(addr, &self.cfg).await,
+                None => {
+                    let t0 = Instant::now();
+                    let c = Connection::connect(addr, &self.cfg).await?;
+                    let took = t0.elapsed();
+                    let mut rtts = self.rtts.lock().unwrap_or_else(|e| e.into_inner());
+                    let best = rtts.entry(addr.to_owned()).or_insert(took);
+                    *best = (*best).min(took);
+                    return Ok(c);
+                }
             }
         }
     }

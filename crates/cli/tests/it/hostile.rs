@@ -346,7 +346,12 @@ async fn send_quiet(r: &mut Raw, b: &[u8]) {
 #[tokio::test]
 async fn idle_data_phases_cannot_starve_other_clients() {
     let dir = tempdir();
-    let d = limited_depot(dir.path(), "max_client_timeout = \"3s\"");
+    // The per-client caps as they were when this attack was found, so the
+    // counts below say which cap did what.
+    let d = limited_depot(
+        dir.path(),
+        "max_client_timeout = \"3s\"\nmax_connections_per_client = 64\nmax_transfers_per_client = 16",
+    );
     let mut setup = Raw::connect(&d.addr).await;
     let mut targets = Vec::new();
     for _ in 0..200 {

@@ -58,6 +58,7 @@ pub(super) async fn worker(ctx: Arc<Ctx>, d: DepotId, conn: usize, tx: Option<mp
     let depot = ctx.lock().sched.name(d).to_owned();
     let out = ctx.out.clone();
     let _live = super::Live::new(&ctx, &depot);
+    place(&ctx, d, &depot).await;
     loop {
         if ctx.serve_urgent(&depot).await {
             continue;
@@ -146,7 +147,7 @@ pub(super) async fn worker(ctx: Arc<Ctx>, d: DepotId, conn: usize, tx: Option<mp
             }
             Err(Fail::Busy(why)) => {
                 drop((slot, mem));
-                if ctx.update(|g| g.sched.busy(piece, m, why)) {
+                if ctx.update(|g| g.sched.busy(piece, m, why, Instant::now())) {
                     // Give the depot room: others' pieces, and a pause that
                     // differs per connection so they do not return together.
                     let ms = 100 + 50 * (conn as u64 % 8);
@@ -376,6 +377,31 @@ async fn cancelled(ctx: &Ctx, piece: usize, m: usize) {
             return;
         }
         notified.await;
+    }
+}
+
+/// Before depot `d`'s first piece: its round trip (a connection made now
+/// serves that piece), and the connections its distance earns, so the
+/// pieces are cut for all of them from the start rather than taken whole by
+/// the first few.
+async fn place(ctx: &Ctx, d: DepotId, depot: &str) {
+    if !ctx.lock().sched.tuned(d) {
+        return;
+    }
+    if ctx.pool.rtt(depot).is_none() {
+        // A failure is the first fetch's to meet and report.
+        if let Ok(c) = ctx.pool.get(depot).await {
+            ctx.pool.put(c);
+        }
+    }
+    let Some(rtt) = ctx.pool.rtt(depot) else {
+        return;
+    };
+    let mut g = ctx.lock();
+    if let Some(conns) = g.sched.at_distance(d, rtt) {
+        g.grown.push((d, conns));
+        drop(g);
+        ctx.wake.notify_waiters();
     }
 }
 

@@ -42,7 +42,7 @@ mod tune;
 pub use output::{Buffers, Data, Frozen, Piece, partial_path, record_path};
 use output::{Held, OutFile, Sink};
 use sched::{Event, Sched};
-pub use tune::AUTO_CONNECTIONS;
+pub use tune::{AUTO_CONNECTIONS, BUSY_SETTLE, MAX_AUTO_CONNECTIONS, RTT_PER_CONNECTION};
 
 /// Largest piece of a stream (ordered output): see [`sched::STREAM_HORIZON`].
 pub const STREAM_PIECE: u64 = 256 << 10;
@@ -245,6 +245,8 @@ struct Scheduled {
     fatal: Option<Error>,
     /// Pieces claimed but not yet handed to the output.
     writing: usize,
+    /// Connections a depot's distance added, for the supervisor to start.
+    grown: Vec<(sched::DepotId, std::ops::Range<usize>)>,
 }
 
 struct Ctx {
@@ -612,6 +614,7 @@ pub async fn download(
             sched,
             fatal: None,
             writing: 0,
+            grown: Vec::new(),
         }),
         wake: Notify::new(),
         started: Notify::new(),
@@ -645,8 +648,7 @@ pub async fn download(
         None => (None, None),
     };
     let mut workers = spawn_workers(&ctx, opts, &tx);
-    drop(tx);
-    supervise(&ctx, &mut workers).await;
+    supervise(&ctx, &mut workers, tx).await;
     if let Some(w) = writer {
         // Its error, if any, is already the fatal one (with its context).
         w.await
@@ -977,8 +979,13 @@ fn outcome(
 /// waking idle connections when a piece in flight becomes a straggler they
 /// may fetch again, and stopping the stragglers once every piece is
 /// settled: a connect or read timeout on a depot whose pieces other
-/// replicas delivered is not waited out.
-async fn supervise(ctx: &Ctx, workers: &mut tokio::task::JoinSet<()>) {
+/// replicas delivered is not waited out. It starts the connections a
+/// depot's distance adds (see [`tune::RTT_PER_CONNECTION`]).
+async fn supervise(
+    ctx: &Arc<Ctx>,
+    workers: &mut tokio::task::JoinSet<()>,
+    tx: Option<mpsc::Sender<Held>>,
+) {
     loop {
         let notified = ctx.wake.notified();
         tokio::pin!(notified);
@@ -987,6 +994,11 @@ async fn supervise(ctx: &Ctx, workers: &mut tokio::task::JoinSet<()>) {
             let mut g = ctx.lock();
             let now = Instant::now();
             g.sched.check_stalls(now);
+            for (d, conns) in std::mem::take(&mut g.grown) {
+                for conn in conns {
+                    workers.spawn(fetch::worker(ctx.clone(), d, conn, tx.clone()));
+                }
+            }
             let next = g.sched.next_check(now);
             // Only a stall moves pieces here: wake the workers for those alone.
             if ctx.report(g) {

@@ -602,6 +602,20 @@ impl Sched {
             .map_or(self.cfg.conns_per_depot, |t| t.level)
     }
 
+    /// Depot `d`'s connections follow what it does (a download not told
+    /// how many), rather than a fixed count.
+    pub fn tuned(&self, d: DepotId) -> bool {
+        self.depots[d].tune.is_some()
+    }
+
+    /// Depot `d` is `rtt` away: the connections its distance adds, once
+    /// (see [`super::tune::RTT_PER_CONNECTION`]).
+    pub fn at_distance(&mut self, d: DepotId, rtt: Duration) -> Option<std::ops::Range<usize>> {
+        let grown = self.depots[d].tune.as_mut()?.at_distance(rtt)?;
+        tracing::debug!(depot = %self.names[d], rtt_ms = rtt.as_millis(), to = grown.end, "distant depot: more connections");
+        Some(grown)
+    }
+
     /// Events since the last call.
     pub fn take_events(&mut self) -> Vec<Event> {
         std::mem::take(&mut self.events)
@@ -912,10 +926,23 @@ impl Sched {
     }
 
     /// Connections open (or allowed) across the depots still alive.
+    ///
+    /// A depot whose round trip is not measured yet counts as many as the
+    /// farthest measured one: the depots of one file are mostly at the same
+    /// distance, and pieces cut for connections still to come are cut
+    /// before the first ones take them nearly whole.
     fn live_connections(&self) -> usize {
-        let n: usize = (0..self.depots.len())
-            .filter(|&d| !self.depots[d].dead)
-            .map(|d| self.level(d))
+        let alive = || (0..self.depots.len()).filter(|&d| !self.depots[d].dead);
+        let far = alive()
+            .filter_map(|d| self.depots[d].tune.as_ref().filter(|t| t.placed()))
+            .map(|t| t.level)
+            .max()
+            .unwrap_or(0);
+        let n: usize = alive()
+            .map(|d| match &self.depots[d].tune {
+                Some(t) if !t.placed() => t.level.max(far),
+                _ => self.level(d),
+            })
             .sum();
         if self.cfg.threads > 0 {
             n.min(self.cfg.threads)
@@ -1002,8 +1029,9 @@ impl Sched {
             let m = self.usable(p, d).expect("queued pieces are usable");
             self.unqueue(p);
             self.pending -= 1;
-            if self.cfg.split_tail && self.pending < self.live_connections() {
-                self.split(p, now);
+            let live = self.live_connections();
+            if self.cfg.split_tail && self.pending < live {
+                self.split(p, self.pending + 1, live, now);
             }
             self.run(p, m, now);
             if self.cfg.rebuilders.contains(&d) {
@@ -1204,15 +1232,21 @@ impl Sched {
         depot.queue.len as f64 / (depot.bytes as f64 + DRAIN_PRIOR)
     }
 
-    /// End game: with fewer pieces left than connections, the piece being
-    /// taken is cut in two and its second half goes back to the front of
-    /// the queue. Otherwise the connections that finish first sit idle
-    /// while the last ones each send a whole piece, at their share of their
-    /// depot's link; cutting shrinks that tail to a fraction of a piece.
-    fn split(&mut self, p: PieceId, now: Instant) {
+    /// End game: with fewer pieces left (`left`, this one counted) than
+    /// connections (`live`), the piece being taken is cut — in two, or to
+    /// its share of what is left when that is less — and the rest goes
+    /// back to the front of the queue. Otherwise the connections that
+    /// finish first sit idle while the last ones each send a whole piece,
+    /// at their share of their depot's link; cutting shrinks that tail to a
+    /// fraction of a piece. The share matters far away: a depot whose
+    /// distance earned it many connections (see [`super::tune`]), each
+    /// slow, would otherwise see its first pieces taken nearly whole.
+    fn split(&mut self, p: PieceId, left: usize, live: usize, now: Instant) {
         let s = &self.pieces[p];
-        // Halves on 64 KiB boundaries keep writes page-aligned.
-        let half = (s.len / 2) & !((64 << 10) - 1);
+        let share = u64::try_from(u128::from(s.len) * left as u128 / live.max(1) as u128)
+            .unwrap_or(u64::MAX);
+        // Cuts on 64 KiB boundaries keep writes page-aligned.
+        let half = (s.len / 2).min(share.max(TAIL_PIECE_MIN)) & !((64 << 10) - 1);
         if half < TAIL_PIECE_MIN || s.len - half < TAIL_PIECE_MIN {
             return;
         }
@@ -1332,10 +1366,10 @@ impl Sched {
     /// count gets fewer connections. Once a piece has met [`BUSY_MAX`] busy
     /// replies, the replica that gave the last counts as failed for it.
     /// Returns whether the caller should pause before asking again.
-    pub fn busy(&mut self, p: PieceId, m: usize, why: impl Into<Cause>) -> bool {
+    pub fn busy(&mut self, p: PieceId, m: usize, why: impl Into<Cause>, now: Instant) -> bool {
         let d = self.depot_of[m];
         if let Some(t) = &mut self.depots[d].tune {
-            t.back_off();
+            t.back_off(now);
             tracing::debug!(depot = %self.names[d], to = t.level, "busy depot: fewer connections");
         }
         self.pieces[p].busy += 1;

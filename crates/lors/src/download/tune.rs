@@ -1,5 +1,8 @@
 //! Connections per depot for a download not told how many (`-a`).
 
+use std::ops::Range;
+use std::time::{Duration, Instant};
+
 /// Connections per depot a download opens unless told otherwise; a depot
 /// that says it is busy gets half, for good, each time.
 ///
@@ -16,23 +19,79 @@
 /// 11.1–11.3).
 pub const AUTO_CONNECTIONS: usize = 8;
 
+/// A depot this far away gets one more connection than
+/// [`AUTO_CONNECTIONS`] per this much round trip beyond it: a host whose
+/// TCP buffers are not tuned (64 KiB, about 32 KiB of window) moves one
+/// window per round trip per connection, so a 100 Mbit/s link 188 ms
+/// away needs about 70 of them ("Video IBPster" used 150 threads for
+/// three such depots). On a tuned host the extra connections cost little
+/// and share the slow start, which at such round trips is most of a
+/// transfer of a few hundred MB.
+pub const RTT_PER_CONNECTION: Duration = Duration::from_millis(2);
+
+/// Busy replies this close to the one that halved a depot's connections
+/// are of the same wave and halve nothing more.
+pub const BUSY_SETTLE: Duration = Duration::from_secs(1);
+
+/// The most connections a depot gets for its distance.
+pub const MAX_AUTO_CONNECTIONS: usize = 128;
+
 /// A depot's connection budget.
 #[derive(Debug, Clone)]
 pub(crate) struct Tune {
     /// Connections the depot may use now.
     pub(crate) level: usize,
+    /// When the depot last said it is busy (its distance no longer adds
+    /// any connections then).
+    backed_off: Option<Instant>,
+    /// Its round trip, once measured.
+    rtt: Duration,
+    /// Its round trip was measured and the level set by it.
+    placed: bool,
 }
 
 impl Tune {
     pub(crate) fn new() -> Self {
         Tune {
             level: AUTO_CONNECTIONS,
+            backed_off: None,
+            rtt: Duration::ZERO,
+            placed: false,
         }
     }
 
-    /// The depot said it is busy: half the connections, for good.
-    pub(crate) fn back_off(&mut self) {
+    /// The depot said it is busy: half the connections, for good — once
+    /// per [`BUSY_SETTLE`] (or two round trips, when longer): the other
+    /// busy replies of the same wave of connections say nothing new.
+    pub(crate) fn back_off(&mut self, now: Instant) {
+        let settle = BUSY_SETTLE.max(self.rtt * 2);
+        if self
+            .backed_off
+            .is_some_and(|t| now.saturating_duration_since(t) < settle)
+        {
+            return;
+        }
+        self.backed_off = Some(now);
         self.level = (self.level / 2).max(1);
+    }
+
+    /// Its round trip was measured (its level set by it).
+    pub(crate) fn placed(&self) -> bool {
+        self.placed
+    }
+
+    /// The depot's round trip is `rtt`: the connections it adds (once;
+    /// none on a LAN, where [`AUTO_CONNECTIONS`] fill any link).
+    pub(crate) fn at_distance(&mut self, rtt: Duration) -> Option<Range<usize>> {
+        if std::mem::replace(&mut self.placed, true) || self.backed_off.is_some() {
+            return None;
+        }
+        self.rtt = rtt;
+        let per = RTT_PER_CONNECTION.as_micros().max(1);
+        let want = usize::try_from(rtt.as_micros() / per)
+            .unwrap_or(usize::MAX)
+            .clamp(AUTO_CONNECTIONS, MAX_AUTO_CONNECTIONS);
+        (want > self.level).then(|| std::mem::replace(&mut self.level, want)..want)
     }
 }
 
@@ -43,12 +102,48 @@ mod tests {
     #[test]
     fn busy_replies_halve_the_connections_down_to_one() {
         let mut t = Tune::new();
+        let t0 = Instant::now();
         let levels: Vec<usize> = (0..5)
-            .map(|_| {
-                t.back_off();
+            .map(|i| {
+                t.back_off(t0 + BUSY_SETTLE * i);
                 t.level
             })
             .collect();
         assert_eq!(levels, [4, 2, 1, 1, 1]);
+    }
+
+    #[test]
+    fn a_wave_of_busy_replies_halves_once_per_settling_time() {
+        let mut t = Tune::new();
+        assert_eq!(
+            t.at_distance(Duration::from_millis(188)),
+            Some(AUTO_CONNECTIONS..94)
+        );
+        let t0 = Instant::now();
+        for i in 0..50 {
+            t.back_off(t0 + Duration::from_millis(i * 5));
+        }
+        assert_eq!(t.level, 47, "one wave, one halving");
+        t.back_off(t0 + BUSY_SETTLE);
+        assert_eq!(t.level, 23, "the next wave halves again");
+    }
+
+    #[test]
+    fn distance_adds_connections_once_and_never_after_a_busy_reply() {
+        let ms = Duration::from_millis;
+        let mut lan = Tune::new();
+        assert_eq!(lan.at_distance(ms(1)), None);
+        let mut far = Tune::new();
+        assert_eq!(far.at_distance(ms(188)), Some(AUTO_CONNECTIONS..94));
+        assert_eq!(far.at_distance(ms(300)), None, "measured once");
+        let mut farther = Tune::new();
+        assert_eq!(
+            farther.at_distance(ms(900)),
+            Some(AUTO_CONNECTIONS..MAX_AUTO_CONNECTIONS)
+        );
+        let mut busy = Tune::new();
+        busy.back_off(Instant::now());
+        assert_eq!(busy.at_distance(ms(188)), None);
+        assert_eq!(busy.level, AUTO_CONNECTIONS / 2);
     }
 }

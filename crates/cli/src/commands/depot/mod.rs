@@ -78,7 +78,7 @@ pub struct Args {
     /// Most simultaneous connections [default: 1024].
     #[arg(long, value_name = "N")]
     max_connections: Option<usize>,
-    /// Most simultaneous connections from one client address [default: 64].
+    /// Most simultaneous connections from one client address [default: 160].
     #[arg(long, value_name = "N")]
     max_connections_per_client: Option<usize>,
     /// Refuse what the reference (ACCRE) depot refuses where this one is

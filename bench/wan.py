@@ -1,0 +1,353 @@
+#!/usr/bin/env python3
+"""At distance: the trans-Atlantic experiments of "Video IBPster" redone in the
+network lab, with round trips and loss from the lab's wire (`lors-wan`, see
+docs/bench.md "Distance in the network lab"). Needs root.
+
+    sudo python3 bench/wan.py --quick            # (b) untuned, small file, < 10 min
+    sudo python3 bench/wan.py --out docs/bench/wan.md    # every experiment
+    sudo python3 bench/wan.py --exp b --tcp tuned --loss 0.1,1 --rounds 3
+
+The experiments (depot hosts 1..k, the client host k+1):
+  (a) one depot at 100 Mbit/s, 188 ms RTT; client at 1 Gbit/s
+  (b) three depots at 100 Mbit/s, 188 ms RTT each; client at 1 Gbit/s
+  (c) three depots at 100 Mbit/s with RTT 14, 30 and 45 ms; client at 1 Gbit/s
+  (d) one depot on a 1 Gbit/s LAN (no wire: it cannot add distance at 1 Gbit/s on
+      two cores without becoming the bottleneck, and the LAN has none)
+each with TCP "untuned" (buffers capped at 64 KiB on every host, as the paper's
+hosts) and "tuned" (the machine's own autotuning). Every depot host serves the
+same file through a LoRS depot (a full replica each), nginx, xrootd and a
+GridFTP server; the client runs, interleaved round after round:
+  * iperf3 from depot host 1, one stream (the one-link TCP limit);
+  * `lors download` with its defaults, and with each `-a` of the sweep;
+  * aria2c with every host as a mirror, `xrdcp --sources k`, and
+    `globus-url-copy -p N` from host 1 (GridFTP reads one server).
+The headline of each experiment is lors' default download over the sum of the
+depot links' nominal rates; `--quick` ends with `lors defaults: R x links`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import (  # noqa: E402
+    ROOT,
+    Case,
+    build_lors,
+    ensure_peers,
+    log,
+    machine,
+    make_file,
+    measure,
+    median,
+    save_report,
+    stop_all,
+    wait_port,
+)
+
+NETLAB = ROOT / "scripts" / "netlab.sh"
+ENV = dict(os.environ, NL_PREFIX="lorsw", NL_NET="10.213.11")
+DEPOT_PORT, HTTP_PORT, XRD_PORT, FTP_PORT, IPERF_PORT = 6714, 8080, 1094, 2811, 5201
+
+
+def netlab(*args: str) -> str:
+    r = subprocess.run([str(NETLAB), *args], env=ENV, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"netlab.sh {' '.join(args)}: {r.stderr.strip()}")
+    return r.stdout.strip()
+
+
+def ns(i: int) -> list[str]:
+    return ["ip", "netns", "exec", f"lorsw-h{i}"]
+
+
+@dataclass
+class Topology:
+    """Depot links (Mbit/s, one-way delay in ms) and the client's link."""
+
+    name: str
+    links: list[tuple[int, float]]
+    client_rate: int = 1000
+
+    def rtts(self) -> str:
+        return ", ".join(f"{2 * d:g}" for _, d in self.links)
+
+    def capacity(self) -> float:
+        """The sum of the depot links, Mbit/s (the client's link is wider)."""
+        return min(sum(r for r, _ in self.links), self.client_rate)
+
+
+EXPERIMENTS = {
+    "a": Topology("(a) one depot, 100 Mbit/s, 188 ms", [(100, 94.0)]),
+    "b": Topology("(b) three depots, 100 Mbit/s, 188 ms", [(100, 94.0)] * 3),
+    "c": Topology("(c) three depots, 100 Mbit/s, 14/30/45 ms", [(100, 7.0), (100, 15.0), (100, 22.5)]),
+    "d": Topology("(d) one depot, 1 Gbit/s LAN", [(1000, 0.0)]),
+}
+
+# The paper's Table/figures: best throughput and the threads it took.
+PAPER = {
+    "a": "89 Mbit/s with 25 threads",
+    "b": "103 Mbit/s with 150 threads",
+    "c": "184 Mbit/s with 275 threads",
+    "d": "749 Mbit/s with 15 threads",
+}
+
+
+class WanLab:
+    """Depot hosts 1..k, each serving the same file four ways; the client is k+1."""
+
+    def __init__(self, lors: Path, d: Path, topo: Topology, src: Path, loss: float = 0.0):
+        self.topo, self.d, self.lors, self.src = topo, d, lors, src
+        self.k = len(topo.links)
+        self.client = self.k + 1
+        self.procs: dict[str, subprocess.Popen] = {}
+        netlab("up", str(self.k + 1), "0")
+        self.addr = {i: netlab("addr", str(i)) for i in range(1, self.k + 2)}
+        logs = d / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        logs.chmod(0o777)
+        www = src.parent
+        for i in range(1, self.k + 1):
+            a = self.addr[i]
+            dd = d / f"depot-{i}"
+            shutil.rmtree(dd, ignore_errors=True)
+            self.spawn(f"depot-{i}", [*ns(i), str(lors), "depot", "--listen", f"{a}:{DEPOT_PORT}",
+                                      "--data", str(dd), "--size", "8G", "--sync", "never"])
+            conf = d / f"nginx-{i}.conf"
+            conf.write_text(
+                f"""worker_processes 1; daemon off; pid {d}/nginx-{i}.pid; error_log {logs}/nginx-{i}.log;
+events {{ worker_connections 1024; }}
+http {{ access_log off; sendfile on; tcp_nopush on;
+  server {{ listen {a}:{HTTP_PORT}; root {www}; }} }}
+"""
+            )
+            self.spawn(f"nginx-{i}", [*ns(i), "nginx", "-c", str(conf), "-p", str(d)])
+            xc = d / f"xrootd-{i}.cfg"
+            xc.write_text(f"all.export {www}\nxrd.port {XRD_PORT}\n")
+            self.spawn(f"xrootd-{i}", [*ns(i), "xrootd", "-c", str(xc), "-l", f"{logs}/xrootd-{i}.log",
+                                       "-R", "nobody", "-n", f"wan{i}"])
+            self.spawn(f"gridftp-{i}", [*ns(i), "globus-gridftp-server", "-aa", "-anonymous-user", "nobody",
+                                        "-p", str(FTP_PORT), "-data-interface", a, "-d", "error",
+                                        "-l", str(logs / f"gridftp-{i}.log")])
+        self.spawn("iperf3", [*ns(1), "iperf3", "-s", "-p", str(IPERF_PORT)])
+        wrap = ns(self.client)
+        for i in range(1, self.k + 1):
+            for p in (DEPOT_PORT, HTTP_PORT, XRD_PORT, FTP_PORT):
+                wait_port(self.addr[i], p, wrap=wrap)
+        wait_port(self.addr[1], IPERF_PORT, wrap=wrap)
+        # A full replica on every depot, placed before the distance is set.
+        self.xnd = d / f"{src.stem}.xnd"
+        args = [str(lors), "upload", "--quiet", "--force", "-n", "-c", str(self.k), "-o", str(self.xnd), str(src)]
+        for dep in self.depots():
+            args[2:2] = ["--depot", dep]
+        log(f"placing {src.stat().st_size >> 20} MiB on {self.k} depots, {self.k} copies")
+        subprocess.run(self.at_client(args), check=True)
+        self.distance(loss)
+
+    def distance(self, loss: float) -> None:
+        """Rates, then the wire's delay and loss on every depot link."""
+        for i, (rate, delay) in enumerate(self.topo.links, 1):
+            netlab("rate", str(i), str(rate))
+            if delay or loss:
+                netlab("wan", str(i), f"{delay:g}", f"{loss:g}")
+        netlab("rate", str(self.client), str(self.topo.client_rate))
+        # Neighbours resolved before any timed run: across a real WAN a router
+        # answers ARP, not the far host, so its round trip is no part of one.
+        for i in range(1, self.k + 1):
+            subprocess.run(self.at_client(["ping", "-c", "2", "-W", "2", self.addr[i]]), capture_output=True)
+
+    def tcp(self, how: str) -> None:
+        netlab("tcp", "all", how)
+
+    def spawn(self, name: str, argv: list[str]) -> None:
+        out = open(self.d / "logs" / f"{name}.out", "wb")
+        self.procs[name] = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+
+    def depots(self) -> list[str]:
+        return [f"{self.addr[i]}:{DEPOT_PORT}" for i in range(1, self.k + 1)]
+
+    def at_client(self, argv: list[str]) -> list[str]:
+        return [*ns(self.client), *argv]
+
+    def stop(self) -> None:
+        stop_all(self.procs.values())
+        netlab("down")
+
+
+def iperf_seconds(size: int):
+    def parse(out: bytes) -> float:
+        bps = json.loads(out)["end"]["sum_received"]["bits_per_second"]
+        return size / (bps / 8)
+
+    return parse
+
+
+def meta4(lab: WanLab) -> Path:
+    """A metalink naming every host's xrootd copy, for `xrdcp --sources k`."""
+    src = lab.src
+    urls = "\n".join(
+        f'    <url location="h{i}" priority="1">root://{lab.addr[i]}:{XRD_PORT}/{src}</url>'
+        for i in range(1, lab.k + 1)
+    )
+    m = lab.d / f"{src.name}.meta4"
+    m.write_text(
+        f"""<?xml version="1.0" encoding="UTF-8"?>
+<metalink xmlns="urn:ietf:params:xml:ns:metalink">
+  <file name="{src.name}">
+    <size>{src.stat().st_size}</size>
+{urls}
+  </file>
+</metalink>
+"""
+    )
+    return m
+
+
+def cases(lab: WanLab, threads: list[int], peers: bool, baseline: Path | None) -> list[Case]:
+    """Every case of one experiment, on the file placed in `lab`."""
+    src, size = lab.src, lab.src.stat().st_size
+    out = lab.d / "out.bin"
+    rm = [["rm", "-f", str(out)]]
+    lors = [str(lab.lors), "download", "--quiet", "-o", str(out)]
+    got = (out, src)
+    cs = [
+        Case("iperf3, one link, one stream", "limit",
+             lab.at_client(["iperf3", "-c", lab.addr[1], "-p", str(IPERF_PORT), "-R", "-t", "10", "-J"]),
+             size // lab.k, parse=iperf_seconds(size // lab.k)),
+        Case("lors download (defaults)", "ours", lab.at_client([*lors, str(lab.xnd)]), size,
+             before=rm, after=rm, verify=got),
+    ]
+    if baseline:
+        cs.append(Case("lors download (defaults), baseline build", "baseline",
+                       lab.at_client([str(baseline), *lors[1:], str(lab.xnd)]), size,
+                       before=rm, after=rm, verify=got))
+    cs += [Case(f"lors download -a {t}", "sweep", lab.at_client([*lors, "-a", str(t), str(lab.xnd)]), size,
+                before=rm, after=rm) for t in threads]
+    if not peers:
+        return cs
+    mirrors = [f"http://{lab.addr[i]}:{HTTP_PORT}/{src.name}" for i in range(1, lab.k + 1)]
+    per = 16  # aria2c's most connections per server
+    cs += [
+        Case(f"aria2c, {lab.k} mirrors, {per} connections each", "peer",
+             lab.at_client(["aria2c", "-q", "-x", str(per), "-s", str(per * lab.k), "-k", "1M",
+                            "--file-allocation=none", "--allow-overwrite=true",
+                            "-d", str(lab.d), "-o", out.name, *mirrors]),
+             size, before=rm, after=rm, verify=got),
+        Case(f"xrdcp --sources {lab.k} --streams 15", "peer",
+             lab.at_client(["xrdcp", "-s", "-f", "--sources", str(lab.k), "--streams", "15",
+                            str(meta4(lab)), str(out)]),
+             size, before=rm, after=rm, verify=got),
+        Case("globus-url-copy -p 16 (host 1)", "peer",
+             lab.at_client(["globus-url-copy", "-p", "16", "-fast",
+                            f"ftp://{lab.addr[1]}:{FTP_PORT}{src}", f"file://{out}"]),
+             size, before=rm, after=rm, verify=got),
+    ]
+    return cs
+
+
+def mbit(c: Case) -> list[float]:
+    return [c.size * 8 / t / 1e6 for t in c.times]
+
+
+def report(topo: Topology, key: str, tcp: str, loss: float, cs: list[Case]) -> tuple[str, float]:
+    cap = topo.capacity()
+    title = f"### {topo.name}, TCP {tcp}" + (f", loss {loss:g} % each way" if loss else "")
+    lines = [title, "",
+             f"Depot RTTs {topo.rtts()} ms; the links sum to {cap:g} Mbit/s; "
+             f"the paper: {PAPER[key]}.", "",
+             "| case | median Mbit/s | min-max | / links |", "|---|---|---|---|"]
+    for c in cs:
+        if c.failed or not c.times:
+            lines.append(f"| {c.name} | failed: {c.failed} | | |")
+            continue
+        rs = mbit(c)
+        ref = topo.links[0][0] if c.kind == "limit" else cap
+        lines.append(f"| {c.name} | {median(rs):.1f} | {min(rs):.1f}-{max(rs):.1f} | {median(rs) / ref:.3f} |")
+    ours = next((median(mbit(c)) / cap for c in cs if c.kind == "ours" and c.times), float("nan"))
+    lines += ["", f"lors defaults: **{ours:.3f}** x links", ""]
+    return "\n".join(lines), ours
+
+
+def experiment(lors: Path, d: Path, key: str, tcps: list[str], loss: float, per_link: int, rounds: int,
+               threads: list[int], peers: bool, baseline: Path | None) -> tuple[list[str], list[float]]:
+    topo = EXPERIMENTS[key]
+    www = d / "www"
+    src = www / f"wan-{key}.bin"
+    make_file(src, per_link * len(topo.links))
+    src.chmod(0o644)
+    lab = WanLab(lors, d, topo, src, loss)
+    texts, ratios = [], []
+    try:
+        for tcp in tcps:
+            lab.tcp(tcp)
+            cs = cases(lab, threads, peers, baseline)
+            # A tool at a tenth of the links is cut off and said to be slower.
+            at_links = src.stat().st_size * 8 / (topo.capacity() * 1e6)
+            measure(cs, rounds, timeout=max(120.0, 10 * at_links))
+            text, r = report(topo, key, tcp, loss, cs)
+            print(text, flush=True)
+            texts.append(text)
+            ratios.append(r)
+    finally:
+        lab.stop()
+    return texts, ratios
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true",
+                    help="(b) untuned, one round, no sweep, no peers: the headline in minutes")
+    ap.add_argument("--exp", default="a,b,c,d", help="experiments (default a,b,c,d)")
+    ap.add_argument("--tcp", default="untuned,tuned", help="untuned, tuned or both (default both)")
+    ap.add_argument("--loss", default="0", help="loss rates in %% each way, one run per rate (default 0)")
+    ap.add_argument("--per-link", type=int, default=128, help="MiB per depot link (default 128)")
+    ap.add_argument("--rounds", type=int, default=3, help="timed rounds (default 3)")
+    ap.add_argument("--threads", default="1,4,16,64", help="the -a sweep (default 1,4,16,64)")
+    ap.add_argument("--no-peers", action="store_true", help="only lors and iperf3")
+    ap.add_argument("--baseline", help="an earlier lors binary whose default download runs beside")
+    ap.add_argument("--dir", default="/dev/shm/lors-wan", help="working directory on tmpfs")
+    ap.add_argument("--out", help="also write the Markdown report here")
+    a = ap.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("wan.py needs root (network namespaces)")
+    if a.quick:
+        a.exp, a.tcp, a.rounds, a.threads, a.loss = "b", "untuned", 1, "", "0"
+        a.no_peers = True
+    d = Path(a.dir)
+    (d / "www").mkdir(parents=True, exist_ok=True)
+    for p in (d, d / "www"):
+        p.chmod(0o777)
+    ensure_peers()
+    subprocess.run(["cargo", "build", "--release", "--locked", "-q", "-p", "lors-wan"], cwd=ROOT, check=True)
+    lors = build_lors()
+    threads = [int(t) for t in a.threads.split(",") if t]
+    out = [f"## At distance (`bench/wan.py`), {time.strftime('%Y-%m-%d')}", "",
+           f"Machine: {machine()}. {a.rounds} interleaved round(s) after a verified warm-up; "
+           "rates are size / wall time of the whole command, run on the client host.", ""]
+    headline = []
+    for key in a.exp.split(","):
+        for loss in [float(x) for x in a.loss.split(",")]:
+            if loss and key == "d":
+                continue
+            texts, ratios = experiment(lors, d, key, a.tcp.split(","), loss, a.per_link << 20, a.rounds,
+                                       threads, not a.no_peers, Path(a.baseline) if a.baseline else None)
+            out += texts
+            headline += [(key, tcp, loss, r) for tcp, r in zip(a.tcp.split(","), ratios)]
+    out += ["### Summary", "", "| experiment | TCP | loss % | lors defaults / links |", "|---|---|---|---|"]
+    out += [f"| {k} | {t} | {l:g} | {r:.3f} |" for k, t, l, r in headline]
+    save_report("\n".join(out) + "\n", a.out)
+    if a.quick:
+        print(f"lors defaults: {headline[0][3]:.2f} x links")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
