@@ -66,6 +66,12 @@ pub const BUSY_MAX: u32 = 100;
 /// Pieces are not cut below this at the end of a download.
 pub const TAIL_PIECE_MIN: u64 = 256 << 10;
 
+/// ... nor below this when a depot's distance earned it more connections
+/// (see [`super::tune`]): each of them then moves a few window's worth per
+/// round trip, and a 256 KiB piece would keep the last ones busy for
+/// seconds while the others sit idle.
+pub const TAIL_PIECE_MIN_FAR: u64 = 64 << 10;
+
 /// Bytes every depot is credited with before it delivers, in the drain
 /// estimate: a few pieces' worth, so the first deliveries do not swing it.
 const DRAIN_PRIOR: f64 = (16u64 << 20) as f64;
@@ -1246,8 +1252,18 @@ impl Sched {
         let share = u64::try_from(u128::from(s.len) * left as u128 / live.max(1) as u128)
             .unwrap_or(u64::MAX);
         // Cuts on 64 KiB boundaries keep writes page-aligned.
-        let half = (s.len / 2).min(share.max(TAIL_PIECE_MIN)) & !((64 << 10) - 1);
-        if half < TAIL_PIECE_MIN || s.len - half < TAIL_PIECE_MIN {
+        let far = self.depots.iter().any(|d| {
+            d.tune
+                .as_ref()
+                .is_some_and(|t| t.level > super::AUTO_CONNECTIONS)
+        });
+        let floor = if far {
+            TAIL_PIECE_MIN_FAR
+        } else {
+            TAIL_PIECE_MIN
+        };
+        let half = (s.len / 2).min(share.max(floor)) & !((64 << 10) - 1);
+        if half < floor || s.len - half < floor {
             return;
         }
         // A piece of a row stays whole: cut, it would no longer line up
