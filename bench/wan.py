@@ -104,7 +104,7 @@ PAPER = {
 class WanLab:
     """Depot hosts 1..k, each serving the same file four ways; the client is k+1."""
 
-    def __init__(self, lors: Path, d: Path, topo: Topology, src: Path, loss: float = 0.0):
+    def __init__(self, lors: Path, d: Path, topo: Topology, src: Path, loss: float = 0.0, place: bool = True):
         self.topo, self.d, self.lors, self.src = topo, d, lors, src
         self.k = len(topo.links)
         self.client = self.k + 1
@@ -145,11 +145,13 @@ http {{ access_log off; sendfile on; tcp_nopush on;
         wait_port(self.addr[1], IPERF_PORT, wrap=wrap)
         # A full replica on every depot, placed before the distance is set.
         self.xnd = d / f"{src.stem}.xnd"
-        args = [str(lors), "upload", "--quiet", "--force", "-n", "-c", str(self.k), "-o", str(self.xnd), str(src)]
-        for dep in self.depots():
-            args[2:2] = ["--depot", dep]
-        log(f"placing {src.stat().st_size >> 20} MiB on {self.k} depots, {self.k} copies")
-        subprocess.run(self.at_client(args), check=True)
+        if place:
+            args = [str(lors), "upload", "--quiet", "--force", "-n", "-c", str(self.k), "-o", str(self.xnd),
+                    str(src)]
+            for dep in self.depots():
+                args[2:2] = ["--depot", dep]
+            log(f"placing {src.stat().st_size >> 20} MiB on {self.k} depots, {self.k} copies")
+            subprocess.run(self.at_client(args), check=True)
         self.distance(loss)
 
     def distance(self, loss: float) -> None:
@@ -301,6 +303,64 @@ def experiment(lors: Path, d: Path, key: str, tcps: list[str], loss: float, per_
     return texts, ratios
 
 
+# Upload and augment at distance: depot host 1 188 ms from the client, depot
+# host 2 beside the client (so 188 ms from host 1 too), the client host 3.
+SENDING = Topology("(e) upload to a depot 188 ms away; augment from it to one 188 ms from it",
+                   [(100, 94.0), (100, 0.0)])
+
+
+def sending(lors: Path, d: Path, tcps: list[str], per_link: int, rounds: int) -> list[str]:
+    """`lors upload` to host 1 beside GridFTP's and iperf3's upload, and
+    `lors augment` from host 1 to host 2 (depot to depot), each against the
+    100 Mbit/s link."""
+    src = d / "www" / "wan-up.bin"
+    make_file(src, per_link)
+    src.chmod(0o644)
+    lab = WanLab(lors, d, SENDING, src, place=False)
+    texts = []
+    up, base, aug = d / "up.xnd", d / "base.xnd", d / "aug.xnd"
+    h1, h2 = lab.depots()
+    lors_ = str(lors)
+    try:
+        for tcp in tcps:
+            lab.tcp(tcp)
+            log(f"placing the file to augment on host 1 ({tcp})")
+            subprocess.run(lab.at_client([lors_, "upload", "-q", "-n", "--force", "-c", "1", "--depot", h1,
+                                          "-o", str(base), str(src)]), check=True)
+            cs = [
+                Case("iperf3 to host 1, one stream", "limit",
+                     lab.at_client(["iperf3", "-c", lab.addr[1], "-p", str(IPERF_PORT), "-t", "10", "-J"]),
+                     per_link, parse=lambda out: per_link / (json.loads(out)["end"]["sum_received"]
+                                                            ["bits_per_second"] / 8)),
+                Case("lors upload -c 1, to host 1", "ours",
+                     lab.at_client([lors_, "upload", "-q", "-n", "--force", "-c", "1", "--depot", h1,
+                                    "-o", str(up), str(src)]), per_link,
+                     after=[lab.at_client([lors_, "rm", "-q", str(up)])]),
+                Case("lors augment -c 1, host 1 to host 2", "ours",
+                     lab.at_client([lors_, "augment", "-q", "-c", "1", "--depot", h2, str(aug)]), per_link,
+                     before=[["cp", str(base), str(aug)]]),
+                Case("globus-url-copy -p 16, to host 1", "peer",
+                     lab.at_client(["globus-url-copy", "-p", "16", "-fast", f"file://{src}",
+                                    f"ftp://{lab.addr[1]}:{FTP_PORT}{d}/www/up-gridftp.bin"]), per_link,
+                     after=[["rm", "-f", str(d / "www" / "up-gridftp.bin")]]),
+            ]
+            measure(cs, rounds, timeout=max(120.0, 10 * per_link * 8 / 100e6))
+            lines = [f"### {SENDING.name}, TCP {tcp}", "", "| case | median Mbit/s | min-max | / link |",
+                     "|---|---|---|---|"]
+            for c in cs:
+                if c.failed or not c.times:
+                    lines.append(f"| {c.name} | failed: {c.failed} | | |")
+                    continue
+                rs = mbit(c)
+                lines.append(f"| {c.name} | {median(rs):.1f} | {min(rs):.1f}-{max(rs):.1f} | {median(rs) / 100:.3f} |")
+            text = "\n".join(lines) + "\n"
+            print(text, flush=True)
+            texts.append(text)
+    finally:
+        lab.stop()
+    return texts
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true",
@@ -312,6 +372,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3, help="timed rounds (default 3)")
     ap.add_argument("--threads", default="1,4,16,64", help="the -a sweep (default 1,4,16,64)")
     ap.add_argument("--no-peers", action="store_true", help="only lors and iperf3")
+    ap.add_argument("--sending", action="store_true",
+                    help="also upload (beside GridFTP) and augment (depot to depot) at 188 ms")
     ap.add_argument("--baseline", help="an earlier lors binary whose default download runs beside")
     ap.add_argument("--dir", default="/dev/shm/lors-wan", help="working directory on tmpfs")
     ap.add_argument("--out", help="also write the Markdown report here")
@@ -333,7 +395,7 @@ def main() -> int:
            f"Machine: {machine()}. {a.rounds} interleaved round(s) after a verified warm-up; "
            "rates are size / wall time of the whole command, run on the client host.", ""]
     headline = []
-    for key in a.exp.split(","):
+    for key in [k for k in a.exp.split(",") if k]:
         for loss in [float(x) for x in a.loss.split(",")]:
             if loss and key == "d":
                 continue
@@ -341,6 +403,8 @@ def main() -> int:
                                        threads, not a.no_peers, Path(a.baseline) if a.baseline else None)
             out += texts
             headline += [(key, tcp, loss, r) for tcp, r in zip(a.tcp.split(","), ratios)]
+    if a.sending:
+        out += sending(lors, d, a.tcp.split(","), a.per_link << 20, a.rounds)
     out += ["### Summary", "", "| experiment | TCP | loss % | lors defaults / links |", "|---|---|---|---|"]
     out += [f"| {k} | {t} | {l:g} | {r:.3f} |" for k, t, l, r in headline]
     save_report("\n".join(out) + "\n", a.out)

@@ -235,7 +235,7 @@ fn every_command_finishes_at_the_pace_of_the_healthy_depots() {
             // A site that must hold a replica cannot be replaced: named, fast.
             "disseminate" => {
                 assert!(!r.ok);
-                assert!(r.err.contains(&format!("({})", hung.addr)), "{}", r.err);
+                assert!(r.err.contains(&format!("({}: ", hung.addr)), "{}", r.err);
             }
             // Reports give its lines as "no answer".
             "stat" => assert!(out.contains("no answer"), "{what}: {out}"),

@@ -1,8 +1,8 @@
 //! Download: the adaptive block scheduler of DESIGN.md / the LoCI iGrid 2002 paper (Video IBPster) §3.
 //!
 //! The range is planned into pieces ([`crate::plan`]). Each depot gets
-//! `conns_per_depot` workers (`fetch`), or as many as its measured
-//! throughput earns (auto-tuning, the default, in `tune`); each asks the
+//! `conns_per_depot` workers (`fetch`), or as many as its round trip
+//! earns (auto-tuning, the default, in `tune`); each asks the
 //! scheduler ([`sched`], sans I/O) for the next piece its depot holds, so
 //! faster depots take more. A failed read marks that replica bad for the
 //! piece and puts the piece back. When nothing is pending, an idle worker
@@ -56,8 +56,9 @@ pub struct DownloadOptions {
     pub length: Option<u64>,
     /// Largest segment fetched in one LOAD.
     pub block_size: u64,
-    /// Parallel connections per depot; 0 = [`AUTO_CONNECTIONS`], halved
-    /// for a depot each time it says it is busy.
+    /// Parallel connections per depot; 0 = [`AUTO_CONNECTIONS`] plus one
+    /// per [`RTT_PER_CONNECTION`] of a depot's round trip (at most
+    /// [`MAX_AUTO_CONNECTIONS`]), halved once per wave of busy replies.
     pub conns_per_depot: usize,
     /// Fetch stragglers again from another replica when idle.
     pub hedge: bool,
@@ -101,8 +102,10 @@ pub struct Tuning {
     /// Bytes to fetch [default: to the end].
     #[cfg_attr(feature = "clap", arg(short = 'L', long, value_parser = lors_ibp::units::parse_size))]
     pub length: Option<u64>,
-    /// Connections per depot [default: 8, halved for a depot each time it
-    /// says it is busy]
+    /// Connections per depot [default: 8, and one more per 2 ms of a
+    /// depot's round trip up to 128 (untuned TCP moves one window per round
+    /// trip per connection); halved for a depot once per wave of busy
+    /// replies]
     #[cfg_attr(feature = "clap", arg(short = 'a', long = "connections", value_parser = clap::value_parser!(u16).range(1..=256)))]
     pub connections: Option<u16>,
     /// Most data fetched ahead of the writer when streaming in order

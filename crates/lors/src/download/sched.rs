@@ -67,7 +67,7 @@ pub const BUSY_MAX: u32 = 100;
 pub const TAIL_PIECE_MIN: u64 = 256 << 10;
 
 /// ... nor below this when a depot's distance earned it more connections
-/// (see [`super::tune`]): each of them then moves a few window's worth per
+/// (see [`super::RTT_PER_CONNECTION`]): each of them then moves a few window's worth per
 /// round trip, and a 256 KiB piece would keep the last ones busy for
 /// seconds while the others sit idle.
 pub const TAIL_PIECE_MIN_FAR: u64 = 64 << 10;
