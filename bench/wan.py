@@ -3,7 +3,7 @@
 network lab, with round trips and loss from the lab's wire (`lors-wan`, see
 docs/bench.md "Distance in the network lab"). Needs root.
 
-    sudo python3 bench/wan.py --quick            # (b) untuned, small file, < 10 min
+    sudo python3 bench/wan.py --quick            # (b) untuned, 384 MiB, one round: about 2 minutes
     sudo python3 bench/wan.py --out docs/bench/wan.md    # every experiment
     sudo python3 bench/wan.py --exp b --tcp tuned --loss 0.1,1 --rounds 3
 
