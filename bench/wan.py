@@ -28,7 +28,6 @@ depot links' nominal rates; `--quick` ends with `lors defaults: R x links`.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -52,6 +51,8 @@ from common import (  # noqa: E402
     stop_all,
     wait_port,
 )
+
+from lab import iperf_seconds  # noqa: E402
 
 NETLAB = ROOT / "scripts" / "netlab.sh"
 ENV = dict(os.environ, NL_PREFIX="lorsw", NL_NET="10.213.11")
@@ -182,14 +183,6 @@ http {{ access_log off; sendfile on; tcp_nopush on;
     def stop(self) -> None:
         stop_all(self.procs.values())
         netlab("down")
-
-
-def iperf_seconds(size: int):
-    def parse(out: bytes) -> float:
-        bps = json.loads(out)["end"]["sum_received"]["bits_per_second"]
-        return size / (bps / 8)
-
-    return parse
 
 
 def meta4(lab: WanLab) -> Path:
@@ -330,8 +323,7 @@ def sending(lors: Path, d: Path, tcps: list[str], per_link: int, rounds: int) ->
             cs = [
                 Case("iperf3 to host 1, one stream", "limit",
                      lab.at_client(["iperf3", "-c", lab.addr[1], "-p", str(IPERF_PORT), "-t", "10", "-J"]),
-                     per_link, parse=lambda out: per_link / (json.loads(out)["end"]["sum_received"]
-                                                            ["bits_per_second"] / 8)),
+                     per_link, parse=iperf_seconds(per_link)),
                 Case("lors upload -c 1, to host 1", "ours",
                      lab.at_client([lors_, "upload", "-q", "-n", "--force", "-c", "1", "--depot", h1,
                                     "-o", str(up), str(src)]), per_link,
