@@ -129,6 +129,12 @@ pub struct Watcher {
     pace: Mutex<Pace>,
     /// Depots found hung: every other command waiting on one ends at once.
     hung: Mutex<std::collections::HashSet<String>>,
+    /// Each depot's last liveness check: when it ended and whether the
+    /// depot answered. Commands in flight together (a hundred blocks to a
+    /// far depot) reach their check together: one asks, the others take
+    /// its answer, rather than a hundred fresh connections that a depot's
+    /// per-client cap refuses as if it were hung.
+    checked: tokio::sync::Mutex<std::collections::HashMap<String, (Instant, bool)>>,
 }
 
 #[derive(Debug)]
@@ -162,6 +168,7 @@ impl Watcher {
                 known: Vec::new(),
             }),
             hung: Mutex::new(std::collections::HashSet::new()),
+            checked: tokio::sync::Mutex::new(std::collections::HashMap::new()),
         }
     }
 
@@ -215,14 +222,25 @@ impl Watcher {
     }
 
     /// The first of `addrs` that does not answer a STATUS VERSION on a
-    /// fresh connection within `wait`, if any.
+    /// fresh connection within `wait`, if any. Checks run one at a time,
+    /// and a depot checked within the last `wait` is not asked again.
     async fn first_silent(&self, addrs: &[&str], wait: Duration) -> Option<String> {
+        let mut checked = self.checked.lock().await;
         for a in addrs {
-            let ask = async {
-                let mut c = lors_ibp::Connection::connect(a, &self.client).await?;
-                c.version().await
+            let fresh = (checked.get(*a)).filter(|(at, _)| at.elapsed() < wait);
+            let answered = match fresh {
+                Some(&(_, answered)) => answered,
+                None => {
+                    let ask = async {
+                        let mut c = lors_ibp::Connection::connect(a, &self.client).await?;
+                        c.version().await
+                    };
+                    let answered = matches!(tokio::time::timeout(wait, ask).await, Ok(Ok(_)));
+                    checked.insert((*a).to_owned(), (Instant::now(), answered));
+                    answered
+                }
             };
-            if !matches!(tokio::time::timeout(wait, ask).await, Ok(Ok(_))) {
+            if !answered {
                 return Some((*a).to_owned());
             }
         }
