@@ -181,6 +181,13 @@ impl Connection {
         Connection::connect(&cap.address(), cfg).await
     }
 
+    /// Uses `cfg`'s timeouts from now on (a pooled connection taken up
+    /// for a command with limits of its own; the connect timeout no longer
+    /// applies).
+    pub fn reconfigure(&mut self, cfg: &ClientConfig) {
+        self.cfg = cfg.clone();
+    }
+
     /// The depot address.
     pub fn addr(&self) -> &str {
         &self.addr

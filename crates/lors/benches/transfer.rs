@@ -142,6 +142,8 @@ fn main() {
                 filename: "bench".into(),
                 erasure: None,
                 sparse: false,
+                auto_threads: false,
+                auto_block_size: false,
                 e2e: e2e.map(|()| {
                     Codec::Native(Chain {
                         block_size: MIB,

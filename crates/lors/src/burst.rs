@@ -33,6 +33,25 @@ pub fn in_flight(sources: usize, targets: usize) -> usize {
     (PER_LINK * sources.max(targets)).clamp(8, 64)
 }
 
+/// [`in_flight`] for depots `rtt` apart (the longest round trip measured
+/// to them): each link also gets a copy in flight per
+/// [`crate::download::RTT_PER_CONNECTION`] of it, up to
+/// [`crate::download::MAX_AUTO_CONNECTIONS`] in all. A copy is one
+/// connection from source to target, and between hosts whose TCP is not
+/// tuned each moves a window per round trip.
+///
+/// ```
+/// use std::time::Duration;
+/// use lors::burst::in_flight_at;
+/// assert_eq!(in_flight_at(1, 1, Duration::from_millis(1)), 8);
+/// assert_eq!(in_flight_at(1, 1, Duration::from_millis(188)), 94);
+/// assert_eq!(in_flight_at(4, 4, Duration::from_millis(188)), 128);
+/// ```
+pub fn in_flight_at(sources: usize, targets: usize, rtt: std::time::Duration) -> usize {
+    let far = crate::download::connections_for(rtt).saturating_mul(sources.max(targets));
+    in_flight(sources, targets).max(far.min(crate::download::MAX_AUTO_CONNECTIONS))
+}
+
 /// The copies in flight on each depot's link, and the blocks each source
 /// depot still has to send.
 #[derive(Debug, Default)]

@@ -87,7 +87,12 @@ pub async fn take_references(
             caps.entry(k).or_insert_with(|| c.clone());
         }
     }
-    let limit = Arc::new(tokio::sync::Semaphore::new(16));
+    let mut depots: Vec<String> = caps.values().map(|c| c.address()).collect();
+    depots.sort();
+    depots.dedup();
+    let limit = Arc::new(tokio::sync::Semaphore::new(
+        pool.ops_in_flight(&depots).await,
+    ));
     let mut set = tokio::task::JoinSet::new();
     for (k, cap) in caps {
         let (pool, limit) = (pool.clone(), limit.clone());

@@ -131,7 +131,20 @@ pub async fn replicate(
         })
         .collect();
     let sources: HashSet<&String> = holders.iter().flatten().collect();
-    let in_flight = crate::burst::in_flight(sources.len(), load.len());
+    // The client's round trips to the depots stand for theirs to each
+    // other, which it cannot measure.
+    let ends: Vec<String> = sources
+        .iter()
+        .map(|s| (*s).clone())
+        .chain(depots.iter().cloned())
+        .collect();
+    let rtt = (pool
+        .round_trips(&ends, crate::pool::MEASURE_WAIT)
+        .await
+        .into_iter()
+        .max())
+    .unwrap_or_default();
+    let in_flight = crate::burst::in_flight_at(sources.len(), load.len(), rtt);
     let run = Replication {
         x,
         pool,

@@ -10,12 +10,24 @@ use lors_exnode::Mapping;
 use lors_ibp::proto::{AllocType, Lease, Reliability};
 use lors_ibp::{CapSet, Capability, ClientConfig, Connection, Result};
 
-/// Idle connections kept per depot.
-const MAX_IDLE_PER_DEPOT: usize = 16;
+/// Idle connections kept per depot: as many as a transfer at distance
+/// keeps busy ([`crate::download::MAX_AUTO_CONNECTIONS`]), so each block
+/// or piece after the first goes over a connection past TCP's slow start
+/// rather than a new one a round trip away.
+const MAX_IDLE_PER_DEPOT: usize = 128;
+
+/// Idle connections kept to all depots together.
+const MAX_IDLE: usize = 1024;
 
 /// The lease an allocation made under a journal starts with, until it is
 /// written down ([`Pool::allocate`]).
 pub const PROVISIONAL_LEASE: Duration = Duration::from_secs(60);
+
+/// How long a command waits for its depots to answer a connect before it
+/// starts, when it sizes its concurrency by their round trips
+/// ([`Pool::round_trips`]): a depot slower than that is taken as near (it
+/// is still used, it only buys no concurrency).
+pub const MEASURE_WAIT: Duration = Duration::from_secs(1);
 
 /// A pool of idle depot connections.
 pub struct Pool {
@@ -54,6 +66,38 @@ impl Pool {
     pub fn rtt(&self, addr: &str) -> Option<Duration> {
         let rtts = self.rtts.lock().unwrap_or_else(|e| e.into_inner());
         rtts.get(addr).copied()
+    }
+
+    /// Connects to each of `addrs` whose round trip is not known yet (the
+    /// connection kept for the next command), waiting at most `wait`
+    /// (usually [`MEASURE_WAIT`]);
+    /// returns the round trips known then. A depot that does not answer
+    /// in time is left to the first command to meet: its connect is cut
+    /// off here.
+    pub async fn round_trips(self: &Arc<Self>, addrs: &[String], wait: Duration) -> Vec<Duration> {
+        let mut connects = tokio::task::JoinSet::new();
+        for a in addrs.iter().filter(|a| self.rtt(a).is_none()) {
+            let (pool, a) = (self.clone(), a.clone());
+            connects.spawn(async move {
+                if let Ok(c) = pool.get(&a).await {
+                    pool.put(c);
+                }
+            });
+        }
+        let _ = tokio::time::timeout(wait, connects.join_all()).await;
+        addrs.iter().filter_map(|a| self.rtt(a)).collect()
+    }
+
+    /// How many small commands (INCR, DECR) to have in flight to the
+    /// depots `addrs`: 16, and more for far ones (one per
+    /// [`crate::download::RTT_PER_CONNECTION`] of their round trips, up to
+    /// [`crate::download::MAX_AUTO_CONNECTIONS`]), so releasing a few
+    /// hundred blocks 188 ms away takes a few round trips, not 25.
+    pub async fn ops_in_flight(self: &Arc<Self>, addrs: &[String]) -> usize {
+        let rtts = self.round_trips(addrs, MEASURE_WAIT).await;
+        let far =
+            (rtts.into_iter().map(crate::download::connections_for)).fold(0, usize::saturating_add);
+        far.clamp(16, crate::download::MAX_AUTO_CONNECTIONS)
     }
 
     /// The watcher of the uploads through this pool (see [`crate::stall`]).
@@ -115,6 +159,17 @@ impl Pool {
             return;
         }
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        if idle.values().map(Vec::len).sum::<usize>() >= MAX_IDLE {
+            // Closed ones (a depot drops connections idle a minute) go
+            // first; a new one is kept only in the room that leaves.
+            for v in idle.values_mut() {
+                v.retain(Connection::is_reusable);
+            }
+            idle.retain(|_, v| !v.is_empty());
+            if idle.values().map(Vec::len).sum::<usize>() >= MAX_IDLE {
+                return;
+            }
+        }
         let v = idle.entry(c.addr().to_owned()).or_default();
         if v.len() < MAX_IDLE_PER_DEPOT {
             v.push(c);
@@ -268,7 +323,14 @@ impl Pool {
         self: &Arc<Self>,
         mappings: Vec<Mapping>,
     ) -> Vec<(Mapping, String)> {
-        let limit = Arc::new(tokio::sync::Semaphore::new(16));
+        let mut depots: Vec<String> = (mappings.iter())
+            .filter_map(|m| Some(m.manage.as_ref()?.address()))
+            .collect();
+        depots.sort();
+        depots.dedup();
+        let limit = Arc::new(tokio::sync::Semaphore::new(
+            self.ops_in_flight(&depots).await,
+        ));
         let hung = Arc::new(Mutex::new(std::collections::HashSet::new()));
         let mut set = tokio::task::JoinSet::new();
         for m in mappings {

@@ -101,6 +101,8 @@ fn any_three_of_nine_depots_lost_read_back_whole_and_four_fail_naming_stripes() 
         })),
         erasure: Some(Scheme::parse("6+3").unwrap()),
         sparse: false,
+        auto_threads: false,
+        auto_block_size: false,
     };
     let file = std::fs::File::open(&src).unwrap();
     let up = rt
@@ -222,6 +224,8 @@ fn a_lost_depots_blocks_are_rebuilt_from_reads_the_download_makes_anyway() {
         e2e: None,
         erasure: Some(Scheme::parse("6+3").unwrap()),
         sparse: false,
+        auto_threads: false,
+        auto_block_size: false,
     };
     let file = std::fs::File::open(&src).unwrap();
     let x = rt

@@ -292,6 +292,8 @@ fn upload_options(a: &Args, depots: Vec<String>) -> UploadOptions {
         filename: "demo.bin".into(),
         erasure: None,
         sparse: true,
+        auto_threads: false,
+        auto_block_size: false,
         e2e: Some(Codec::Native(Chain {
             block_size: 1 << 20,
             steps: vec![Step::Blake3],

@@ -551,7 +551,7 @@ fn at_distance_with_loss_every_command_is_byte_exact() {
     let t0 = Instant::now();
     let first = format!("{},{}", sites[0], sites[1]);
     let out = lab.run(&[
-        "upload", "-q", "-c", "1", "-b", "1M", "--depot", &first, "-o", &xnd, &src,
+        "upload", "-q", "-c", "1", "--depot", &first, "-o", &xnd, &src,
     ]);
     assert!(
         out.status.success(),
@@ -559,6 +559,11 @@ fn at_distance_with_loss_every_command_is_byte_exact() {
         String::from_utf8_lossy(&out.stderr)
     );
     eprintln!("upload took {:.2}s", t0.elapsed().as_secs_f64());
+    // 50 ms away, each depot is worth 25 blocks in flight: the 6 MiB file
+    // is cut into 256 KiB blocks (the smallest distance cuts), not one of
+    // the 10 MiB default that would go over a single connection.
+    let blocks = lors::xnd::load(Path::new(&xnd)).unwrap().mappings.len();
+    assert_eq!(blocks, 24, "blocks of the upload at distance");
     download_identical(&lab, &xnd, &data, || {});
     let out = lab.run(&["augment", "-q", "-c", "1", "--depot", &sites[2], &xnd]);
     assert!(

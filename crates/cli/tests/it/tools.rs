@@ -105,6 +105,8 @@ fn round_trips_over_sizes_block_sizes_copies_and_threads() {
                     filename: "p.bin".into(),
                     erasure: None,
                     sparse: false,
+                    auto_threads: false,
+                    auto_block_size: false,
                     e2e: chain.clone(),
                 };
                 let (x, back) = rt.block_on(async {

@@ -59,8 +59,21 @@ pub(super) async fn send(
             _ => StatusCode::CONNECTION,
         })
     };
-    let mut conn = Connection::connect_cap(dest, &cfg).await.map_err(map)?;
-    conn.begin_store(dest, length).await.map_err(map)?;
+    let mut conn = match idle_to(depot, dest) {
+        // A reused connection the peer closed meanwhile fails before any
+        // byte of data: the STORE goes again on a fresh one.
+        Some(mut c) => {
+            c.reconfigure(&cfg);
+            match c.begin_store(dest, length).await {
+                Ok(()) => c,
+                Err(ClientError::Io { .. } | ClientError::Closed { .. }) => {
+                    fresh(dest, &cfg, length).await.map_err(map)?
+                }
+                Err(e) => return Err(map(e)),
+            }
+        }
+        None => fresh(dest, &cfg, length).await.map_err(map)?,
+    };
     if length > 0 {
         let Some(file) = file else {
             return Err(Fail::new(StatusCode::FILE_READ));
@@ -72,7 +85,62 @@ pub(super) async fn send(
             }));
         }
     }
-    conn.finish_store(length).await.map_err(map)
+    let stored = conn.finish_store(length).await.map_err(map)?;
+    keep_idle(depot, conn);
+    Ok(stored)
+}
+
+/// Idle connections kept per depot SENDs go to: as many as a client at
+/// distance keeps copies in flight to it.
+const MAX_IDLE_OUT: usize = 128;
+
+/// A new connection to `dest`'s depot, its STORE of `length` bytes begun.
+async fn fresh(
+    dest: &Capability,
+    cfg: &ClientConfig,
+    length: u64,
+) -> Result<Connection, ClientError> {
+    let mut c = Connection::connect_cap(dest, cfg).await?;
+    c.begin_store(dest, length).await?;
+    Ok(c)
+}
+
+/// An idle connection to `dest`'s depot still open, if one is kept.
+fn idle_to(depot: &Depot, dest: &Capability) -> Option<Connection> {
+    let mut out = depot.outgoing.lock().unwrap_or_else(|e| e.into_inner());
+    let idle = out.get_mut(&dest.address())?;
+    while let Some(c) = idle.pop() {
+        if c.is_reusable() {
+            return Some(c);
+        }
+    }
+    None
+}
+
+/// Idle connections kept to all depots together (closed ones swept out
+/// when the count reaches it), so a depot that copied to many others
+/// holds no more descriptors than this for it.
+const MAX_IDLE_OUT_TOTAL: usize = 512;
+
+/// Keeps `conn`, its last STORE answered, for the next SEND to its depot.
+fn keep_idle(depot: &Depot, conn: Connection) {
+    if !conn.is_healthy() {
+        return;
+    }
+    let mut out = depot.outgoing.lock().unwrap_or_else(|e| e.into_inner());
+    if out.values().map(Vec::len).sum::<usize>() >= MAX_IDLE_OUT_TOTAL {
+        for idle in out.values_mut() {
+            idle.retain(Connection::is_reusable);
+        }
+        out.retain(|_, idle| !idle.is_empty());
+        if out.values().map(Vec::len).sum::<usize>() >= MAX_IDLE_OUT_TOTAL {
+            return;
+        }
+    }
+    let idle = out.entry(conn.addr().to_owned()).or_default();
+    if idle.len() < MAX_IDLE_OUT {
+        idle.push(conn);
+    }
 }
 
 /// Copy into one of our own allocations (possibly the source itself).

@@ -42,7 +42,9 @@ mod tune;
 pub use output::{Buffers, Data, Frozen, Piece, partial_path, record_path};
 use output::{Held, OutFile, Sink};
 use sched::{Event, Sched};
-pub use tune::{AUTO_CONNECTIONS, BUSY_SETTLE, MAX_AUTO_CONNECTIONS, RTT_PER_CONNECTION};
+pub use tune::{
+    AUTO_CONNECTIONS, BUSY_SETTLE, MAX_AUTO_CONNECTIONS, RTT_PER_CONNECTION, connections_for,
+};
 
 /// Largest piece of a stream (ordered output): see [`sched::STREAM_HORIZON`].
 pub const STREAM_PIECE: u64 = 256 << 10;

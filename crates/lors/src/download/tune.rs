@@ -29,6 +29,19 @@ pub const AUTO_CONNECTIONS: usize = 8;
 /// transfer of a few hundred MB.
 pub const RTT_PER_CONNECTION: Duration = Duration::from_millis(2);
 
+/// Connections a host `rtt` away needs for what [`RTT_PER_CONNECTION`]
+/// says (not bounded: callers clamp it).
+///
+/// ```
+/// use std::time::Duration;
+/// assert_eq!(lors::download::connections_for(Duration::from_millis(188)), 94);
+/// assert_eq!(lors::download::connections_for(Duration::from_micros(300)), 0);
+/// ```
+pub fn connections_for(rtt: Duration) -> usize {
+    let per = RTT_PER_CONNECTION.as_micros().max(1);
+    usize::try_from(rtt.as_micros() / per).unwrap_or(usize::MAX)
+}
+
 /// Busy replies this close to the one that halved a depot's connections
 /// are of the same wave and halve nothing more.
 pub const BUSY_SETTLE: Duration = Duration::from_secs(1);
@@ -87,10 +100,7 @@ impl Tune {
             return None;
         }
         self.rtt = rtt;
-        let per = RTT_PER_CONNECTION.as_micros().max(1);
-        let want = usize::try_from(rtt.as_micros() / per)
-            .unwrap_or(usize::MAX)
-            .clamp(AUTO_CONNECTIONS, MAX_AUTO_CONNECTIONS);
+        let want = connections_for(rtt).clamp(AUTO_CONNECTIONS, MAX_AUTO_CONNECTIONS);
         (want > self.level).then(|| std::mem::replace(&mut self.level, want)..want)
     }
 }

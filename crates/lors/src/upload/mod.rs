@@ -25,6 +25,7 @@ use crate::pool::Pool;
 use crate::progress::{Event, Progress};
 use crate::stall::{Kind, Watcher};
 
+mod distance;
 mod e2e;
 mod sparse;
 mod stripes;
@@ -59,11 +60,23 @@ pub struct UploadOptions {
     /// `erasure`. Off, every byte is stored, as the LoRS 0.82 tools need
     /// to read the file.
     pub sparse: bool,
+    /// `threads` was not chosen by hand: depots far away raise it, one
+    /// block in flight per [`crate::download::RTT_PER_CONNECTION`] of
+    /// their round trips (up to [`crate::download::MAX_AUTO_CONNECTIONS`]),
+    /// measured by a connect to each before the first block.
+    pub auto_threads: bool,
+    /// `block_size` was not chosen by hand: when distance raises
+    /// `threads`, a file too small to give each four blocks is cut into
+    /// smaller ones (not below 256 KiB), and blocks held in memory (a
+    /// stream, end-to-end functions) shrink to keep within the memory
+    /// eight default blocks take.
+    pub auto_block_size: bool,
 }
 
 impl UploadOptions {
     /// The options settings `s` give an upload of `filename` onto `depots`
-    /// (block size 10 MiB, 3 copies and 8 threads where nothing set them).
+    /// (block size 10 MiB, 3 copies and 8 threads where nothing set them,
+    /// the threads and block size fitted to the depots' distance).
     pub fn from_settings(
         s: &crate::settings::Settings,
         depots: Vec<String>,
@@ -81,6 +94,8 @@ impl UploadOptions {
             e2e,
             erasure: s.erasure,
             sparse: true,
+            auto_threads: s.threads.is_none(),
+            auto_block_size: s.block_size.is_none(),
         }
     }
 
@@ -160,6 +175,9 @@ struct Uploader {
     allocating: Arc<tokio::sync::watch::Sender<Vec<String>>>,
     /// How long depot commands take here: what a hung depot is told apart by.
     watch: Arc<Watcher>,
+    /// Copies stored so far (a block waiting on busy depots waits on while
+    /// this moves).
+    stored: std::sync::atomic::AtomicU64,
 }
 
 impl Uploader {
@@ -396,6 +414,7 @@ impl Uploader {
         // of times, rather than given up on as failed.
         let mut busy: Vec<usize> = Vec::new();
         let mut pauses = 0u32;
+        let mut stored = self.stored.load(std::sync::atomic::Ordering::Relaxed);
         loop {
             // Picked and marked under one lock: the blocks of a stripe,
             // stored at once, each get a depot of their own.
@@ -409,6 +428,13 @@ impl Uploader {
                 picked
             };
             let Some(i) = picked else {
+                // Blocks stored meanwhile: the depots are busy with ours,
+                // not refusing us (their per-client caps are below our
+                // blocks in flight, which distance can raise to 128).
+                let now = self.stored.load(std::sync::atomic::Ordering::Relaxed);
+                if std::mem::replace(&mut stored, now) != now {
+                    pauses = 0;
+                }
                 if busy.is_empty() || pauses >= BUSY_PAUSES {
                     return Err(Error::Store { offset, last });
                 }
@@ -424,6 +450,8 @@ impl Uploader {
             match self.attempt(&addr, (offset, len), data, &job).await {
                 Ok(caps) => {
                     self.lock().release(i);
+                    self.stored
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     return Ok((i, caps));
                 }
                 // Our own input failed: another depot will not help.
@@ -447,7 +475,8 @@ impl Uploader {
     }
 }
 
-/// Rounds of pauses a block waits for busy depots before it fails.
+/// Rounds of pauses a block waits for busy depots, while no other block
+/// is stored, before it fails.
 const BUSY_PAUSES: u32 = 50;
 
 fn mapping(
@@ -662,9 +691,10 @@ async fn run<R: AsyncRead + Unpin>(
     }
     let shared = Uploader::new(opts, pool, progress.clone())?;
     let copies = opts.copies.max(1);
+    let (threads, bs) = shared.fit_distance(size, &input, &control).await;
     progress.start(size);
-    let bs = usize::try_from(opts.block_size.max(1)).unwrap_or(usize::MAX);
-    let slots = Arc::new(Semaphore::new(opts.threads.max(1)));
+    let bs = usize::try_from(bs).unwrap_or(usize::MAX);
+    let slots = Arc::new(Semaphore::new(threads));
     let mut tasks = tokio::task::JoinSet::new();
     let mut results: Vec<(usize, Vec<Mapping>)> = Vec::new();
     let mut offset = 0u64;
@@ -672,6 +702,9 @@ async fn run<R: AsyncRead + Unpin>(
     let mut stop = Stop::default();
     // Blocks an earlier run stored whole, by offset.
     let mut done: std::collections::BTreeMap<u64, Vec<Mapping>> = Default::default();
+    // Of those, the ones this run stores again (too few copies, or cut
+    // elsewhere): released once it succeeds, as nothing else names them.
+    let mut unused: Vec<Mapping> = Vec::new();
     for m in &control.done {
         done.entry(m.exnode_offset).or_default().push(m.clone());
     }
@@ -702,8 +735,9 @@ async fn run<R: AsyncRead + Unpin>(
                     }
                     continue;
                 }
-                Ok(_) => {}
+                Ok(_) => unused.extend(stored),
                 Err(e) => {
+                    unused.extend(stored);
                     stop.failure = Some(e);
                     break;
                 }
@@ -753,6 +787,8 @@ async fn run<R: AsyncRead + Unpin>(
     if let Some(e) = stop.failure {
         return Err(shared.abandon(e).await);
     }
+    unused.extend(done.into_values().flatten());
+    shared.made().extend(unused);
     shared.finish(results, copies).await
 }
 
@@ -891,7 +927,39 @@ impl Uploader {
             made: Arc::new(Mutex::new(Vec::new())),
             allocating: Arc::new(tokio::sync::watch::channel(Vec::new()).0),
             watch,
+            stored: std::sync::atomic::AtomicU64::new(0),
         }))
+    }
+
+    /// Blocks in flight and the block size, fitted to the depots' distance
+    /// where the options leave them to it (see [`distance`]). A resumed
+    /// upload keeps the block size of the run it resumes, whose blocks it
+    /// finds by their offsets.
+    async fn fit_distance<R>(
+        &self,
+        size: Option<u64>,
+        input: &Input<R>,
+        control: &Control,
+    ) -> (usize, u64) {
+        let (mut threads, mut bs) = (self.opts.threads.max(1), self.opts.block_size.max(1));
+        if !self.opts.auto_threads {
+            return (threads, bs);
+        }
+        let addrs = self.lock().addrs.clone();
+        let rtts = self
+            .pool
+            .round_trips(&addrs, crate::pool::MEASURE_WAIT)
+            .await;
+        let near = threads;
+        threads = distance::threads(threads, &rtts);
+        let earlier = control.done.iter().map(|m| m.logical_length).max();
+        if let Some(earlier) = earlier.filter(|&l| l > 0 && l <= bs) {
+            bs = earlier;
+        } else if self.opts.auto_block_size && threads > near {
+            let in_memory = !matches!(input, Input::File(..));
+            bs = distance::block_size(bs, threads, size, in_memory);
+        }
+        (threads, bs)
     }
 
     /// Encodes one block (off the async threads: checksums, compression

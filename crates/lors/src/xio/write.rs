@@ -121,6 +121,8 @@ impl File {
             erasure: None,
             e2e: None,
             sparse: false,
+            auto_threads: false,
+            auto_block_size: false,
         };
         let pool = self.pool.clone();
         let len = data.len() as u64;
