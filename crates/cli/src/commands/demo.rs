@@ -11,7 +11,6 @@ use lors_depot::Depot;
 use lors_depot::config::{ByteSize, Config, ResourceConfig, SyncPolicy};
 use lors_exnode::functions::{Chain, Codec, Step};
 use lors_ibp::ClientConfig;
-use lors_ibp::proto::Reliability;
 use lors_lbone::client::BaseUrl;
 use lors_lbone::client::{DepotQuery, Directory};
 use lors_lbone::model::Location;
@@ -286,17 +285,13 @@ fn upload_options(a: &Args, depots: Vec<String>) -> UploadOptions {
         depots,
         block_size: a.block_size,
         copies: 2,
-        threads: 8,
         duration: Duration::from_secs(3600),
-        reliability: Reliability::Hard,
         filename: "demo.bin".into(),
-        erasure: None,
-        sparse: true,
-        auto_threads: false,
         auto_block_size: false,
         e2e: Some(Codec::Native(Chain {
             block_size: 1 << 20,
             steps: vec![Step::Blake3],
         })),
+        ..UploadOptions::default()
     }
 }

@@ -73,6 +73,29 @@ pub struct UploadOptions {
     pub auto_block_size: bool,
 }
 
+impl Default for UploadOptions {
+    /// No depots yet; 10 MiB blocks, 3 copies, 8 threads (both fitted to
+    /// the depots' distance), a day's hard lease, sparse files kept
+    /// sparse, no end-to-end functions: what `lors upload` does when
+    /// nothing is set.
+    fn default() -> Self {
+        UploadOptions {
+            depots: Vec::new(),
+            block_size: 10 << 20,
+            copies: 3,
+            threads: 8,
+            duration: Duration::from_secs(86_400),
+            reliability: Reliability::Hard,
+            filename: String::new(),
+            e2e: None,
+            erasure: None,
+            sparse: true,
+            auto_threads: true,
+            auto_block_size: true,
+        }
+    }
+}
+
 impl UploadOptions {
     /// The options settings `s` give an upload of `filename` onto `depots`
     /// (block size 10 MiB, 3 copies and 8 threads where nothing set them,
@@ -83,19 +106,20 @@ impl UploadOptions {
         filename: String,
         e2e: Option<Codec>,
     ) -> UploadOptions {
+        let d = UploadOptions::default();
         UploadOptions {
             depots,
-            block_size: s.block_size.unwrap_or(10 << 20),
-            copies: s.copies.unwrap_or(3),
-            threads: s.threads.unwrap_or(8),
+            block_size: s.block_size.unwrap_or(d.block_size),
+            copies: s.copies.unwrap_or(d.copies),
+            threads: s.threads.unwrap_or(d.threads),
             duration: s.duration,
             reliability: s.reliability,
             filename,
             e2e,
             erasure: s.erasure,
-            sparse: true,
             auto_threads: s.threads.is_none(),
             auto_block_size: s.block_size.is_none(),
+            ..d
         }
     }
 

@@ -67,11 +67,13 @@ pub struct Args {
     #[arg(long, value_name = "K+M", conflicts_with = "copies", value_parser = ec_arg)]
     ec: Option<EcArg>,
     /// Block (allocation) size, e.g. 10M [default: bs=, else
-    /// LORS_BLOCKSIZE, else DATA_BLOCKSIZE, else 10M].
+    /// LORS_BLOCKSIZE, else DATA_BLOCKSIZE, else 10M, smaller at distance
+    /// so every connection gets four blocks].
     #[arg(short = 'b', long = "block-size", value_parser = nonzero_block_size_arg)]
     block_size: Option<u64>,
     /// Blocks transferred at once [default: threads=, else LORS_THREADS,
-    /// else THREADS, else 8].
+    /// else THREADS, else 8, plus one per 2 ms of the depots' round trips,
+    /// up to 128].
     #[arg(short, long)]
     threads: Option<usize>,
     #[command(flatten)]
