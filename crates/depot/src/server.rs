@@ -45,6 +45,14 @@ pub enum DepotError {
     },
 }
 
+/// Idle connections kept per depot SENDs go to: as many as a client at
+/// distance keeps copies in flight to it.
+const MAX_IDLE_OUT: usize = 128;
+
+/// Idle connections kept to all depots together, so a depot that copied
+/// to many others holds no more descriptors than this for it.
+const MAX_IDLE_OUT_TOTAL: usize = 512;
+
 /// A running depot's shared state.
 pub struct Depot {
     /// Configuration.
@@ -67,8 +75,7 @@ pub struct Depot {
     /// Idle connections to other depots, left by SENDs to them: the next
     /// SEND there skips the connect and TCP's slow start, a round trip or
     /// more each — most of a small block's copy between continents.
-    pub(crate) outgoing:
-        std::sync::Mutex<std::collections::HashMap<String, Vec<lors_ibp::Connection>>>,
+    pub(crate) outgoing: lors_ibp::IdleConnections,
 }
 
 /// The sockets a depot serves on.
@@ -105,7 +112,7 @@ impl Depot {
             bound: OnceLock::new(),
             started: Instant::now(),
             commands: Default::default(),
-            outgoing: Default::default(),
+            outgoing: lors_ibp::IdleConnections::new(MAX_IDLE_OUT, MAX_IDLE_OUT_TOTAL),
         }))
     }
 

@@ -21,6 +21,7 @@ pub mod caps;
 pub mod client;
 pub mod error;
 pub mod ewma;
+pub mod idle;
 pub mod proto;
 pub mod spliced;
 pub mod units;
@@ -30,6 +31,7 @@ pub mod zerocopy;
 pub use caps::{CapKind, CapSet, Capability, Key};
 pub use client::{ClientConfig, Connection};
 pub use error::{Error, Result};
+pub use idle::IdleConnections;
 pub use proto::{ProbeInfo, StatusCode};
 
 /// The IANA-unregistered but traditional IBP depot port.

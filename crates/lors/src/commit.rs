@@ -87,11 +87,9 @@ pub async fn take_references(
             caps.entry(k).or_insert_with(|| c.clone());
         }
     }
-    let mut depots: Vec<String> = caps.values().map(|c| c.address()).collect();
-    depots.sort();
-    depots.dedup();
+    let depots = caps.values().map(|c| c.address());
     let limit = Arc::new(tokio::sync::Semaphore::new(
-        pool.ops_in_flight(&depots).await,
+        pool.ops_in_flight(depots).await,
     ));
     let mut set = tokio::task::JoinSet::new();
     for (k, cap) in caps {

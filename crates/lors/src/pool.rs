@@ -32,7 +32,7 @@ pub const MEASURE_WAIT: Duration = Duration::from_secs(1);
 /// A pool of idle depot connections.
 pub struct Pool {
     cfg: ClientConfig,
-    idle: Mutex<HashMap<String, Vec<Connection>>>,
+    idle: lors_ibp::IdleConnections,
     /// `--bwlimit`: every byte of data moved through this pool pays here.
     limit: Option<crate::rate::Limiter>,
     /// The pace of the uploads run through this pool: an xio file's
@@ -53,7 +53,7 @@ impl Pool {
     pub fn new(cfg: ClientConfig) -> Self {
         Pool {
             cfg,
-            idle: Mutex::new(HashMap::new()),
+            idle: lors_ibp::IdleConnections::new(MAX_IDLE_PER_DEPOT, MAX_IDLE),
             limit: None,
             watch: std::sync::OnceLock::new(),
             journal: std::sync::OnceLock::new(),
@@ -93,8 +93,11 @@ impl Pool {
     /// [`crate::download::RTT_PER_CONNECTION`] of their round trips, up to
     /// [`crate::download::MAX_AUTO_CONNECTIONS`]), so releasing a few
     /// hundred blocks 188 ms away takes a few round trips, not 25.
-    pub async fn ops_in_flight(self: &Arc<Self>, addrs: &[String]) -> usize {
-        let rtts = self.round_trips(addrs, MEASURE_WAIT).await;
+    pub async fn ops_in_flight(self: &Arc<Self>, addrs: impl IntoIterator<Item = String>) -> usize {
+        let mut addrs: Vec<String> = addrs.into_iter().collect();
+        addrs.sort();
+        addrs.dedup();
+        let rtts = self.round_trips(&addrs, MEASURE_WAIT).await;
         let far =
             (rtts.into_iter().map(crate::download::connections_for)).fold(0, usize::saturating_add);
         far.clamp(16, crate::download::MAX_AUTO_CONNECTIONS)
@@ -130,50 +133,21 @@ impl Pool {
 
     /// An idle connection to `addr` the depot has not closed, or a new one.
     pub async fn get(&self, addr: &str) -> Result<Connection> {
-        loop {
-            let reused = self
-                .idle
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .get_mut(addr)
-                .and_then(Vec::pop);
-            match reused {
-                Some(c) if c.is_reusable() => return Ok(c),
-                Some(_) => continue, // closed while idle: try the next
-                None => {
-                    let t0 = Instant::now();
-                    let c = Connection::connect(addr, &self.cfg).await?;
-                    let took = t0.elapsed();
-                    let mut rtts = self.rtts.lock().unwrap_or_else(|e| e.into_inner());
-                    let best = rtts.entry(addr.to_owned()).or_insert(took);
-                    *best = (*best).min(took);
-                    return Ok(c);
-                }
-            }
+        if let Some(c) = self.idle.take(addr) {
+            return Ok(c);
         }
+        let t0 = Instant::now();
+        let c = Connection::connect(addr, &self.cfg).await?;
+        let took = t0.elapsed();
+        let mut rtts = self.rtts.lock().unwrap_or_else(|e| e.into_inner());
+        let best = rtts.entry(addr.to_owned()).or_insert(took);
+        *best = (*best).min(took);
+        Ok(c)
     }
 
     /// Returns a connection for reuse (dropped if it is not healthy).
     pub fn put(&self, c: Connection) {
-        if !c.is_healthy() {
-            return;
-        }
-        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        if idle.values().map(Vec::len).sum::<usize>() >= MAX_IDLE {
-            // Closed ones (a depot drops connections idle a minute) go
-            // first; a new one is kept only in the room that leaves.
-            for v in idle.values_mut() {
-                v.retain(Connection::is_reusable);
-            }
-            idle.retain(|_, v| !v.is_empty());
-            if idle.values().map(Vec::len).sum::<usize>() >= MAX_IDLE {
-                return;
-            }
-        }
-        let v = idle.entry(c.addr().to_owned()).or_default();
-        if v.len() < MAX_IDLE_PER_DEPOT {
-            v.push(c);
-        }
+        self.idle.keep(c);
     }
 
     /// ALLOCATE a byte array of `size` bytes on `addr` (depot chooses the
@@ -323,13 +297,9 @@ impl Pool {
         self: &Arc<Self>,
         mappings: Vec<Mapping>,
     ) -> Vec<(Mapping, String)> {
-        let mut depots: Vec<String> = (mappings.iter())
-            .filter_map(|m| Some(m.manage.as_ref()?.address()))
-            .collect();
-        depots.sort();
-        depots.dedup();
+        let depots = (mappings.iter()).filter_map(|m| Some(m.manage.as_ref()?.address()));
         let limit = Arc::new(tokio::sync::Semaphore::new(
-            self.ops_in_flight(&depots).await,
+            self.ops_in_flight(depots).await,
         ));
         let hung = Arc::new(Mutex::new(std::collections::HashSet::new()));
         let mut set = tokio::task::JoinSet::new();

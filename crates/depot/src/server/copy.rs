@@ -59,7 +59,7 @@ pub(super) async fn send(
             _ => StatusCode::CONNECTION,
         })
     };
-    let mut conn = match idle_to(depot, dest) {
+    let mut conn = match depot.outgoing.take(&dest.address()) {
         // A reused connection the peer closed meanwhile fails before any
         // byte of data: the STORE goes again on a fresh one.
         Some(mut c) => {
@@ -86,13 +86,9 @@ pub(super) async fn send(
         }
     }
     let stored = conn.finish_store(length).await.map_err(map)?;
-    keep_idle(depot, conn);
+    depot.outgoing.keep(conn);
     Ok(stored)
 }
-
-/// Idle connections kept per depot SENDs go to: as many as a client at
-/// distance keeps copies in flight to it.
-const MAX_IDLE_OUT: usize = 128;
 
 /// A new connection to `dest`'s depot, its STORE of `length` bytes begun.
 async fn fresh(
@@ -103,44 +99,6 @@ async fn fresh(
     let mut c = Connection::connect_cap(dest, cfg).await?;
     c.begin_store(dest, length).await?;
     Ok(c)
-}
-
-/// An idle connection to `dest`'s depot still open, if one is kept.
-fn idle_to(depot: &Depot, dest: &Capability) -> Option<Connection> {
-    let mut out = depot.outgoing.lock().unwrap_or_else(|e| e.into_inner());
-    let idle = out.get_mut(&dest.address())?;
-    while let Some(c) = idle.pop() {
-        if c.is_reusable() {
-            return Some(c);
-        }
-    }
-    None
-}
-
-/// Idle connections kept to all depots together (closed ones swept out
-/// when the count reaches it), so a depot that copied to many others
-/// holds no more descriptors than this for it.
-const MAX_IDLE_OUT_TOTAL: usize = 512;
-
-/// Keeps `conn`, its last STORE answered, for the next SEND to its depot.
-fn keep_idle(depot: &Depot, conn: Connection) {
-    if !conn.is_healthy() {
-        return;
-    }
-    let mut out = depot.outgoing.lock().unwrap_or_else(|e| e.into_inner());
-    if out.values().map(Vec::len).sum::<usize>() >= MAX_IDLE_OUT_TOTAL {
-        for idle in out.values_mut() {
-            idle.retain(Connection::is_reusable);
-        }
-        out.retain(|_, idle| !idle.is_empty());
-        if out.values().map(Vec::len).sum::<usize>() >= MAX_IDLE_OUT_TOTAL {
-            return;
-        }
-    }
-    let idle = out.entry(conn.addr().to_owned()).or_default();
-    if idle.len() < MAX_IDLE_OUT {
-        idle.push(conn);
-    }
 }
 
 /// Copy into one of our own allocations (possibly the source itself).
