@@ -726,9 +726,6 @@ async fn run<R: AsyncRead + Unpin>(
     let mut stop = Stop::default();
     // Blocks an earlier run stored whole, by offset.
     let mut done: std::collections::BTreeMap<u64, Vec<Mapping>> = Default::default();
-    // Of those, the ones this run stores again (too few copies, or cut
-    // elsewhere): released once it succeeds, as nothing else names them.
-    let mut unused: Vec<Mapping> = Vec::new();
     for m in &control.done {
         done.entry(m.exnode_offset).or_default().push(m.clone());
     }
@@ -759,9 +756,8 @@ async fn run<R: AsyncRead + Unpin>(
                     }
                     continue;
                 }
-                Ok(_) => unused.extend(stored),
+                Ok(_) => {}
                 Err(e) => {
-                    unused.extend(stored);
                     stop.failure = Some(e);
                     break;
                 }
@@ -811,8 +807,6 @@ async fn run<R: AsyncRead + Unpin>(
     if let Some(e) = stop.failure {
         return Err(shared.abandon(e).await);
     }
-    unused.extend(done.into_values().flatten());
-    shared.made().extend(unused);
     shared.finish(results, copies).await
 }
 
