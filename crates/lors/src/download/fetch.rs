@@ -58,7 +58,7 @@ pub(super) async fn worker(ctx: Arc<Ctx>, d: DepotId, conn: usize, tx: Option<mp
     let depot = ctx.lock().sched.name(d).to_owned();
     let out = ctx.out.clone();
     let _live = super::Live::new(&ctx, &depot);
-    place(&ctx, d, &depot).await;
+    place(&ctx, d, &depot, conn == 0).await;
     loop {
         if ctx.serve_urgent(&depot).await {
             continue;
@@ -383,25 +383,110 @@ async fn cancelled(ctx: &Ctx, piece: usize, m: usize) {
 /// Before depot `d`'s first piece: its round trip (a connection made now
 /// serves that piece), and the connections its distance earns, so the
 /// pieces are cut for all of them from the start rather than taken whole by
-/// the first few.
-async fn place(ctx: &Ctx, d: DepotId, depot: &str) {
+/// the first few. The `first` worker of a depot also connects ahead for
+/// the connections a far depot will earn (see [`ahead`]).
+async fn place(ctx: &Ctx, d: DepotId, depot: &str, first: bool) {
     if !ctx.lock().sched.tuned(d) {
         return;
     }
     if ctx.pool.rtt(depot).is_none() {
+        let connect = ctx.pool.get(depot);
+        tokio::pin!(connect);
+        let mut early = Vec::new();
+        let got = tokio::select! {
+            c = &mut connect => c,
+            () = tokio::time::sleep(SPECULATE_AFTER), if first => {
+                let spare = ahead(ctx, d, depot);
+                let c = connect.await;
+                early = spare.await;
+                c
+            }
+        };
         // A failure is the first fetch's to meet and report.
-        if let Ok(c) = ctx.pool.get(depot).await {
+        if let Ok(c) = got {
+            ctx.pool.put(c);
+        }
+        for c in early {
             ctx.pool.put(c);
         }
     }
-    let Some(rtt) = ctx.pool.rtt(depot) else {
-        return;
-    };
+    if !first {
+        // Its first worker sets the level once its connects are in: a
+        // piece taken before would be cut for too few connections.
+        loop {
+            let notified = ctx.wake.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if !ctx.lock().sched.connects_ahead(d) {
+                break;
+            }
+            notified.await;
+        }
+    }
     let mut g = ctx.lock();
-    if let Some(conns) = g.sched.at_distance(d, rtt) {
+    let grown = (ctx.pool.rtt(depot)).and_then(|rtt| g.sched.at_distance(d, rtt));
+    let ahead = first && g.sched.connects_ahead(d);
+    if ahead {
+        g.sched.set_connects_ahead(d, false);
+    }
+    let wake = ahead || grown.is_some();
+    if let Some(conns) = grown {
         g.grown.push((d, conns));
-        drop(g);
+    }
+    drop(g);
+    if wake {
         ctx.wake.notify_waiters();
+    }
+}
+
+/// A depot that has not answered a connect within this long is at least
+/// this far away: it will earn more connections than
+/// [`super::AUTO_CONNECTIONS`] (one per [`super::RTT_PER_CONNECTION`]).
+const SPECULATE_AFTER: Duration = Duration::from_millis(16);
+
+/// Connections made ahead, over all the depots of a download: they spare
+/// the connections a far depot earns the round trip of their connect
+/// (which would otherwise start only once its first connect measured the
+/// distance); a download from many depots makes none.
+const SPECULATE_TOTAL: usize = 256;
+
+/// Starts the connects of the connections `depot` will likely earn (its
+/// first connect has taken [`SPECULATE_AFTER`] already); the future ends
+/// with those made by a sixteenth of a round trip after the first one
+/// (they started [`SPECULATE_AFTER`] after it), so the
+/// connections grown then find them in the pool. The rest are dropped as
+/// they arrive: a slow connect is no loss, the grown worker connects.
+fn ahead(
+    ctx: &Ctx,
+    d: DepotId,
+    depot: &str,
+) -> impl std::future::Future<Output = Vec<lors_ibp::Connection>> + use<> {
+    let depots = {
+        let mut g = ctx.lock();
+        g.sched.set_connects_ahead(d, true);
+        g.sched.depots().max(1)
+    };
+    let n = (SPECULATE_TOTAL / depots)
+        .min(super::MAX_AUTO_CONNECTIONS)
+        .saturating_sub(super::AUTO_CONNECTIONS);
+    let mut connects = tokio::task::JoinSet::new();
+    for _ in 0..n {
+        let (pool, depot) = (ctx.pool.clone(), depot.to_owned());
+        connects.spawn(async move { pool.get(&depot).await });
+    }
+    let (pool, depot) = (ctx.pool.clone(), depot.to_owned());
+    async move {
+        let rtt = pool.rtt(&depot).unwrap_or(SPECULATE_AFTER);
+        let mut made = Vec::new();
+        let _ = tokio::time::timeout(SPECULATE_AFTER + rtt / 16, async {
+            while let Some(r) = connects.join_next().await {
+                if let Ok(Ok(c)) = r {
+                    made.push(c);
+                }
+            }
+        })
+        .await;
+        made
     }
 }
 

@@ -622,6 +622,19 @@ impl Sched {
         Some(grown)
     }
 
+    /// Depot `d`'s first worker connects ahead (see `fetch::place`): the
+    /// others leave its level to it, and wait until it is set.
+    pub fn set_connects_ahead(&mut self, d: DepotId, ahead: bool) {
+        if let Some(t) = self.depots[d].tune.as_mut() {
+            t.ahead = ahead;
+        }
+    }
+
+    /// Whether depot `d`'s first worker connects ahead.
+    pub fn connects_ahead(&self, d: DepotId) -> bool {
+        self.depots[d].tune.as_ref().is_some_and(|t| t.ahead)
+    }
+
     /// Events since the last call.
     pub fn take_events(&mut self) -> Vec<Event> {
         std::mem::take(&mut self.events)

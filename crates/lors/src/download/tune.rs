@@ -61,6 +61,9 @@ pub(crate) struct Tune {
     rtt: Duration,
     /// Its round trip was measured and the level set by it.
     placed: bool,
+    /// Its first worker connects ahead for the connections it will earn,
+    /// and sets the level once those are made.
+    pub(crate) ahead: bool,
 }
 
 impl Tune {
@@ -70,6 +73,7 @@ impl Tune {
             backed_off: None,
             rtt: Duration::ZERO,
             placed: false,
+            ahead: false,
         }
     }
 
