@@ -6,6 +6,7 @@ docs/bench.md "Distance in the network lab"). Needs root.
     sudo python3 bench/wan.py --quick            # (b) untuned, 384 MiB, one round: about 2 minutes
     sudo python3 bench/wan.py --out docs/bench/wan.md    # every experiment
     sudo python3 bench/wan.py --exp b --tcp tuned --loss 0.1,1 --rounds 3
+    sudo python3 bench/wan.py --exp "" --stream 10      # (f): 15 Mbit/s video, stalls
 
 The experiments (depot hosts 1..k, the client host k+1):
   (a) one depot at 100 Mbit/s, 188 ms RTT; client at 1 Gbit/s
@@ -13,6 +14,9 @@ The experiments (depot hosts 1..k, the client host k+1):
   (c) three depots at 100 Mbit/s with RTT 14, 30 and 45 ms; client at 1 Gbit/s
   (d) one depot on a 1 Gbit/s LAN (no wire: it cannot add distance at 1 Gbit/s on
       two cores without becoming the bottleneck, and the LAN has none)
+and beside them (e) upload and augment at 188 ms (`--sending`), (f) a 15 Mbit/s
+stream from eight depots at 188 ms into a player (`--stream RUNS`) and (g)
+`lors disseminate` to four sites at 30-188 ms (`--dissem ROUNDS`).
 each with TCP "untuned" (buffers capped at 64 KiB on every host, as the paper's
 hosts) and "tuned" (the machine's own autotuning). Every depot host serves the
 same file through a LoRS depot (a full replica each), nginx, xrootd and a
@@ -28,6 +32,7 @@ depot links' nominal rates; `--quick` ends with `lors defaults: R x links`.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -105,7 +110,8 @@ PAPER = {
 class WanLab:
     """Depot hosts 1..k, each serving the same file four ways; the client is k+1."""
 
-    def __init__(self, lors: Path, d: Path, topo: Topology, src: Path, loss: float = 0.0, place: bool = True):
+    def __init__(self, lors: Path, d: Path, topo: Topology, src: Path, loss: float = 0.0, place: bool = True,
+                 copies: int | None = None):
         self.topo, self.d, self.lors, self.src = topo, d, lors, src
         self.k = len(topo.links)
         self.client = self.k + 1
@@ -147,11 +153,13 @@ http {{ access_log off; sendfile on; tcp_nopush on;
         # A full replica on every depot, placed before the distance is set.
         self.xnd = d / f"{src.stem}.xnd"
         if place:
-            args = [str(lors), "upload", "--quiet", "--force", "-n", "-c", str(self.k), "-o", str(self.xnd),
-                    str(src)]
+            c = copies or self.k
+            args = [str(lors), "upload", "--quiet", "--force", "-n", "-c", str(c), "-o", str(self.xnd), str(src)]
             for dep in self.depots():
                 args[2:2] = ["--depot", dep]
-            log(f"placing {src.stat().st_size >> 20} MiB on {self.k} depots, {self.k} copies")
+            if copies == 1:
+                args[2:2] = ["-b", "2M"]  # striped in 2 MB blocks, as the paper's video
+            log(f"placing {src.stat().st_size >> 20} MiB on {self.k} depots, {c} copies")
             subprocess.run(self.at_client(args), check=True)
         self.distance(loss)
 
@@ -359,6 +367,119 @@ def sending(lors: Path, d: Path, tcps: list[str], per_link: int, rounds: int) ->
     return texts
 
 
+# The paper's video: 15 Mbit/s, striped over depots 188 ms away.
+STREAM = Topology("(f) a 15 Mbit/s stream from eight depots 188 ms away", [(100, 94.0)] * 8)
+PLAYER = Path(__file__).resolve().parent / "player.py"
+
+
+def stream(lors: Path, d: Path, tcps: list[str], mib: int, runs: int) -> list[str]:
+    """`lors download -o -` into a player reading at 15 Mbit/s (bench/player.py),
+    the file striped in 2 MB blocks over eight depots 188 ms away: start-up
+    time (until a second of video is cached) and stalls after it, per run."""
+    src = d / "www" / "wan-stream.bin"
+    make_file(src, mib << 20)
+    lab = WanLab(lors, d, STREAM, src, copies=1)
+    texts = []
+    try:
+        for tcp in tcps:
+            lab.tcp(tcp)
+            rows = []
+            for i in range(runs + 1):
+                pipe = (f"{lors} download -q -o - {lab.xnd} | "
+                        f"{sys.executable} {PLAYER} --rate 15 --start 1 --cache 4")
+                r = subprocess.run(lab.at_client(["bash", "-o", "pipefail", "-c", pipe]),
+                                   capture_output=True, text=True, timeout=600)
+                if r.returncode != 0 or not r.stdout.strip():
+                    rows.append(None)
+                    log(f"stream run {i} failed: {r.stderr.strip()[-300:]}")
+                    continue
+                got = json.loads(r.stdout.strip().splitlines()[-1])
+                if got["bytes"] != src.stat().st_size:
+                    got["stalls"] = f"short: {got['bytes']} bytes"
+                if i:  # the first run warms up
+                    rows.append(got)
+            ok = [g for g in rows if g]
+            lines = [f"### {STREAM.name}, TCP {tcp}", "",
+                     f"{mib} MiB ({mib * 8 * 1.048576 / 15:.0f} s of video) per run, {runs} runs after a warm-up; "
+                     "start-up: until the first second of video is cached; a stall: the bytes due not there.", "",
+                     "| run | start-up s | stalls | stalled s |", "|---|---|---|---|"]
+            for n, g in enumerate(rows, 1):
+                lines.append(f"| {n} | failed | | |" if g is None else
+                             f"| {n} | {g['startup_s']:.2f} | {g['stalls']} | {g['stalled_s']:.2f} |")
+            if ok:
+                ups = [g["startup_s"] for g in ok]
+                stalls = sum(g["stalls"] for g in ok if isinstance(g["stalls"], int))
+                lines += ["", f"start-up median {median(ups):.2f} s (max {max(ups):.2f}); "
+                          f"stalls in all runs: **{stalls}**; failed runs: {len(rows) - len(ok)}"]
+            text = "\n".join(lines) + "\n"
+            print(text, flush=True)
+            texts.append(text)
+    finally:
+        lab.stop()
+    return texts
+
+
+# DDMG's dissemination at distance: four sites 30 to 188 ms from the client
+# (between two sites, the sum of their delays), every link 100 Mbit/s.
+DISSEM = Topology("(g) dissemination to four sites at 30, 60, 120 and 188 ms",
+                  [(100, 15.0), (100, 30.0), (100, 60.0), (100, 94.0)], client_rate=100)
+
+
+def dissem(lors: Path, d: Path, tcps: list[str], mib: int, rounds: int) -> list[str]:
+    """`lors disseminate` of one file to four sites at mixed round trips,
+    against S/R of the slowest site's link (the file once through it)."""
+    src = d / "www" / "wan-dissem.bin"
+    make_file(src, mib << 20)
+    lab = WanLab(lors, d, DISSEM, src, place=False)
+    ideal = src.stat().st_size * 8 / 100e6
+    sites = ",".join(lab.depots())
+    out = d / "dissem.xnd"
+    texts = []
+    try:
+        for tcp in tcps:
+            lab.tcp(tcp)
+            rows = []
+            for i in range(rounds + 1):
+                if out.exists():
+                    # The last round's replicas freed, so the sites never fill.
+                    subprocess.run(lab.at_client([str(lors), "rm", "-q", str(out)]), capture_output=True,
+                                   timeout=600)
+                t0 = time.monotonic()
+                r = subprocess.run(lab.at_client([str(lors), "disseminate", str(src), "--to", sites, "-o",
+                                                  str(out), "--json"]), capture_output=True, text=True,
+                                   timeout=max(600.0, 20 * ideal))
+                took = time.monotonic() - t0
+                if r.returncode != 0:
+                    log(f"disseminate failed: {r.stderr.strip()[-300:]}")
+                    rows.append(None)
+                    continue
+                summary = json.loads(r.stdout.strip().splitlines()[-1])
+                if i:  # the first round warms up
+                    rows.append((took, [x["seconds"] for x in summary["sites"]],
+                                 summary["source_bytes"] / src.stat().st_size))
+            lines = [f"### {DISSEM.name}, TCP {tcp}", "",
+                     f"{mib} MiB; S/R of a 100 Mbit/s link {ideal:.2f} s; each site's time as "
+                     "`lors disseminate --json` reports it, in the order of their round trips.", "",
+                     "| round | whole run s (x S/R) | sites s | source sent / S |", "|---|---|---|---|"]
+            for n, row in enumerate(rows, 1):
+                if row is None:
+                    lines.append(f"| {n} | failed | | |")
+                    continue
+                took, per, sent = row
+                lines.append(f"| {n} | {took:.2f} ({took / ideal:.2f}) | {', '.join(f'{x:.1f}' for x in per)} "
+                             f"| {sent:.2f} |")
+            ok = [row[0] for row in rows if row]
+            if ok:
+                lines += ["", f"median **{median(ok) / ideal:.2f} x S/R** (min {min(ok) / ideal:.2f}, "
+                          f"max {max(ok) / ideal:.2f})"]
+            text = "\n".join(lines) + "\n"
+            print(text, flush=True)
+            texts.append(text)
+    finally:
+        lab.stop()
+    return texts
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true",
@@ -372,6 +493,12 @@ def main() -> int:
     ap.add_argument("--no-peers", action="store_true", help="only lors and iperf3")
     ap.add_argument("--sending", action="store_true",
                     help="also upload (beside GridFTP) and augment (depot to depot) at 188 ms")
+    ap.add_argument("--stream", type=int, metavar="RUNS", default=0,
+                    help="also RUNS streams at 15 Mbit/s from eight depots at 188 ms (the acceptance: 10)")
+    ap.add_argument("--stream-mib", type=int, default=48, help="MiB per stream run (default 48)")
+    ap.add_argument("--dissem", type=int, metavar="ROUNDS", default=0,
+                    help="also disseminate to four sites at 30-188 ms, ROUNDS rounds")
+    ap.add_argument("--dissem-mib", type=int, default=128, help="MiB disseminated (default 128)")
     ap.add_argument("--baseline", help="an earlier lors binary whose default download runs beside")
     ap.add_argument("--dir", default="/dev/shm/lors-wan", help="working directory on tmpfs")
     ap.add_argument("--out", help="also write the Markdown report here")
@@ -403,6 +530,10 @@ def main() -> int:
             headline += [(key, tcp, loss, r) for tcp, r in zip(a.tcp.split(","), ratios)]
     if a.sending:
         out += sending(lors, d, a.tcp.split(","), a.per_link << 20, a.rounds)
+    if a.stream:
+        out += stream(lors, d, a.tcp.split(","), a.stream_mib, a.stream)
+    if a.dissem:
+        out += dissem(lors, d, a.tcp.split(","), a.dissem_mib, a.dissem)
     out += ["### Summary", "", "| experiment | TCP | loss % | lors defaults / links |", "|---|---|---|---|"]
     out += [f"| {k} | {t} | {l:g} | {r:.3f} |" for k, t, l, r in headline]
     save_report("\n".join(out) + "\n", a.out)

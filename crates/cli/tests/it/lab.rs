@@ -565,6 +565,17 @@ fn at_distance_with_loss_every_command_is_byte_exact() {
     let blocks = lors::xnd::load(Path::new(&xnd)).unwrap().mappings.len();
     assert_eq!(blocks, 24, "blocks of the upload at distance");
     download_identical(&lab, &xnd, &data, || {});
+    // Streamed, from depots this far, in 64 KiB pieces: every byte, in order.
+    let out = lab.run(&["download", "-q", "-o", "-", &xnd]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.stdout == data,
+        "the stream at distance differs from the file"
+    );
     let out = lab.run(&["augment", "-q", "-c", "1", "--depot", &sites[2], &xnd]);
     assert!(
         out.status.success(),

@@ -49,6 +49,39 @@ pub use tune::{
 /// Largest piece of a stream (ordered output): see [`sched::STREAM_HORIZON`].
 pub const STREAM_PIECE: u64 = 256 << 10;
 
+/// ... when a depot is far enough to earn more connections than
+/// [`AUTO_CONNECTIONS`]: a connection whose TCP is not tuned moves about
+/// 32 KiB per round trip, so a 256 KiB piece 188 ms away takes nine round
+/// trips (1.7 s), and the few seconds of data a stream keeps in flight
+/// deliver below a 15 Mbit/s video's rate; a 64 KiB piece takes three.
+pub const STREAM_PIECE_FAR: u64 = 64 << 10;
+
+/// A stream from more depots than this is cut for the near ones without
+/// connecting to each first.
+const STREAM_MEASURED_DEPOTS: usize = 64;
+
+/// The largest piece of a stream from `x`'s depots: [`STREAM_PIECE_FAR`]
+/// if any is far (their round trips measured by connecting, the
+/// connections kept for the first pieces), else [`STREAM_PIECE`].
+async fn stream_piece(x: &ExNode, pool: &Arc<Pool>) -> u64 {
+    let mut addrs: Vec<String> = (x.mappings.iter())
+        .filter_map(|m| m.read.as_ref().map(|c| c.address()))
+        .collect();
+    addrs.sort();
+    addrs.dedup();
+    if addrs.len() > STREAM_MEASURED_DEPOTS {
+        return STREAM_PIECE;
+    }
+    let rtts = pool.round_trips(&addrs, crate::pool::MEASURE_WAIT).await;
+    match rtts
+        .into_iter()
+        .any(|r| connections_for(r) > AUTO_CONNECTIONS)
+    {
+        true => STREAM_PIECE_FAR,
+        false => STREAM_PIECE,
+    }
+}
+
 /// Download settings.
 #[derive(Debug, Clone)]
 pub struct DownloadOptions {
@@ -113,8 +146,8 @@ pub struct Tuning {
     /// Most data fetched ahead of the writer when streaming in order
     /// (-o -), in blocks of -b: a slow reader's cushion. Within it a stream
     /// keeps about 1 s of data in flight at the rate it measures, in pieces
-    /// of 256 KiB, so the bytes the writer needs next are not slowed by
-    /// many others.
+    /// of 256 KiB (64 KiB from far depots), so the bytes the writer needs
+    /// next are not slowed by many others.
     #[cfg_attr(
         feature = "clap",
         arg(long = "prebuffer", value_name = "BLOCKS", default_value_t = 16)
@@ -561,7 +594,10 @@ pub async fn download(
     let size = x.logical_size();
     let start = opts.offset.min(size);
     let len = opts.length.unwrap_or(size - start).min(size - start);
-    let streaming = matches!(out, Output::Stream { .. } | Output::Pieces { .. });
+    let stream_piece = match out {
+        Output::Stream { .. } | Output::Pieces { .. } => Some(stream_piece(original, &pool).await),
+        _ => None,
+    };
     let Layout {
         codecs,
         whole,
@@ -570,7 +606,7 @@ pub async fn download(
         planned,
         names,
         depot_of,
-    } = layout(x, opts, start, len, streaming, rebuild.as_ref())?;
+    } = layout(x, opts, start, len, stream_piece, rebuild.as_ref())?;
     let Opened {
         file_out,
         stream,
@@ -799,7 +835,7 @@ fn layout(
     opts: &DownloadOptions,
     start: u64,
     len: u64,
-    streaming: bool,
+    stream_piece: Option<u64>,
     rebuild: Option<&rebuild::Rebuild>,
 ) -> Result<Layout> {
     // Encoded mappings are read in whole e2e blocks, each verified on its
@@ -820,12 +856,13 @@ fn layout(
     // (sched::STREAM_HORIZON), and that should still be many connections,
     // or a lossy narrow link is not filled. The window keeps its size in
     // bytes.
-    let (piece, window) = if streaming && opts.block_size > STREAM_PIECE {
-        let k = usize::try_from(opts.block_size / STREAM_PIECE).unwrap_or(usize::MAX);
-        // Capped: the scheduler walks the window on every pick.
-        (STREAM_PIECE, opts.window.max(1).saturating_mul(k).min(4096))
-    } else {
-        (opts.block_size, opts.window.max(1))
+    let (piece, window) = match stream_piece {
+        Some(sp) if opts.block_size > sp => {
+            let k = usize::try_from(opts.block_size / sp).unwrap_or(usize::MAX);
+            // Capped: the scheduler walks the window on every pick.
+            (sp, opts.window.max(1).saturating_mul(k).min(4096))
+        }
+        _ => (opts.block_size, opts.window.max(1)),
     };
     // However long the range, no more than MAX_SEGMENTS pieces: larger
     // pieces for very large ranges, a refusal past what that allows.
