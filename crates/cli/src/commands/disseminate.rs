@@ -48,9 +48,12 @@ pub struct Args {
     /// typical copy of its size, if more); three in a row drop the site.
     #[arg(long, default_value = "60s", value_parser = super::duration_arg)]
     stall: std::time::Duration,
-    /// Copies each site receives and sends at once.
-    #[arg(long, default_value_t = 6, value_name = "N")]
-    slots: usize,
+    /// Copies each site receives and sends at once [default: 6, more for
+    /// far sites: one per 2 ms of the longest round trip between two of
+    /// them (taken as the sum of theirs to the client), up to 128; the
+    /// file is then cut into four blocks per slot, not below 256K].
+    #[arg(long, value_name = "N")]
+    slots: Option<usize>,
     /// Baseline: the client sends the whole file to every site, no relays.
     #[arg(long)]
     unicast: bool,
@@ -111,11 +114,13 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         stall: a.stall,
         ..Options::default()
     };
-    opts.sched.in_slots = a.slots.max(1);
-    opts.sched.out_slots = a.slots.max(1);
+    let slots = a.slots.unwrap_or(opts.sched.in_slots).max(1);
+    opts.fit_distance = a.slots.is_none();
+    opts.sched.in_slots = slots;
+    opts.sched.out_slots = slots;
     if a.unicast {
         opts.sched.relay = false;
-        opts.sched.client_slots = a.slots.max(1) * to.len();
+        opts.sched.client_slots = slots * to.len();
     }
     let progress = Reporter::new("disseminate", Unit::Bytes, &a.report, false);
     let rt = super::runtime(super::Threads::Many)?;

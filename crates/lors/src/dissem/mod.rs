@@ -25,6 +25,7 @@
 //! # Ok(()) }
 //! ```
 
+mod distance;
 pub mod sched;
 
 use std::collections::HashMap;
@@ -71,6 +72,10 @@ pub struct Options {
     pub stall: Duration,
     /// The scheduler's settings (slots, failures, unicast).
     pub sched: sched::Config,
+    /// Fit the slots (and a file's block size, when `block_size` is
+    /// `None`) to the sites' round trips, measured before the first copy
+    /// (see `distance`): slots were not given.
+    pub fit_distance: bool,
     /// Turns `true` when the run should stop (an interrupt): every site
     /// not yet complete is given up as a failing one is — its copies in
     /// flight end (or are cut off after [`crate::stall::RELEASE_WAIT`]),
@@ -87,6 +92,7 @@ impl Default for Options {
             filename: String::new(),
             stall: Duration::from_secs(60),
             sched: sched::Config::default(),
+            fit_distance: true,
             stop: None,
         }
     }
@@ -309,6 +315,26 @@ pub async fn disseminate(
         return Err(Error::NoDepots);
     }
     let t0 = Instant::now();
+    let mut fitted;
+    let opts = if opts.fit_distance {
+        fitted = opts.clone();
+        let rtts = pool.round_trips(sites, crate::pool::MEASURE_WAIT).await;
+        if distance::fit(&mut fitted.sched, &rtts) {
+            tracing::debug!(
+                slots = fitted.sched.in_slots,
+                client = fitted.sched.client_slots,
+                "sites at distance"
+            );
+            if let (None, Input::File(p)) = (fitted.block_size, &input) {
+                let size = std::fs::metadata(p).map_or(0, |m| m.len());
+                let bs = block_size_for(size, sites.len());
+                fitted.block_size = Some(distance::block_size(bs, size, fitted.sched.in_slots));
+            }
+        }
+        &fitted
+    } else {
+        opts
+    };
     let lay = layout(&input, sites, opts.block_size)?;
     let lens: Vec<u64> = lay.blocks.iter().map(Block::len).collect();
     let pre: Vec<(usize, BlockId)> = lay.preheld.iter().map(|&(s, b, _)| (s, b)).collect();
@@ -553,7 +579,11 @@ impl<'a> Spread<'a> {
                 stranded,
             }) => {
                 self.stranded.extend(stranded);
-                if running {
+                if let (true, Blame::Busy { to }) = (running, blame) {
+                    // Asked again, through fewer slots: the depot answered.
+                    tracing::debug!(site = %self.sites[t.to], to, %why, "busy");
+                    self.s.busy(t.id, to, Instant::now());
+                } else if running {
                     let blamed = match (blame, t.from) {
                         (Blame::From, Source::Site(h)) => h,
                         _ => t.to,
@@ -698,6 +728,7 @@ async fn copy(
     let alloc = watch.run(&at, Kind::Op, pool.allocate(site, rel, dur, size));
     let caps = match tokio::time::timeout_at(until, alloc).await {
         Ok(Ok(caps)) => caps,
+        Ok(Err(e)) if e.is_busy() => return Err(failed(Blame::Busy { to: true }, e.to_string())),
         Ok(Err(e)) => return Err(failed(Blame::To, e.to_string())),
         Err(_) => return Err(failed(Blame::To, late("the allocation"))),
     };
@@ -706,8 +737,13 @@ async fn copy(
             None => {
                 let file = lay.file.as_ref().expect("a file input has its file");
                 let store = pool.store_file(&caps.write, file, block.offset(), block.len());
-                (watch.run(&[site], Kind::Bytes(block.len()), store).await)
-                    .map_err(|e| (Blame::To, e.to_string()))
+                (watch.run(&[site], Kind::Bytes(block.len()), store).await).map_err(|e| {
+                    let blame = match e.is_busy() {
+                        true => Blame::Busy { to: true },
+                        false => Blame::To,
+                    };
+                    (blame, e.to_string())
+                })
             }
             Some(m) => {
                 let read = m.read.as_ref().expect("sources are readable");
@@ -721,6 +757,7 @@ async fn copy(
                         // fault (a destination that fails makes the source
                         // answer with a status; a timeout may be either's).
                         let blame = match &e {
+                            e if e.is_busy() => Blame::Busy { to: false },
                             lors_ibp::Error::Connect { .. }
                             | lors_ibp::Error::Closed { .. }
                             | lors_ibp::Error::Io { .. }

@@ -83,6 +83,12 @@ pub enum Blame {
     From,
     /// Either: a copy between two depots that did not complete.
     Both,
+    /// Neither: a depot said it is busy (IBP's -66), the destination's
+    /// with `to`, else the source's ([`Sched::busy`]).
+    Busy {
+        /// The destination said so.
+        to: bool,
+    },
 }
 
 /// What the scheduler noticed, for the user.
@@ -169,6 +175,30 @@ impl Rate {
     }
 }
 
+/// Slots a depot that said it is busy (IBP's -66) is held to: halved
+/// once per wave of such replies ([`crate::download::BUSY_SETTLE`]), down to one.
+#[derive(Debug, Clone, Copy, Default)]
+struct BusyCap {
+    limit: Option<usize>,
+    since: Option<Instant>,
+}
+
+impl BusyCap {
+    fn of(&self, slots: usize) -> usize {
+        self.limit.map_or(slots, |l| l.min(slots))
+    }
+
+    fn halve(&mut self, slots: usize, now: Instant) {
+        let settled = self
+            .since
+            .is_none_or(|t| now.saturating_duration_since(t) >= crate::download::BUSY_SETTLE);
+        if settled {
+            self.since = Some(now);
+            self.limit = Some((self.of(slots) / 2).max(1));
+        }
+    }
+}
+
 struct Site {
     has: Vec<Has>,
     /// Blocks it has or receives.
@@ -188,10 +218,13 @@ struct Site {
     muted: bool,
     rate_in: Rate,
     rate_out: Rate,
+    in_cap: BusyCap,
+    out_cap: BusyCap,
 }
 
 struct Origin {
     out_busy: usize,
+    out_cap: BusyCap,
     dead: bool,
     failures: u32,
     rate_out: Rate,
@@ -280,11 +313,14 @@ impl Sched {
                     muted: false,
                     rate_in: Rate::default(),
                     rate_out: Rate::default(),
+                    in_cap: BusyCap::default(),
+                    out_cap: BusyCap::default(),
                 })
                 .collect(),
             origins: (0..n_origins)
                 .map(|_| Origin {
                     out_busy: 0,
+                    out_cap: BusyCap::default(),
                     dead: false,
                     failures: 0,
                     rate_out: Rate::default(),
@@ -472,19 +508,27 @@ impl Sched {
                 Source::Site(h),
                 sent_or_received(x),
                 x.out_busy,
+                x.out_cap.of(self.cfg.out_slots),
                 x.dead || x.muted,
             )
         });
         let origins = (self.origin_of[b].iter()).map(|&o| {
             let x = &self.origins[o];
-            (Source::Origin(o), x.rate_out.get(), x.out_busy, x.dead)
+            let slots = x.out_cap.of(self.cfg.out_slots);
+            (
+                Source::Origin(o),
+                x.rate_out.get(),
+                x.out_busy,
+                slots,
+                x.dead,
+            )
         });
         let relays = if self.cfg.relay { Some(sites) } else { None };
-        for (src, rate, busy, dead) in relays.into_iter().flatten().chain(origins) {
+        for (src, rate, busy, slots, dead) in relays.into_iter().flatten().chain(origins) {
             if dead {
                 continue;
             }
-            let free = busy < self.cfg.out_slots;
+            let free = busy < slots;
             if fast(rate) {
                 any_fast = true;
                 // Unknown rates first: a holder that has not sent yet is
@@ -530,11 +574,8 @@ impl Sched {
     /// two, and more flows on it only lengthen each copy (and the time a
     /// block it holds back is missed).
     fn in_slots(&self, s: SiteId) -> usize {
-        if self.is_slow(s) {
-            self.cfg.in_slots.min(2)
-        } else {
-            self.cfg.in_slots
-        }
+        let slots = self.sites[s].in_cap.of(self.cfg.in_slots);
+        if self.is_slow(s) { slots.min(2) } else { slots }
     }
 
     /// Whether site `s` receives at less than the slow fraction of the
@@ -671,6 +712,24 @@ impl Sched {
             }
         }
         void
+    }
+
+    /// Transfer `id` was refused by a depot that said it is busy — the
+    /// destination's with `to`, else the source's: no failure counts (the
+    /// depot answered), the block is wanted again, and the busy depot's
+    /// slots halve, once per wave of such replies, down to one.
+    pub fn busy(&mut self, id: u64, to: bool, now: Instant) {
+        let Some((t, _)) = self.end(id) else {
+            return;
+        };
+        self.forget(t.to, t.block, false);
+        let (cfg_in, cfg_out) = (self.cfg.in_slots, self.cfg.out_slots);
+        match (to, t.from) {
+            (true, _) => self.sites[t.to].in_cap.halve(cfg_in, now),
+            (false, Source::Site(h)) => self.sites[h].out_cap.halve(cfg_out, now),
+            (false, Source::Origin(o)) => self.origins[o].out_cap.halve(cfg_out, now),
+            (false, Source::Client) => {}
+        }
     }
 
     /// Site `s` no longer has or receives block `b`.

@@ -31,6 +31,7 @@ fn run(
             continue; // made void by a dropped site
         };
         match fail(&t) {
+            Some(Blame::Busy { to }) => s.busy(id, to, now),
             Some(b) => {
                 for v in s.failed(id, b) {
                     live.remove(&v);
@@ -120,6 +121,36 @@ fn a_source_site_that_dies_mid_run_leaves_its_blocks_to_others() {
     assert!(s.is_dropped(0));
     assert!(s.finished());
     assert!(s.is_complete(1) && s.is_complete(2));
+}
+
+#[test]
+fn a_busy_site_gets_fewer_slots_and_is_never_dropped_for_it() {
+    let lens = vec![100u64; 60];
+    let cfg = Config {
+        in_slots: 16,
+        out_slots: 16,
+        ..Config::default()
+    };
+    let mut s = Sched::new(lens, 3, Some(cfg), None, &[]);
+    let mut refusals = 0;
+    // Site 0 refuses its first 40 copies, as a depot at its per-client cap.
+    let (_, _) = run(&mut s, &[1000.0; 3], |t| {
+        (t.to == 0 && refusals < 40).then(|| {
+            refusals += 1;
+            Blame::Busy { to: true }
+        })
+    });
+    assert!(s.finished());
+    for i in 0..3 {
+        assert!(s.is_complete(i), "site {i}");
+    }
+    assert!(!(s.take_notes().iter()).any(|n| matches!(n, Note::SiteDropped { .. })));
+    assert!(
+        s.in_slots(0) < 16 && s.in_slots(0) >= 1,
+        "{}",
+        s.in_slots(0)
+    );
+    assert_eq!(s.in_slots(1), 16);
 }
 
 #[test]
