@@ -534,8 +534,9 @@ def main() -> int:
         out += stream(lors, d, a.tcp.split(","), a.stream_mib, a.stream)
     if a.dissem:
         out += dissem(lors, d, a.tcp.split(","), a.dissem_mib, a.dissem)
-    out += ["### Summary", "", "| experiment | TCP | loss % | lors defaults / links |", "|---|---|---|---|"]
-    out += [f"| {k} | {t} | {l:g} | {r:.3f} |" for k, t, l, r in headline]
+    if headline:
+        out += ["### Summary", "", "| experiment | TCP | loss % | lors defaults / links |", "|---|---|---|---|"]
+        out += [f"| {k} | {t} | {l:g} | {r:.3f} |" for k, t, l, r in headline]
     save_report("\n".join(out) + "\n", a.out)
     if a.quick:
         print(f"lors defaults: {headline[0][3]:.2f} x links")
