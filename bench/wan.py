@@ -256,6 +256,13 @@ def cases(lab: WanLab, threads: list[int], peers: bool, baseline: Path | None) -
     return cs
 
 
+def emit(texts: list[str], lines: list[str]) -> None:
+    """One table of the report: printed as it is done, kept for the file."""
+    text = "\n".join(lines) + "\n"
+    print(text, flush=True)
+    texts.append(text)
+
+
 def mbit(c: Case) -> list[float]:
     return [c.size * 8 / t / 1e6 for t in c.times]
 
@@ -359,9 +366,7 @@ def sending(lors: Path, d: Path, tcps: list[str], per_link: int, rounds: int) ->
                     continue
                 rs = mbit(c)
                 lines.append(f"| {c.name} | {median(rs):.1f} | {min(rs):.1f}-{max(rs):.1f} | {median(rs) / 100:.3f} |")
-            text = "\n".join(lines) + "\n"
-            print(text, flush=True)
-            texts.append(text)
+            emit(texts, lines)
     finally:
         lab.stop()
     return texts
@@ -390,8 +395,9 @@ def stream(lors: Path, d: Path, tcps: list[str], mib: int, runs: int) -> list[st
                 r = subprocess.run(lab.at_client(["bash", "-o", "pipefail", "-c", pipe]),
                                    capture_output=True, text=True, timeout=600)
                 if r.returncode != 0 or not r.stdout.strip():
-                    rows.append(None)
                     log(f"stream run {i} failed: {r.stderr.strip()[-300:]}")
+                    if i:
+                        rows.append(None)
                     continue
                 got = json.loads(r.stdout.strip().splitlines()[-1])
                 if got["bytes"] != src.stat().st_size:
@@ -411,9 +417,7 @@ def stream(lors: Path, d: Path, tcps: list[str], mib: int, runs: int) -> list[st
                 stalls = sum(g["stalls"] for g in ok if isinstance(g["stalls"], int))
                 lines += ["", f"start-up median {median(ups):.2f} s (max {max(ups):.2f}); "
                           f"stalls in all runs: **{stalls}**; failed runs: {len(rows) - len(ok)}"]
-            text = "\n".join(lines) + "\n"
-            print(text, flush=True)
-            texts.append(text)
+            emit(texts, lines)
     finally:
         lab.stop()
     return texts
@@ -451,7 +455,8 @@ def dissem(lors: Path, d: Path, tcps: list[str], mib: int, rounds: int) -> list[
                 took = time.monotonic() - t0
                 if r.returncode != 0:
                     log(f"disseminate failed: {r.stderr.strip()[-300:]}")
-                    rows.append(None)
+                    if i:
+                        rows.append(None)
                     continue
                 summary = json.loads(r.stdout.strip().splitlines()[-1])
                 if i:  # the first round warms up
@@ -472,9 +477,7 @@ def dissem(lors: Path, d: Path, tcps: list[str], mib: int, rounds: int) -> list[
             if ok:
                 lines += ["", f"median **{median(ok) / ideal:.2f} x S/R** (min {min(ok) / ideal:.2f}, "
                           f"max {max(ok) / ideal:.2f})"]
-            text = "\n".join(lines) + "\n"
-            print(text, flush=True)
-            texts.append(text)
+            emit(texts, lines)
     finally:
         lab.stop()
     return texts
