@@ -389,10 +389,10 @@ async fn place(ctx: &Ctx, d: DepotId, depot: &str, first: bool) {
     if !ctx.lock().sched.tuned(d) {
         return;
     }
+    let mut early = Vec::new();
     if ctx.pool.rtt(depot).is_none() {
         let connect = ctx.pool.get(depot);
         tokio::pin!(connect);
-        let mut early = Vec::new();
         let got = tokio::select! {
             c = &mut connect => c,
             () = tokio::time::sleep(SPECULATE_AFTER), if first => {
@@ -404,9 +404,6 @@ async fn place(ctx: &Ctx, d: DepotId, depot: &str, first: bool) {
         };
         // A failure is the first fetch's to meet and report.
         if let Ok(c) = got {
-            ctx.pool.put(c);
-        }
-        for c in early {
             ctx.pool.put(c);
         }
     }
@@ -430,10 +427,16 @@ async fn place(ctx: &Ctx, d: DepotId, depot: &str, first: bool) {
         g.sched.set_connects_ahead(d, false);
     }
     let wake = ahead || grown.is_some();
+    // Those the level uses wait in the pool for the connections grown;
+    // the rest close now rather than hold a depot's slots to the end.
+    early.truncate(grown.as_ref().map_or(0, ExactSizeIterator::len));
     if let Some(conns) = grown {
         g.grown.push((d, conns));
     }
     drop(g);
+    for c in early {
+        ctx.pool.put(c);
+    }
     if wake {
         ctx.wake.notify_waiters();
     }
