@@ -64,11 +64,7 @@ const STREAM_MEASURED_DEPOTS: usize = 64;
 /// if any is far (their round trips measured by connecting, the
 /// connections kept for the first pieces), else [`STREAM_PIECE`].
 async fn stream_piece(x: &ExNode, pool: &Arc<Pool>) -> u64 {
-    let mut addrs: Vec<String> = (x.mappings.iter())
-        .filter_map(|m| m.read.as_ref().map(|c| c.address()))
-        .collect();
-    addrs.sort();
-    addrs.dedup();
+    let addrs = crate::leftover::depots(x);
     if addrs.len() > STREAM_MEASURED_DEPOTS {
         return STREAM_PIECE;
     }
