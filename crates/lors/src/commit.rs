@@ -285,14 +285,27 @@ pub async fn remove(path: &Path, pool: &Arc<Pool>, wait: std::time::Duration) ->
             .cloned()
             .collect();
         let done = save_then_release(path, &empty, all, pool).await?;
-        match done.kept.first() {
-            None => Ok(done.freed),
-            Some((_, why)) => Err(Error::NotReleased {
+        let record = leftover::record_path(path);
+        if let Some((_, why)) = done.kept.first() {
+            return Err(Error::NotReleased {
                 count: done.kept.len(),
                 why: why.clone(),
-                record: leftover::record_path(path),
-            }),
+                record,
+            });
         }
+        // A second remove after one a dead depot stopped: what the first
+        // could not free is still in the record (the settle above tried
+        // again). The exNode stays while its record names live data, or
+        // nothing would ever free it.
+        let pending = leftover::pending_frees(&record)?;
+        if !pending.is_empty() {
+            return Err(Error::NotReleased {
+                count: pending.len(),
+                why: "a depot has not released them yet (tried again now)".into(),
+                record,
+            });
+        }
+        Ok(done.freed)
     }
     .await;
     let ended = session.end(pool).await;

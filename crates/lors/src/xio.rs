@@ -153,6 +153,10 @@ pub struct File {
     /// The `.xnd` as this handle last read or wrote it: another writer's
     /// save in between is a conflict, not something to overwrite.
     disk: Option<Stamp>,
+    /// Saved only by `close`, whole ([`OpenOptions::all_or_nothing`]).
+    all_or_nothing: bool,
+    /// End-to-end functions of new blocks ([`OpenOptions::e2e`]).
+    e2e: Option<lors_exnode::functions::Codec>,
 }
 
 impl File {
@@ -236,8 +240,18 @@ impl File {
 
     /// Stores everything written and writes the exNode (atomically: the
     /// old `.xnd` or the new one, never a mix), then releases allocations
-    /// nothing names any more.
+    /// nothing names any more. A file opened
+    /// [`all_or_nothing`](OpenOptions::all_or_nothing) only stores: its
+    /// exNode is saved by [`File::close`].
     pub fn sync_all(&mut self) -> io::Result<()> {
+        if self.all_or_nothing {
+            return if self.writable { self.drain() } else { Ok(()) };
+        }
+        self.save()
+    }
+
+    /// [`File::sync_all`]'s store and save, for every kind of file.
+    fn save(&mut self) -> io::Result<()> {
         self.drain()?;
         if !self.dirty && self.to_release.is_empty() {
             return Ok(());
@@ -347,13 +361,32 @@ impl File {
         r
     }
 
+    /// Closes without saving: what was written since the last save is
+    /// freed on its depots and the saved exNode stays as it was (for a file
+    /// opened [`all_or_nothing`](OpenOptions::all_or_nothing), the exNode
+    /// as it was before the open). A read-only file just closes.
+    pub fn discard(mut self) -> io::Result<()> {
+        self.closed = true;
+        if !self.writable {
+            return Ok(());
+        }
+        self.buf.clear();
+        match self.abandon() {
+            0 => Ok(()),
+            n => Err(io::Error::other(format!(
+                "{}: {n} allocations of the discarded writes could not be released; the record beside the exNode names them for the next command on it",
+                self.path.display()
+            ))),
+        }
+    }
+
     /// Saves if anything changed; if a store failed, releases what was
     /// stored since the last save (the saved exNode stays as it was).
     fn finish(&mut self) -> io::Result<()> {
         if !self.writable || self.closed {
             return Ok(());
         }
-        match self.sync_all() {
+        match self.save() {
             Ok(()) => {
                 // All it made is in the saved exNode, or released.
                 if let Some(j) = self.pool.journal() {
@@ -362,23 +395,31 @@ impl File {
                 Ok(())
             }
             Err(e) => {
-                let mut orphans = std::mem::take(&mut self.unsaved);
-                // Stores still running finish before we free what they made.
-                while let Some(f) = self.inflight.pop_front() {
-                    if let Ok(Ok(up)) = runtime().block_on(f.task) {
-                        orphans.extend(up.exnode.mappings);
-                    }
-                }
-                let pool = self.pool.clone();
-                let kept = runtime().block_on(pool.release_all(orphans));
-                // What a depot did not free stays in the journal, for the
-                // next command on the exNode to settle.
-                if let (true, Some(j)) = (kept.is_empty(), self.pool.journal()) {
-                    j.done();
-                }
+                self.abandon();
                 Err(e)
             }
         }
+    }
+
+    /// Frees what was stored since the last save, once the stores still
+    /// running have finished; the number a depot did not release (left in
+    /// the journal for the next command on the exNode to settle).
+    fn abandon(&mut self) -> usize {
+        let mut orphans = std::mem::take(&mut self.unsaved);
+        while let Some(f) = self.inflight.pop_front() {
+            if let Ok(Ok(up)) = runtime().block_on(f.task) {
+                orphans.extend(up.exnode.mappings);
+            }
+        }
+        // Superseded allocations belong to the saved exNode: not ours to free.
+        self.to_release.clear();
+        self.dirty = false;
+        let pool = self.pool.clone();
+        let kept = runtime().block_on(pool.release_all(orphans));
+        if let (true, Some(j)) = (kept.is_empty(), self.pool.journal()) {
+            j.done();
+        }
+        kept.len()
     }
 
     /// The file's data changed now (a write, a truncation).
@@ -542,8 +583,21 @@ impl Seek for File {
     }
 }
 
+/// Dropping saves as [`File::close`] does, except for a file opened
+/// [`all_or_nothing`](OpenOptions::all_or_nothing), which is discarded
+/// ([`File::discard`]): only a `close` saves it.
 impl Drop for File {
     fn drop(&mut self) {
+        if self.all_or_nothing && self.writable && !self.closed {
+            self.closed = true;
+            let n = self.abandon();
+            tracing::warn!(
+                file = %self.path.display(),
+                unreleased = n,
+                "an all-or-nothing file dropped without close: its writes are discarded"
+            );
+            return;
+        }
         if let Err(e) = self.finish() {
             tracing::warn!(file = %self.path.display(), error = %e, "closing an xio file");
         }

@@ -5,7 +5,7 @@
 
 use std::io;
 
-use pyo3::exceptions::{PyFileExistsError, PyFileNotFoundError, PyValueError};
+use pyo3::exceptions::{PyOSError, PyPermissionError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
@@ -43,6 +43,8 @@ pub(crate) struct Detail {
     pub depot: Option<String>,
     pub range: Option<(u64, u64)>,
     pub errno: Option<i32>,
+    /// The `.xnd` (or local file) concerned, as `OSError.filename`.
+    pub filename: Option<String>,
 }
 
 /// An exception of class `kind` with `message` and `d`.
@@ -55,6 +57,7 @@ pub(crate) fn raise(py: Python<'_>, kind: Kind, message: String, d: Detail) -> P
         kw.set_item("depot", d.depot)?;
         kw.set_item("range", d.range)?;
         kw.set_item("errno", d.errno)?;
+        kw.set_item("filename", d.filename)?;
         Ok(PyErr::from_value(class.call((message,), Some(&kw))?))
     };
     made().unwrap_or_else(|e| e)
@@ -88,40 +91,79 @@ fn kind_of(e: &lors::Error) -> Kind {
     }
 }
 
-/// A LoRS error as its exception. Local file errors stay the `OSError`s
-/// Python has for them (`FileNotFoundError`, `PermissionError`, …).
-pub(crate) fn from_lors(py: Python<'_>, e: &lors::Error) -> PyErr {
-    if let lors::Error::Io { source, .. } = e {
-        return PyErr::from(io::Error::new(source.kind(), chain(e)));
+/// A local error as Python's `OSError(errno, message, filename)`, which
+/// Python makes the subclass of its errno (`FileNotFoundError` for
+/// `ENOENT`, …). A file that cannot be written because it is read-only
+/// (`EROFS`: a share, an erasure-coded file) is a `PermissionError`.
+pub(crate) fn os_error(errno: i32, message: String, filename: Option<&str>) -> PyErr {
+    let args = (errno, message, filename.map(str::to_owned));
+    if errno == libc::EROFS {
+        return PyPermissionError::new_err(args);
+    }
+    PyOSError::new_err(args)
+}
+
+/// A LoRS error as its exception, about the file `filename`. Local file
+/// errors are the `OSError`s Python has for their errno
+/// (`FileNotFoundError`, `PermissionError`, …).
+pub(crate) fn from_lors(py: Python<'_>, e: &lors::Error, filename: Option<&str>) -> PyErr {
+    match e {
+        lors::Error::Io { source, .. } => {
+            return os_error(lors::xio::errno(source), chain(e), filename);
+        }
+        lors::Error::Xnd(x) => return from_xnd(py, x),
+        _ => {}
     }
     let d = Detail {
         status: e.status(),
         depot: e.depot().map(str::to_owned),
         range: e.range().map(|r| (r.start, r.end)),
         errno: None,
+        filename: filename.map(str::to_owned),
     };
     raise(py, kind_of(e), chain(e), d)
 }
 
 /// An exNode file's error: missing is `FileNotFoundError`, unreadable as an
-/// exNode `ExNodeError`.
+/// exNode `ExNodeError`; `filename` is the `.xnd`.
 pub(crate) fn from_xnd(py: Python<'_>, e: &lors::xnd::XndError) -> PyErr {
     use lors::xnd::XndError as X;
+    let path = match e {
+        X::Read { path, .. }
+        | X::Write { path, .. }
+        | X::TooLarge { path, .. }
+        | X::Parse { path, .. } => Some(path.display().to_string()),
+        #[allow(unreachable_patterns)]
+        _ => None,
+    };
     match e {
         X::Read { source, .. } | X::Write { source, .. } => {
-            PyErr::from(io::Error::new(source.kind(), chain(e)))
+            os_error(lors::xio::errno(source), chain(e), path.as_deref())
         }
-        _ => raise(py, Kind::ExNode, chain(e), Detail::default()),
+        _ => raise(
+            py,
+            Kind::ExNode,
+            chain(e),
+            Detail {
+                errno: Some(libc::EINVAL),
+                filename: path,
+                ..Detail::default()
+            },
+        ),
     }
 }
 
-/// An xio error: the LoRS error inside it as its exception (with the
-/// `errno` a program would see), else the `OSError` of its kind.
-pub(crate) fn from_io(py: Python<'_>, e: io::Error) -> PyErr {
+/// An xio error on the file `filename`: the LoRS error inside it as its
+/// exception (with the `errno` a program would see); no depots to write
+/// to as `NoDepotsError` (`ENOSPC`); else the `OSError` of its errno.
+pub(crate) fn from_io(py: Python<'_>, e: io::Error, filename: Option<&str>) -> PyErr {
     let errno = lors::xio::errno(&e);
     if let Some(inner) = e.get_ref() {
         if let Some(le) = inner.downcast_ref::<lors::Error>() {
-            let err = from_lors(py, le);
+            let err = from_lors(py, le, filename);
+            if matches!(le, lors::Error::Io { .. }) {
+                return err;
+            }
             let _ = err.value(py).setattr("errno", errno);
             return err;
         }
@@ -129,10 +171,17 @@ pub(crate) fn from_io(py: Python<'_>, e: io::Error) -> PyErr {
             return from_xnd(py, xe);
         }
     }
+    let d = || Detail {
+        errno: Some(errno),
+        filename: filename.map(str::to_owned),
+        ..Detail::default()
+    };
     match e.kind() {
-        io::ErrorKind::NotFound => PyFileNotFoundError::new_err(e.to_string()),
-        io::ErrorKind::AlreadyExists => PyFileExistsError::new_err(e.to_string()),
         io::ErrorKind::InvalidInput => PyValueError::new_err(e.to_string()),
-        _ => PyErr::from(e),
+        io::ErrorKind::StorageFull => raise(py, Kind::NoDepots, e.to_string(), d()),
+        io::ErrorKind::Other | io::ErrorKind::TimedOut if e.raw_os_error().is_none() => {
+            raise(py, Kind::Lors, e.to_string(), d())
+        }
+        _ => os_error(errno, e.to_string(), filename),
     }
 }

@@ -1,23 +1,43 @@
 //! `lors._lors.File`: an exNode opened as a file (`lors::xio::File`), the
 //! raw file under `lors.open`'s buffered objects.
+//!
+//! Writes are all or nothing ([`OpenOptions::all_or_nothing`]): the `.xnd`
+//! changes only when `close` has stored every byte, so a failed, abandoned
+//! or interrupted write leaves the old file (or none), never a truncated
+//! one. Each call runs on a thread of the file's own while the caller
+//! waits in ticks, looking for Ctrl-C between them: a read from a hung
+//! depot stops at once rather than at the transfer's timeout.
 
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::sync::Mutex;
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::time::Duration;
 
+use lors::upload::E2e;
 use lors::xio::OpenOptions;
 use pyo3::buffer::PyBuffer;
-use pyo3::exceptions::{PyBufferError, PyValueError};
+use pyo3::exceptions::{PyBufferError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 
 use crate::errors::from_io;
 use crate::settings::{Opts, exnode_ref, size};
 
+/// How often a caller waiting for its file's thread looks for Ctrl-C.
+const TICK: Duration = Duration::from_millis(20);
+
+/// One call, run on the file's thread with the file (`None` once closed).
+type Job = Box<dyn FnOnce(&mut Option<lors::xio::File>) + Send>;
+
 /// An exNode as a file, read and written through xio: sequential reads
 /// start a read-ahead, other reads fetch their 1 MiB stretch, writes are
-/// stored a buffer at a time. Every call releases the GIL.
+/// stored a buffer at a time and saved, whole, by `close`. Every call
+/// releases the GIL.
 #[pyclass(name = "File", module = "lors._lors")]
 pub(crate) struct File {
-    inner: Mutex<Option<lors::xio::File>>,
+    /// The file's thread; `None` once closed. Dropped without `close`, the
+    /// thread ends and drops the file, which discards what it wrote.
+    jobs: Mutex<Option<Sender<Job>>>,
+    name: String,
     readable: bool,
     writable: bool,
 }
@@ -26,32 +46,127 @@ fn closed() -> PyErr {
     PyValueError::new_err("I/O operation on a closed file")
 }
 
+/// The file's thread: runs calls in order until the handle goes.
+fn worker(f: lors::xio::File) -> PyResult<Sender<Job>> {
+    let (tx, rx) = mpsc::channel::<Job>();
+    std::thread::Builder::new()
+        .name("lors-file".into())
+        .spawn(move || {
+            let mut f = Some(f);
+            while let Ok(job) = rx.recv() {
+                job(&mut f);
+            }
+        })
+        .map_err(|e| PyRuntimeError::new_err(format!("cannot start the file's thread: {e}")))?;
+    Ok(tx)
+}
+
+/// Whether Ctrl-C ends the caller's wait: a read or write goes on in the
+/// background (the next call waits for it); a close or discard is waited
+/// for, and the Ctrl-C raised after it, so its outcome is known.
+#[derive(Clone, Copy, PartialEq)]
+enum Wait {
+    Interruptible,
+    ToTheEnd,
+}
+
 impl File {
-    /// Runs `f` on the open file with the GIL released.
-    fn with<T: Send>(
+    /// Runs `f` on the open file's thread, the GIL released while waiting.
+    fn call<T: Send + 'static>(
         &self,
         py: Python<'_>,
-        f: impl FnOnce(&mut lors::xio::File) -> std::io::Result<T> + Send,
+        wait: Wait,
+        f: impl FnOnce(&mut Option<lors::xio::File>) -> Option<std::io::Result<T>> + Send + 'static,
     ) -> PyResult<T> {
-        let r = py.detach(|| {
-            let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-            g.as_mut().map(f)
+        let (tx, rx) = mpsc::sync_channel(1);
+        let job: Job = Box::new(move |slot| {
+            let _ = tx.send(f(slot));
         });
-        match r {
-            None => Err(closed()),
-            Some(Ok(v)) => Ok(v),
-            Some(Err(e)) => Err(from_io(py, e)),
+        {
+            let g = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
+            let sender = g.as_ref().ok_or_else(closed)?;
+            sender.send(job).map_err(|_| closed())?;
         }
+        self.wait(py, rx, wait)
+    }
+
+    /// Runs `f` on the open file.
+    fn with<T: Send + 'static>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&mut lors::xio::File) -> std::io::Result<T> + Send + 'static,
+    ) -> PyResult<T> {
+        self.call(py, Wait::Interruptible, |slot| slot.as_mut().map(f))
+    }
+
+    fn wait<T: Send>(
+        &self,
+        py: Python<'_>,
+        mut rx: Receiver<Option<std::io::Result<T>>>,
+        wait: Wait,
+    ) -> PyResult<T> {
+        let mut interrupted: Option<PyErr> = None;
+        loop {
+            // The receiver goes with the wait and comes back (it is not Sync).
+            let (got, back) = py.detach(move || (rx.recv_timeout(TICK), rx));
+            rx = back;
+            let r = match got {
+                Ok(None) => Err(closed()),
+                Ok(Some(Ok(v))) => Ok(v),
+                Ok(Some(Err(e))) => Err(from_io(py, e, Some(&self.name))),
+                Err(RecvTimeoutError::Disconnected) => Err(PyRuntimeError::new_err(
+                    "the file's call ended without a result (a bug: it panicked)",
+                )),
+                Err(RecvTimeoutError::Timeout) => {
+                    if let Err(e) = py.check_signals() {
+                        if wait == Wait::Interruptible {
+                            return Err(e);
+                        }
+                        interrupted.get_or_insert(e);
+                    }
+                    continue;
+                }
+            };
+            return match interrupted {
+                Some(e) => Err(e),
+                None => r,
+            };
+        }
+    }
+
+    /// Ends the file with `end` (close or discard). A file only read is
+    /// not waited for: a read still waiting on a hung depot ends on its
+    /// own, and the file with it.
+    fn end(
+        &self,
+        py: Python<'_>,
+        end: fn(lors::xio::File) -> std::io::Result<()>,
+    ) -> PyResult<()> {
+        let sender = self.jobs.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let Some(sender) = sender else {
+            return Ok(());
+        };
+        let (tx, rx) = mpsc::sync_channel(1);
+        let job: Job = Box::new(move |slot| {
+            let _ = tx.send(Some(slot.take().map_or(Ok(()), end)));
+        });
+        if sender.send(job).is_err() || !self.writable {
+            return Ok(());
+        }
+        self.wait(py, rx, Wait::ToTheEnd)
     }
 }
 
 #[pymethods]
 impl File {
     /// Opens `target` (an `.xnd` path or a `lors://` URI) as `open()` does
-    /// with `mode`: `rb`, `wb`, `ab`, `xb`, `r+b`, `w+b`, `a+b`.
+    /// with `mode`: `rb`, `wb`, `ab`, `xb`, `r+b`, `w+b`, `a+b`. A file
+    /// opened for writing is saved by `close`, whole; until then the old
+    /// `.xnd` (or none) stays.
     #[new]
     #[pyo3(signature = (target, mode = "rb", *, depots = None, lbone = None, location = None,
-        copies = None, block_size = None, duration = None, timeout = None))]
+        copies = None, block_size = None, duration = None, timeout = None, checksum = None,
+        compress = false, encrypt = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -64,6 +179,9 @@ impl File {
         block_size: Option<Bound<'_, PyAny>>,
         duration: Option<Bound<'_, PyAny>>,
         timeout: Option<Bound<'_, PyAny>>,
+        checksum: Option<String>,
+        compress: bool,
+        encrypt: Option<String>,
     ) -> PyResult<File> {
         let m: String = mode.chars().filter(|&c| c != 'b').collect();
         if !mode.contains('b') {
@@ -94,13 +212,28 @@ impl File {
             ..Opts::default()
         };
         let r = exnode_ref(target)?;
-        o.settings(opts.settings(Some(&r))?);
+        let mut s = opts.settings(Some(&r))?;
+        // New blocks as `lors upload` stores them when nothing is set.
+        let up = lors::upload::UploadOptions::default();
+        s.copies.get_or_insert(up.copies);
+        let e2e = E2e {
+            checksum,
+            compress,
+            encrypt,
+            ..E2e::default()
+        };
+        let codec = e2e.codec(&s.rc).map_err(PyValueError::new_err)?;
+        o.settings(s).e2e(codec).all_or_nothing(true);
         if !opts.depots.is_empty() {
             o.depots(opts.depots.clone());
         }
-        let f = py.detach(|| o.open_ref(&r)).map_err(|e| from_io(py, e))?;
+        let name = r.path.display().to_string();
+        let f = py
+            .detach(|| o.open_ref(&r))
+            .map_err(|e| from_io(py, e, Some(&name)))?;
         Ok(File {
-            inner: Mutex::new(Some(f)),
+            jobs: Mutex::new(Some(worker(f)?)),
+            name,
             readable: m.starts_with('r') || m.contains('+'),
             writable: !m.starts_with('r') || m.contains('+'),
         })
@@ -116,15 +249,18 @@ impl File {
                 "readinto needs a writable, contiguous buffer",
             ));
         }
-        let len = buf.len_bytes();
-        // SAFETY: the buffer protocol hands out `len` bytes at `buf_ptr`,
-        // writable (checked above) and contiguous, and keeps them where
-        // they are (a bytearray cannot resize while exported) until `buf`
-        // is released, which is after the read: nothing else in this call
-        // touches them. A Python thread writing the same buffer meanwhile
-        // races as it would with `os.readv`, never with our memory.
-        let dst = unsafe { std::slice::from_raw_parts_mut(buf.buf_ptr().cast::<u8>(), len) };
-        let n = self.with(py, move |f| {
+        // The export goes with the call and is released when the call
+        // ends, also when Ctrl-C made the caller return first: until then
+        // the bytes stay where they are (a bytearray cannot resize while
+        // exported), so the file's thread never writes into freed memory.
+        self.with(py, move |f| {
+            let len = buf.len_bytes();
+            // SAFETY: the buffer protocol hands out `len` writable (checked
+            // above), contiguous bytes at `buf_ptr`, kept in place while
+            // `buf` holds the export, which it does until this closure
+            // ends. A Python thread writing the same buffer meanwhile races
+            // as it would with `os.readv`, never with our memory.
+            let dst = unsafe { std::slice::from_raw_parts_mut(buf.buf_ptr().cast::<u8>(), len) };
             let mut done = 0;
             // Fill the buffer (a short count only at the end of the file),
             // as a regular file's readinto does.
@@ -134,10 +270,9 @@ impl File {
                     n => done += n,
                 }
             }
+            drop(buf);
             Ok(done)
-        });
-        drop(buf);
-        n
+        })
     }
 
     /// Writes `data` (any contiguous buffer); returns its length.
@@ -146,13 +281,15 @@ impl File {
         if !buf.is_c_contiguous() {
             return Err(PyBufferError::new_err("write needs a contiguous buffer"));
         }
-        let len = buf.len_bytes();
-        // SAFETY: as in `readinto`, the exported bytes stay put until `buf`
-        // is released after the write; they are only read.
-        let src = unsafe { std::slice::from_raw_parts(buf.buf_ptr().cast::<u8>(), len) };
-        let r = self.with(py, move |f| f.write_all(src).map(|()| src.len()));
-        drop(buf);
-        r
+        self.with(py, move |f| {
+            let len = buf.len_bytes();
+            // SAFETY: as in `readinto`, the exported bytes stay put until
+            // `buf` is released at the end of this closure; only read.
+            let src = unsafe { std::slice::from_raw_parts(buf.buf_ptr().cast::<u8>(), len) };
+            let r = f.write_all(src).map(|()| len);
+            drop(buf);
+            r
+        })
     }
 
     /// Moves the position as `io.IOBase.seek` does; returns the new one.
@@ -179,7 +316,8 @@ impl File {
         self.with(py, |f| f.stream_position())
     }
 
-    /// Stores what is buffered and saves the exNode.
+    /// Stores what is buffered on the depots; the exNode is saved by
+    /// `close`, not before.
     fn flush(&self, py: Python<'_>) -> PyResult<()> {
         if !self.writable {
             return Ok(());
@@ -192,14 +330,17 @@ impl File {
         self.with(py, move |f| f.set_len(size).map(|()| size))
     }
 
-    /// Closes the file: what is buffered is stored and the exNode saved;
-    /// an error doing so is raised here.
+    /// Closes the file: what is buffered is stored and the exNode saved,
+    /// whole; an error doing so is raised here, and the old `.xnd` (or
+    /// none) stays, with what this file stored freed.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
-        let f = self.inner.lock().unwrap_or_else(|p| p.into_inner()).take();
-        match f {
-            None => Ok(()),
-            Some(f) => py.detach(|| f.close()).map_err(|e| from_io(py, e)),
-        }
+        self.end(py, lors::xio::File::close)
+    }
+
+    /// Closes without saving: what was written is freed on the depots and
+    /// the `.xnd` stays as it was before the open (or absent).
+    fn discard(&self, py: Python<'_>) -> PyResult<()> {
+        self.end(py, lors::xio::File::discard)
     }
 
     /// Bytes in the file, with what is buffered.
@@ -210,7 +351,7 @@ impl File {
 
     #[getter]
     fn closed(&self) -> bool {
-        self.inner
+        self.jobs
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .is_none()

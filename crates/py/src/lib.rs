@@ -30,6 +30,8 @@ fn _lors(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(ops::augment, m)?)?;
     m.add_function(wrap_pyfunction!(ops::trim, m)?)?;
     m.add_function(wrap_pyfunction!(ops::refresh, m)?)?;
+    m.add_function(wrap_pyfunction!(ops::remove, m)?)?;
+    m.add_function(wrap_pyfunction!(ops::copy, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -189,8 +189,8 @@ impl Leftovers {
             },
             Ok(Err(lors::Error::Abandoned {
                 cause, stranded, ..
-            })) => (from_lors(py, &cause), ExNode::default(), stranded),
-            Ok(Err(e)) => return Err(from_lors(py, &e)),
+            })) => (from_lors(py, &cause, None), ExNode::default(), stranded),
+            Ok(Err(e)) => return Err(from_lors(py, &e, None)),
         };
         if !stored.mappings.is_empty() || !stranded.mappings.is_empty() {
             let note = self.leave(py, &stored, &stranded);
@@ -269,7 +269,7 @@ pub(crate) fn download(
     let run = async move { lors::download::download(&t.x, out, &d, pool, tally).await };
     match block_on(py, run, &mut watch, Stop::Abort) {
         Ok(Ok(stats)) => Ok(stats.bytes + stats.resumed_bytes + holes),
-        Ok(Err(e)) => Err(from_lors(py, &e)),
+        Ok(Err(e)) => Err(from_lors(py, &e, None)),
         Err(s) => Err(s.err),
     }
 }
@@ -362,7 +362,7 @@ pub(crate) fn read_range<'py>(
     let pool = pool(&s, None);
     match crate::run::wait(py, fetch(t.x, start, end, pool))? {
         Ok(b) => Ok(PyBytes::new(py, &b)),
-        Err(e) => Err(from_lors(py, &e)),
+        Err(e) => Err(from_lors(py, &e, None)),
     }
 }
 
@@ -404,7 +404,7 @@ pub(crate) fn read_ranges<'py>(
     };
     match crate::run::wait(py, all)? {
         Ok(v) => Ok(v.iter().map(|b| PyBytes::new(py, b)).collect()),
-        Err(e) => Err(from_lors(py, &e)),
+        Err(e) => Err(from_lors(py, &e, None)),
     }
 }
 
@@ -483,7 +483,7 @@ pub(crate) fn augment(
     };
     match block_on(py, run, &mut watch, Stop::Signal(tx)) {
         Ok(Ok(x)) => save_to(py, &t, output, x),
-        Ok(Err(e)) => Err(from_lors(py, &e)),
+        Ok(Err(e)) => Err(from_lors(py, &e, None)),
         Err(s) => Err(s.err),
     }
 }
@@ -518,7 +518,7 @@ pub(crate) fn trim(
     };
     let s = Opts::timeout_only(timeout.as_ref(), t.uri.as_ref())?;
     let pool = Arc::new(pool(&s, None));
-    let trimmed = lors::manage::trim(&t.x, &sel, allow_holes).map_err(|e| from_lors(py, &e))?;
+    let trimmed = lors::manage::trim(&t.x, &sel, allow_holes).map_err(|e| from_lors(py, &e, None))?;
     let path = match output {
         Some(o) => Some(exnode_ref(&o.0)?.path),
         None => t.path.clone(),
@@ -556,7 +556,7 @@ pub(crate) fn trim(
             Ok::<(), lors::Error>(())
         }
     };
-    crate::run::wait(py, run)?.map_err(|e| from_lors(py, &e))?;
+    crate::run::wait(py, run)?.map_err(|e| from_lors(py, &e, None))?;
     Ok(PyExNode::new(as_saved(x, path.as_deref()), path))
 }
 
@@ -593,4 +593,184 @@ pub(crate) fn refresh(
             Err(c) => (i, None, Some(c.text)),
         })
         .collect())
+}
+
+/// Removes the exNode at `path` as `rm` removes a file: the `.xnd` is
+/// saved empty, what it named is freed (an allocation another exNode also
+/// names loses only this file's reference), then the `.xnd` goes. When a
+/// depot does not free an allocation, the emptied `.xnd` stays with the
+/// record naming what is left (removing it again finishes) and
+/// `LorsError` says so; `force=True` removes the `.xnd` all the same and
+/// warns, the record staying beside where it was. Returns the number of
+/// allocations freed.
+#[pyfunction]
+#[pyo3(signature = (path, *, force = false, timeout = None))]
+pub(crate) fn remove(
+    py: Python<'_>,
+    path: PathOrStr,
+    force: bool,
+    timeout: Option<Bound<'_, PyAny>>,
+) -> PyResult<usize> {
+    let r = exnode_ref(&path.0)?;
+    let s = Opts::timeout_only(timeout.as_ref(), Some(&r))?;
+    let pool = pool(&s, None);
+    let name = r.path.display().to_string();
+    let target = r.path.clone();
+    let run = async move {
+        lors::commit::remove(&target, &pool, std::time::Duration::from_secs(10)).await
+    };
+    match crate::run::wait(py, run)? {
+        Ok(n) => Ok(n),
+        Err(lors::Error::NotReleased { count, record, .. }) if force => {
+            std::fs::remove_file(&r.path).map_err(|e| {
+                crate::errors::os_error(lors::xio::errno(&e), e.to_string(), Some(&name))
+            })?;
+            let warn = py.import("warnings")?;
+            let msg = format!(
+                "{name} removed with {count} allocations a depot did not free: they stay until their lease ends, named in {}",
+                record.display()
+            );
+            warn.call_method1("warn", (msg, py.get_type::<pyo3::exceptions::PyRuntimeWarning>()))?;
+            Ok(0)
+        }
+        Err(e) => {
+            let err = from_lors(py, &e, Some(&name));
+            if let lors::Error::NotReleased { .. } = e {
+                let _ = err.value(py).setattr("errno", libc::EIO);
+            }
+            Err(err)
+        }
+    }
+}
+
+/// Copies the exNode `src` to the new exNode `dst` with no byte through
+/// this machine: every block is copied depot to depot (as `augment` does,
+/// onto depots not holding it, as many copies as the source keeps). An
+/// erasure-coded file, or one with too few other depots for its copies, is
+/// copied by reference instead: `dst` takes its own reference on each
+/// allocation, so removing either never frees the other's data. An
+/// existing `dst` is replaced (its allocations freed once the copy is
+/// saved) only with `force=True`. Returns the copy.
+#[pyfunction]
+#[pyo3(signature = (src, dst, *, depots = None, lbone = None, location = None,
+    duration = None, timeout = None, force = false, progress = None))]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn copy(
+    py: Python<'_>,
+    src: Bound<'_, PyAny>,
+    dst: PathOrStr,
+    depots: Option<Bound<'_, PyAny>>,
+    lbone: Option<String>,
+    location: Option<String>,
+    duration: Option<Bound<'_, PyAny>>,
+    timeout: Option<Bound<'_, PyAny>>,
+    force: bool,
+    progress: Option<Bound<'_, PyAny>>,
+) -> PyResult<PyExNode> {
+    let t = Target::of(py, &src)?;
+    let out = exnode_ref(&dst.0)?.path;
+    if t.path.as_deref() == Some(out.as_path()) {
+        return Err(PyValueError::new_err(format!(
+            "{}: source and destination are the same file",
+            out.display()
+        )));
+    }
+    refuse_overwrite(&out, force)?;
+    let opts = Opts {
+        depots: crate::settings::depots(depots.as_ref())?,
+        lbone,
+        location,
+        duration: crate::settings::duration("duration", duration.as_ref())?,
+        timeout: crate::settings::duration("timeout", timeout.as_ref())?,
+        ..Opts::default()
+    };
+    let s = opts.settings(t.uri.as_ref())?;
+    let pool = pool(&s, None);
+    let name = out.display().to_string();
+    lors::commit::check_output(&out).map_err(|e| from_xnd(py, &e))?;
+    let copies = lors::manage::copies_policy(&t.x).unwrap_or(1);
+    let coded = !t.x.parity.is_empty();
+    let biggest = (t.x.mappings.iter()).map(|m| m.alloc_length).max();
+    // Depots for the copies: enough beside those holding each block.
+    let found = match (coded, biggest) {
+        (false, Some(b)) => {
+            let held = lors::leftover::depots(&t.x).len();
+            opts.find(py, &s, copies + held.min(copies), b, Vec::new())
+                .ok()
+        }
+        _ => None,
+    };
+    let mut watch = Watch::new(progress);
+    let made = match found {
+        Some(found) => {
+            let (tx, rx) = tokio::sync::watch::channel(false);
+            let copy = CopyOptions {
+                duration: s.duration,
+                reliability: s.reliability,
+                stop: Some(rx),
+            };
+            let (x, pool2, tally) = (t.x.clone(), pool.clone(), watch.tally.clone());
+            let run = async move {
+                let want = lors::manage::Replicas::More(copies);
+                lors::manage::replicate(&x, &found.depots, want, &copy, &pool2, tally.as_ref())
+                    .await
+            };
+            match block_on(py, run, &mut watch, Stop::Signal(tx)) {
+                Ok(Ok(y)) => Some(new_only(&t.x, y)),
+                Ok(Err(lors::Error::NotEnoughDepots { .. })) => None,
+                Ok(Err(e)) => return Err(from_lors(py, &e, Some(&name))),
+                Err(s) => return Err(s.err),
+            }
+        }
+        None => None,
+    };
+    let y = match made {
+        Some(y) => y,
+        None => {
+            let (input, pool2) = (t.x.clone(), pool.clone());
+            let mut y = (*t.x).clone();
+            let run = async move {
+                let missed = lors::commit::share_with(&input, &mut y, &pool2).await;
+                (y, missed)
+            };
+            let (y, missed) = crate::run::wait(py, run)?;
+            if missed > 0 {
+                return Err(crate::errors::raise(
+                    py,
+                    crate::errors::Kind::Depot,
+                    format!("{missed} allocations could not take a reference for the copy (is a depot down?); nothing was copied"),
+                    crate::errors::Detail { filename: Some(name), ..Default::default() },
+                ));
+            }
+            y
+        }
+    };
+    // Saved before a replaced exNode's allocations are freed.
+    let old: Vec<_> = match lors::xnd::load(&out) {
+        Ok(o) => o.allocations().cloned().collect(),
+        Err(_) => Vec::new(),
+    };
+    let (y2, out2, pool2) = (y.clone(), out.clone(), pool.clone());
+    let run = async move { lors::commit::save_then_release(&out2, &y2, old, &pool2).await };
+    if let Err(e) = crate::run::wait(py, run)? {
+        // Without its exNode nobody reaches the new data: free it.
+        // (A reference taken for a shared copy is dropped the same way.)
+        let all: Vec<_> = y.allocations().cloned().collect();
+        let _ = crate::run::wait(py, async move { pool.release_all(all).await });
+        return Err(from_lors(py, &e, Some(&name)));
+    }
+    Ok(PyExNode::new(as_saved(y, Some(&out)), Some(out)))
+}
+
+/// The exNode of what `augmented` added to `x`: the new replicas alone.
+fn new_only(x: &ExNode, augmented: ExNode) -> ExNode {
+    let had = lors::commit::named(x);
+    ExNode {
+        metadata: x.metadata.clone(),
+        mappings: (augmented.mappings.into_iter())
+            .filter(|m| lors::commit::key(m).is_some_and(|k| !had.contains(&k)))
+            .collect(),
+        parity: Vec::new(),
+        holes: x.holes.clone(),
+    }
 }

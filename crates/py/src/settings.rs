@@ -145,7 +145,21 @@ pub(crate) fn duration(name: &str, v: Option<&Bound<'_, PyAny>>) -> PyResult<Opt
         .ok_or_else(|| bad(name, &secs.to_string(), "give a positive number of seconds"))
 }
 
-/// An exNode argument given as a path or a `lors://` URI.
+/// An exNode argument given as a path or a `lors://` URI. In Python the
+/// path of a URI is absolute, as fsspec reads URLs: `lors:///data/x.xnd`
+/// is `/data/x.xnd` (the command-line tools, following the original
+/// libxio, read it as the relative `data/x.xnd`); `lors://HOST/PATH`
+/// places new blocks through the L-Bone at `HOST`.
 pub(crate) fn exnode_ref(target: &str) -> PyResult<ExnodeRef> {
-    ExnodeRef::parse(target).map_err(|e| bad("exnode", target, &e))
+    let Some(rest) = target.strip_prefix("lors://") else {
+        return ExnodeRef::parse(target).map_err(|e| bad("exnode", target, &e));
+    };
+    if !rest.contains('/') {
+        return Err(PyValueError::new_err(format!(
+            "{target:?} names no file: write lors:///PATH (three slashes) for the exNode at /PATH, or lors://HOST/PATH to place new blocks through the L-Bone at HOST"
+        )));
+    }
+    let mut r = ExnodeRef::parse(target).map_err(|e| bad("exnode", target, &e))?;
+    r.path = std::path::Path::new("/").join(&r.path);
+    Ok(r)
 }

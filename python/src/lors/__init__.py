@@ -33,6 +33,13 @@ from ._lors import (
 )
 from .errors import DepotError, ExNodeError, LorsError, NoDepotsError, UnreadableError
 
+try:  # the entry point does this for an installed package; also from a source tree
+    import fsspec as _fsspec
+
+    _fsspec.register_implementation("lors", "lors.fs.LorsFileSystem", clobber=False)
+except (ImportError, ValueError):
+    pass
+
 __all__ = [
     "ExNode",
     "Mapping",

@@ -26,6 +26,7 @@ class LorsError(OSError):
         depot: str | None = None,
         range: tuple[int, int] | None = None,  # noqa: A002 - the attribute's name
         errno: int | None = None,
+        filename: str | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -37,7 +38,10 @@ class LorsError(OSError):
         self.depot = depot
         #: The bytes of the file concerned, ``(start, end)``.
         self.range = range
+        #: The ``errno`` a program would see for it (``EIO``, ``ENOSPC``, …).
         self.errno = errno
+        #: The ``.xnd`` (or local file) concerned.
+        self.filename = filename
 
     def __str__(self) -> str:
         return self.message
@@ -45,12 +49,23 @@ class LorsError(OSError):
     def __reduce__(self):  # keeps the keywords through pickling (Dask workers)
         return (
             _rebuild,
-            (type(self), self.message, self.status, self.status_name, self.depot, self.range, self.errno),
+            (
+                type(self),
+                self.message,
+                self.status,
+                self.status_name,
+                self.depot,
+                self.range,
+                self.errno,
+                self.filename,
+            ),
         )
 
 
-def _rebuild(cls, message, status, status_name, depot, range, errno):  # noqa: A002
-    return cls(message, status=status, status_name=status_name, depot=depot, range=range, errno=errno)
+def _rebuild(cls, message, status, status_name, depot, range, errno, filename=None):  # noqa: A002
+    return cls(
+        message, status=status, status_name=status_name, depot=depot, range=range, errno=errno, filename=filename
+    )
 
 
 class DepotError(LorsError):

@@ -6,6 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::SystemTime;
 
+use lors_exnode::functions::Codec;
 use lors_exnode::{ExNode, Metadata as Meta};
 
 use super::attrs::stamp;
@@ -34,6 +35,8 @@ pub struct OpenOptions {
     spliced: bool,
     settings: Option<Settings>,
     depots: Vec<String>,
+    all_or_nothing: bool,
+    e2e: Option<Codec>,
 }
 
 impl Default for OpenOptions {
@@ -58,6 +61,8 @@ impl OpenOptions {
             spliced: false,
             settings: None,
             depots: Vec::new(),
+            all_or_nothing: false,
+            e2e: None,
         }
     }
     /// Open for reading.
@@ -128,6 +133,36 @@ impl OpenOptions {
     /// L-Bone or `~/.xndrc` (as `--depot` does for the tools).
     pub fn depots(&mut self, depots: Vec<String>) -> &mut Self {
         self.depots = depots;
+        self
+    }
+
+    /// Object semantics instead of `open(2)`'s: the `.xnd` changes only
+    /// when [`File::close`] has stored everything written, as an object
+    /// store's put replaces an object whole. Opening neither creates nor
+    /// empties it; [`File::sync_all`] stores what is buffered without
+    /// saving; a handle dropped without `close` (or [`File::discard`]ed)
+    /// frees what it stored and leaves the old exNode as it was. What a
+    /// truncation or an overwrite supersedes is freed only after the save.
+    ///
+    /// ```no_run
+    /// use std::io::Write;
+    /// let mut f = lors::xio::OpenOptions::new()
+    ///     .write(true).create(true).truncate(true).all_or_nothing(true)
+    ///     .open("table.parquet.xnd")?;
+    /// f.write_all(b"...")?;
+    /// f.close()?; // the old table until here, the new one from here
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn all_or_nothing(&mut self, on: bool) -> &mut Self {
+        self.all_or_nothing = on;
+        self
+    }
+
+    /// End-to-end functions (checksums, compression, encryption) every
+    /// new block is stored with, as `lors upload`'s `-k`/`-z`/`-e` give
+    /// them ([`crate::upload::E2e::codec`]). None by default.
+    pub fn e2e(&mut self, codec: Option<Codec>) -> &mut Self {
+        self.e2e = codec;
         self
     }
 
@@ -280,8 +315,10 @@ impl OpenOptions {
             lbone: None,
             closed: false,
             disk,
+            all_or_nothing: self.all_or_nothing,
+            e2e: self.e2e.clone(),
         };
-        if f.dirty {
+        if f.dirty && !f.all_or_nothing {
             // open(2) with O_CREAT or O_TRUNC changes the file at once.
             f.sync_all()?;
         }

@@ -119,7 +119,7 @@ impl File {
             reliability: s.reliability,
             filename: String::new(),
             erasure: None,
-            e2e: None,
+            e2e: self.e2e.clone(),
             sparse: false,
             auto_threads: false,
             auto_block_size: false,
