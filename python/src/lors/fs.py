@@ -2,32 +2,48 @@
 
 A directory of ``.xnd`` files is a directory of files, as ``lors mount``
 shows it: ``run42.xnd`` is the file ``run42`` (a path may also name the
-``.xnd`` itself), subdirectories are directories. Reads fetch exactly the
-byte ranges asked for from the depots (``cat_ranges`` many at once); files
-opened for writing store their blocks as ``lors.open`` does.
+``.xnd`` itself), subdirectories are directories, other files are not
+listed. Reads fetch exactly the byte ranges asked for from the depots
+(``cat_ranges`` many at once); writes are all or nothing (see
+:func:`lors.open`); ``cp`` copies depot to depot; ``rm`` frees what it
+removes; ``mv`` renames ``.xnd`` files.
 
 >>> import fsspec, pandas
 >>> fs = fsspec.filesystem("lors", depots=["d1:6714", "d2:6714"], copies=2)
 >>> fs.ls("/data/runs")
 >>> df = pandas.read_parquet("lors:///data/runs/t.parquet", columns=["energy"])
 
-URLs are ``lors:///ABSOLUTE/PATH``; ``lors://HOST[:PORT]/PATH`` also names
-the L-Bone new blocks are placed through, as the command-line tools read it.
+URLs are ``lors:///ABSOLUTE/PATH`` (three slashes); ``lors://HOST[:PORT]/PATH``
+also names the L-Bone new blocks are placed through. ``?``, ``*`` and
+``[...]`` are glob characters, as in local paths.
 """
 
 from __future__ import annotations
 
+import datetime
+import errno
+import io
 import os
+import posixpath
+import sys
 import threading
+import warnings
 from typing import Any
 
+from fsspec.callbacks import DEFAULT_CALLBACK
 from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
-from fsspec.utils import stringify_path
+from fsspec.utils import isfilelike, stringify_path
 
 from . import _lors
+from ._io import BufferedWriter, RawFile
 from ._io import open as lors_open
+from .errors import ExNodeError
 
 SUFFIX = ".xnd"
+
+
+def _not_found(path: str) -> FileNotFoundError:
+    return FileNotFoundError(errno.ENOENT, "no such file or directory (no .xnd of that name)", path)
 
 
 class LorsFileSystem(AbstractFileSystem):
@@ -36,8 +52,11 @@ class LorsFileSystem(AbstractFileSystem):
 
     Keyword arguments are the settings of new blocks and of every transfer,
     as :func:`lors.upload` takes them: ``depots``, ``lbone``, ``location``,
-    ``copies``, ``block_size``, ``duration``, ``timeout``; unset ones come
-    from the environment and ``~/.xndrc``.
+    ``copies``, ``block_size``, ``duration``, ``timeout``, ``checksum``,
+    ``compress``, ``encrypt``; unset ones come from the environment,
+    ``~/.xndrc``, then the tools' defaults (3 copies, BLAKE3 checksums).
+    ``root`` confines every path to one directory tree: a path outside it,
+    by ``..`` or by a link, is refused with ``PermissionError``.
     """
 
     protocol = ("lors",)
@@ -56,6 +75,10 @@ class LorsFileSystem(AbstractFileSystem):
         block_size: int | str | None = None,
         duration: float | str | None = None,
         timeout: float | str | None = None,
+        checksum: str | None = None,
+        compress: bool | None = None,
+        encrypt: str | None = None,
+        root: str | os.PathLike[str] | None = None,
         concurrency: int = 32,
         **kwargs: Any,
     ) -> None:
@@ -68,51 +91,85 @@ class LorsFileSystem(AbstractFileSystem):
             block_size=block_size,
             duration=duration,
             timeout=timeout,
+            checksum=checksum,
+            compress=compress,
+            encrypt=encrypt,
         )
-        self.settings = {k: v for k, v in settings.items() if v is not None}
+        self.settings: dict[str, Any] = {k: v for k, v in settings.items() if v is not None}
         self.timeout = timeout
         self.concurrency = concurrency
+        self.root = None if root is None else posixpath.normpath(os.path.abspath(os.fspath(root)))
+        self._real_root = None if self.root is None else os.path.realpath(self.root)
         self._loaded: dict[str, tuple[tuple[int, int], _lors.ExNode]] = {}
         self._lock = threading.Lock()
 
     # -- paths ---------------------------------------------------------------
 
     @classmethod
-    def _strip_protocol(cls, path):
+    def _strip_protocol(cls, path: Any) -> Any:
+        """A local absolute path, ``..`` resolved: ``lors:///a/b`` and
+        ``lors://HOST/a/b`` are ``/a/b``; a relative path is taken from the
+        working directory."""
+        if isinstance(path, list):
+            return [cls._strip_protocol(p) for p in path]
         path = stringify_path(path)
         if path.startswith("lors://"):
             rest = path[len("lors://") :]
             if not rest.startswith("/"):
                 slash = rest.find("/")
-                rest = rest[slash:] if slash >= 0 else "/"
+                if slash < 0:
+                    raise ValueError(
+                        f"{path!r} names no file: write lors:///PATH (three slashes) for /PATH, "
+                        "or lors://HOST/PATH to place new blocks through the L-Bone at HOST"
+                    )
+                rest = rest[slash:]
             path = rest
-        path = path.split("?", 1)[0]
-        if path != "/":
-            path = path.rstrip("/")
-        return path or "/"
+        if not path:
+            return cls.root_marker
+        return posixpath.normpath(os.path.abspath(path)) or cls.root_marker
 
     @staticmethod
-    def _get_kwargs_from_urls(path):
+    def _get_kwargs_from_urls(path: str) -> dict[str, Any]:
         path = stringify_path(path)
         if path.startswith("lors://") and not path.startswith("lors:///"):
-            return {"lbone": path[len("lors://") :].split("/", 1)[0]}
+            host = path[len("lors://") :].split("/", 1)[0]
+            if host:
+                return {"lbone": host}
         return {}
 
-    def _xnd(self, path: str) -> str:
-        """The ``.xnd`` file of an existing file ``path``."""
+    def _path(self, path: Any) -> str:
+        """``path`` as a local path, inside ``root`` when one is set."""
         p = self._strip_protocol(path)
+        if self.root is None:
+            return p
+        inside = p == self.root or p.startswith(self.root.rstrip("/") + "/")
+        real = os.path.realpath(p)
+        assert self._real_root is not None
+        if not inside or not (real == self._real_root or real.startswith(self._real_root.rstrip("/") + "/")):
+            raise PermissionError(errno.EACCES, f"outside this filesystem's root {self.root}", path)
+        return p
+
+    def _xnd(self, path: Any) -> str:
+        """The ``.xnd`` file of an existing file ``path``."""
+        p = self._path(path)
         if p.endswith(SUFFIX) and os.path.isfile(p):
             return p
         if os.path.isfile(p + SUFFIX):
             return p + SUFFIX
-        raise FileNotFoundError(path)
+        raise _not_found(stringify_path(path))
 
-    def _new_xnd(self, path: str) -> str:
+    def _new_xnd(self, path: Any) -> str:
         """The ``.xnd`` file a file ``path`` is written to."""
-        p = self._strip_protocol(path)
+        p = self._path(path)
+        if os.path.isdir(p):
+            raise IsADirectoryError(errno.EISDIR, "a directory, not a file", p)
         return p if p.endswith(SUFFIX) else p + SUFFIX
 
-    def exnode(self, path: str) -> _lors.ExNode:
+    @staticmethod
+    def _name(xnd: str) -> str:
+        return xnd[: -len(SUFFIX)]
+
+    def exnode(self, path: Any) -> _lors.ExNode:
         """The exNode of the file ``path`` (reloaded when its ``.xnd`` changed)."""
         xnd = self._xnd(path)
         st = os.stat(xnd)
@@ -126,51 +183,67 @@ class LorsFileSystem(AbstractFileSystem):
             self._loaded[xnd] = (key, x)
         return x
 
+    def _forget(self, xnd: str) -> None:
+        with self._lock:
+            self._loaded.pop(xnd, None)
+
     # -- listing -------------------------------------------------------------
 
-    def _file_info(self, name: str, xnd: str) -> dict[str, Any]:
-        x = self.exnode(xnd)
+    def _file_info(self, xnd: str) -> dict[str, Any]:
         st = os.stat(xnd)
-        return {
-            "name": name,
-            "size": x.size,
+        info: dict[str, Any] = {
+            "name": self._name(xnd),
             "type": "file",
             "xnd": xnd,
             "mtime": st.st_mtime,
-            "ec": x.ec,
-            "mappings": len(x.mappings),
+            "created": st.st_ctime,
         }
+        try:
+            x = self.exnode(xnd)
+        except ExNodeError as e:
+            # Listed, never skipped: a reader of the directory meets the
+            # error instead of silently fewer files.
+            warnings.warn(f"{xnd}: not a readable exNode: {e}", RuntimeWarning, stacklevel=3)
+            info.update(size=None, error=str(e))
+            return info
+        info.update(size=x.size, ec=x.ec, mappings=len(x.mappings))
+        return info
 
-    def info(self, path, **kwargs):
-        p = self._strip_protocol(path)
+    def info(self, path: Any, **kwargs: Any) -> dict[str, Any]:
+        p = self._path(path)
         if os.path.isdir(p):
             return {"name": p, "size": 0, "type": "directory"}
-        xnd = self._xnd(p)
-        name = p[: -len(SUFFIX)] if p.endswith(SUFFIX) else p
-        return self._file_info(name, xnd)
+        return self._file_info(self._xnd(p))
 
-    def ls(self, path, detail=True, **kwargs):
-        p = self._strip_protocol(path)
+    def ls(self, path: Any, detail: bool = True, **kwargs: Any) -> list[Any]:
+        p = self._path(path)
         if not os.path.isdir(p):
             out = [self.info(p)]
         else:
             out = []
             with os.scandir(p) as it:
                 for e in sorted(it, key=lambda e: e.name):
-                    full = os.path.join(p, e.name)
+                    full = posixpath.join(p, e.name)
                     if e.is_dir():
-                        out.append({"name": full, "size": 0, "type": "directory"})
+                        if self.root is None or self._inside(full):
+                            out.append({"name": full, "size": 0, "type": "directory"})
                     elif e.name.endswith(SUFFIX) and not e.name.startswith(".") and e.is_file():
-                        out.append(self._file_info(full[: -len(SUFFIX)], full))
+                        if self.root is None or self._inside(full):
+                            out.append(self._file_info(full))
         return out if detail else [o["name"] for o in out]
 
-    def modified(self, path):
-        import datetime
+    def _inside(self, p: str) -> bool:
+        try:
+            self._path(p)
+        except PermissionError:
+            return False
+        return True
 
+    def modified(self, path: Any) -> datetime.datetime:
         return datetime.datetime.fromtimestamp(os.stat(self._xnd(path)).st_mtime, tz=datetime.timezone.utc)
 
-    def created(self, path):
-        return self.modified(path)
+    def created(self, path: Any) -> datetime.datetime:
+        return datetime.datetime.fromtimestamp(os.stat(self._xnd(path)).st_ctime, tz=datetime.timezone.utc)
 
     # -- reading -------------------------------------------------------------
 
@@ -182,12 +255,12 @@ class LorsFileSystem(AbstractFileSystem):
     def _timeout(self) -> dict[str, Any]:
         return {} if self.timeout is None else {"timeout": self.timeout}
 
-    def cat_file(self, path, start=None, end=None, **kwargs):
+    def cat_file(self, path: Any, start: int | None = None, end: int | None = None, **kwargs: Any) -> bytes:
         x = self.exnode(path)
         a, b = self._span(x.size, start, end)
         return _lors.read_range(x, a, b, **self._timeout())
 
-    def cat_ranges(self, paths, starts, ends, max_gap=None, on_error="return", **kwargs):
+    def cat_ranges(self, paths, starts, ends, max_gap=None, on_error="return", **kwargs):  # type: ignore[no-untyped-def]
         if isinstance(paths, str):
             paths = [paths] * len(starts)
         if isinstance(starts, int):
@@ -214,62 +287,194 @@ class LorsFileSystem(AbstractFileSystem):
                     out[i] = e
         return out
 
-    def _open(self, path, mode="rb", block_size=None, autocommit=True, cache_options=None, **kwargs):
-        if mode == "rb":
-            return LorsFile(
-                self,
-                path,
-                mode,
-                block_size=block_size or self.blocksize,
-                cache_options=cache_options,
-                **kwargs,
-            )
-        if "r" in mode:
-            return lors_open(self._xnd(path), mode, **self.settings)
-        target = self._new_xnd(path)
-        parent = os.path.dirname(target)
+    def get_file(self, rpath: Any, lpath: Any, callback: Any = DEFAULT_CALLBACK, outfile: Any = None, **kwargs: Any) -> None:
+        """Downloads the file to ``lpath`` with ``lors.download`` (every
+        depot at once, resumable, the file appearing only when whole)."""
+        if isfilelike(lpath) or outfile is not None:
+            return super().get_file(rpath, lpath, callback=callback, outfile=outfile, **kwargs)
+        if self.isdir(rpath):
+            os.makedirs(lpath, exist_ok=True)
+            return None
+        x = self.exnode(rpath)
+        callback.set_size(x.size)
+        lpath = os.fspath(lpath)
+        parent = os.path.dirname(lpath)
         if parent:
             os.makedirs(parent, exist_ok=True)
-        return lors_open(target, mode, **self.settings)
+        if x.size == 0:
+            open(lpath, "wb").close()  # noqa: SIM115 - an empty file, made whole at once
+        else:
+            _lors.download(x, lpath, progress=lambda done, total: callback.absolute_update(done), **self._timeout())
+        callback.absolute_update(x.size)
+        return None
+
+    # -- writing -------------------------------------------------------------
+
+    def _open(
+        self,
+        path: Any,
+        mode: str = "rb",
+        block_size: Any = None,
+        autocommit: bool = True,
+        cache_options: Any = None,
+        **kwargs: Any,
+    ) -> Any:
+        if mode == "rb":
+            return LorsFile(self, path, mode, block_size=block_size or self.blocksize, cache_options=cache_options, **kwargs)
+        if "r" in mode:
+            f = lors_open(self._xnd(path), mode, **self.settings)
+        else:
+            target = self._new_xnd(path)
+            parent = os.path.dirname(target)
+            if parent:
+                os.makedirs(parent, exist_ok=True)
+            f = lors_open(target, mode, **self.settings)
+            self._forget(target)
+        return f if autocommit else PendingFile(f)
 
     # -- changing ------------------------------------------------------------
 
-    def rm_file(self, path):
-        """Frees the file's allocations on their depots and removes its ``.xnd``."""
-        xnd = self._xnd(path)
-        x = self.exnode(xnd)
-        n = len(x.mappings) + len(x.parity)
-        if n:
-            _lors.trim(xnd, mappings=list(range(n)), allow_holes=True, **self._timeout())
-        os.remove(xnd)
-        with self._lock:
-            self._loaded.pop(xnd, None)
-
-    def _rm(self, path):
-        p = self._strip_protocol(path)
+    def rm_file(self, path: Any) -> None:
+        """Frees the file's allocations on their depots and removes its
+        ``.xnd`` (an empty directory, with ``rmdir``)."""
+        p = self._path(path)
         if os.path.isdir(p):
             os.rmdir(p)
-        else:
-            self.rm_file(p)
+            return
+        xnd = self._xnd(p)
+        _lors.remove(xnd, **self._timeout())
+        self._forget(xnd)
 
-    def mv(self, path1, path2, recursive=False, maxdepth=None, **kwargs):
-        if self.isfile(path1):
-            os.rename(self._xnd(path1), self._new_xnd(path2))
-        else:
-            os.rename(self._strip_protocol(path1), self._strip_protocol(path2))
+    def _rm(self, path: Any) -> None:
+        self.rm_file(path)
 
-    def mkdir(self, path, create_parents=True, **kwargs):
-        p = self._strip_protocol(path)
+    def rm(self, path: Any, recursive: bool = False, maxdepth: int | None = None) -> None:
+        """Removes files (freeing what they name) and, with ``recursive``,
+        directories: a directory goes once its exNodes have, and stays if
+        it holds other files (they are not this filesystem's)."""
+        paths = self.expand_path(path, recursive=recursive, maxdepth=maxdepth)
+        for p in sorted(paths, key=len, reverse=True):
+            if os.path.isdir(p):
+                if not recursive:
+                    raise IsADirectoryError(errno.EISDIR, "a directory: remove it with recursive=True", p)
+                try:
+                    os.rmdir(p)
+                except OSError as e:
+                    if e.errno != errno.ENOTEMPTY:
+                        raise
+            else:
+                self.rm_file(p)
+
+    def cp_file(self, path1: Any, path2: Any, **kwargs: Any) -> None:
+        """Copies a file depot to depot (no byte through this machine); a
+        directory is made at ``path2``."""
+        if self.isdir(path1):
+            self.makedirs(path2, exist_ok=True)
+            return
+        src = self._xnd(path1)
+        dst = self._new_xnd(path2)
+        parent = os.path.dirname(dst)
+        if parent:
+            os.makedirs(parent, exist_ok=True)
+        placement = {k: v for k, v in self.settings.items() if k in ("depots", "lbone", "location", "duration", "timeout")}
+        _lors.copy(src, dst, force=True, **placement)
+        self._forget(dst)
+
+    def mv(self, path1: Any, path2: Any, recursive: bool = False, maxdepth: int | None = None, **kwargs: Any) -> None:
+        """Renames files (their ``.xnd``) and, with ``recursive``, the
+        exNodes of directory trees; nothing on the depots changes."""
+        if isinstance(path1, list) or isinstance(path2, list):
+            return super().mv(path1, path2, recursive=recursive, maxdepth=maxdepth, **kwargs)
+        src = self._path(path1)
+        if not os.path.isdir(src):
+            xnd = self._xnd(src)
+            dst = self._path(path2)
+            if os.path.isdir(dst):
+                dst = posixpath.join(dst, posixpath.basename(self._name(xnd)))
+            new = self._new_xnd(dst)
+            if not os.path.isdir(os.path.dirname(new)):
+                raise _not_found(os.path.dirname(new))
+            os.rename(xnd, new)
+            self._forget(xnd)
+            return None
+        if not recursive:
+            raise IsADirectoryError(errno.EISDIR, "a directory: move it with recursive=True", src)
+        dst = self._path(path2)
+        if os.path.isdir(dst):
+            dst = posixpath.join(dst, posixpath.basename(src))
+        for info in self.find(src, withdirs=True, detail=True, maxdepth=maxdepth).values():
+            rel = posixpath.relpath(info["name"], src)
+            to = posixpath.join(dst, rel)
+            if info["type"] == "directory":
+                os.makedirs(to, exist_ok=True)
+            else:
+                os.makedirs(posixpath.dirname(to), exist_ok=True)
+                os.rename(info["xnd"], to + SUFFIX)
+                self._forget(info["xnd"])
+        os.makedirs(dst, exist_ok=True)
+        for d, _, _ in sorted(os.walk(src), key=lambda w: len(w[0]), reverse=True):
+            try:
+                os.rmdir(d)
+            except OSError:
+                pass
+        return None
+
+    def mkdir(self, path: Any, create_parents: bool = True, **kwargs: Any) -> None:
+        p = self._path(path)
         if create_parents:
             os.makedirs(p, exist_ok=True)
         else:
             os.mkdir(p)
 
-    def makedirs(self, path, exist_ok=False):
-        os.makedirs(self._strip_protocol(path), exist_ok=exist_ok)
+    def makedirs(self, path: Any, exist_ok: bool = False) -> None:
+        os.makedirs(self._path(path), exist_ok=exist_ok)
 
-    def rmdir(self, path):
-        os.rmdir(self._strip_protocol(path))
+    def rmdir(self, path: Any) -> None:
+        os.rmdir(self._path(path))
+
+
+class PendingFile(io.RawIOBase):
+    """A file written inside an fsspec transaction: ``close`` stores its
+    data on the depots, ``commit`` (at the end of the transaction) saves
+    its ``.xnd``, ``discard`` frees what it stored."""
+
+    def __init__(self, f: RawFile | BufferedWriter | Any) -> None:
+        super().__init__()
+        self._f = f
+        self.name = getattr(f, "name", None) or f.raw.name
+
+    def write(self, data: Any) -> int:  # type: ignore[override]
+        return self._f.write(data)
+
+    def writable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._f.tell()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        if sys.exc_info()[1] is not None:
+            self.discard()
+            return
+        self._f.flush()
+        super().close()
+
+    def __exit__(self, kind: Any, value: Any, tb: Any) -> None:
+        if kind is not None:
+            self.discard()
+        else:
+            self.close()
+
+    def commit(self) -> None:
+        """Saves the ``.xnd``: the file appears whole."""
+        self._f.close()
+
+    def discard(self) -> None:
+        """Frees what was stored; no file appears."""
+        self._f.discard()
+        super().close()
 
 
 class LorsFile(AbstractBufferedFile):
@@ -277,10 +482,10 @@ class LorsFile(AbstractBufferedFile):
     cache cannot answer is one range download (of what was asked plus
     ``block_size``)."""
 
-    def __init__(self, fs: LorsFileSystem, path, mode="rb", **kwargs):
+    def __init__(self, fs: LorsFileSystem, path: Any, mode: str = "rb", **kwargs: Any) -> None:
         self.exnode = fs.exnode(path)
         kwargs.setdefault("cache_type", "readahead")
         super().__init__(fs, path, mode, size=self.exnode.size, **kwargs)
 
-    def _fetch_range(self, start, end):
+    def _fetch_range(self, start: int, end: int) -> bytes:
         return _lors.read_range(self.exnode, start, end, **self.fs._timeout())
