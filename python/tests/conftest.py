@@ -109,9 +109,10 @@ def depots(start_depots) -> list[Depot]:
 
 @pytest.fixture(autouse=True)
 def quiet_settings(monkeypatch, tmp_path):
-    """No ~/.xndrc or LORS_* of the machine's user leaks into a test."""
+    """No ~/.xndrc or LORS_* of the machine's user leaks into a test (the
+    suite's own knobs, LORS_TEST_*, stay)."""
     for k in list(os.environ):
-        if k.startswith("LORS_") and k != "LORS_BIN" or k.startswith("LBONE_"):
+        if k.startswith("LORS_") and k != "LORS_BIN" and not k.startswith("LORS_TEST_") or k.startswith("LBONE_"):
             monkeypatch.delenv(k)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
 

@@ -9,8 +9,9 @@
 //! depot stops at once rather than at the transfer's timeout.
 
 use std::io::{Read, Seek, SeekFrom, Write};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lors::upload::E2e;
@@ -63,11 +64,12 @@ fn worker(f: lors::xio::File) -> PyResult<Sender<Job>> {
 
 /// Whether Ctrl-C ends the caller's wait: a read or write goes on in the
 /// background (the next call waits for it); a close or discard is waited
-/// for, and the Ctrl-C raised after it, so its outcome is known.
-#[derive(Clone, Copy, PartialEq)]
-enum Wait {
+/// for, and the Ctrl-C raised after it, so its outcome is known. Ctrl-C
+/// during a close that is still storing turns it into a discard.
+#[derive(Clone, Copy)]
+enum Wait<'a> {
     Interruptible,
-    ToTheEnd,
+    ToTheEnd(&'a AtomicBool),
 }
 
 impl File {
@@ -103,7 +105,7 @@ impl File {
         &self,
         py: Python<'_>,
         mut rx: Receiver<Option<std::io::Result<T>>>,
-        wait: Wait,
+        wait: Wait<'_>,
     ) -> PyResult<T> {
         let mut interrupted: Option<PyErr> = None;
         loop {
@@ -119,8 +121,9 @@ impl File {
                 )),
                 Err(RecvTimeoutError::Timeout) => {
                     if let Err(e) = py.check_signals() {
-                        if wait == Wait::Interruptible {
-                            return Err(e);
+                        match wait {
+                            Wait::Interruptible => return Err(e),
+                            Wait::ToTheEnd(abandon) => abandon.store(true, Ordering::SeqCst),
                         }
                         interrupted.get_or_insert(e);
                     }
@@ -134,26 +137,37 @@ impl File {
         }
     }
 
-    /// Ends the file with `end` (close or discard). A file only read is
-    /// not waited for: a read still waiting on a hung depot ends on its
-    /// own, and the file with it.
-    fn end(
-        &self,
-        py: Python<'_>,
-        end: fn(lors::xio::File) -> std::io::Result<()>,
-    ) -> PyResult<()> {
+    /// Ends the file: saved whole (`save`), or discarded. A file only
+    /// read is not waited for: a read still waiting on a hung depot ends on
+    /// its own, and the file with it.
+    fn end(&self, py: Python<'_>, save: bool) -> PyResult<()> {
         let sender = self.jobs.lock().unwrap_or_else(|p| p.into_inner()).take();
         let Some(sender) = sender else {
             return Ok(());
         };
+        let abandon = Arc::new(AtomicBool::new(!save));
         let (tx, rx) = mpsc::sync_channel(1);
+        let flag = abandon.clone();
         let job: Job = Box::new(move |slot| {
-            let _ = tx.send(Some(slot.take().map_or(Ok(()), end)));
+            let r = slot.take().map_or(Ok(()), |mut f| {
+                // What is still buffered is stored first: Ctrl-C meanwhile
+                // makes this a discard; once stored, the save is quick.
+                match (f.sync_all(), flag.load(Ordering::SeqCst)) {
+                    (_, true) => f.discard(),
+                    (Ok(()), false) => f.close(),
+                    (Err(e), false) => {
+                        // Not all stored: what was is freed, the old stays.
+                        let _ = f.discard();
+                        Err(e)
+                    }
+                }
+            });
+            let _ = tx.send(Some(r));
         });
         if sender.send(job).is_err() || !self.writable {
             return Ok(());
         }
-        self.wait(py, rx, Wait::ToTheEnd)
+        self.wait(py, rx, Wait::ToTheEnd(&abandon))
     }
 }
 
@@ -334,13 +348,13 @@ impl File {
     /// whole; an error doing so is raised here, and the old `.xnd` (or
     /// none) stays, with what this file stored freed.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
-        self.end(py, lors::xio::File::close)
+        self.end(py, true)
     }
 
     /// Closes without saving: what was written is freed on the depots and
     /// the `.xnd` stays as it was before the open (or absent).
     fn discard(&self, py: Python<'_>) -> PyResult<()> {
-        self.end(py, lors::xio::File::discard)
+        self.end(py, false)
     }
 
     /// Bytes in the file, with what is buffered.
