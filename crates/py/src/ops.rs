@@ -518,7 +518,8 @@ pub(crate) fn trim(
     };
     let s = Opts::timeout_only(timeout.as_ref(), t.uri.as_ref())?;
     let pool = Arc::new(pool(&s, None));
-    let trimmed = lors::manage::trim(&t.x, &sel, allow_holes).map_err(|e| from_lors(py, &e, None))?;
+    let trimmed =
+        lors::manage::trim(&t.x, &sel, allow_holes).map_err(|e| from_lors(py, &e, None))?;
     let path = match output {
         Some(o) => Some(exnode_ref(&o.0)?.path),
         None => t.path.clone(),
@@ -630,7 +631,10 @@ pub(crate) fn remove(
                 "{name} removed with {count} allocations a depot did not free: they stay until their lease ends, named in {}",
                 record.display()
             );
-            warn.call_method1("warn", (msg, py.get_type::<pyo3::exceptions::PyRuntimeWarning>()))?;
+            warn.call_method1(
+                "warn",
+                (msg, py.get_type::<pyo3::exceptions::PyRuntimeWarning>()),
+            )?;
             Ok(0)
         }
         Err(e) => {
@@ -738,8 +742,13 @@ pub(crate) fn copy(
                 return Err(crate::errors::raise(
                     py,
                     crate::errors::Kind::Depot,
-                    format!("{missed} allocations could not take a reference for the copy (is a depot down?); nothing was copied"),
-                    crate::errors::Detail { filename: Some(name), ..Default::default() },
+                    format!(
+                        "{missed} allocations could not take a reference for the copy (is a depot down?); nothing was copied"
+                    ),
+                    crate::errors::Detail {
+                        filename: Some(name),
+                        ..Default::default()
+                    },
                 ));
             }
             y
