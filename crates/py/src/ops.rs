@@ -699,8 +699,10 @@ pub(crate) fn copy(
     let found = match (coded, biggest) {
         (false, Some(b)) => {
             let held = lors::leftover::depots(&t.x).len();
-            opts.find(py, &s, copies + held.min(copies), b, Vec::new())
-                .ok()
+            (opts
+                .find(py, &s, copies + held.min(copies), b, Vec::new())
+                .ok())
+            .filter(|f| room_for_copies(&t.x, &f.depots, copies))
         }
         _ => None,
     };
@@ -769,6 +771,18 @@ pub(crate) fn copy(
         return Err(from_lors(py, &e, Some(&name)));
     }
     Ok(PyExNode::new(as_saved(y, Some(&out)), Some(out)))
+}
+
+/// Every block of `x` has `copies` depots among `depots` that do not hold
+/// it yet (where a depot-to-depot copy can put its new replicas).
+fn room_for_copies(x: &ExNode, depots: &[String], copies: usize) -> bool {
+    let mut held: std::collections::HashMap<u64, std::collections::HashSet<String>> =
+        std::collections::HashMap::new();
+    for m in &x.mappings {
+        let on = held.entry(m.exnode_offset).or_default();
+        on.extend(m.depot());
+    }
+    (held.values()).all(|on| depots.iter().filter(|d| !on.contains(*d)).count() >= copies)
 }
 
 /// The exNode of what `augmented` added to `x`: the new replicas alone.
