@@ -44,6 +44,11 @@ fi
 target/py-venv/bin/pip install --quiet --disable-pip-version-check "./python[test]"
 LORS_BIN="$PWD/target/debug/lors" target/py-venv/bin/python -m pytest -q python/tests
 
+step "Python typing: mypy, and stubtest of the installed package against its stubs"
+target/py-venv/bin/python -m mypy --config-file python/pyproject.toml python/src/lors
+target/py-venv/bin/python -m mypy.stubtest lors --mypy-config-file python/pyproject.toml \
+    --allowlist python/stubtest-allowlist.txt
+
 step "size rules (scripts/sizes.py)"
 python3 scripts/sizes.py
 

@@ -110,7 +110,7 @@ class RawFile(_AllOrNothing, io.RawIOBase):
     def _raw_file(self) -> RawFile:
         return self
 
-    def readinto(self, buffer: Any) -> int:  # type: ignore[override]
+    def readinto(self, buffer: Any) -> int:
         return self._f.readinto(buffer)
 
     def readall(self) -> bytes:
@@ -120,7 +120,7 @@ class RawFile(_AllOrNothing, io.RawIOBase):
         del out[n:]
         return bytes(out)
 
-    def write(self, data: Any) -> int:  # type: ignore[override]
+    def write(self, data: Any) -> int:
         return self._f.write(data)
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
@@ -185,15 +185,14 @@ class BufferedReader(io.BufferedReader):
 
 
 class _Buffered(_AllOrNothing):
-    raw: RawFile
-
     def _raw_file(self) -> RawFile:
-        return self.raw
+        raw: RawFile = getattr(self, "raw")  # noqa: B009 - the io base class's
+        return raw
 
     def close(self) -> None:
         """Writes out the buffer, stores it and saves the ``.xnd``, whole;
         reached while an exception unwinds, discards instead."""
-        if self.raw.closed:
+        if self._raw_file().closed:
             return
         if self._abandoned():
             self.discard()

@@ -3,7 +3,7 @@
 import os
 import pathlib
 from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, final
 
 from typing_extensions import Buffer
 
@@ -15,6 +15,7 @@ Seconds = float | str
 Progress = Callable[[int, int | None], object]
 ExNodeArg = ExNode | Path
 
+@final
 class Mapping:
     """One block of the file in one allocation on one depot."""
 
@@ -39,6 +40,7 @@ class Mapping:
     @property
     def manageable(self) -> bool: ...
 
+@final
 class ExNode:
     """A file on depots: where its blocks are, under which capabilities."""
 
@@ -63,11 +65,12 @@ class ExNode:
     def stat(self, probe: bool = True, timeout: Seconds | None = None) -> dict[str, Any]: ...
     def __len__(self) -> int: ...
 
+@final
 class File:
     """An exNode opened as a raw file (``lors.open`` wraps it)."""
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         target: str,
         mode: str = "rb",
         *,
@@ -81,10 +84,10 @@ class File:
         checksum: Literal["blake3", "md5", "md5-rfc1321", "none"] | None = None,
         compress: bool = False,
         encrypt: Literal["aes", "chacha"] | None = None,
-    ) -> None: ...
+    ) -> File: ...
     def readinto(self, buffer: Buffer) -> int: ...
     def write(self, data: Buffer) -> int: ...
-    def seek(self, offset: int, whence: Literal[0, 1, 2] = 0) -> int: ...
+    def seek(self, offset: int, whence: int = 0) -> int: ...
     def tell(self) -> int: ...
     def flush(self) -> None: ...
     def truncate(self, size: int) -> int: ...

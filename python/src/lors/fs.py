@@ -260,7 +260,15 @@ class LorsFileSystem(AbstractFileSystem):
         a, b = self._span(x.size, start, end)
         return _lors.read_range(x, a, b, **self._timeout())
 
-    def cat_ranges(self, paths, starts, ends, max_gap=None, on_error="return", **kwargs):  # type: ignore[no-untyped-def]
+    def cat_ranges(
+        self,
+        paths: Any,
+        starts: Any,
+        ends: Any,
+        max_gap: int | None = None,
+        on_error: str = "return",
+        **kwargs: Any,
+    ) -> list[Any]:
         if isinstance(paths, str):
             paths = [paths] * len(starts)
         if isinstance(starts, int):
@@ -441,9 +449,9 @@ class PendingFile(io.RawIOBase):
     def __init__(self, f: RawFile | BufferedWriter | Any) -> None:
         super().__init__()
         self._f = f
-        self.name = getattr(f, "name", None) or f.raw.name
+        self.name = getattr(f, "name", None) or getattr(getattr(f, "raw", None), "name", None)
 
-    def write(self, data: Any) -> int:  # type: ignore[override]
+    def write(self, data: Any) -> int:
         return self._f.write(data)
 
     def writable(self) -> bool:
