@@ -133,10 +133,13 @@ def main() -> int:
         procs.append(subprocess.Popen(
             ["xrootd", "-c", str(d / "xrootd.cfg"), "-l", str(logs / "xrootd.log"), "-R", "nobody"],
             stdout=open(logs / "xrootd.out", "wb"), stderr=subprocess.STDOUT))
+    module = subprocess.run([str(PY), "-c", "import lors._lors as m; print(m.__file__)"],
+                            check=True, capture_output=True, text=True).stdout.strip()
     report = [
         f"## The Python package, {size / GiB:.2f} GiB on four depots on loopback",
         "",
         f"Machine: {machine()}. {a.rounds} interleaved rounds after a verified warm-up.",
+        f"The installed extension module is {os.path.getsize(module) / 1e6:.1f} MB.",
         "",
     ]
     try:

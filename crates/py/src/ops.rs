@@ -12,7 +12,7 @@ use lors::manage::{CopyOptions, Selection};
 use lors::settings::Settings;
 use lors::upload::{Control, E2e, UploadOptions};
 use lors_exnode::ExNode;
-use pyo3::exceptions::{PyFileExistsError, PyValueError};
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
@@ -115,10 +115,14 @@ fn refuse_overwrite(out: &Path, force: bool) -> PyResult<()> {
     if force || std::fs::symlink_metadata(out).is_err() {
         return Ok(());
     }
-    Err(PyFileExistsError::new_err(format!(
-        "{} already exists and may hold the only capabilities to its data: choose another output, or pass force=True to replace it",
-        out.display()
-    )))
+    Err(crate::errors::os_error(
+        libc::EEXIST,
+        format!(
+            "{} already exists and may hold the only capabilities to its data: choose another output, or pass force=True to replace it",
+            out.display()
+        ),
+        Some(&out.display().to_string()),
+    ))
 }
 
 /// The upload's options, its depots found as the settings say.
@@ -142,8 +146,9 @@ fn placed(
 /// The file to upload, and what identifies this upload of it in a record
 /// an interrupted run leaves.
 fn input(path: &str, up: &UploadOptions) -> PyResult<(std::fs::File, String)> {
-    let file = std::fs::File::open(path)
-        .map_err(|e| PyErr::from(std::io::Error::new(e.kind(), format!("{path}: {e}"))))?;
+    let file = std::fs::File::open(path).map_err(|e| {
+        crate::errors::os_error(lors::xio::errno(&e), format!("{path}: {e}"), Some(path))
+    })?;
     let meta = file.metadata()?;
     if !meta.is_file() {
         return Err(PyValueError::new_err(format!(

@@ -467,6 +467,7 @@ class PendingFile(io.RawIOBase):
             self.discard()
             return
         self._f.flush()
+        getattr(self._f, "raw", self._f).flush()
         super().close()
 
     def __exit__(self, kind: Any, value: Any, tb: Any) -> None:
