@@ -38,8 +38,8 @@ use std::time::{Duration, SystemTime};
 use fuser::{
     Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
     KernelConfig, LockOwner, MountOption, OpenFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyWrite, Request, SessionACL,
-    WriteFlags,
+    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite,
+    Request, SessionACL, WriteFlags,
 };
 use lors::xio::{self, OpenOptions};
 
@@ -49,6 +49,19 @@ mod splice;
 const TTL: Duration = Duration::from_secs(1);
 const ROOT: u64 = 1;
 const SUFFIX: &str = ".xnd";
+/// The longest name a file on the mount takes, as `statvfs` says: 255
+/// bytes less what the files beside an exNode add to its name (the
+/// longest, a writer's journal being made, `.NAME.xnd.journal.PID.N.new`,
+/// adds 46). Past it, `ENAMETOOLONG` up front rather than `EIO` at close.
+pub const NAME_MAX: usize = 255 - 46;
+
+/// `ENAMETOOLONG` for a name the mount cannot hold.
+fn check_name(name: &OsStr) -> io::Result<()> {
+    if name.len() > NAME_MAX {
+        return Err(io::Error::from_raw_os_error(libc::ENAMETOOLONG));
+    }
+    Ok(())
+}
 
 /// Mount settings.
 #[derive(Debug, Clone, Default)]
@@ -368,7 +381,18 @@ impl Fs {
         let name = self.name(ino)?;
         let acc = flags & libc::O_ACCMODE;
         let writable = acc != libc::O_RDONLY;
-        let trunc = flags & libc::O_TRUNC != 0 || create;
+        let mut create = create;
+        if create && !writable {
+            // `O_CREAT|O_RDONLY` (`flock FILE`, `touch` by some shells):
+            // the empty file is made, then opened for reading.
+            let mut o = self.open.clone();
+            o.write(true)
+                .create(true)
+                .create_new(flags & libc::O_EXCL != 0);
+            o.open(&self.target(&name)?)?.close()?;
+            create = false;
+        }
+        let trunc = writable && (flags & libc::O_TRUNC != 0 || create);
         let shared = if writable { self.writer(ino) } else { None };
         let h = match shared {
             Some(h) => {
@@ -417,6 +441,7 @@ impl Fs {
         if parent.0 != ROOT {
             return Err(io::Error::from_raw_os_error(libc::ENOENT));
         }
+        check_name(name)?;
         if !self.xnd(name).is_file() {
             return Err(io::Error::from_raw_os_error(libc::ENOENT));
         }
@@ -440,6 +465,12 @@ impl Filesystem for Fs {
                 tracing::warn!(error = %e, "storing an open file at unmount");
             }
         }
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        // Space is the depots', not a disk's: no block counts. The name
+        // limit is what the mount can really hold.
+        reply.statfs(0, 0, 0, 0, 0, 512, NAME_MAX as u32, 0);
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
@@ -567,6 +598,7 @@ impl Filesystem for Fs {
             return reply.error(Errno::ENOENT);
         }
         let r = (|| {
+            check_name(newname)?;
             if self.xnd(newname).is_file() {
                 // Replaced: its data goes, as rename(2) drops the old file.
                 self.remove(newname)?;
@@ -619,11 +651,19 @@ impl Filesystem for Fs {
         if name.as_bytes().contains(&b'/') {
             return reply.error(Errno::EINVAL);
         }
+        if let Err(e) = check_name(name) {
+            return reply.error(errno(&e));
+        }
         let ino = lock(&self.names).ino(name);
         let r = self.open_file(ino, flags, true).and_then(|(fh, h)| {
             // The mode the program asked for (0644 from `cp`, 0664 under
             // umask 002), saved with the file; not the `.xnd`'s own.
-            lock(&h.file).set_attributes(None, None, Some(mode & !umask & 0o7777));
+            let mode = Some(mode & !umask & 0o7777);
+            if h.writable {
+                lock(&h.file).set_attributes(None, None, mode);
+            } else {
+                xio::set_attributes(&self.target(name)?, None, None, mode)?;
+            }
             Ok((fh, self.attr(ino)?))
         });
         match r {

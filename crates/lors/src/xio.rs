@@ -55,6 +55,7 @@ pub use attrs::{Metadata, set_attributes, stat};
 pub use cache::Reads;
 pub use errno::{errno, lors_error};
 pub use options::OpenOptions;
+pub use write::MAX_FILE_SIZE;
 
 use std::collections::{HashSet, VecDeque};
 use std::io::{self, ErrorKind, Read, Seek, SeekFrom, Write};

@@ -752,3 +752,91 @@ fn a_sparse_file_on_the_mount_shows_its_holes_to_lseek() {
     let copy = std::fs::metadata(root.join("copy")).unwrap();
     assert!(std::os::unix::fs::MetadataExt::blocks(&copy) * 512 < 4 << 20);
 }
+
+/// What ordinary programs rely on, on the mount beside a local directory:
+/// `O_CREAT|O_RDONLY` creates (`flock FILE`); names up to the limit
+/// `statvfs` gives work and longer ones fail at once with ENAMETOOLONG (not
+/// EIO at close); growing a file records a hole (nothing stored), reads
+/// give its zeros, writes into it land, and past the largest size EFBIG;
+/// with three depots and two copies, every depot gets its share.
+#[test]
+fn mount_creates_read_only_names_to_its_limit_grows_by_holes_and_uses_every_depot() {
+    if !Path::new("/dev/fuse").exists() {
+        eprintln!("skipped: /dev/fuse is absent on this machine, so nothing can be mounted");
+        return;
+    }
+    let dir = tempdir();
+    let root = dir.path();
+    let ds: Vec<DepotProc> = (0..3)
+        .map(|i| DepotProc::start(&root.join(format!("d{i}")), &[]))
+        .collect();
+    let (xnds, mnt, local) = (root.join("x"), root.join("m"), root.join("local"));
+    for p in [&xnds, &mnt, &local] {
+        std::fs::create_dir(p).unwrap();
+    }
+    let depots: Vec<&str> = ds.iter().map(|d| d.addr.as_str()).collect();
+    let list = depots.join(",");
+    let _m = Mount::start(&xnds, &mnt, &["--depot", &list, "-c", "2", "-B", "1M"]);
+
+    // `flock -n FILE true` opens O_CREAT|O_RDONLY: the file is made.
+    sh("flock -n m/lk true && flock -n local/lk true", root);
+    assert_eq!(std::fs::metadata(mnt.join("lk")).unwrap().len(), 0);
+    assert!(xnds.join("lk.xnd").is_file());
+
+    // Names: what statvfs says holds, one byte more does not, at once.
+    let names = r#"
+import errno, os, sys
+base = sys.argv[1]
+limit = os.statvfs(base).f_namemax
+out = [str(limit)]
+for n in (limit, limit + 1, 256):
+    p = os.path.join(base, "n" * n)
+    try:
+        with open(p, "wb") as f:
+            f.write(b"x" * 100)
+        out.append("ok:%d" % os.path.getsize(p))
+    except OSError as e:
+        out.append(errno.errorcode[e.errno])
+print(" ".join(out))
+"#;
+    std::fs::write(root.join("names.py"), names).unwrap();
+    let got = sh("python3 names.py m", root);
+    let want = format!("{} ok:100 ENAMETOOLONG ENAMETOOLONG", lors_fuse::NAME_MAX);
+    assert_eq!(got.trim(), want);
+
+    // Growth is a hole: 256 MiB of size, nothing stored; a write into
+    // the middle lands; the file reads as the local one does.
+    let before: u64 = ds.iter().map(used).sum();
+    let grow = "truncate -s 256M {d}/big && \
+                printf 'in the hole' | dd of={d}/big bs=1 seek=100000000 conv=notrunc status=none && \
+                truncate -s 300M {d}/big";
+    sh(&grow.replace("{d}", "m"), root);
+    sh(&grow.replace("{d}", "local"), root);
+    assert_eq!(std::fs::metadata(mnt.join("big")).unwrap().len(), 300 << 20);
+    let stored = ds.iter().map(used).sum::<u64>() - before;
+    assert!(
+        stored < 8 << 20,
+        "growing by 300 MiB stored {stored} bytes on the depots"
+    );
+    sh("cmp m/big local/big", root);
+
+    // Sizes: far is a hole too; past the largest file, EFBIG.
+    let far = format!(
+        "python3 -c 'import os, errno\nos.truncate(\"m/far\" if os.path.exists(\"m/far\") else open(\"m/far\", \"wb\").name, 999999999999999)\nprint(os.path.getsize(\"m/far\"))\ntry:\n    os.truncate(\"m/far\", {})\nexcept OSError as e:\n    print(errno.errorcode[e.errno])'",
+        lors::xio::MAX_FILE_SIZE + 1
+    );
+    assert_eq!(sh(&far, root).trim(), "999999999999999\nEFBIG");
+
+    // Placement: 12 blocks of two copies over three depots: all get some.
+    sh(
+        "head -c 12582912 /dev/urandom > local/spread && cp local/spread m/spread && cmp m/spread local/spread",
+        root,
+    );
+    for (i, d) in ds.iter().enumerate() {
+        assert!(
+            crate::tools::usage(d).1 >= 4,
+            "depot {i} holds {} allocations",
+            crate::tools::usage(d).1
+        );
+    }
+}

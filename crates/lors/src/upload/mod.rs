@@ -917,9 +917,11 @@ impl Uploader {
         pool: Arc<Pool>,
         progress: Arc<dyn Progress>,
     ) -> Result<Arc<Self>> {
+        // In the order given (the L-Bone's ranking, the user's `--depot`s,
+        // a writer's rotation): it breaks ties between equally busy depots.
+        let mut seen = HashSet::new();
         let mut addrs = opts.depots.clone();
-        addrs.sort();
-        addrs.dedup();
+        addrs.retain(|a| seen.insert(a.clone()));
         if addrs.is_empty() {
             return Err(Error::NoDepots);
         }

@@ -8,16 +8,26 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use lors_exnode::Mapping;
+use lors_exnode::model::Hole;
 use tokio::task::JoinHandle;
 
 use super::errno::lors_error;
-use super::{DEFAULT_BUFFER, FETCH, File, ranges, runtime};
+use super::{DEFAULT_BUFFER, File, ranges, runtime};
 use crate::NoProgress;
 use crate::upload::{UploadOptions, Uploaded, upload};
 
 /// Buffers being stored at once by one writer: memory is at most this many
 /// buffers plus the one filling.
 const MAX_INFLIGHT: usize = 4;
+
+/// The largest file xio makes or grows to: 2^53 bytes (8 PiB), the
+/// largest offset a reader holding exNode offsets in doubles reads
+/// exactly. Past it, `EFBIG`, as a local file system says past its own.
+pub const MAX_FILE_SIZE: u64 = 1 << 53;
+
+fn efbig() -> io::Error {
+    io::Error::from_raw_os_error(libc::EFBIG)
+}
 
 /// A buffer being stored: `len` bytes at `off`.
 pub(super) struct Flush {
@@ -32,9 +42,14 @@ impl File {
     /// new end); growing appends zeros. The position does not move.
     pub fn set_len(&mut self, len: u64) -> io::Result<()> {
         self.check_writable()?;
+        if len > MAX_FILE_SIZE {
+            return Err(efbig());
+        }
         self.drain()?;
         if len > self.size {
-            return self.put_zeros(self.size, len - self.size);
+            self.grow(len);
+            self.touch();
+            return Ok(());
         }
         if len == self.size {
             return Ok(());
@@ -108,7 +123,14 @@ impl File {
         while self.inflight.len() >= MAX_INFLIGHT {
             self.reap()?;
         }
-        let depots = self.depots()?;
+        let mut depots = self.depots()?;
+        // Each buffer starts its choice at another depot, as an upload's
+        // blocks do: with more depots than copies, every depot gets its
+        // share (each store picks the least busy, the first on a tie).
+        if !depots.is_empty() {
+            let turn = (off / self.buf_cap.max(1) as u64) as usize % depots.len();
+            depots.rotate_left(turn);
+        }
         let s = &self.settings;
         let opts = UploadOptions {
             depots,
@@ -240,8 +262,14 @@ impl File {
     /// not continue, is stored first. A hole before `off` is stored as the
     /// zeros POSIX reads there.
     fn put(&mut self, off: u64, data: &[u8]) -> io::Result<()> {
+        if off
+            .checked_add(data.len() as u64)
+            .is_none_or(|end| end > MAX_FILE_SIZE)
+        {
+            return Err(efbig());
+        }
         if off > self.size {
-            self.put_zeros(self.size, off - self.size)?;
+            self.grow(off);
         }
         if !self.buf.is_empty() && off != self.buf_off + self.buf.len() as u64 {
             self.submit()?;
@@ -267,14 +295,20 @@ impl File {
         Ok(())
     }
 
-    fn put_zeros(&mut self, mut off: u64, mut n: u64) -> io::Result<()> {
-        let z = vec![0u8; FETCH as usize];
-        while n > 0 {
-            let k = n.min(FETCH);
-            self.put(off, &z[..k as usize])?;
-            off += k;
-            n -= k;
+    /// Grows the file to `len` (past its size) with a hole: zeros that
+    /// reads give and no depot stores, as a local file system's sparse
+    /// files (`truncate -s 1G` costs nothing). Buffered and in-flight
+    /// writes all end at or before the size, so the hole starts past them.
+    fn grow(&mut self, len: u64) {
+        let start = self.size;
+        match self.x.holes.last_mut() {
+            Some(h) if h.end() == start => h.length += len - start,
+            _ => self.x.holes.push(Hole {
+                offset: start,
+                length: len - start,
+            }),
         }
-        Ok(())
+        self.size = len;
+        self.dirty = true;
     }
 }
