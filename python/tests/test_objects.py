@@ -352,3 +352,26 @@ def test_ctrl_c_during_a_file_read_from_a_hung_depot_is_seen_at_once(tmp_path, d
     print(f"Ctrl-C seen in {took * 1000:.0f} ms; {res.stdout.split()[-2:]}")
     # "At once" against the 60 s the read would otherwise wait.
     assert took < 1, f"Ctrl-C took {took:.2f}s"
+
+
+def test_mv_and_cp_over_an_existing_file_free_its_data_and_never_the_source(tmp_path, depots):
+    fs = make_fs(depots)
+    a, b = pattern(2_000_000, seed=11), pattern(2_000_000, seed=12)
+    fs.pipe_file(f"{tmp_path}/a", a)
+    fs.pipe_file(f"{tmp_path}/b", b)
+    fs.mv(f"{tmp_path}/a", f"{tmp_path}/b")
+    assert fs.cat_file(f"{tmp_path}/b") == a
+    # b's old blocks were freed, not left named by nothing.
+    assert held(depots) == named(f"{tmp_path}/b.xnd")
+    fs.pipe_file(f"{tmp_path}/c", b)
+    fs.cp(f"{tmp_path}/c", f"{tmp_path}/b")
+    assert fs.cat_file(f"{tmp_path}/b") == b
+    assert held(depots) == named(f"{tmp_path}/b.xnd") + named(f"{tmp_path}/c.xnd")
+    # A link in the copy's place is refused: replacing it would free what
+    # its target names.
+    os.symlink(f"{tmp_path}/c.xnd", f"{tmp_path}/l.xnd")
+    with pytest.raises(FileExistsError, match="symbolic link"):
+        lors._lors.copy(f"{tmp_path}/b.xnd", f"{tmp_path}/l.xnd", force=True)
+    with pytest.raises(ValueError, match="same file"):
+        lors._lors.copy(f"{tmp_path}/c.xnd", f"{tmp_path}/l.xnd", force=True)
+    assert fs.cat_file(f"{tmp_path}/c") == b

@@ -678,11 +678,23 @@ pub(crate) fn copy(
 ) -> PyResult<PyExNode> {
     let t = Target::of(py, &src)?;
     let out = exnode_ref(&dst.0)?.path;
-    if t.path.as_deref() == Some(out.as_path()) {
+    if t.path.as_deref().is_some_and(|p| same_file(p, &out)) {
         return Err(PyValueError::new_err(format!(
             "{}: source and destination are the same file",
             out.display()
         )));
+    }
+    // A link in the destination's place would be replaced, and what its
+    // target names freed as if it were the replaced copy's.
+    if std::fs::symlink_metadata(&out).is_ok_and(|m| m.file_type().is_symlink()) {
+        return Err(crate::errors::os_error(
+            libc::EEXIST,
+            format!(
+                "{} is a symbolic link: copy to the file it names, or remove the link first",
+                out.display()
+            ),
+            Some(&out.display().to_string()),
+        ));
     }
     refuse_overwrite(&out, force)?;
     let opts = Opts {
@@ -762,8 +774,12 @@ pub(crate) fn copy(
         }
     };
     // Saved before a replaced exNode's allocations are freed.
+    // (A read-only exNode's allocations were never its to free.)
     let old: Vec<_> = match lors::xnd::load(&out) {
-        Ok(o) => o.allocations().cloned().collect(),
+        Ok(o) => (o.allocations())
+            .filter(|m| m.manage.is_some())
+            .cloned()
+            .collect(),
         Err(_) => Vec::new(),
     };
     let (y2, out2, pool2) = (y.clone(), out.clone(), pool.clone());
@@ -776,6 +792,15 @@ pub(crate) fn copy(
         return Err(from_lors(py, &e, Some(&name)));
     }
     Ok(PyExNode::new(as_saved(y, Some(&out)), Some(out)))
+}
+
+/// `a` and `b` are one file (the same path, a hard link, a link to it).
+fn same_file(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt as _;
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
+        _ => a == b,
+    }
 }
 
 /// Every block of `x` has `copies` depots among `depots` that do not hold

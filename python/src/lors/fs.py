@@ -402,8 +402,7 @@ class LorsFileSystem(AbstractFileSystem):
             new = self._new_xnd(dst)
             if not os.path.isdir(os.path.dirname(new)):
                 raise _not_found(os.path.dirname(new))
-            os.rename(xnd, new)
-            self._forget(xnd)
+            self._rename(xnd, new)
             return None
         if not recursive:
             raise IsADirectoryError(errno.EISDIR, "a directory: move it with recursive=True", src)
@@ -417,8 +416,7 @@ class LorsFileSystem(AbstractFileSystem):
                 os.makedirs(to, exist_ok=True)
             else:
                 os.makedirs(posixpath.dirname(to), exist_ok=True)
-                os.rename(info["xnd"], to + SUFFIX)
-                self._forget(info["xnd"])
+                self._rename(info["xnd"], to + SUFFIX)
         os.makedirs(dst, exist_ok=True)
         for d, _, _ in sorted(os.walk(src), key=lambda w: len(w[0]), reverse=True):
             try:
@@ -426,6 +424,23 @@ class LorsFileSystem(AbstractFileSystem):
             except OSError:
                 pass
         return None
+
+    def _rename(self, xnd: str, new: str) -> None:
+        """Renames the exNode ``xnd`` to ``new``. An exNode already there is
+        removed first as ``rm`` removes it (its data freed): renamed over,
+        its allocations would stay on the depots with nothing naming them.
+        A link there is only unlinked (what it leads to stays)."""
+        if os.path.islink(new):
+            os.remove(new)
+        elif os.path.exists(new):
+            if os.path.samefile(xnd, new):
+                return
+            if os.path.isdir(new):
+                raise IsADirectoryError(errno.EISDIR, "a directory is in the way", new)
+            _lors.remove(new, **self._timeout())
+        self._forget(new)
+        os.rename(xnd, new)
+        self._forget(xnd)
 
     def mkdir(self, path: Any, create_parents: bool = True, **kwargs: Any) -> None:
         p = self._path(path)

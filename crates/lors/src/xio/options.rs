@@ -280,8 +280,9 @@ impl OpenOptions {
                 n,
             ));
         }
-        let truncated = writable && self.truncate && !x.mappings.is_empty();
+        let truncated = writable && self.truncate && !(x.mappings.is_empty() && x.holes.is_empty());
         let to_release = if truncated {
+            x.holes.clear();
             std::mem::take(&mut x.mappings)
         } else {
             Vec::new()
