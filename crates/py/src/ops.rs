@@ -456,14 +456,7 @@ pub(crate) fn augment(
             "copies=0 adds nothing: give at least 1",
         ));
     }
-    let opts = Opts {
-        depots: crate::settings::depots(depots.as_ref())?,
-        lbone,
-        location,
-        duration: crate::settings::duration("duration", duration.as_ref())?,
-        timeout: crate::settings::duration("timeout", timeout.as_ref())?,
-        ..Opts::default()
-    };
+    let opts = Opts::placing(depots, lbone, location, duration, timeout)?;
     let s = opts.settings(t.uri.as_ref())?;
     let biggest =
         t.x.mappings
@@ -697,14 +690,7 @@ pub(crate) fn copy(
         ));
     }
     refuse_overwrite(&out, force)?;
-    let opts = Opts {
-        depots: crate::settings::depots(depots.as_ref())?,
-        lbone,
-        location,
-        duration: crate::settings::duration("duration", duration.as_ref())?,
-        timeout: crate::settings::duration("timeout", timeout.as_ref())?,
-        ..Opts::default()
-    };
+    let opts = Opts::placing(depots, lbone, location, duration, timeout)?;
     let s = opts.settings(t.uri.as_ref())?;
     let pool = pool(&s, None);
     let name = out.display().to_string();

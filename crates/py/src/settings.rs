@@ -51,6 +51,25 @@ impl Opts {
             .map_err(|e| PyValueError::new_err(e.to_string()))
     }
 
+    /// The keywords of a call that places copies of existing blocks
+    /// (`augment`, `copy`): where, for how long, and the timeout.
+    pub(crate) fn placing(
+        depots: Option<Bound<'_, PyAny>>,
+        lbone: Option<String>,
+        location: Option<String>,
+        duration: Option<Bound<'_, PyAny>>,
+        timeout: Option<Bound<'_, PyAny>>,
+    ) -> PyResult<Opts> {
+        Ok(Opts {
+            depots: self::depots(depots.as_ref())?,
+            lbone,
+            location,
+            duration: self::duration("duration", duration.as_ref())?,
+            timeout: self::duration("timeout", timeout.as_ref())?,
+            ..Opts::default()
+        })
+    }
+
     /// The settings of a call whose only setting keyword is `timeout=`.
     pub(crate) fn timeout_only(
         timeout: Option<&Bound<'_, PyAny>>,
