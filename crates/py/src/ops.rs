@@ -735,29 +735,7 @@ pub(crate) fn copy(
     };
     let y = match made {
         Some(y) => y,
-        None => {
-            let (input, pool2) = (t.x.clone(), pool.clone());
-            let mut y = (*t.x).clone();
-            let run = async move {
-                let missed = lors::commit::share_with(&input, &mut y, &pool2).await;
-                (y, missed)
-            };
-            let (y, missed) = crate::run::wait(py, run)?;
-            if missed > 0 {
-                return Err(crate::errors::raise(
-                    py,
-                    crate::errors::Kind::Depot,
-                    format!(
-                        "{missed} allocations could not take a reference for the copy (is a depot down?); nothing was copied"
-                    ),
-                    crate::errors::Detail {
-                        filename: Some(name),
-                        ..Default::default()
-                    },
-                ));
-            }
-            y
-        }
+        None => by_reference(py, &t.x, &pool, &name)?,
     };
     // Saved before a replaced exNode's allocations are freed.
     // (A read-only exNode's allocations were never its to free.)
@@ -799,6 +777,37 @@ fn room_for_copies(x: &ExNode, depots: &[String], copies: usize) -> bool {
         on.extend(m.depot());
     }
     (held.values()).all(|on| depots.iter().filter(|d| !on.contains(*d)).count() >= copies)
+}
+
+/// A copy of `x` that takes its own reference on each allocation `x`
+/// names (for `copy` where the depots cannot copy the blocks).
+fn by_reference(
+    py: Python<'_>,
+    x: &Arc<ExNode>,
+    pool: &Arc<lors::Pool>,
+    name: &str,
+) -> PyResult<ExNode> {
+    let (input, pool) = (x.clone(), pool.clone());
+    let mut y = (**x).clone();
+    let run = async move {
+        let missed = lors::commit::share_with(&input, &mut y, &pool).await;
+        (y, missed)
+    };
+    let (y, missed) = crate::run::wait(py, run)?;
+    if missed > 0 {
+        return Err(crate::errors::raise(
+            py,
+            crate::errors::Kind::Depot,
+            format!(
+                "{missed} allocations could not take a reference for the copy (is a depot down?); nothing was copied"
+            ),
+            crate::errors::Detail {
+                filename: Some(name.to_owned()),
+                ..Default::default()
+            },
+        ));
+    }
+    Ok(y)
 }
 
 /// The exNode of what `augmented` added to `x`: the new replicas alone.
