@@ -133,7 +133,6 @@ pub(crate) fn from_xnd(py: Python<'_>, e: &lors::xnd::XndError) -> PyErr {
         | X::Write { path, .. }
         | X::TooLarge { path, .. }
         | X::Parse { path, .. } => Some(path.display().to_string()),
-        #[allow(unreachable_patterns)]
         _ => None,
     };
     match e {
