@@ -6,7 +6,14 @@
 //! rest), so `cat`, `cp`, `dd`, `cmp`, `tar` or a media player read it
 //! unchanged. Creating a file stores what is written on depots and writes
 //! `NAME.xnd`; `rm` releases the allocations and removes the `.xnd`;
-//! `mv` renames it. The exNode directory is flat: no subdirectories.
+//! `mv` renames it. Subdirectories of the exNode directory are
+//! directories of the mount (`mkdir`, `rmdir`, `mv` of a tree).
+//!
+//! Within one mount, files behave as on a local disk: every descriptor
+//! on a file shares one open state (each sees the others' writes), and a
+//! file renamed or unlinked while open stays whole for those holding it:
+//! renamed, it saves under its new name; unlinked, its blocks are freed
+//! when the last holder closes it.
 //!
 //! Errors reach programs as `errno`: `EIO` when no replica of a block can
 //! be read, `ENOSPC` when no depot takes new data, `EROFS` when an exNode
@@ -24,31 +31,25 @@
 //! # Ok::<(), std::io::Error>(())
 //! ```
 
-use std::collections::HashMap;
-use std::ffi::{OsStr, OsString};
-use std::io::{self, Seek, SeekFrom, Write};
-use std::os::fd::{AsFd as _, OwnedFd};
-use std::os::unix::ffi::OsStrExt as _;
-use std::os::unix::fs::MetadataExt as _;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::ffi::OsStr;
+use std::io;
+use std::os::fd::AsFd as _;
+use std::path::Path;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, SystemTime};
 
-use fuser::{
-    Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
-    KernelConfig, LockOwner, MountOption, OpenFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite,
-    Request, SessionACL, WriteFlags,
-};
+use fuser::{Config, Errno, MountOption, SessionACL};
 use lors::xio::{self, OpenOptions};
 
+mod fs;
+mod open;
+mod ops;
 mod splice;
+mod tree;
 
 /// How long the kernel may keep an attribute or name without asking again.
 const TTL: Duration = Duration::from_secs(1);
-const ROOT: u64 = 1;
-const SUFFIX: &str = ".xnd";
 /// The longest name a file on the mount takes, as `statvfs` says: 255
 /// bytes less what the files beside an exNode add to its name (the
 /// longest, a writer's journal being made, `.NAME.xnd.journal.PID.N.new`,
@@ -111,15 +112,20 @@ pub fn run(
     }
     // Pieces kept in pipes cost two descriptors each.
     lors_ibp::raise_open_file_limit();
+    open::free_left_unlinked(dir, &opts.open);
     let dev = Arc::new(OnceLock::new());
-    let fs = Fs {
+    let fs = fs::Fs {
         dir: dir.to_path_buf(),
         open: opts.open.clone(),
         file_mode: opts.file_mode.map(|m| m & 0o7777),
         owner: (opts.uid, opts.gid),
+        chown_created: opts.allow_other && rustix::process::geteuid().is_root(),
         dev: dev.clone(),
-        names: Mutex::new(Names::default()),
-        handles: Mutex::new(HashMap::new()),
+        nodes: Mutex::default(),
+        inodes: Mutex::default(),
+        handles: Mutex::default(),
+        listings: Mutex::default(),
+        dir_times: Mutex::default(),
         next_fh: AtomicU64::new(1),
     };
     let mut cfg = Config::default();
@@ -225,650 +231,17 @@ pub fn raise_readahead(mountpoint: &Path, kb: u32) -> io::Result<()> {
         .map_err(|e| io::Error::new(e.kind(), format!("{knob}: {e}")))
 }
 
-#[derive(Default)]
-struct Names {
-    by_name: HashMap<OsString, u64>,
-    by_ino: HashMap<u64, OsString>,
-    next: u64,
-}
-
-impl Names {
-    fn ino(&mut self, name: &OsStr) -> u64 {
-        if let Some(&i) = self.by_name.get(name) {
-            return i;
-        }
-        self.next = self.next.max(ROOT) + 1;
-        self.by_name.insert(name.to_owned(), self.next);
-        self.by_ino.insert(self.next, name.to_owned());
-        self.next
-    }
-}
-
-struct Handle {
-    ino: u64,
-    writable: bool,
-    file: Mutex<xio::File>,
-    /// A read-only handle's reads, which need not take `file`: the kernel
-    /// sends a file's read-ahead requests on several threads at once, and
-    /// one waiting on the network must not hold back those whose bytes are
-    /// in.
-    reads: Option<xio::Reads>,
-}
-
-struct Fs {
-    dir: PathBuf,
-    open: OpenOptions,
-    /// [`Options::file_mode`].
-    file_mode: Option<u32>,
-    /// [`Options::uid`] and [`Options::gid`].
-    owner: (Option<u32>, Option<u32>),
-    /// The FUSE device, once mounted, for spliced READ replies
-    /// ([`splice`]); never set with [`Options::copy_reads`].
-    dev: Arc<OnceLock<OwnedFd>>,
-    names: Mutex<Names>,
-    handles: Mutex<HashMap<u64, Arc<Handle>>>,
-    next_fh: AtomicU64,
-}
-
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn enoent() -> io::Error {
+    io::Error::from_raw_os_error(libc::ENOENT)
 }
 
 fn errno(e: &io::Error) -> Errno {
     tracing::debug!(error = %e, "lors mount");
     Errno::from_i32(xio::errno(e))
-}
-
-impl Fs {
-    fn xnd(&self, name: &OsStr) -> PathBuf {
-        let mut n = name.to_owned();
-        n.push(SUFFIX);
-        self.dir.join(n)
-    }
-
-    fn name(&self, ino: u64) -> io::Result<OsString> {
-        lock(&self.names)
-            .by_ino
-            .get(&ino)
-            .cloned()
-            .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))
-    }
-
-    fn handle(&self, fh: FileHandle) -> io::Result<Arc<Handle>> {
-        lock(&self.handles)
-            .get(&fh.0)
-            .cloned()
-            .ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))
-    }
-
-    fn target(&self, name: &OsStr) -> io::Result<String> {
-        self.xnd(name)
-            .to_str()
-            .map(str::to_owned)
-            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "file names must be UTF-8"))
-    }
-
-    /// The attributes of `ino`: an open writer's view if there is one (it
-    /// knows what is still buffered), else the saved exNode's.
-    fn attr(&self, ino: u64) -> io::Result<FileAttr> {
-        if ino == ROOT {
-            let m = std::fs::metadata(&self.dir)?;
-            return Ok(FileAttr {
-                ino: INodeNo(ROOT),
-                size: 0,
-                blocks: 0,
-                atime: m.accessed().unwrap_or(SystemTime::UNIX_EPOCH),
-                mtime: m.modified().unwrap_or(SystemTime::UNIX_EPOCH),
-                ctime: m.modified().unwrap_or(SystemTime::UNIX_EPOCH),
-                crtime: SystemTime::UNIX_EPOCH,
-                kind: FileType::Directory,
-                perm: (m.mode() & 0o7777) as u16,
-                nlink: 2,
-                uid: self.owner.0.unwrap_or(m.uid()),
-                gid: self.owner.1.unwrap_or(m.gid()),
-                rdev: 0,
-                blksize: 4096,
-                flags: 0,
-            });
-        }
-        let name = self.name(ino)?;
-        let m = match self.writer(ino) {
-            Some(h) => lock(&h.file).metadata()?,
-            None => xio::stat(&self.target(&name)?).inspect_err(|e| {
-                // A malformed exNode: named, with why, where the user looks.
-                if e.kind() == io::ErrorKind::InvalidData {
-                    tracing::warn!(file = %self.xnd(&name).display(), error = %e, "unreadable exNode");
-                }
-            })?,
-        };
-        let fsm = std::fs::metadata(self.xnd(&name))?;
-        let mut perm = match (m.mode_recorded, self.file_mode) {
-            (false, Some(mode)) => mode,
-            _ => m.permissions,
-        };
-        if m.readonly {
-            perm &= !0o222;
-        }
-        Ok(FileAttr {
-            ino: INodeNo(ino),
-            size: m.len,
-            blocks: m.len.div_ceil(512),
-            atime: m.accessed,
-            mtime: m.modified,
-            ctime: m.modified,
-            crtime: SystemTime::UNIX_EPOCH,
-            kind: FileType::RegularFile,
-            perm: perm as u16,
-            nlink: 1,
-            uid: self.owner.0.unwrap_or(fsm.uid()),
-            gid: self.owner.1.unwrap_or(fsm.gid()),
-            rdev: 0,
-            blksize: 1 << 20,
-            flags: 0,
-        })
-    }
-
-    /// The open writer of `ino`, if any. Every writing handle of a file
-    /// shares it, so two writers never save exNodes that forget each
-    /// other's blocks (and strand them on the depots).
-    fn writer(&self, ino: u64) -> Option<Arc<Handle>> {
-        (lock(&self.handles).values())
-            .find(|h| h.ino == ino && h.writable)
-            .cloned()
-    }
-
-    fn open_file(&self, ino: u64, flags: i32, create: bool) -> io::Result<(u64, Arc<Handle>)> {
-        let name = self.name(ino)?;
-        let acc = flags & libc::O_ACCMODE;
-        let writable = acc != libc::O_RDONLY;
-        let mut create = create;
-        if create && !writable {
-            // `O_CREAT|O_RDONLY` (`flock FILE`, `touch` by some shells):
-            // the empty file is made, then opened for reading.
-            let mut o = self.open.clone();
-            o.write(true)
-                .create(true)
-                .create_new(flags & libc::O_EXCL != 0);
-            o.open(&self.target(&name)?)?.close()?;
-            create = false;
-        }
-        let trunc = writable && (flags & libc::O_TRUNC != 0 || create);
-        let shared = if writable { self.writer(ino) } else { None };
-        let h = match shared {
-            Some(h) => {
-                if trunc {
-                    lock(&h.file).set_len(0)?;
-                }
-                h
-            }
-            None => {
-                let mut o = self.open.clone();
-                // A writer reads too: later handles share it, some may read.
-                // A reader's read-ahead keeps what it fetches in pipes when
-                // replies are spliced.
-                o.spliced(!writable && self.dev.get().is_some())
-                    .read(true)
-                    .write(writable)
-                    .append(flags & libc::O_APPEND != 0)
-                    .truncate(trunc)
-                    .create(create)
-                    .create_new(create && flags & libc::O_EXCL != 0);
-                let mut file = o.open(&self.target(&name)?)?;
-                let reads = if writable { None } else { Some(file.reads()?) };
-                Arc::new(Handle {
-                    ino,
-                    writable,
-                    file: Mutex::new(file),
-                    reads,
-                })
-            }
-        };
-        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        lock(&self.handles).insert(fh, h.clone());
-        Ok((fh, h))
-    }
-
-    /// Frees what the exNode `name` holds on depots and removes the
-    /// `.xnd`, as `lors rm` does: an erasure-coded file's blocks, parity too,
-    /// are freed as a plain one's; those another exNode also names (a
-    /// copy) lose only this file's reference; a read-only copy frees
-    /// nothing.
-    fn remove(&self, name: &OsStr) -> io::Result<()> {
-        self.open.remove(&self.target(name)?)
-    }
-
-    fn lookup_name(&self, parent: INodeNo, name: &OsStr) -> io::Result<FileAttr> {
-        if parent.0 != ROOT {
-            return Err(io::Error::from_raw_os_error(libc::ENOENT));
-        }
-        check_name(name)?;
-        if !self.xnd(name).is_file() {
-            return Err(io::Error::from_raw_os_error(libc::ENOENT));
-        }
-        let ino = lock(&self.names).ino(name);
-        self.attr(ino)
-    }
-}
-
-impl Filesystem for Fs {
-    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
-        // Large requests: fewer round trips through the kernel.
-        let _ = config.set_max_readahead(1 << 20);
-        let _ = config.set_max_write(1 << 20);
-        Ok(())
-    }
-
-    fn destroy(&mut self) {
-        let open: Vec<Arc<Handle>> = lock(&self.handles).drain().map(|(_, h)| h).collect();
-        for h in open {
-            if let Err(e) = lock(&h.file).sync_all() {
-                tracing::warn!(error = %e, "storing an open file at unmount");
-            }
-        }
-    }
-
-    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        // Space is the depots', not a disk's: no block counts. The name
-        // limit is what the mount can really hold.
-        reply.statfs(0, 0, 0, 0, 0, 512, NAME_MAX as u32, 0);
-    }
-
-    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        match self.lookup_name(parent, name) {
-            Ok(a) => reply.entry(&TTL, &a, Generation(0)),
-            Err(e) => reply.error(errno(&e)),
-        }
-    }
-
-    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.attr(ino.0) {
-            Ok(a) => reply.attr(&TTL, &a),
-            Err(e) => reply.error(errno(&e)),
-        }
-    }
-
-    fn setattr(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        mode: Option<u32>,
-        _uid: Option<u32>,
-        _gid: Option<u32>,
-        size: Option<u64>,
-        atime: Option<fuser::TimeOrNow>,
-        mtime: Option<fuser::TimeOrNow>,
-        _ctime: Option<SystemTime>,
-        fh: Option<FileHandle>,
-        _crtime: Option<SystemTime>,
-        _chgtime: Option<SystemTime>,
-        _bkuptime: Option<SystemTime>,
-        _flags: Option<fuser::BsdFileFlags>,
-        reply: ReplyAttr,
-    ) {
-        // The size changes the exNode; times and modes are recorded in it
-        // (the `.xnd` file itself stays owner-only: it holds keys), so
-        // `touch`, `chmod`, `tar` and `rsync -a` find them after a remount.
-        let when = |t: fuser::TimeOrNow| match t {
-            fuser::TimeOrNow::SpecificTime(t) => t,
-            fuser::TimeOrNow::Now => SystemTime::now(),
-        };
-        let (mtime, atime) = (mtime.map(when), atime.map(when));
-        let r = (|| {
-            if ino.0 == ROOT {
-                // The exNode directory's own times and mode.
-                set_dir_attrs(&self.dir, mtime, atime, mode)?;
-                return self.attr(ino.0);
-            }
-            if mtime.is_some() || atime.is_some() || mode.is_some() {
-                match self.writer(ino.0) {
-                    // Saved with the open file, after its data.
-                    Some(h) => lock(&h.file).set_attributes(mtime, atime, mode),
-                    None => {
-                        let name = self.name(ino.0)?;
-                        xio::set_attributes(&self.target(&name)?, mtime, atime, mode)?;
-                    }
-                }
-            }
-            if let Some(n) = size {
-                let open = fh.and_then(|f| self.handle(f).ok()).filter(|h| h.writable);
-                match open.or_else(|| self.writer(ino.0)) {
-                    Some(h) => lock(&h.file).set_len(n)?,
-                    None => {
-                        let name = self.name(ino.0)?;
-                        let mut o = self.open.clone();
-                        o.write(true);
-                        let mut f = o.open(&self.target(&name)?)?;
-                        f.set_len(n)?;
-                        f.close()?;
-                    }
-                }
-            }
-            self.attr(ino.0)
-        })();
-        match r {
-            Ok(a) => reply.attr(&TTL, &a),
-            Err(e) => reply.error(errno(&e)),
-        }
-    }
-
-    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        if parent.0 != ROOT {
-            return reply.error(Errno::ENOENT);
-        }
-        match self.remove(name) {
-            Ok(()) => {
-                let mut n = lock(&self.names);
-                if let Some(i) = n.by_name.remove(name) {
-                    n.by_ino.remove(&i);
-                }
-                reply.ok()
-            }
-            Err(e) => reply.error(errno(&e)),
-        }
-    }
-
-    fn mkdir(
-        &self,
-        _req: &Request,
-        _parent: INodeNo,
-        name: &OsStr,
-        _mode: u32,
-        _umask: u32,
-        reply: ReplyEntry,
-    ) {
-        // One directory of exNodes: a tree would need a layout of its own.
-        tracing::warn!(
-            dir = %name.to_string_lossy(),
-            "mkdir refused (ENOTSUP): a lors mount serves one flat directory of exNodes"
-        );
-        reply.error(Errno::from_i32(libc::ENOTSUP));
-    }
-
-    fn rename(
-        &self,
-        _req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
-        newparent: INodeNo,
-        newname: &OsStr,
-        _flags: fuser::RenameFlags,
-        reply: ReplyEmpty,
-    ) {
-        if parent.0 != ROOT || newparent.0 != ROOT {
-            return reply.error(Errno::ENOENT);
-        }
-        let r = (|| {
-            check_name(newname)?;
-            if self.xnd(newname).is_file() {
-                // Replaced: its data goes, as rename(2) drops the old file.
-                self.remove(newname)?;
-            }
-            std::fs::rename(self.xnd(name), self.xnd(newname))
-        })();
-        match r {
-            Ok(()) => {
-                let mut n = lock(&self.names);
-                if let Some(i) = n.by_name.remove(newname) {
-                    n.by_ino.remove(&i);
-                }
-                if let Some(i) = n.by_name.remove(name) {
-                    n.by_name.insert(newname.to_owned(), i);
-                    n.by_ino.insert(i, newname.to_owned());
-                }
-                reply.ok()
-            }
-            Err(e) => reply.error(errno(&e)),
-        }
-    }
-
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        match self.open_file(ino.0, flags.0, false) {
-            Ok((fh, _)) => reply.opened(FileHandle(fh), FopenFlags::empty()),
-            Err(e) => {
-                // The program sees EROFS alone; the mount's log says why
-                // (no write capability, or an erasure-coded file).
-                if e.kind() == io::ErrorKind::ReadOnlyFilesystem {
-                    tracing::warn!(error = %e, "opened for writing: refused");
-                }
-                reply.error(errno(&e))
-            }
-        }
-    }
-
-    fn create(
-        &self,
-        _req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
-        mode: u32,
-        umask: u32,
-        flags: i32,
-        reply: ReplyCreate,
-    ) {
-        if parent.0 != ROOT {
-            return reply.error(Errno::ENOENT);
-        }
-        if name.as_bytes().contains(&b'/') {
-            return reply.error(Errno::EINVAL);
-        }
-        if let Err(e) = check_name(name) {
-            return reply.error(errno(&e));
-        }
-        let ino = lock(&self.names).ino(name);
-        let r = self.open_file(ino, flags, true).and_then(|(fh, h)| {
-            // The mode the program asked for (0644 from `cp`, 0664 under
-            // umask 002), saved with the file; not the `.xnd`'s own.
-            let mode = Some(mode & !umask & 0o7777);
-            if h.writable {
-                lock(&h.file).set_attributes(None, None, mode);
-            } else {
-                xio::set_attributes(&self.target(name)?, None, None, mode)?;
-            }
-            Ok((fh, self.attr(ino)?))
-        });
-        match r {
-            Ok((fh, a)) => {
-                reply.created(&TTL, &a, Generation(0), FileHandle(fh), FopenFlags::empty())
-            }
-            Err(e) => reply.error(errno(&e)),
-        }
-    }
-
-    fn read(
-        &self,
-        req: &Request,
-        _ino: INodeNo,
-        fh: FileHandle,
-        offset: u64,
-        size: u32,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        reply: ReplyData,
-    ) {
-        let h = match self.handle(fh) {
-            Ok(h) => h,
-            Err(e) => return reply.error(errno(&e)),
-        };
-        if let (Some(reads), Some(dev)) = (&h.reads, self.dev.get()) {
-            match splice::read(dev.as_fd(), reads, req.unique().0, offset, size) {
-                // Answered on the device: the reply object is not needed,
-                // and dropped it would answer again with an error. (Each
-                // holds a count on the device's Arc, which then stays
-                // open until the process exits.)
-                splice::Outcome::Answered => return std::mem::forget(reply),
-                splice::Outcome::Failed(e) => return reply.error(errno(&e)),
-                splice::Outcome::Fallback => {}
-            }
-        }
-        // A short reply is end of file to the kernel: read_with gives all
-        // `size` bytes unless the file ends, from the cache without a copy
-        // when they lie in one piece.
-        let mut reply = Some(reply);
-        let answer = |b: &[u8]| {
-            if let Some(r) = reply.take() {
-                r.data(b);
-            }
-        };
-        let r = match &h.reads {
-            Some(reads) => reads.read_with(offset, size as usize, answer),
-            None => lock(&h.file).read_with(offset, size as usize, answer),
-        };
-        if let (Err(e), Some(r)) = (r, reply.take()) {
-            r.error(errno(&e));
-        }
-    }
-
-    /// `SEEK_DATA` and `SEEK_HOLE` (the kernel answers the other whences
-    /// itself): a sparse file's holes, so `cp`, `tar --sparse` and the
-    /// like copy it sparse without reading its zeros.
-    fn lseek(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        fh: FileHandle,
-        offset: i64,
-        whence: i32,
-        reply: ReplyLseek,
-    ) {
-        let (Ok(offset), true) = (
-            u64::try_from(offset),
-            whence == libc::SEEK_DATA || whence == libc::SEEK_HOLE,
-        ) else {
-            return reply.error(Errno::EINVAL);
-        };
-        let r = self.handle(fh).and_then(|h| {
-            let mut f = lock(&h.file);
-            f.seek_sparse(offset, whence == libc::SEEK_DATA)
-        });
-        match r.map(i64::try_from) {
-            Ok(Ok(n)) => reply.offset(n),
-            Ok(Err(_)) => reply.error(Errno::EOVERFLOW),
-            Err(e) => reply.error(errno(&e)),
-        }
-    }
-
-    fn write(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        fh: FileHandle,
-        offset: u64,
-        data: &[u8],
-        _write_flags: WriteFlags,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        reply: ReplyWrite,
-    ) {
-        let r = self.handle(fh).and_then(|h| {
-            let mut f = lock(&h.file);
-            f.seek(SeekFrom::Start(offset))?;
-            f.write_all(data)
-        });
-        match r {
-            Ok(()) => reply.written(data.len() as u32),
-            Err(e) => reply.error(errno(&e)),
-        }
-    }
-
-    /// Every close(2): store and save now, so close reports a failure.
-    fn flush(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        fh: FileHandle,
-        _lo: LockOwner,
-        reply: ReplyEmpty,
-    ) {
-        let r = self.handle(fh).and_then(|h| {
-            if h.writable {
-                lock(&h.file).sync_all()
-            } else {
-                Ok(())
-            }
-        });
-        match r {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
-        }
-    }
-
-    fn fsync(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        fh: FileHandle,
-        _datasync: bool,
-        reply: ReplyEmpty,
-    ) {
-        match self.handle(fh).and_then(|h| lock(&h.file).sync_all()) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
-        }
-    }
-
-    fn release(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        fh: FileHandle,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        _flush: bool,
-        reply: ReplyEmpty,
-    ) {
-        let h = lock(&self.handles).remove(&fh.0);
-        if let Some(h) = h
-            && let Err(e) = lock(&h.file).sync_all()
-        {
-            tracing::warn!(error = %e, "closing a file in the mount");
-        }
-        reply.ok();
-    }
-
-    fn readdir(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        mut reply: ReplyDirectory,
-    ) {
-        if ino.0 != ROOT {
-            return reply.error(Errno::ENOTDIR);
-        }
-        let listing = match std::fs::read_dir(&self.dir) {
-            Ok(l) => l,
-            Err(e) => return reply.error(errno(&e)),
-        };
-        let mut names: Vec<OsString> = listing
-            .filter_map(|e| e.ok())
-            .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
-            .filter_map(|e| {
-                let n = e.file_name();
-                let b = n.as_bytes();
-                (b.len() > SUFFIX.len() && b.ends_with(SUFFIX.as_bytes()))
-                    .then(|| OsStr::from_bytes(&b[..b.len() - SUFFIX.len()]).to_owned())
-            })
-            .collect();
-        names.sort();
-        let mut entries = vec![
-            (ROOT, FileType::Directory, OsString::from(".")),
-            (ROOT, FileType::Directory, OsString::from("..")),
-        ];
-        {
-            let mut n = lock(&self.names);
-            for name in names {
-                let i = n.ino(&name);
-                entries.push((i, FileType::RegularFile, name));
-            }
-        }
-        for (k, (i, kind, name)) in entries.into_iter().enumerate().skip(offset as usize) {
-            if reply.add(INodeNo(i), (k + 1) as u64, kind, &name) {
-                break;
-            }
-        }
-        reply.ok();
-    }
 }
 
 /// Sets a directory's times and mode, as `utimensat` and `chmod` would;

@@ -472,8 +472,9 @@ const MAX_JOURNAL_BYTES: u64 = 1 << 30;
 pub struct Journal {
     file: std::sync::Mutex<std::fs::File>,
     /// A writer's own journal ([`Journal::private`]): its path, removed
-    /// when the writer is done with it.
-    own: Option<PathBuf>,
+    /// when the writer is done with it, and the `.PID.N` that follows
+    /// `OUT.journal` in it.
+    own: Option<std::sync::Mutex<(PathBuf, String)>>,
 }
 
 impl Journal {
@@ -486,8 +487,9 @@ impl Journal {
         use std::os::unix::fs::OpenOptionsExt as _;
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tag = format!(".{}.{n}", std::process::id());
         let mut p = journal_path(out).into_os_string();
-        p.push(format!(".{}.{n}", std::process::id()));
+        p.push(&tag);
         let path = PathBuf::from(p);
         // Made and locked under another name, then renamed: a settle never
         // sees it unlocked.
@@ -515,8 +517,27 @@ impl Journal {
         }
         Ok(Journal {
             file: std::sync::Mutex::new(file),
-            own: Some(path),
+            own: Some(std::sync::Mutex::new((path, tag))),
         })
+    }
+
+    /// The exNode of this writer's own journal is now `out`: the journal's
+    /// name follows it, so the next command on `out` finds it. With
+    /// `rename`, the journal is moved on disk; without, it moved already
+    /// (the directory holding both was renamed).
+    pub fn follow(&self, out: &Path, rename: bool) -> std::io::Result<()> {
+        let Some(own) = &self.own else {
+            return Ok(());
+        };
+        let mut own = own.lock().unwrap_or_else(|e| e.into_inner());
+        let mut to = journal_path(out).into_os_string();
+        to.push(&own.1);
+        let to = PathBuf::from(to);
+        if rename {
+            std::fs::rename(&own.0, &to)?;
+        }
+        own.0 = to;
+        Ok(())
     }
 
     /// Everything listed so far is named by the saved exNode or released:
@@ -530,8 +551,9 @@ impl Journal {
     /// Done with a writer's own journal: everything it lists is named by
     /// the saved exNode or released. Removed.
     pub fn done(&self) {
-        if let Some(p) = &self.own {
-            let _ = std::fs::remove_file(p);
+        if let Some(own) = &self.own {
+            let own = own.lock().unwrap_or_else(|e| e.into_inner());
+            let _ = std::fs::remove_file(&own.0);
         }
     }
 

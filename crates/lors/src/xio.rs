@@ -180,6 +180,29 @@ impl File {
         &self.path
     }
 
+    /// Renames the `.xnd` to `to` (replacing a file there, as `rename(2)`
+    /// does) and this writer's journal with it: later saves go to `to`.
+    /// Nothing is stored or saved; what is buffered stays buffered.
+    pub fn rename(&mut self, to: &Path) -> io::Result<()> {
+        let _lock = crate::commit::Lock::take(&self.path, SAVE_WAIT)
+            .map_err(|e| io::Error::new(io::ErrorKind::ResourceBusy, e.to_string()))?;
+        std::fs::rename(&self.path, to)?;
+        if let Some(j) = self.pool.journal() {
+            j.follow(to, true)?;
+        }
+        self.path = to.to_path_buf();
+        Ok(())
+    }
+
+    /// The `.xnd` and its journal were moved to `to` by their directory's
+    /// rename: later saves go there.
+    pub fn moved(&mut self, to: PathBuf) {
+        if let Some(j) = self.pool.journal() {
+            let _ = j.follow(&to, false);
+        }
+        self.path = to;
+    }
+
     /// The exNode as it stands (what is still buffered is not in it).
     pub fn exnode(&self) -> &ExNode {
         &self.x
@@ -507,18 +530,20 @@ impl File {
     /// first if they are still buffered or being stored, and gives the
     /// reader the exNode as it is now.
     fn ready(&mut self, off: u64, n: usize) -> io::Result<()> {
-        if self.pending_overlaps(off, off + n as u64) {
+        // A read reaching past the first byte not yet stored stores first:
+        // the reader's plan covers only stored bytes and holes, so those
+        // bytes, and any after them, are in the exNode before it looks.
+        if self.first_pending().is_some_and(|p| p < off + n as u64) {
             self.drain()?;
         }
         self.prepare();
         Ok(())
     }
 
-    /// Buffered or being-stored bytes in `[a, b)`.
-    fn pending_overlaps(&self, a: u64, b: u64) -> bool {
-        let hit = |o: u64, l: u64| o < b && o + l > a;
-        (!self.buf.is_empty() && hit(self.buf_off, self.buf.len() as u64))
-            || self.inflight.iter().any(|f| hit(f.off, f.len))
+    /// The first byte buffered or being stored.
+    fn first_pending(&self) -> Option<u64> {
+        let buf = (!self.buf.is_empty()).then_some(self.buf_off);
+        (self.inflight.iter().map(|f| f.off)).chain(buf).min()
     }
 
     /// Tells the reader what to fetch from, once the exNode changed (or
@@ -535,10 +560,12 @@ impl File {
                 self.last_resort.insert(lr).clone()
             }
         };
+        let stored_below = self.first_pending().unwrap_or(u64::MAX);
         self.reader.lock().source = Some(Arc::new(Source {
             x: self.x.clone(),
             pool: self.pool.clone(),
             last_resort,
+            stored_below,
         }));
     }
 }

@@ -264,6 +264,13 @@ fn save_with(
         .open(&tmp)
         .map_err(fail)?;
     let res = (|| {
+        // The file keeps its owner: a mount or a root-run keeper saving
+        // a user's exNode does not take it over. (Without the privilege
+        // to give it away the saver owns it, as before.)
+        if let Ok(m) = std::fs::metadata(path) {
+            use std::os::unix::fs::MetadataExt as _;
+            let _ = std::os::unix::fs::fchown(&f, Some(m.uid()), Some(m.gid()));
+        }
         f.write_all(&bytes(&f)?)?;
         f.sync_all()?;
         std::fs::rename(&tmp, path)?;

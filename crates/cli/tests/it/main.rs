@@ -22,6 +22,7 @@ mod lab;
 mod lbone;
 mod lstore;
 mod metrics;
+mod posix;
 mod safety;
 mod share;
 mod sparse;

@@ -94,6 +94,10 @@ pub(super) struct Source {
     pub(super) x: ExNode,
     pub(super) pool: Arc<Pool>,
     pub(super) last_resort: HashSet<String>,
+    /// The first byte a writer holds buffered or is storing: no read-ahead
+    /// reaches it (those bytes are in no mapping yet; a read of them
+    /// stores them first).
+    pub(super) stored_below: u64,
 }
 
 /// The read cache and the read-ahead of an open file, for the threads
@@ -218,7 +222,7 @@ impl Cache {
             let sequential = off == st.last_end || (off > 0 && st.find(off - 1).is_some());
             let miss = Miss {
                 off,
-                size: src.x.logical_size(),
+                size: src.x.logical_size().min(src.stored_below),
                 sequential,
                 readahead: st.readahead as u64,
                 running: st.stream.as_ref().map(|s| Running {

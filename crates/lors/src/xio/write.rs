@@ -52,6 +52,8 @@ impl File {
             return Ok(());
         }
         if len == self.size {
+            // truncate(2) to the same size still marks the file changed.
+            self.touch();
             return Ok(());
         }
         // Encoded mappings cannot be cut: keep the bytes below `len` of each
@@ -309,6 +311,8 @@ impl File {
             }),
         }
         self.size = len;
-        self.dirty = true;
+        // Readers must know of the hole: the bytes before a write past the
+        // end are zeros, not the end of the file.
+        self.changed();
     }
 }

@@ -1,0 +1,161 @@
+//! Open files: one state per file, shared by every descriptor on it, as a
+//! local file system's inode is.
+//!
+//! A file open only for reading has a read-only [`xio::File`] whose reads
+//! need no lock; the first descriptor that writes (or a truncation)
+//! turns it into a writable one, which every descriptor then reads and
+//! writes through, so each sees the others' writes and `stat` agrees with
+//! `read`. Renamed or unlinked while open, the state moves with its
+//! `.xnd`; the last close saves it, or frees an unlinked file's blocks.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use lors::xio;
+
+use crate::lock;
+
+/// The file every descriptor on one inode reads and writes through.
+pub(crate) struct Shared {
+    pub(crate) file: Mutex<xio::File>,
+    pub(crate) writable: bool,
+    /// A read-only file's reads, which need not take `file`: the kernel
+    /// sends a file's read-ahead requests on several threads at once, and
+    /// one waiting on the network must not hold back those whose bytes are
+    /// in.
+    pub(crate) reads: Option<xio::Reads>,
+}
+
+impl Shared {
+    pub(crate) fn new(file: xio::File, writable: bool) -> io::Result<Shared> {
+        let mut file = file;
+        let reads = if writable { None } else { Some(file.reads()?) };
+        Ok(Shared {
+            file: Mutex::new(file),
+            writable,
+            reads,
+        })
+    }
+
+    /// The `.xnd` this state saves to.
+    pub(crate) fn path(&self) -> PathBuf {
+        lock(&self.file).path().to_path_buf()
+    }
+
+    /// Reads `size` bytes at `offset` into `answer`.
+    pub(crate) fn read_with(
+        &self,
+        offset: u64,
+        size: usize,
+        answer: impl FnOnce(&[u8]),
+    ) -> io::Result<()> {
+        match &self.reads {
+            Some(r) => r.read_with(offset, size, answer),
+            None => lock(&self.file).read_with(offset, size, answer),
+        }
+    }
+
+    /// Moves the `.xnd` to `to` (replacing what is there) and saves there
+    /// from now on.
+    pub(crate) fn rename(&self, to: &Path) -> io::Result<()> {
+        let mut f = lock(&self.file);
+        if self.writable {
+            f.rename(to)
+        } else {
+            std::fs::rename(f.path(), to)?;
+            f.moved(to.to_path_buf());
+            Ok(())
+        }
+    }
+}
+
+/// An inode with descriptors open on it.
+pub(crate) struct Inode {
+    pub(crate) shared: Arc<Shared>,
+    /// Descriptors open on it.
+    pub(crate) holders: usize,
+    /// Unlinked while open: its `.xnd` lies under a hidden name until the
+    /// last holder closes it, and then its blocks are freed.
+    pub(crate) unlinked: bool,
+}
+
+/// The last holder of an inode closed it: its state is saved (and its
+/// writer's journal done with), or, unlinked, its blocks freed.
+pub(crate) fn last_close(node: Inode, open: &xio::OpenOptions) {
+    let path = node.shared.path();
+    // A read still answering may hold the state a moment longer: saved
+    // now, and the file closes when that read lets go of it.
+    let closed = match Arc::try_unwrap(node.shared) {
+        Ok(s) => s
+            .file
+            .into_inner()
+            .unwrap_or_else(|e| e.into_inner())
+            .close(),
+        Err(s) if s.writable => lock(&s.file).sync_all(),
+        Err(_) => Ok(()),
+    };
+    if let Err(e) = closed {
+        tracing::warn!(file = %path.display(), error = %e, "closing a file in the mount");
+    }
+    if node.unlinked {
+        // What the hidden exNode names, written up to the close, is freed
+        // now, as a local file system frees an unlinked file's blocks.
+        let r = path
+            .to_str()
+            .ok_or_else(|| io::Error::other("not UTF-8"))
+            .and_then(|p| open.remove(p));
+        if let Err(e) = r {
+            tracing::warn!(file = %path.display(), error = %e, "freeing a file unlinked while open; `lors rm` it to finish");
+        }
+    }
+}
+
+/// The hidden name a file unlinked while open (or replaced by a rename)
+/// is kept under in the exNode directory `dir`.
+pub(crate) fn hidden_name(dir: &Path) -> PathBuf {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    dir.join(format!(
+        "{}{}.{n}{}",
+        crate::tree::UNLINKED,
+        std::process::id(),
+        crate::tree::SUFFIX
+    ))
+}
+
+/// Frees what files unlinked while open by a mount no longer running
+/// (killed before their last close) left under hidden names in `dir`.
+pub(crate) fn free_left_unlinked(dir: &Path, open: &xio::OpenOptions) {
+    use std::os::unix::ffi::OsStrExt as _;
+    let Ok(listing) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in listing.flatten() {
+        let n = e.file_name();
+        let Some(rest) = n.as_bytes().strip_prefix(crate::tree::UNLINKED.as_bytes()) else {
+            continue;
+        };
+        if !n.as_bytes().ends_with(crate::tree::SUFFIX.as_bytes()) {
+            continue;
+        }
+        let pid = std::str::from_utf8(rest)
+            .ok()
+            .and_then(|r| r.split('.').next()?.parse::<u32>().ok());
+        // A live mount's (the pid running) are its own to free.
+        if pid.is_none_or(|p| Path::new(&format!("/proc/{p}")).exists()) {
+            continue;
+        }
+        let p = e.path();
+        match p.to_str().map(|s| open.remove(s)) {
+            Some(Ok(())) => {
+                tracing::info!(file = %p.display(), "freed a file a stopped mount had unlinked while open")
+            }
+            Some(Err(e)) => {
+                tracing::warn!(file = %p.display(), error = %e, "could not free a file a stopped mount had unlinked while open")
+            }
+            None => {}
+        }
+    }
+}
