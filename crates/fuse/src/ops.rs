@@ -23,6 +23,17 @@ fn err(n: i32) -> io::Error {
 }
 
 impl Fs {
+    /// Stores what the file of descriptor `fh` holds unstored and saves its
+    /// exNode (`close`, `fsync`).
+    fn store(&self, fh: u64) -> io::Result<()> {
+        let s = self.state_of(fh)?;
+        if s.writable {
+            lock(&s.file).sync_all()?;
+            self.settle(&s.path());
+        }
+        Ok(())
+    }
+
     fn lookup_path(&self, parent: INodeNo, name: &OsStr) -> io::Result<fuser::FileAttr> {
         let path = self.child(parent, name).map_err(|e| {
             // The mount's own hidden names are simply not there.
@@ -495,14 +506,9 @@ impl Filesystem for Fs {
         _lo: LockOwner,
         reply: ReplyEmpty,
     ) {
-        let r = self.handle_ino(fh.0).and_then(|(_, writable)| {
-            let s = self.state_of(fh.0)?;
-            if writable && s.writable {
-                lock(&s.file).sync_all()?;
-                self.settle(&s.path());
-            }
-            Ok(())
-        });
+        // A descriptor that only reads stores nothing of another's.
+        let r =
+            (self.handle_ino(fh.0)).and_then(|(_, w)| if w { self.store(fh.0) } else { Ok(()) });
         match r {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
@@ -517,14 +523,7 @@ impl Filesystem for Fs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        let r = self.state_of(fh.0).and_then(|s| {
-            if s.writable {
-                lock(&s.file).sync_all()?;
-                self.settle(&s.path());
-            }
-            Ok(())
-        });
-        match r {
+        match self.store(fh.0) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
         }
