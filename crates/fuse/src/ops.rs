@@ -247,6 +247,14 @@ impl Fs {
     }
 }
 
+/// Answers a request that returns nothing but success or an errno.
+fn empty(r: io::Result<()>, reply: ReplyEmpty) {
+    match r {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(errno(&e)),
+    }
+}
+
 fn when(t: fuser::TimeOrNow) -> SystemTime {
     match t {
         fuser::TimeOrNow::SpecificTime(t) => t,
@@ -316,10 +324,10 @@ impl Filesystem for Fs {
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self.child(parent, name).and_then(|p| self.unlink(&p)) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
-        }
+        empty(
+            self.child(parent, name).and_then(|p| self.unlink(&p)),
+            reply,
+        )
     }
 
     fn mkdir(
@@ -338,10 +346,7 @@ impl Filesystem for Fs {
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self.remove_dir(parent, name) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
-        }
+        empty(self.remove_dir(parent, name), reply)
     }
 
     fn rename(
@@ -354,10 +359,10 @@ impl Filesystem for Fs {
         flags: fuser::RenameFlags,
         reply: ReplyEmpty,
     ) {
-        match self.rename_any(parent, name, newparent, newname, flags.bits()) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
-        }
+        empty(
+            self.rename_any(parent, name, newparent, newname, flags.bits()),
+            reply,
+        )
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
@@ -507,12 +512,11 @@ impl Filesystem for Fs {
         reply: ReplyEmpty,
     ) {
         // A descriptor that only reads stores nothing of another's.
-        let r =
-            (self.handle_ino(fh.0)).and_then(|(_, w)| if w { self.store(fh.0) } else { Ok(()) });
-        match r {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
-        }
+        let r = self.handle_ino(fh.0);
+        empty(
+            r.and_then(|(_, w)| if w { self.store(fh.0) } else { Ok(()) }),
+            reply,
+        )
     }
 
     fn fsync(
@@ -523,10 +527,7 @@ impl Filesystem for Fs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        match self.store(fh.0) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
-        }
+        empty(self.store(fh.0), reply)
     }
 
     fn release(
