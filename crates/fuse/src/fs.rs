@@ -242,58 +242,64 @@ impl Fs {
             None => self.xnd(&self.path(ino)?),
         };
         let target = utf8(&path)?;
-        let fresh = |write: bool, trunc: bool| -> io::Result<Shared> {
+        let fresh = |write: bool| -> io::Result<Shared> {
             let mut o = self.open.clone();
             // A reader's read-ahead keeps what it fetches in pipes when
             // replies are spliced.
             o.spliced(!write && self.dev.get().is_some())
                 .read(true)
                 .write(write)
-                .truncate(trunc)
                 .create(create)
                 .create_new(create && flags & libc::O_EXCL != 0);
             Shared::new(o.open(&target)?, write)
         };
-        match inodes.get_mut(&ino) {
-            Some(n) if n.shared.writable || !writable => {
-                if trunc {
-                    lock(&n.shared.file).set_len(0)?;
+        let shared = match inodes.get_mut(&ino) {
+            Some(n) => {
+                if writable && !n.shared.writable {
+                    // The first writer of a file open for reading: the
+                    // readers read through it from now on.
+                    n.shared = Arc::new(fresh(true)?);
                 }
                 n.holders += 1;
-            }
-            Some(n) => {
-                // The first writer of a file open for reading: the readers
-                // read through it from now on.
-                n.shared = Arc::new(fresh(true, trunc)?);
-                n.holders += 1;
+                n.shared.clone()
             }
             None => {
                 let shared = if create && !writable {
                     // `O_CREAT|O_RDONLY` (`flock FILE`, `touch` by some
                     // shells): the empty file is made, then read.
-                    let made = fresh(true, false)?.file;
+                    let made = fresh(true)?.file;
                     made.into_inner()
                         .unwrap_or_else(|e| e.into_inner())
                         .close()?;
                     let mut o = self.open.clone();
                     o.spliced(self.dev.get().is_some()).read(true);
-                    Shared::new(o.open(&target)?, false)?
+                    Arc::new(Shared::new(o.open(&target)?, false)?)
                 } else {
-                    fresh(writable, trunc)?
+                    Arc::new(fresh(writable)?)
                 };
                 let node = Inode {
-                    shared: Arc::new(shared),
+                    shared: shared.clone(),
                     holders: 1,
                     unlinked: false,
                 };
                 inodes.insert(ino, node);
+                shared
             }
-        }
+        };
         drop(inodes);
         let fh = self
             .next_fh
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         lock(&self.handles).insert(fh, Handle { ino, writable });
+        // `O_TRUNC` outside the inode table: dropping the old blocks frees
+        // them on their depots, and a hung one must not hold up the mount.
+        if trunc {
+            let emptied = lock(&shared.file).set_len(0);
+            if let Err(e) = emptied {
+                self.close(fh);
+                return Err(e);
+            }
+        }
         Ok(fh)
     }
 
@@ -448,7 +454,7 @@ impl Fs {
                 continue;
             }
             if let Some(p) = nodes.path(*ino).filter(|p| p.starts_with(to)) {
-                lock(&n.shared.file).moved(tree::xnd(&self.dir, p));
+                n.shared.moved(tree::xnd(&self.dir, p));
             }
         }
         Ok(())

@@ -25,6 +25,10 @@ pub(crate) struct Shared {
     /// one waiting on the network must not hold back those whose bytes are
     /// in.
     pub(crate) reads: Option<xio::Reads>,
+    /// `file`'s `.xnd`, kept apart: asked for under the mount's inode
+    /// table, where waiting for `file` (a store on a hung depot) would
+    /// hold up every other file.
+    path: Mutex<PathBuf>,
 }
 
 impl Shared {
@@ -32,6 +36,7 @@ impl Shared {
         let mut file = file;
         let reads = if writable { None } else { Some(file.reads()?) };
         Ok(Shared {
+            path: Mutex::new(file.path().to_path_buf()),
             file: Mutex::new(file),
             writable,
             reads,
@@ -40,7 +45,13 @@ impl Shared {
 
     /// The `.xnd` this state saves to.
     pub(crate) fn path(&self) -> PathBuf {
-        lock(&self.file).path().to_path_buf()
+        lock(&self.path).clone()
+    }
+
+    /// The `.xnd` moved to `to` with its directory.
+    pub(crate) fn moved(&self, to: PathBuf) {
+        lock(&self.file).moved(to.clone());
+        *lock(&self.path) = to;
     }
 
     /// Reads `size` bytes at `offset` into `answer`.
@@ -61,12 +72,13 @@ impl Shared {
     pub(crate) fn rename(&self, to: &Path) -> io::Result<()> {
         let mut f = lock(&self.file);
         if self.writable {
-            f.rename(to)
+            f.rename(to)?;
         } else {
             std::fs::rename(f.path(), to)?;
             f.moved(to.to_path_buf());
-            Ok(())
         }
+        *lock(&self.path) = to.to_path_buf();
+        Ok(())
     }
 }
 
