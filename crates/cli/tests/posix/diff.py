@@ -14,11 +14,14 @@ Prints a line per group ("open: 31 steps, 0 differ"), the differing steps,
 and the totals; exits 1 if any step differs.
 """
 
+import ctypes
 import errno
 import os
 import stat
 import sys
 import time
+
+import pjd
 
 NOBODY = 65534
 ROOT = os.geteuid() == 0
@@ -44,7 +47,7 @@ def fields(st, which):
             out.append(str(st.st_uid))
         elif f == "gid":
             out.append(str(st.st_gid))
-        elif f in ("mtime", "atime"):
+        elif f in ("mtime", "atime", "ctime"):
             out.append(str(getattr(st, "st_" + f + "_ns")))
         else:
             raise ValueError(f)
@@ -58,6 +61,7 @@ class Runner:
         self.base = base
         self.fds = {}
         self.marks = {}
+        self.ino = None
 
     def p(self, name):
         return os.path.join(self.base, name)
@@ -165,20 +169,33 @@ class Runner:
         self.marks[(n, field)] = getattr(os.lstat(self.p(n)), "st_" + field + "_ns")
         return "0"
 
+    def op_mark_from(self, n, old, field):
+        """The time remembered of `old` is now that of `n` (it was renamed)."""
+        self.marks[(n, field)] = self.marks[(old, field)]
+        return "0"
+
+    def op_rename_to_longest(self, n, suffix):
+        """Renames `n` to the longest name and back: `n` must exist."""
+        m = self.longest(suffix)
+        got = [self.step("rename", n, m), self.step("rename", m, n)]
+        return " ".join(got)
+
     def op_moved(self, n, field):
         """Whether the time of `n` changed since `mark` (after a pause)."""
         now = getattr(os.lstat(self.p(n)), "st_" + field + "_ns")
         return "moved" if now != self.marks[(n, field)] else "same"
 
-    def op_as(self, uid, op, *a):
-        """The step `op` run by user `uid` (a forked process)."""
+    def op_as(self, who, op, *a):
+        """The step `op` run by user `who` (a forked process): a uid, whose
+        group is its own number, or (uid, gid, *more groups)."""
+        uid, gid, *more = who if isinstance(who, tuple) else (who, who)
         r, w = os.pipe()
         pid = os.fork()
         if pid == 0:
             os.close(r)
             try:
-                os.setgroups([])
-                os.setgid(uid)
+                os.setgroups([gid] + more)
+                os.setgid(gid)
                 os.setuid(uid)
                 out = self.step(op, *a)
             except BaseException as e:  # noqa: BLE001 - reported to the parent
@@ -196,11 +213,144 @@ class Runner:
         os.waitpid(pid, 0)
         return out.decode()
 
+    def op_umask(self, mask, op, *a):
+        old = os.umask(mask)
+        try:
+            return self.step(op, *a)
+        finally:
+            os.umask(old)
+
+    def op_imark(self, n):
+        """Remembers which file `n` is, for `isame`."""
+        self.ino = os.lstat(self.p(n)).st_ino
+        return "0"
+
+    def op_isame(self, n):
+        return "same" if os.lstat(self.p(n)).st_ino == self.ino else "another"
+
+    def op_putfd(self, n, flags, data):
+        """Opens `n`, writes `data` and says the descriptor's mode and size."""
+        fd = os.open(self.p(n), flags)
+        try:
+            os.write(fd, data)
+            return fields(os.fstat(fd), "mode,size")
+        finally:
+            os.close(fd)
+
+    def op_pwrite(self, n, off, data):
+        fd = os.open(self.p(n), os.O_CREAT | os.O_WRONLY, 0o755)
+        try:
+            return str(os.pwrite(fd, data, off))
+        finally:
+            os.close(fd)
+
+    def op_pread(self, n, count, off):
+        fd = os.open(self.p(n), os.O_RDONLY)
+        try:
+            return repr(os.pread(fd, count, off))
+        finally:
+            os.close(fd)
+
+    def op_ftrunc(self, n, flags, size):
+        fd = os.open(self.p(n), flags)
+        try:
+            os.ftruncate(fd, size)
+            return "0"
+        finally:
+            os.close(fd)
+
+    def op_ftrunc_new(self, n, mode):
+        """Creates `n` with `mode` (0 denies everything) and truncates it
+        through the descriptor that made it."""
+        fd = os.open(self.p(n), os.O_CREAT | os.O_RDWR, mode)
+        try:
+            os.ftruncate(fd, 0)
+            return "0"
+        finally:
+            os.close(fd)
+
+    def op_utimens(self, n, at, mt):
+        """utimensat(2) with "now" and "omit" as well as nanoseconds."""
+        ts = (Timespec * 2)(timespec(at), timespec(mt))
+        if LIBC.utimensat(AT_FDCWD, os.fsencode(self.p(n)), ts, 0) != 0:
+            e = ctypes.get_errno()
+            raise OSError(e, os.strerror(e))
+        return "0"
+
+    def op_efault(self, call):
+        """`call` with a null path: EFAULT before any file system sees it."""
+        null = ctypes.c_char_p(None)
+        args = {
+            "open": (null, 0), "truncate": (null, ctypes.c_long(1)), "unlink": (null,),
+            "rename": (null, os.fsencode(self.p("x"))), "chmod": (null, 0o644),
+            "rename_to": (os.fsencode(self.p("x")), null),
+            "chown": (null, 0, 0), "mkdir": (null, 0o755), "rmdir": (null,),
+        }[call]
+        if getattr(LIBC, call.removesuffix("_to"))(*args) == -1:
+            e = ctypes.get_errno()
+            raise OSError(e, os.strerror(e))
+        return "0"
+
+    def longest(self, suffix):
+        """A name as long as this file system allows, then `suffix`."""
+        return "L" * os.pathconf(self.base, "PC_NAME_MAX") + suffix
+
+    def op_longest(self, suffix, flags, mode):
+        n = self.longest(suffix)
+        got = [self.step("open", n, flags, mode), self.step("stat", n, "type,mode")]
+        return " ".join(got + [self.step("unlink", n)])
+
+    def op_longest_then(self, suffix, action, check):
+        """pjdfstest's `*/02` files: `action` on a name of the longest
+        length, then on one a byte longer; `check` says what to look at."""
+        n = self.longest(suffix)
+        op, *args = action
+        if op == "mkdir":
+            got = [self.step("mkdir", n, *args)]
+        else:
+            got = [self.step("create", n, 0o644)]
+            if op == "rename_from":
+                got += [self.step("rename", n, "short"), self.step("rename", "short", n)]
+            else:
+                got.append(self.step(op, n, *args))
+        got.append(self.step("rmdir", n) if check[0] == "rmdir" else self.step("stat", n, check[0]))
+        return " ".join(got + [self.step("cleanup", n)])
+
+    def op_cleanup(self, *names):
+        """Removes what is left under these names; says what it found."""
+        found = []
+        for n in names:
+            try:
+                kind = fields(os.lstat(self.p(n)), "type")
+            except FileNotFoundError:
+                found.append("-")
+                continue
+            (os.rmdir if kind == "dir" else os.unlink)(self.p(n))
+            found.append(kind)
+        return ",".join(found)
+
     def op_pause(self):
         # Times are compared as changed or not: a step that should change
         # one must come after the clock has moved.
         time.sleep(0.02)
         return "0"
+
+
+LIBC = ctypes.CDLL(None, use_errno=True)
+AT_FDCWD = -100
+UTIME_NOW, UTIME_OMIT = (1 << 30) - 1, (1 << 30) - 2
+
+
+class Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+def timespec(t):
+    if t == "now":
+        return Timespec(0, UTIME_NOW)
+    if t == "omit":
+        return Timespec(0, UTIME_OMIT)
+    return Timespec(t // 10**9, t % 10**9)
 
 
 RW, RO, WO = os.O_RDWR, os.O_RDONLY, os.O_WRONLY
@@ -342,6 +492,7 @@ def cases():
         ("open", "k", C | RW, 0o644, 1), ("mkdir", "q", 0o755), ("rename", "k", "q/k"),
         ("unlink", "q/k"), ("rmdir", "q"), ("write", 1, b"gone"), ("close", 1),
     ]
+    g.update(pjd.cases())
     return g
 
 
@@ -353,13 +504,16 @@ def main():
         only = sys.argv[sys.argv.index("--only") + 1]
         args.remove(only)
     mount, local = args[0], args[1]
+    # As pjdfstest does: modes asked for are modes given, unless a step
+    # sets a mask.
+    os.umask(0)
     total = differ = skipped = 0
     for name, steps in cases().items():
-        if only and name != only:
+        if only and name != only and not name.startswith(only + "/"):
             continue
         dirs = []
         for base in (mount, local):
-            d = os.path.join(base, "case-" + name)
+            d = os.path.join(base, "case-" + name.replace("/", "-"))
             os.mkdir(d)
             os.chmod(d, 0o777)
             dirs.append(d)
