@@ -44,7 +44,7 @@ pub(crate) struct Fs {
     /// Inodes with descriptors open on them. Taken before `nodes` when
     /// both are.
     pub(crate) inodes: Mutex<HashMap<u64, Inode>>,
-    pub(crate) handles: Mutex<HashMap<u64, Handle>>,
+    pub(crate) handles: Arc<Mutex<HashMap<u64, Handle>>>,
     /// Directory listings, made at `opendir`: a large directory is read
     /// once, not again for every reply's worth of entries.
     pub(crate) listings: Mutex<HashMap<u64, Arc<Listing>>>,
@@ -69,6 +69,11 @@ impl Fs {
     pub(crate) fn child(&self, parent: INodeNo, name: &OsStr) -> io::Result<PathBuf> {
         check_name(name)?;
         let p = self.path(parent.0)?.join(name);
+        // The exNode beside it (and its journal, 46 bytes longer) must
+        // fit in a path the kernel takes: ENAMETOOLONG now, not EIO later.
+        if self.dir.join(&p).as_os_str().len() + 46 >= libc::PATH_MAX as usize {
+            return Err(io::Error::from_raw_os_error(libc::ENAMETOOLONG));
+        }
         if tree::hidden(&p) {
             // The mount's own names: not for programs to make or reach.
             return Err(io::Error::from_raw_os_error(libc::EPERM));
@@ -107,10 +112,7 @@ impl Fs {
     pub(crate) fn attr(&self, ino: u64) -> io::Result<FileAttr> {
         let open = (lock(&self.inodes).get(&ino)).map(|n| (n.shared.clone(), n.unlinked));
         if let Some((s, unlinked)) = open {
-            let (m, path) = {
-                let f = lock(&s.file);
-                (f.metadata()?, f.path().to_path_buf())
-            };
+            let (m, path) = (s.metadata()?, s.path());
             let mut a = self.file_attr(ino, &m, &path)?;
             if unlinked {
                 a.nlink = 0;
@@ -177,7 +179,7 @@ impl Fs {
             blocks: 8,
             atime: t(m.accessed()),
             mtime: shown.unwrap_or(t(m.modified())),
-            ctime: SystemTime::UNIX_EPOCH + std::time::Duration::new(m.ctime() as u64, 0),
+            ctime: ctime_of(&m),
             crtime: SystemTime::UNIX_EPOCH,
             kind: FileType::Directory,
             perm: (m.mode() & 0o7777) as u16,
@@ -199,7 +201,7 @@ impl Fs {
         if m.readonly {
             perm &= !0o222;
         }
-        let ctime = SystemTime::UNIX_EPOCH + std::time::Duration::new(fsm.ctime() as u64, 0);
+        let ctime = ctime_of(&fsm);
         Ok(FileAttr {
             ino: INodeNo(ino),
             size: m.len,
@@ -267,10 +269,7 @@ impl Fs {
                 let shared = if create && !writable {
                     // `O_CREAT|O_RDONLY` (`flock FILE`, `touch` by some
                     // shells): the empty file is made, then read.
-                    let made = fresh(true)?.file;
-                    made.into_inner()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .close()?;
+                    fresh(true)?.into_file().close()?;
                     let mut o = self.open.clone();
                     o.spliced(self.dev.get().is_some()).read(true);
                     Arc::new(Shared::new(o.open(&target)?, false)?)
@@ -294,7 +293,7 @@ impl Fs {
         // `O_TRUNC` outside the inode table: dropping the old blocks frees
         // them on their depots, and a hung one must not hold up the mount.
         if trunc {
-            let emptied = lock(&shared.file).set_len(0);
+            let emptied = shared.file().set_len(0);
             if let Err(e) = emptied {
                 self.close(fh);
                 return Err(e);
@@ -324,7 +323,7 @@ impl Fs {
         // returns) shares this state, never reads the exNode before it is
         // saved.
         if shared.writable {
-            let saved = lock(&shared.file).sync_all();
+            let saved = shared.file().sync_all();
             if let Err(e) = saved {
                 tracing::warn!(file = %shared.path().display(), error = %e, "closing a file in the mount");
             }
@@ -469,4 +468,11 @@ pub(crate) fn utf8(p: &Path) -> io::Result<String> {
     p.to_str()
         .map(str::to_owned)
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "file names must be UTF-8"))
+}
+
+/// A file's change time to the nanosecond: programs compare it after
+/// changes made within the same second.
+fn ctime_of(m: &std::fs::Metadata) -> SystemTime {
+    SystemTime::UNIX_EPOCH
+        + std::time::Duration::new(m.ctime().max(0) as u64, m.ctime_nsec() as u32)
 }

@@ -114,6 +114,7 @@ pub fn run(
     lors_ibp::raise_open_file_limit();
     open::free_left_unlinked(dir, &opts.open);
     let dev = Arc::new(OnceLock::new());
+    let handles = Arc::new(Mutex::default());
     let fs = fs::Fs {
         dir: dir.to_path_buf(),
         open: opts.open.clone(),
@@ -123,7 +124,7 @@ pub fn run(
         dev: dev.clone(),
         nodes: Mutex::default(),
         inodes: Mutex::default(),
-        handles: Mutex::default(),
+        handles: handles.clone(),
         listings: Mutex::default(),
         dir_times: Mutex::default(),
         next_fh: AtomicU64::new(1),
@@ -197,6 +198,14 @@ pub fn run(
                 format!("unmounting {}: {e}", mountpoint.display()),
             )
         })?;
+        let open = lock(&handles).len();
+        if open > 0 {
+            // Else the process seems to ignore the signal.
+            tracing::warn!(
+                "{} is unmounted; {open} file(s) still open there are served until they close",
+                mountpoint.display()
+            );
+        }
     }
     joiner
         .join()

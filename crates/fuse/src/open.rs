@@ -9,8 +9,9 @@
 //! `.xnd`; the last close saves it, or frees an unlinked file's blocks.
 
 use std::io;
+use std::ops::{Deref, DerefMut};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 
 use lors::xio;
 
@@ -18,7 +19,12 @@ use crate::lock;
 
 /// The file every descriptor on one inode reads and writes through.
 pub(crate) struct Shared {
-    pub(crate) file: Mutex<xio::File>,
+    /// Reached through [`Shared::file`], which keeps `seen` current.
+    file: Mutex<xio::File>,
+    /// The file's metadata as last read, with the length and time every
+    /// call since left: `stat` answers from it while a write or a store
+    /// holds the file (a hung depot must not freeze `ls -l`).
+    seen: Mutex<Option<xio::Metadata>>,
     pub(crate) writable: bool,
     /// A read-only file's reads, which need not take `file`: the kernel
     /// sends a file's read-ahead requests on several threads at once, and
@@ -37,10 +43,44 @@ impl Shared {
         let reads = if writable { None } else { Some(file.reads()?) };
         Ok(Shared {
             path: Mutex::new(file.path().to_path_buf()),
+            seen: Mutex::new(file.metadata().ok()),
             file: Mutex::new(file),
             writable,
             reads,
         })
+    }
+
+    /// The file, held until the guard drops; then what it became is what
+    /// [`Shared::metadata`] answers while it is held again.
+    pub(crate) fn file(&self) -> FileGuard<'_> {
+        FileGuard {
+            file: lock(&self.file),
+            seen: &self.seen,
+        }
+    }
+
+    /// The file's metadata now, or, while something holds the file (a
+    /// write waiting on a store), as the last call that let go left it.
+    pub(crate) fn metadata(&self) -> io::Result<xio::Metadata> {
+        let fresh = |f: &xio::File| {
+            let m = f.metadata()?;
+            *lock(&self.seen) = Some(m.clone());
+            Ok(m)
+        };
+        let busy = match self.file.try_lock() {
+            Ok(f) => return fresh(&f),
+            Err(TryLockError::Poisoned(e)) => return fresh(&e.into_inner()),
+            Err(TryLockError::WouldBlock) => lock(&self.seen).clone(),
+        };
+        match busy {
+            Some(m) => Ok(m),
+            None => self.file().metadata(),
+        }
+    }
+
+    /// The file as it will be saved: its state ends here.
+    pub(crate) fn into_file(self) -> xio::File {
+        self.file.into_inner().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The `.xnd` this state saves to.
@@ -50,7 +90,7 @@ impl Shared {
 
     /// The `.xnd` moved to `to` with its directory.
     pub(crate) fn moved(&self, to: PathBuf) {
-        lock(&self.file).moved(to.clone());
+        self.file().moved(to.clone());
         *lock(&self.path) = to;
     }
 
@@ -63,14 +103,14 @@ impl Shared {
     ) -> io::Result<()> {
         match &self.reads {
             Some(r) => r.read_with(offset, size, answer),
-            None => lock(&self.file).read_with(offset, size, answer),
+            None => self.file().read_with(offset, size, answer),
         }
     }
 
     /// Moves the `.xnd` to `to` (replacing what is there) and saves there
     /// from now on.
     pub(crate) fn rename(&self, to: &Path) -> io::Result<()> {
-        let mut f = lock(&self.file);
+        let mut f = self.file();
         if self.writable {
             f.rename(to)?;
         } else {
@@ -79,6 +119,37 @@ impl Shared {
         }
         *lock(&self.path) = to.to_path_buf();
         Ok(())
+    }
+}
+
+/// [`Shared::file`]'s hold on the file.
+pub(crate) struct FileGuard<'a> {
+    file: MutexGuard<'a, xio::File>,
+    seen: &'a Mutex<Option<xio::Metadata>>,
+}
+
+impl Deref for FileGuard<'_> {
+    type Target = xio::File;
+    fn deref(&self) -> &xio::File {
+        &self.file
+    }
+}
+
+impl DerefMut for FileGuard<'_> {
+    fn deref_mut(&mut self) -> &mut xio::File {
+        &mut self.file
+    }
+}
+
+impl Drop for FileGuard<'_> {
+    fn drop(&mut self) {
+        let (len, modified) = self.file.size_and_modified();
+        if let Some(m) = lock(self.seen).as_mut() {
+            m.len = len;
+            if let Some(t) = modified {
+                m.modified = t;
+            }
+        }
     }
 }
 
@@ -99,12 +170,8 @@ pub(crate) fn last_close(node: Inode, open: &xio::OpenOptions) {
     // A read still answering may hold the state a moment longer: saved
     // now, and the file closes when that read lets go of it.
     let closed = match Arc::try_unwrap(node.shared) {
-        Ok(s) => s
-            .file
-            .into_inner()
-            .unwrap_or_else(|e| e.into_inner())
-            .close(),
-        Err(s) if s.writable => lock(&s.file).sync_all(),
+        Ok(s) => s.into_file().close(),
+        Err(s) if s.writable => s.file().sync_all(),
         Err(_) => Ok(()),
     };
     if let Err(e) = closed {

@@ -28,7 +28,7 @@ impl Fs {
     fn store(&self, fh: u64) -> io::Result<()> {
         let s = self.state_of(fh)?;
         if s.writable {
-            lock(&s.file).sync_all()?;
+            s.file().sync_all()?;
             self.settle(&s.path());
         }
         Ok(())
@@ -89,7 +89,7 @@ impl Fs {
             // Through the open state, made writable if it was not: every
             // descriptor sees the new size.
             match self.writable_state(ino)? {
-                Some(s) => lock(&s.file).set_len(n)?,
+                Some(s) => s.file().set_len(n)?,
                 None => {
                     let mut o = self.open.clone();
                     o.write(true);
@@ -106,12 +106,12 @@ impl Fs {
             match self.shared(ino) {
                 // Saved with the open file, after its data: a time set
                 // before close (`tar x`) is the one kept.
-                Some(s) if s.writable => lock(&s.file).set_attributes(mtime, atime, mode),
+                Some(s) if s.writable => s.file().set_attributes(mtime, atime, mode),
                 other => {
                     xio::set_attributes(&crate::fs::utf8(&path)?, mtime, atime, mode)?;
                     if let Some(s) = other {
                         // What readers holding it see, too.
-                        lock(&s.file).set_attributes(mtime, atime, mode);
+                        s.file().set_attributes(mtime, atime, mode);
                     }
                 }
             }
@@ -207,11 +207,11 @@ impl Fs {
                 let mode = Some(mode & 0o7777);
                 let s = self.state_of(fh)?;
                 if s.writable {
-                    lock(&s.file).set_attributes(None, None, mode);
-                    lock(&s.file).sync_all()?;
+                    s.file().set_attributes(None, None, mode);
+                    s.file().sync_all()?;
                 } else {
                     xio::set_attributes(&self.target(&path)?, None, None, mode)?;
-                    lock(&s.file).set_attributes(None, None, mode);
+                    s.file().set_attributes(None, None, mode);
                 }
                 self.give(&self.xnd(&path), req.uid(), req.gid());
                 self.changed(&self.xnd(&path));
@@ -463,7 +463,7 @@ impl Filesystem for Fs {
             return reply.error(Errno::EINVAL);
         };
         let r = self.state_of(fh.0).and_then(|s| {
-            let mut f = lock(&s.file);
+            let mut f = s.file();
             f.seek_sparse(offset, whence == libc::SEEK_DATA)
         });
         match r.map(i64::try_from) {
@@ -491,7 +491,7 @@ impl Filesystem for Fs {
             if !s.writable {
                 return Err(err(libc::EBADF));
             }
-            let mut f = lock(&s.file);
+            let mut f = s.file();
             f.seek(SeekFrom::Start(offset))?;
             f.write_all(data)
         });

@@ -240,6 +240,14 @@ impl File {
         }
     }
 
+    /// The length and the modification time as [`File::metadata`] has
+    /// them, without reading the `.xnd`'s own metadata from disk: cheap
+    /// enough to ask after every write. `None`: the time recorded in the
+    /// exNode (or the `.xnd`'s) stands.
+    pub fn size_and_modified(&self) -> (u64, Option<SystemTime>) {
+        (self.size, self.modified)
+    }
+
     /// Size, times and permissions.
     pub fn metadata(&self) -> io::Result<Metadata> {
         metadata_of(&self.path, &self.x, self.size, self.modified)

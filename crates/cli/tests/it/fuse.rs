@@ -47,6 +47,14 @@ impl Mount {
         }
     }
 
+    /// SIGKILL, as the OOM killer or a crash would end it: nothing is
+    /// saved or freed on the way out; the mount point is let go.
+    pub(crate) fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = Command::new("umount").arg("-l").arg(&self.at).status();
+    }
+
     /// SIGTERM: unmounts and exits 0.
     pub(crate) fn stop(&mut self) -> std::process::ExitStatus {
         let _ = Command::new("kill")
