@@ -110,8 +110,19 @@ impl Fs {
     /// The attributes of `ino`: its open state's if it is open (it knows
     /// what is still buffered), else the saved exNode's or directory's.
     pub(crate) fn attr(&self, ino: u64) -> io::Result<FileAttr> {
+        self.attr_after(ino, None)
+    }
+
+    /// [`Fs::attr`], or, if `ino` closed meanwhile, `changed`'s: the state
+    /// a `chmod` or `truncate` just changed, which its last close may not
+    /// have saved yet (the `.xnd` still says what it did before).
+    pub(crate) fn attr_after(
+        &self,
+        ino: u64,
+        changed: Option<Arc<Shared>>,
+    ) -> io::Result<FileAttr> {
         let open = (lock(&self.inodes).get(&ino)).map(|n| (n.shared.clone(), n.unlinked));
-        if let Some((s, unlinked)) = open {
+        if let Some((s, unlinked)) = open.or(changed.map(|s| (s, false))) {
             let (m, path) = (s.metadata()?, s.path());
             let mut a = self.file_attr(ino, &m, &path)?;
             if unlinked {
@@ -307,7 +318,7 @@ impl Fs {
         let Some(h) = lock(&self.handles).remove(&fh) else {
             return;
         };
-        let shared = {
+        let mut shared = {
             let mut inodes = lock(&self.inodes);
             let Some(n) = inodes.get_mut(&h.ino) else {
                 return;
@@ -321,21 +332,26 @@ impl Fs {
         // Saved while still listed: a program that closes and at once
         // opens the file again (the kernel's release comes after close(2)
         // returns) shares this state, never reads the exNode before it is
-        // saved.
-        if shared.writable {
-            let saved = shared.file().sync_all();
-            if let Err(e) = saved {
-                tracing::warn!(file = %shared.path().display(), error = %e, "closing a file in the mount");
+        // saved; and `stat` after a `chmod` that came in meanwhile reads
+        // it, not the `.xnd` before that change is saved (then saved too).
+        let last = loop {
+            let before = shared.changes();
+            if shared.writable {
+                let saved = shared.file().sync_all();
+                if let Err(e) = saved {
+                    tracing::warn!(file = %shared.path().display(), error = %e, "closing a file in the mount");
+                }
             }
-        }
-        drop(shared);
-        let last = {
             let mut inodes = lock(&self.inodes);
-            match inodes.get(&h.ino) {
-                Some(n) if n.holders == 0 => inodes.remove(&h.ino),
-                _ => None,
+            let Some(n) = inodes.get(&h.ino).filter(|n| n.holders == 0) else {
+                break None;
+            };
+            if Arc::ptr_eq(&n.shared, &shared) && shared.changes() == before {
+                break inodes.remove(&h.ino);
             }
+            shared = n.shared.clone();
         };
+        drop(shared);
         if let Some(node) = last {
             let path = node.shared.path();
             crate::open::last_close(node, &self.open);

@@ -11,6 +11,7 @@
 use std::io;
 use std::ops::{Deref, DerefMut};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 
 use lors::xio;
@@ -25,6 +26,12 @@ pub(crate) struct Shared {
     /// call since left: `stat` answers from it while a write or a store
     /// holds the file (a hung depot must not freeze `ls -l`).
     seen: Mutex<Option<xio::Metadata>>,
+    /// `chmod`, `utimensat` and `truncate` applied to it: its last close
+    /// saves again when one came in while it saved.
+    changes: AtomicU64,
+    /// Saved for the last time: a change that finds it closed goes to the
+    /// `.xnd` instead.
+    closed: AtomicBool,
     pub(crate) writable: bool,
     /// A read-only file's reads, which need not take `file`: the kernel
     /// sends a file's read-ahead requests on several threads at once, and
@@ -44,6 +51,8 @@ impl Shared {
         Ok(Shared {
             path: Mutex::new(file.path().to_path_buf()),
             seen: Mutex::new(file.metadata().ok()),
+            changes: AtomicU64::new(0),
+            closed: AtomicBool::new(false),
             file: Mutex::new(file),
             writable,
             reads,
@@ -76,6 +85,46 @@ impl Shared {
             Some(m) => Ok(m),
             None => self.file().metadata(),
         }
+    }
+
+    /// [`xio::File::set_attributes`], and what `stat` answers while the
+    /// file is held (a mode or a time only this says) made current; false
+    /// if the file was saved for the last time (the caller sets them on
+    /// the `.xnd`).
+    pub(crate) fn set_attributes(
+        &self,
+        modified: Option<std::time::SystemTime>,
+        accessed: Option<std::time::SystemTime>,
+        mode: Option<u32>,
+    ) -> bool {
+        let mut f = self.file();
+        if self.closed.load(Ordering::SeqCst) {
+            return false;
+        }
+        f.set_attributes(modified, accessed, mode);
+        if let Ok(m) = f.metadata() {
+            *lock(&self.seen) = Some(m);
+        }
+        self.changes.fetch_add(1, Ordering::SeqCst);
+        true
+    }
+
+    /// [`xio::File::set_len`]; `Ok(false)` if the file was saved for the
+    /// last time (the caller truncates the `.xnd`'s file).
+    pub(crate) fn set_len(&self, len: u64) -> io::Result<bool> {
+        let mut f = self.file();
+        if self.closed.load(Ordering::SeqCst) {
+            return Ok(false);
+        }
+        f.set_len(len)?;
+        self.changes.fetch_add(1, Ordering::SeqCst);
+        Ok(true)
+    }
+
+    /// How many changes [`Shared::set_attributes`] and [`Shared::set_len`]
+    /// made.
+    pub(crate) fn changes(&self) -> u64 {
+        self.changes.load(Ordering::SeqCst)
     }
 
     /// The file as it will be saved: its state ends here.
@@ -171,8 +220,15 @@ pub(crate) fn last_close(node: Inode, open: &xio::OpenOptions) {
     // now, and the file closes when that read lets go of it.
     let closed = match Arc::try_unwrap(node.shared) {
         Ok(s) => s.into_file().close(),
-        Err(s) if s.writable => s.file().sync_all(),
-        Err(_) => Ok(()),
+        Err(s) => {
+            // Another call holds it a moment longer: saved, and marked so
+            // that a change it brings goes to the `.xnd`, not to a state
+            // nobody will save.
+            let mut f = s.file();
+            let r = if s.writable { f.sync_all() } else { Ok(()) };
+            s.closed.store(true, Ordering::SeqCst);
+            r
+        }
     };
     if let Err(e) = closed {
         tracing::warn!(file = %path.display(), error = %e, "closing a file in the mount");

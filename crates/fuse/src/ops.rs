@@ -82,15 +82,17 @@ impl Fs {
             }
             return self.attr(ino);
         }
+        let mut changed = None;
         if let Some(n) = size {
             if n > xio::MAX_FILE_SIZE {
                 return Err(err(libc::EFBIG));
             }
             // Through the open state, made writable if it was not: every
             // descriptor sees the new size.
-            match self.writable_state(ino)? {
-                Some(s) => s.file().set_len(n)?,
-                None => {
+            let state = self.writable_state(ino)?;
+            match state {
+                Some(s) if s.set_len(n)? => changed = Some(s),
+                _ => {
                     let mut o = self.open.clone();
                     o.write(true);
                     let mut f = o.open(&crate::fs::utf8(&path)?)?;
@@ -106,18 +108,18 @@ impl Fs {
             match self.shared(ino) {
                 // Saved with the open file, after its data: a time set
                 // before close (`tar x`) is the one kept.
-                Some(s) if s.writable => s.file().set_attributes(mtime, atime, mode),
+                Some(s) if s.writable && s.set_attributes(mtime, atime, mode) => changed = Some(s),
                 other => {
                     xio::set_attributes(&crate::fs::utf8(&path)?, mtime, atime, mode)?;
-                    if let Some(s) = other {
+                    if let Some(s) = other.filter(|s| !s.writable) {
                         // What readers holding it see, too.
-                        s.file().set_attributes(mtime, atime, mode);
+                        s.set_attributes(mtime, atime, mode);
                     }
                 }
             }
         }
         self.settle(&path);
-        self.attr(ino)
+        self.attr_after(ino, changed)
     }
 
     fn make_dir(
@@ -207,11 +209,11 @@ impl Fs {
                 let mode = Some(mode & 0o7777);
                 let s = self.state_of(fh)?;
                 if s.writable {
-                    s.file().set_attributes(None, None, mode);
+                    s.set_attributes(None, None, mode);
                     s.file().sync_all()?;
                 } else {
                     xio::set_attributes(&self.target(&path)?, None, None, mode)?;
-                    s.file().set_attributes(None, None, mode);
+                    s.set_attributes(None, None, mode);
                 }
                 self.give(&self.xnd(&path), req.uid(), req.gid());
                 self.changed(&self.xnd(&path));
