@@ -55,6 +55,10 @@ pub(crate) struct Fs {
     /// the real directory's time after; put back on the real directory
     /// once those are done ([`Fs::settle`]), so it also outlives the mount.
     pub(crate) dir_times: Mutex<HashMap<PathBuf, SystemTime>>,
+    /// Open states whose last close is saving them, by inode: `stat`
+    /// reads them and an open waits for them, rather than the `.xnd` from
+    /// before a change that came in during the close.
+    pub(crate) closing: Mutex<HashMap<u64, Arc<Shared>>>,
 }
 
 impl Fs {
@@ -94,6 +98,30 @@ impl Fs {
         lock(&self.inodes).get(&ino).map(|n| n.shared.clone())
     }
 
+    /// Waits while a last close saves the file at `path`: what changes its
+    /// `.xnd` (a rename, an unlink, an open from disk) comes after that
+    /// save, never before it (which would save to a name it no longer has).
+    pub(crate) fn closed(&self, path: &Path) {
+        if let Some(ino) = lock(&self.nodes).get(path) {
+            self.closed_ino(ino);
+        }
+    }
+
+    /// [`Fs::closed`] by inode number.
+    pub(crate) fn closed_ino(&self, ino: u64) {
+        while lock(&self.closing).contains_key(&ino) {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+
+    /// [`Fs::shared`], or the state its last close is still saving: until
+    /// that is done, it (not the `.xnd`) says what the file is, and a
+    /// change to it is saved by that close.
+    pub(crate) fn shared_or_closing(&self, ino: u64) -> Option<Arc<Shared>> {
+        self.shared(ino)
+            .or_else(|| lock(&self.closing).get(&ino).cloned())
+    }
+
     pub(crate) fn handle_ino(&self, fh: u64) -> io::Result<(u64, bool)> {
         (lock(&self.handles).get(&fh))
             .map(|h| (h.ino, h.writable))
@@ -122,7 +150,8 @@ impl Fs {
         changed: Option<Arc<Shared>>,
     ) -> io::Result<FileAttr> {
         let open = (lock(&self.inodes).get(&ino)).map(|n| (n.shared.clone(), n.unlinked));
-        if let Some((s, unlinked)) = open.or(changed.map(|s| (s, false))) {
+        let closing = || self.shared_or_closing(ino).or(changed).map(|s| (s, false));
+        if let Some((s, unlinked)) = open.or_else(closing) {
             let (m, path) = (s.metadata()?, s.path());
             let mut a = self.file_attr(ino, &m, &path)?;
             if unlinked {
@@ -249,6 +278,7 @@ impl Fs {
         let acc = flags & libc::O_ACCMODE;
         let writable = acc != libc::O_RDONLY;
         let trunc = writable && flags & libc::O_TRUNC != 0;
+        self.closed_ino(ino);
         let mut inodes = lock(&self.inodes);
         let path = match inodes.get(&ino) {
             Some(n) => n.shared.path(),
@@ -347,15 +377,19 @@ impl Fs {
                 break None;
             };
             if Arc::ptr_eq(&n.shared, &shared) && shared.changes() == before {
+                lock(&self.closing).insert(h.ino, shared.clone());
                 break inodes.remove(&h.ino);
             }
             shared = n.shared.clone();
         };
-        drop(shared);
         if let Some(node) = last {
             let path = node.shared.path();
             crate::open::last_close(node, &self.open);
             self.settle(&path);
+            let mut closing = lock(&self.closing);
+            if closing.get(&h.ino).is_some_and(|c| Arc::ptr_eq(c, &shared)) {
+                closing.remove(&h.ino);
+            }
         }
     }
 
@@ -381,6 +415,7 @@ impl Fs {
     /// file's parity too; blocks a copy also names lose only this file's
     /// reference; a read-only copy frees nothing).
     pub(crate) fn unlink(&self, path: &Path) -> io::Result<()> {
+        self.closed(path);
         let mut inodes = lock(&self.inodes);
         let ino = lock(&self.nodes).get(path);
         match ino.and_then(|i| inodes.get_mut(&i)) {
@@ -403,6 +438,8 @@ impl Fs {
     /// never leads to nothing, and nothing is freed that the old name
     /// still needed.
     pub(crate) fn rename_file(&self, from: &Path, to: &Path) -> io::Result<()> {
+        self.closed(from);
+        self.closed(to);
         let mut inodes = lock(&self.inodes);
         let (src, dst) = {
             let n = lock(&self.nodes);

@@ -127,6 +127,7 @@ pub fn run(
         handles: handles.clone(),
         listings: Mutex::default(),
         dir_times: Mutex::default(),
+        closing: Mutex::default(),
         next_fh: AtomicU64::new(1),
     };
     let mut cfg = Config::default();

@@ -60,7 +60,7 @@ impl Fs {
         mtime: Option<SystemTime>,
         atime: Option<SystemTime>,
     ) -> io::Result<fuser::FileAttr> {
-        let open = self.shared(ino);
+        let open = self.shared_or_closing(ino);
         let path = match &open {
             Some(s) => s.path(),
             None => {
@@ -89,6 +89,11 @@ impl Fs {
             }
             // Through the open state, made writable if it was not: every
             // descriptor sees the new size.
+            // A truncation by name of a file being closed waits for that
+            // close: it would otherwise open the `.xnd` from before it.
+            if self.shared(ino).is_none() {
+                self.closed_ino(ino);
+            }
             let state = self.writable_state(ino)?;
             match state {
                 Some(s) if s.set_len(n)? => changed = Some(s),
@@ -105,7 +110,7 @@ impl Fs {
         // itself stays owner-only: it holds keys), so `touch`, `chmod`,
         // `tar` and `rsync -a` find them after a remount.
         if mtime.is_some() || atime.is_some() || mode.is_some() {
-            match self.shared(ino) {
+            match self.shared_or_closing(ino) {
                 // Saved with the open file, after its data: a time set
                 // before close (`tar x`) is the one kept.
                 Some(s) if s.writable && s.set_attributes(mtime, atime, mode) => changed = Some(s),
