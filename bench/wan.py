@@ -339,12 +339,13 @@ def sending(lors: Path, d: Path, tcps: list[str], per_link: int, rounds: int) ->
                 Case("iperf3 to host 1, one stream", "limit",
                      lab.at_client(["iperf3", "-c", lab.addr[1], "-p", str(IPERF_PORT), "-t", "10", "-J"]),
                      per_link, parse=iperf_seconds(per_link)),
-                # As many streams as lors' blocks in flight at 188 ms: what
-                # that many untuned TCP connections get from this path.
-                Case("iperf3 to host 1, 94 streams", "limit",
-                     lab.at_client(["iperf3", "-c", lab.addr[1], "-p", str(IPERF_PORT), "-t", "10", "-P", "94",
-                                    "-J"]),
-                     per_link, parse=iperf_seconds(per_link)),
+                # As many streams as a download's connections (94) and an
+                # upload's blocks in flight (72) at 188 ms: what that many
+                # untuned TCP connections get from this path.
+                *[Case(f"iperf3 to host 1, {n} streams", "limit",
+                       lab.at_client(["iperf3", "-c", lab.addr[1], "-p", str(IPERF_PORT), "-t", "10", "-P", str(n),
+                                      "-J"]),
+                       per_link, parse=iperf_seconds(per_link)) for n in (94, 72)],
                 Case("lors upload -c 1, to host 1", "ours",
                      lab.at_client([lors_, "upload", "-q", "-n", "--force", "-c", "1", "--depot", h1,
                                     "-o", str(up), str(src)]), per_link,
