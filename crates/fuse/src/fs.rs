@@ -383,13 +383,16 @@ impl Fs {
             shared = n.shared.clone();
         };
         if let Some(node) = last {
+            // Off the closing list however the close ends (a panic too):
+            // opens of the file wait on the list.
+            let _done = Closed {
+                fs: self,
+                ino: h.ino,
+                shared,
+            };
             let path = node.shared.path();
             crate::open::last_close(node, &self.open);
             self.settle(&path);
-            let mut closing = lock(&self.closing);
-            if closing.get(&h.ino).is_some_and(|c| Arc::ptr_eq(c, &shared)) {
-                closing.remove(&h.ino);
-            }
         }
     }
 
@@ -510,6 +513,22 @@ impl Fs {
             }
         }
         Ok(())
+    }
+}
+
+/// Takes a state off [`Fs::closing`] when dropped.
+struct Closed<'a> {
+    fs: &'a Fs,
+    ino: u64,
+    shared: Arc<Shared>,
+}
+
+impl Drop for Closed<'_> {
+    fn drop(&mut self) {
+        let mut closing = lock(&self.fs.closing);
+        if (closing.get(&self.ino)).is_some_and(|c| Arc::ptr_eq(c, &self.shared)) {
+            closing.remove(&self.ino);
+        }
     }
 }
 
