@@ -2,8 +2,9 @@
 """xio benchmark: what an application reading a file on depots gets, through
 libxio and through a `lors mount` (FUSE), next to `lors download` in bulk
 and, on loopback, the ceiling of FUSE itself (crates/fuse/examples/
-ceiling.rs: a file served from memory); and a constant-rate player (seed
-000 §7's MPlayer problem). Needs root (the FUSE mount and the network lab).
+ceiling.rs: a file served from memory); and a constant-rate player (the
+MPlayer problem of "IBP Deployment Tests and Integration with DiDaS
+Project" §7). Needs root (the FUSE mount and the network lab).
 
     python3 bench/xio.py                                  # everything, defaults
     python3 bench/xio.py --only read --size 512M          # loopback + lab reads

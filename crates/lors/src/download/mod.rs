@@ -1,4 +1,5 @@
-//! Download: the adaptive block scheduler of DESIGN.md / the LoCI iGrid 2002 paper (Video IBPster) §3.
+//! Download: the adaptive block scheduler of "Video IBPster" (the LoCI
+//! iGrid 2002 paper) §3.
 //!
 //! The range is planned into pieces ([`crate::plan`]). Each depot gets
 //! `conns_per_depot` workers (`fetch`), or as many as its round trip
