@@ -52,6 +52,9 @@ target/py-venv/bin/python -m mypy.stubtest lors --mypy-config-file python/pyproj
 step "size rules (scripts/sizes.py)"
 python3 scripts/sizes.py
 
+step "layer rules (scripts/layers.py)"
+python3 scripts/layers.py
+
 step "minimum Rust (rust-version)"
 msrv=$(sed -n 's/^rust-version = "\(.*\)"/\1/p' Cargo.toml)
 if command -v rustup >/dev/null 2>&1; then

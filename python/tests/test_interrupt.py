@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -9,7 +10,8 @@ import textwrap
 import time
 
 import lors
-from conftest import pattern
+from conftest import lors_bin, pattern
+from test_safety import held
 
 
 def run_until_interrupted(script: str, after: float) -> tuple[subprocess.CompletedProcess, float]:
@@ -89,3 +91,69 @@ def test_ctrl_c_during_an_upload_records_what_it_stored_and_the_same_call_resume
     assert not partial.exists()
     lors.download(x, tmp_path / "back.dat")
     assert (tmp_path / "back.dat").read_bytes() == src.read_bytes()
+
+
+def resume_identity(record) -> str:
+    """The identity an upload's record carries: which input and settings
+    running it again must have to resume from it."""
+    m = re.search(r'name="lors_resume"[^>]*>([^<]*)<', lors.ExNode.load(record).to_xml())
+    assert m, f"{record} is not a record to resume from"
+    return m.group(1)
+
+
+def named(*xnds) -> int:
+    """Allocations the exNodes (or records) name, each once."""
+    caps = set()
+    for x in xnds:
+        caps |= set(re.findall(r"ibp://[^\s<\"]*?/MANAGE", lors.ExNode.load(x).to_xml()))
+    return len(caps)
+
+
+def test_the_same_ctrl_c_leaves_the_same_state_from_the_cli_and_from_python(tmp_path, start_depots):
+    ds = start_depots(2)
+    addrs = [d.addr for d in ds]
+    src = tmp_path / "big.dat"
+    src.write_bytes(pattern(32 * 1024 * 1024))
+    py_out, cli_out = tmp_path / "py.xnd", tmp_path / "cli.xnd"
+    # The same upload from either front end: 32 MiB a block at a time at
+    # 8 MiB/s, interrupted after one and a half seconds.
+    res, _ = run_until_interrupted(
+        f"""
+        import lors
+        print("started", flush=True)
+        try:
+            lors.upload({str(src)!r}, {str(py_out)!r}, depots={addrs!r},
+                        copies=2, block_size="1M", threads=1, bwlimit="8M")
+        except KeyboardInterrupt:
+            print("interrupted", flush=True)
+        """,
+        after=1.5,
+    )
+    assert "interrupted" in res.stdout, res.stderr
+    cli = [lors_bin(), "upload", "--depot", ",".join(addrs), "-c", "2", "-b", "1M", "-t", "1"]
+    p = subprocess.Popen(
+        [*cli, "--bwlimit", "8M", "-o", str(cli_out), str(src)],
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    time.sleep(1.5)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == 130, err
+    # The same state: no exNode, a record of the same upload that names
+    # every allocation left on the depots.
+    records = [tmp_path / "py.xnd.partial", tmp_path / "cli.xnd.partial"]
+    assert not py_out.exists() and not cli_out.exists()
+    assert all(r.exists() for r in records), (res.stdout, err)
+    assert resume_identity(records[0]) == resume_identity(records[1])
+    assert held(ds) == named(*records)
+    # Either front end resumes what the other left.
+    r = subprocess.run([*cli, "-o", str(py_out), str(src)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "resuming the upload" in r.stderr, r.stderr
+    lors.upload(src, cli_out, depots=addrs, copies=2, block_size="1M", threads=1)
+    assert not any(r.exists() for r in records)
+    for out in (py_out, cli_out):
+        lors.download(out, tmp_path / "back.dat")
+        assert (tmp_path / "back.dat").read_bytes() == src.read_bytes()
+    assert held(ds) == named(py_out, cli_out)

@@ -387,7 +387,7 @@ async fn recv(sig: &mut Option<tokio::signal::unix::Signal>) -> Option<()> {
 /// The [`crate::Interrupted`] error for the signal [`stop_on_signal`] saw.
 /// How long a command that changes an exNode waits for another lors
 /// command (a keeper's cycle, a second route) to let go of it.
-pub const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+pub const LOCK_WAIT: std::time::Duration = lors::job::LOCK_WAIT;
 
 /// Starts a command that changes the exNode at `out` with `pool`
 /// ([`lors::commit::Session`]): its lock, what an earlier run left

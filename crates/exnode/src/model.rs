@@ -228,6 +228,15 @@ impl ExNode {
         self.mappings.iter().chain(&self.parity)
     }
 
+    /// The depots ([`Mapping::depot`]) holding its allocations, sorted,
+    /// each once.
+    pub fn depots(&self) -> Vec<String> {
+        let mut d: Vec<String> = self.allocations().filter_map(Mapping::depot).collect();
+        d.sort();
+        d.dedup();
+        d
+    }
+
     /// A metadata item by name.
     pub fn meta(&self, name: &str) -> Option<&Value> {
         self.metadata

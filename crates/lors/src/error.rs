@@ -210,7 +210,7 @@ pub enum Error {
 }
 
 /// An error and its sources, as `anyhow` prints them with `{:#}`.
-fn chain(e: &dyn std::error::Error) -> String {
+pub(crate) fn chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut next = e.source();
     while let Some(c) = next {

@@ -111,7 +111,12 @@ pub fn resumable(path: &Path, identity: &str) -> Result<Vec<Mapping>, LeftoverEr
 /// `--depot A --depot B … PATH`: the `lors trim` arguments that free every
 /// allocation `x` (saved at `path`) names.
 pub fn trim_args(x: &ExNode, path: &Path) -> String {
-    let mut s: Vec<String> = depots(x).iter().map(|d| format!("--depot {d}")).collect();
+    trim_args_for(&depots(x), path)
+}
+
+/// [`trim_args`] for the record at `path` naming allocations on `depots`.
+pub(crate) fn trim_args_for(depots: &[String], path: &Path) -> String {
+    let mut s: Vec<String> = depots.iter().map(|d| format!("--depot {d}")).collect();
     s.push(path.display().to_string());
     s.join(" ")
 }
@@ -138,6 +143,74 @@ pub fn record(stored: &ExNode, stranded: &ExNode, identity: Option<&str>) -> ExN
         rec.set_meta(Metadata::string(RESUME_META, id));
     }
     rec
+}
+
+/// Records `stored` (whole blocks) and `stranded` (allocations cut off,
+/// only to be freed) in the record at `path`, beside what it names
+/// already: an earlier run's allocations are named nowhere else, so they
+/// stay. With `identity`, running the same upload again resumes from the
+/// record; an earlier entry is resumed from only when it was recorded
+/// with that same identity, every other one is marked incomplete.
+pub fn keep(
+    path: &Path,
+    stored: &ExNode,
+    stranded: &ExNode,
+    identity: Option<&str>,
+) -> Result<(), XndError> {
+    let mut rec = record(stored, stranded, identity);
+    let old = existing(path)?;
+    let same = identity.is_some()
+        && matches!(old.meta(RESUME_META), Some(Value::String(s)) if Some(s.as_str()) == identity);
+    let have: std::collections::HashSet<String> =
+        rec.allocations().filter_map(crate::commit::key).collect();
+    let earlier = |m: &Mapping| crate::commit::key(m).is_none_or(|k| !have.contains(&k));
+    for mut m in old.mappings.into_iter().filter(earlier) {
+        if !same && !m.metadata.iter().any(|d| d.name == INCOMPLETE_META) {
+            m.metadata.push(Metadata::string(INCOMPLETE_META, "1"));
+        }
+        rec.mappings.push(m);
+    }
+    rec.parity.extend(old.parity.into_iter().filter(earlier));
+    if rec.allocations().next().is_none() {
+        return match std::fs::symlink_metadata(path) {
+            Ok(_) => std::fs::remove_file(path).map_err(|source| XndError::Write {
+                path: path.to_owned(),
+                source,
+            }),
+            Err(_) => Ok(()),
+        };
+    }
+    xnd::save(path, &rec)
+}
+
+/// What the record at `path` still names once the upload it resumed is
+/// saved as `done`: the entries `done` names are dropped, the record stops
+/// being one to resume from, and the allocations left that no save is
+/// waiting on (whole blocks the rerun did not use, blocks an earlier run
+/// cut off) are returned for the caller to release and [`drop_from`].
+pub fn resumed(path: &Path, done: &ExNode) -> Result<Vec<Mapping>, XndError> {
+    if std::fs::symlink_metadata(path).is_err() {
+        return Ok(Vec::new());
+    }
+    let mut rec = xnd::load(path)?;
+    let named: std::collections::HashSet<String> =
+        done.allocations().filter_map(crate::commit::key).collect();
+    let unnamed = |m: &Mapping| crate::commit::key(m).is_none_or(|k| !named.contains(&k));
+    rec.mappings.retain(unnamed);
+    rec.parity.retain(unnamed);
+    rec.metadata.retain(|d| d.name != RESUME_META);
+    if rec.allocations().next().is_none() {
+        std::fs::remove_file(path).map_err(|source| XndError::Write {
+            path: path.to_owned(),
+            source,
+        })?;
+        return Ok(Vec::new());
+    }
+    xnd::save(path, &rec)?;
+    Ok((rec.allocations())
+        .filter(|m| !m.metadata.iter().any(|d| d.name == FREE_META))
+        .cloned()
+        .collect())
 }
 
 /// Per-mapping metadata of an allocation to free once a replacement is
@@ -257,5 +330,78 @@ mod tests {
                 .unwrap()
                 .is_empty()
         );
+    }
+
+    /// A mapping of block `offset` on allocation `n`.
+    fn on(n: u32, offset: u64) -> Mapping {
+        let cap =
+            |kind| lors_ibp::Capability::parse(&format!("ibp://h:6714/{n}#k{n}/7/{kind}")).unwrap();
+        Mapping {
+            exnode_offset: offset,
+            logical_length: 10,
+            alloc_length: 10,
+            read: Some(cap("READ")),
+            write: Some(cap("WRITE")),
+            manage: Some(cap("MANAGE")),
+            ..Mapping::default()
+        }
+    }
+
+    fn of(ms: Vec<Mapping>) -> ExNode {
+        ExNode {
+            mappings: ms,
+            ..ExNode::default()
+        }
+    }
+
+    #[test]
+    fn a_record_keeps_what_an_earlier_run_left_and_resumes_only_its_own_blocks() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.xnd.partial");
+        // A failed run left an allocation it could not release.
+        keep(&path, &of(vec![]), &of(vec![on(1, 0)]), None).unwrap();
+        // An interrupted run of the upload records its blocks beside it.
+        keep(
+            &path,
+            &of(vec![on(2, 0), on(3, 10)]),
+            &of(vec![]),
+            Some("size=20"),
+        )
+        .unwrap();
+        let rec = xnd::load(&path).unwrap();
+        assert_eq!(
+            rec.mappings.len(),
+            3,
+            "the earlier allocation is still named"
+        );
+        let back = resumable(&path, "size=20").unwrap();
+        assert_eq!(back.len(), 2, "only the blocks of this upload resume");
+        // A rerun interrupted before it reached the second block: still named,
+        // still resumed from.
+        keep(
+            &path,
+            &of(vec![on(2, 0)]),
+            &of(vec![on(4, 10)]),
+            Some("size=20"),
+        )
+        .unwrap();
+        let back: Vec<u64> = (resumable(&path, "size=20").unwrap().iter())
+            .map(|m| m.exnode_offset)
+            .collect();
+        assert_eq!(back, [0, 10]);
+        assert_eq!(xnd::load(&path).unwrap().mappings.len(), 4);
+        // Saved as an exNode naming blocks 2 and 3: the rest is for the
+        // caller to release, and the record no longer resumes.
+        let rest = resumed(&path, &of(vec![on(2, 0), on(3, 10)])).unwrap();
+        let mut rest: Vec<_> = rest.iter().filter_map(crate::commit::key).collect();
+        rest.sort();
+        assert_eq!(rest.len(), 2);
+        assert!(
+            rest[0].contains("/1#k1/") && rest[1].contains("/4#k4/"),
+            "{rest:?}"
+        );
+        assert!(resumable(&path, "size=20").unwrap().is_empty());
+        drop_from(&path, &rest.into_iter().collect()).unwrap();
+        assert!(!path.exists(), "a record naming nothing is removed");
     }
 }

@@ -24,6 +24,7 @@ pub mod directory;
 pub mod dissem;
 pub mod download;
 pub mod error;
+pub mod job;
 pub mod keep;
 pub mod leftover;
 pub mod manage;

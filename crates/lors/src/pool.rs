@@ -269,6 +269,22 @@ impl Pool {
         Ok(())
     }
 
+    /// What each resource of the depot at `addr` holds (IBP STATUS, as any
+    /// client may ask it; `password` is the depot's, empty for none).
+    pub async fn depot_status(
+        &self,
+        addr: &str,
+        password: &str,
+    ) -> Result<Vec<lors_ibp::proto::StatusBody>> {
+        let mut c = self.get(addr).await?;
+        let mut rows = Vec::new();
+        for rid in c.resources().await? {
+            rows.push(c.status(&rid, password).await?);
+        }
+        self.put(c);
+        Ok(rows)
+    }
+
     /// Drops our reference to the allocation `manage` controls (DECR of its
     /// read count): the depot frees it now, rather than at the end of its
     /// lease, when no other reference is left.

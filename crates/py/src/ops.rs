@@ -7,10 +7,10 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use lors::download::{DownloadOptions, Output};
-use lors::leftover;
+use lors::job::upload::{Failed, Source, Upload};
 use lors::manage::{CopyOptions, Selection};
 use lors::settings::Settings;
-use lors::upload::{Control, E2e, UploadOptions};
+use lors::upload::{E2e, UploadOptions};
 use lors_exnode::ExNode;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -64,7 +64,7 @@ pub(crate) fn upload(
     let uri = output.map(|o| exnode_ref(&o.0)).transpose()?;
     let out = uri.as_ref().map(|u| u.path.clone());
     if let Some(o) = &out {
-        refuse_overwrite(o, force)?;
+        lors::job::check_output(o, force).map_err(|e| refused(py, e))?;
     }
     let s = opts.settings(uri.as_ref())?;
     let e2e = E2e {
@@ -75,54 +75,76 @@ pub(crate) fn upload(
     };
     let mut up = placed(py, &opts, &s, &path.0, &e2e)?;
     up.sparse = !dense;
-    let (file, identity) = input(&path.0, &up)?;
-    let left = Leftovers {
-        pool: pool(&s, size("bwlimit", bwlimit.as_ref())?),
-        partial: out.as_deref().map(leftover::record_path),
-        identity,
+    let source = input(&path.0)?;
+    let pool = pool(&s, size("bwlimit", bwlimit.as_ref())?);
+    let job = Upload {
+        opts: up,
+        out: out.clone(),
+        force,
     };
-    let done = match &left.partial {
-        Some(p) => leftover::resumable(p, &left.identity)
-            .map_err(|e| PyValueError::new_err(crate::errors::chain(&e)))?,
-        None => Vec::new(),
+    let (job, source, ready) = {
+        let pool = pool.clone();
+        crate::run::wait(py, async move {
+            let ready = job.prepare(&source, &pool).await;
+            (job, source, ready)
+        })?
     };
+    let ready = ready.map_err(|e| refused(py, e))?;
     let (tx, rx) = tokio::sync::watch::channel(false);
-    let control = Control {
-        stop: Some(rx),
-        done,
-    };
     let mut watch = Watch::new(progress);
-    let (tally, p2) = (watch.tally.clone(), left.pool.clone());
-    let run = async move { lors::upload::upload_file_with(file, &up, p2, tally, control).await };
-    let x = left.outcome(py, block_on(py, run, &mut watch, Stop::Signal(tx)))?;
-    if let Some(o) = &out {
-        if let Err(e) = lors::xnd::save(o, &x) {
-            // Without its exNode nobody can reach the data: free it now.
-            let (all, pool) = (x.allocations().cloned().collect(), left.pool);
-            let _ = crate::run::wait(py, async move { pool.release_all(all).await });
-            return Err(from_xnd(py, &e));
+    let tally = watch.tally.clone();
+    let run = async move { job.run(ready, source, pool, tally, Some(rx)).await };
+    let done = match block_on(py, run, &mut watch, Stop::Signal(tx)) {
+        Ok(Ok(done)) => done,
+        Ok(Err(failed)) => return Err(upload_failed(py, None, failed)),
+        Err(Stopped { err, result }) => {
+            return Err(match result {
+                Some(Err(failed)) => upload_failed(py, Some(err), failed),
+                _ => err,
+            });
         }
-        if let Some(p) = &left.partial {
-            let _ = std::fs::remove_file(p);
-        }
-    }
-    Ok(PyExNode::new(as_saved(x, out.as_deref()), out))
+    };
+    Ok(PyExNode::new(as_saved(done.exnode, out.as_deref()), out))
 }
 
-/// Refuses to replace an exNode (it may hold the only capabilities to its
-/// data) unless `force`.
-fn refuse_overwrite(out: &Path, force: bool) -> PyResult<()> {
-    if force || std::fs::symlink_metadata(out).is_err() {
-        return Ok(());
-    }
-    Err(crate::errors::os_error(
-        libc::EEXIST,
-        format!(
-            "{} already exists and may hold the only capabilities to its data: choose another output, or pass force=True to replace it",
-            out.display()
+/// A refused upload as Python raises it: an existing output is
+/// `FileExistsError`, a record of another upload `ValueError`.
+fn refused(py: Python<'_>, e: lors::job::Refused) -> PyErr {
+    use lors::job::Refused as R;
+    match e {
+        R::Exists(p) => crate::errors::os_error(
+            libc::EEXIST,
+            format!(
+                "{} already exists and may hold the only capabilities to its data: choose another output, or pass force=True to replace it",
+                p.display()
+            ),
+            Some(&p.display().to_string()),
         ),
-        Some(&out.display().to_string()),
-    ))
+        R::Foreign(e) => PyValueError::new_err(crate::errors::chain(&e)),
+        R::Output(e) => from_xnd(py, &e),
+        R::Lors(e) => from_lors(py, &e, None),
+    }
+}
+
+/// The exception of an upload that did not finish (`stopped`: the
+/// KeyboardInterrupt that stopped it), with a note saying what it left.
+fn upload_failed(py: Python<'_>, stopped: Option<PyErr>, failed: Failed) -> PyErr {
+    let note = failed.left().map(|left| {
+        let resume = match (&left.record, left.resumable) {
+            (Some(_), true) => ": the same lors.upload call resumes from it",
+            _ => "",
+        };
+        format!("lors: {left}{resume}{}", left.released_clause())
+    });
+    let err = match (stopped, failed.cause()) {
+        (Some(err), _) => err,
+        (None, Some(cause)) => from_lors(py, cause, None),
+        (None, None) => pyo3::exceptions::PyKeyboardInterrupt::new_err("upload interrupted"),
+    };
+    if let Some(note) = note {
+        let _ = err.value(py).call_method1("add_note", (note,));
+    }
+    err
 }
 
 /// The upload's options, its depots found as the settings say.
@@ -143,98 +165,17 @@ fn placed(
     Ok(up)
 }
 
-/// The file to upload, and what identifies this upload of it in a record
-/// an interrupted run leaves.
-fn input(path: &str, up: &UploadOptions) -> PyResult<(std::fs::File, String)> {
+/// The regular file to upload.
+fn input(path: &str) -> PyResult<Source> {
     let file = std::fs::File::open(path).map_err(|e| {
         crate::errors::os_error(lors::xio::errno(&e), format!("{path}: {e}"), Some(path))
     })?;
-    let meta = file.metadata()?;
-    if !meta.is_file() {
+    if !file.metadata()?.is_file() {
         return Err(PyValueError::new_err(format!(
             "{path}: not a regular file (write a stream with lors.open(xnd, \"wb\"))"
         )));
     }
-    let identity = leftover::identity(&meta, up);
-    Ok((file, identity))
-}
-
-/// What an upload that does not finish leaves behind, and where.
-struct Leftovers {
-    pool: Arc<lors::Pool>,
-    /// `OUTPUT.partial`, when there is an output.
-    partial: Option<PathBuf>,
-    identity: String,
-}
-
-impl Leftovers {
-    /// The exNode of a finished upload, or the error of one that did not,
-    /// with a note saying what it left.
-    fn outcome(
-        &self,
-        py: Python<'_>,
-        r: Result<
-            lors::Result<lors::upload::Uploaded>,
-            Stopped<lors::Result<lors::upload::Uploaded>>,
-        >,
-    ) -> PyResult<ExNode> {
-        let none = ExNode::default();
-        let (err, stored, stranded) = match r {
-            Ok(Ok(up)) => {
-                if !up.unreleased.mappings.is_empty() {
-                    self.leave(py, &none, &up.unreleased);
-                }
-                return Ok(up.exnode);
-            }
-            Err(Stopped { err, result }) => match result {
-                Some(Err(lors::Error::Interrupted {
-                    stored, stranded, ..
-                })) => (err, *stored, stranded),
-                _ => return Err(err),
-            },
-            Ok(Err(lors::Error::Abandoned {
-                cause, stranded, ..
-            })) => (from_lors(py, &cause, None), ExNode::default(), stranded),
-            Ok(Err(e)) => return Err(from_lors(py, &e, None)),
-        };
-        if !stored.mappings.is_empty() || !stranded.mappings.is_empty() {
-            let note = self.leave(py, &stored, &stranded);
-            let _ = err.value(py).call_method1("add_note", (note,));
-        }
-        Err(err)
-    }
-
-    /// Records `stored` and `stranded` in the partial record (with the
-    /// identity, so the same call resumes from it) when there is an
-    /// output, else releases them. Returns the sentence saying which.
-    fn leave(&self, py: Python<'_>, stored: &ExNode, stranded: &ExNode) -> String {
-        let blocks = stored.mappings.len();
-        if let Some(p) = &self.partial {
-            let rec = leftover::record(
-                stored,
-                stranded,
-                (blocks > 0).then_some(self.identity.as_str()),
-            );
-            if lors::xnd::save(p, &rec).is_ok() {
-                return format!(
-                    "lors: what was stored is recorded in {}: the same lors.upload call resumes from it",
-                    p.display()
-                );
-            }
-        }
-        let all: Vec<_> = (stored.mappings.iter())
-            .chain(&stranded.mappings)
-            .cloned()
-            .collect();
-        let n = all.len();
-        let pool = self.pool.clone();
-        let kept =
-            crate::run::wait(py, async move { pool.release_all(all).await }).map_or(n, |k| k.len());
-        format!(
-            "lors: {} of the {n} allocations made were released; the rest expire with their lease",
-            n - kept
-        )
-    }
+    Ok(Source::File(file))
 }
 
 /// Downloads the exNode's file (or `length` bytes of it from `offset`) to
@@ -464,7 +405,7 @@ pub(crate) fn augment(
             .map(|m| m.alloc_length)
             .max()
             .unwrap_or(0);
-    let held = lors::leftover::depots(&t.x);
+    let held = t.x.depots();
     let found = opts.find(py, &s, copies + held.len(), biggest, Vec::new())?;
     let (tx, rx) = tokio::sync::watch::channel(false);
     let copy = CopyOptions {
@@ -689,19 +630,18 @@ pub(crate) fn copy(
             Some(&out.display().to_string()),
         ));
     }
-    refuse_overwrite(&out, force)?;
+    lors::job::check_output(&out, force).map_err(|e| refused(py, e))?;
     let opts = Opts::placing(depots, lbone, location, duration, timeout)?;
     let s = opts.settings(t.uri.as_ref())?;
     let pool = pool(&s, None);
     let name = out.display().to_string();
-    lors::commit::check_output(&out).map_err(|e| from_xnd(py, &e))?;
     let copies = lors::manage::copies_policy(&t.x).unwrap_or(1);
     let coded = !t.x.parity.is_empty();
     let biggest = (t.x.mappings.iter()).map(|m| m.alloc_length).max();
     // Depots for the copies: enough beside those holding each block.
     let found = match (coded, biggest) {
         (false, Some(b)) => {
-            let held = lors::leftover::depots(&t.x).len();
+            let held = t.x.depots().len();
             (opts
                 .find(py, &s, copies + held.min(copies), b, Vec::new())
                 .ok())

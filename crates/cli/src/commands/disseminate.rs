@@ -136,10 +136,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         lors::xnd::save(&out, &done.exnode)?;
     }
     if !done.unreleased.mappings.is_empty() {
-        super::upload::record_unreleased(
-            &done.unreleased,
-            "copies on sites that did not complete could not be released; ",
-            &out,
+        super::upload::say_left(
+            "copies on sites that did not complete could not be released: ",
+            &lors::job::unreleased(&out, &done.unreleased, 0),
         );
     }
     say(&a, &progress, &done, complete, &out);

@@ -583,13 +583,30 @@ pub async fn upload<R: AsyncRead + Unpin>(
     pool: Arc<Pool>,
     progress: Arc<dyn Progress>,
 ) -> Result<Uploaded> {
+    upload_with(input, size, opts, pool, progress, Control::default()).await
+}
+
+/// [`upload`], stopped as `control` says (a stream has no earlier run to
+/// resume: `control.done` must be empty).
+pub async fn upload_with<R: AsyncRead + Unpin>(
+    input: R,
+    size: Option<u64>,
+    opts: &UploadOptions,
+    pool: Arc<Pool>,
+    progress: Arc<dyn Progress>,
+    control: Control,
+) -> Result<Uploaded> {
+    let control = Control {
+        done: Vec::new(),
+        ..control
+    };
     run(
         (Input::Stream(input), None),
         size,
         opts,
         pool,
         progress,
-        Control::default(),
+        control,
     )
     .await
 }

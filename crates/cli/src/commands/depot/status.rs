@@ -4,29 +4,17 @@
 use std::fmt::Write as _;
 
 use anyhow::Context as _;
+use lors_ibp::ClientConfig;
 use lors_ibp::units::Bytes;
-use lors_ibp::{ClientConfig, Connection};
 
 /// Prints one line per resource: its size, what is allocated on it (hard
 /// and soft), what is left, and its longest lease.
 pub(super) fn show(addr: &str, password: &str) -> anyhow::Result<()> {
     let rt = super::super::runtime(super::super::Threads::One)?;
     let cfg = ClientConfig::with_io_timeout(std::time::Duration::from_secs(30));
-    let rows = rt.block_on(async {
-        let mut c = Connection::connect(addr, &cfg)
-            .await
-            .with_context(|| format!("connecting to the depot {addr}"))?;
-        let rids = c.resources().await.context("asking for the resources")?;
-        let mut rows = Vec::new();
-        for rid in rids {
-            let b = c
-                .status(&rid, password)
-                .await
-                .with_context(|| format!("asking for resource {rid}"))?;
-            rows.push(b);
-        }
-        anyhow::Ok(rows)
-    })?;
+    let pool = lors::Pool::new(cfg);
+    let rows = (rt.block_on(pool.depot_status(addr, password)))
+        .with_context(|| format!("asking the depot {addr} for its resources"))?;
     let mut out = format!(
         "{:<6} {:>11} {:>11} {:>6} {:>11} {:>11} {:>9}\n",
         "RID", "SIZE", "USED", "USED%", "HARD USED", "FREE", "MAX LEASE"

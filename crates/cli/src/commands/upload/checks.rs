@@ -3,7 +3,6 @@
 
 use std::path::PathBuf;
 
-use anyhow::Context as _;
 use lors::uri::ExnodeRef;
 use lors::xndrc::Xndrc;
 use lors_exnode::functions::Codec;
@@ -27,37 +26,7 @@ pub(super) fn chain(a: &Args, rc: &Xndrc) -> anyhow::Result<Option<Codec>> {
 /// Refuses, before anything is stored, an output that would overwrite an
 /// exNode (unless `force`) or that cannot be written.
 pub(crate) fn check_output(out: &std::path::Path, force: bool) -> anyhow::Result<()> {
-    if !force && std::fs::symlink_metadata(out).is_ok() {
-        return Err(UsageError(format!(
-            "{} already exists and may hold the only capabilities to its data: choose another -o, or give --force to replace it",
-            out.display()
-        ))
-        .into());
-    }
-    let dir = out
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(std::path::Path::new("."));
-    let name = out
-        .file_name()
-        .context("the exNode path has no file name")?;
-    let probe = dir.join(format!(
-        ".{}.probe{}",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(&probe)
-        .with_context(|| {
-            format!(
-                "cannot write the exNode in {}; nothing was uploaded",
-                dir.display()
-            )
-        })?;
-    let _ = std::fs::remove_file(&probe);
-    Ok(())
+    lors::job::check_output(out, force).map_err(super::store::refused)
 }
 
 /// Smallest block (allocation) size taken without `--small-blocks`.
@@ -122,31 +91,4 @@ pub(super) fn output(a: &Args) -> anyhow::Result<ExnodeRef> {
         )
         .into()),
     }
-}
-
-/// `--force` over an exNode: its lock, held for the run, and the
-/// allocations it names (a copy made with cp first taking references of
-/// its own), released once the new exNode is saved.
-pub(crate) struct Replaced {
-    _lock: lors::commit::Lock,
-    pub(crate) old: Vec<lors_exnode::Mapping>,
-}
-
-/// What `--force` replaces at `out`, if it is an exNode.
-pub(crate) fn replacing(
-    rt: &tokio::runtime::Runtime,
-    out: &std::path::Path,
-    force: bool,
-    pool: &std::sync::Arc<lors::Pool>,
-) -> anyhow::Result<Option<Replaced>> {
-    if !force || std::fs::symlink_metadata(out).is_err() || lors::xnd::load(out).is_err() {
-        return Ok(None);
-    }
-    let lock = lors::commit::Lock::take(out, crate::commands::LOCK_WAIT)?;
-    rt.block_on(lors::commit::adopt(out, pool))?;
-    let old = (lors::xnd::load(out)?.allocations())
-        .filter(|m| m.manage.is_some())
-        .cloned()
-        .collect();
-    Ok(Some(Replaced { _lock: lock, old }))
 }

@@ -3,7 +3,6 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use lors::leftover;
 use lors::upload::UploadOptions;
 use lors::uri::ExnodeRef;
 
@@ -12,10 +11,9 @@ mod leftover_notes;
 mod store;
 
 pub(crate) use checks::check_output;
-use checks::{chain, check_block_size, output, replacing};
-use leftover_notes::replaced_said;
-pub(crate) use leftover_notes::{copies_outcome, failed, record_unreleased};
-use store::{save, store};
+use checks::{chain, check_block_size, output};
+pub(crate) use leftover_notes::{copies_outcome, failed, say_left};
+use store::store;
 
 use super::{block_size_arg, nonzero_block_size_arg};
 use crate::report::{ReportOpts, Reporter, Unit};
@@ -167,17 +165,12 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let started = std::time::Instant::now();
     let pool = Arc::new(a.bwlimit.pool(s.client()));
     let progress = Reporter::new("upload", Unit::Bytes, &a.report, false);
-    let replaced = replacing(&rt, &out, a.force, &pool)?;
-    let (x, resumed) = store(&a, &out, &opts, &rt, &pool, &progress)?;
-    // A resumed upload's record is its own: what it replaced is left be.
-    let done = save(&rt, &out, &x, replaced.filter(|_| !resumed), &pool)?;
-    if let Some(done) = done.filter(|_| !a.report.quiet) {
-        replaced_said(&out, &done);
-    }
-    if resumed {
-        // Its blocks are in the exNode now.
-        let _ = std::fs::remove_file(leftover::record_path(&out));
-    }
+    let job = lors::job::upload::Upload {
+        opts,
+        out: Some(out.clone()),
+        force: a.force,
+    };
+    let x = store(&a, &job, &rt, &pool, &progress)?.exnode;
     let mut per_depot: std::collections::BTreeMap<String, u64> = Default::default();
     for m in x.mappings.iter().chain(&x.parity) {
         if let Some(d) = m.depot() {

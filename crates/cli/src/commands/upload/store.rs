@@ -1,158 +1,97 @@
-//! The upload itself: from a file (resuming what an interrupted run of it
-//! stored) or a stream, under SIGINT/SIGTERM, and what a stop or failure
-//! leaves recorded.
+//! The upload job ([`lors::job::upload`]) run under SIGINT/SIGTERM, and
+//! what it says it did or left.
 
 use std::sync::Arc;
 
-use anyhow::Context as _;
 use lors::Pool;
-use lors::leftover;
-use lors::upload::{Control, UploadOptions, upload, upload_file_with};
+use lors::job::Refused;
+use lors::job::upload::{Done, Failed, Source, Upload};
 
 use super::Args;
-use super::leftover_notes::{failed, record_partial, record_unreleased};
+use super::leftover_notes::{replaced_said, say_left};
 use crate::UsageError;
 use crate::report::Reporter;
 
-/// Stores the input, resuming from the record an interrupted run of the
-/// same upload left; the exNode of what was stored, and whether it resumed.
-/// An interrupted or failed upload records what it left on the depots and
-/// says so.
+/// Stores the input (resuming from the record an interrupted run of the
+/// same upload left) and saves its exNode; an interrupted or failed upload
+/// says what it left and where it is named.
 pub(super) fn store(
     a: &Args,
-    out: &std::path::Path,
-    opts: &UploadOptions,
+    job: &Upload,
     rt: &tokio::runtime::Runtime,
     pool: &Arc<Pool>,
     progress: &Arc<Reporter>,
-) -> anyhow::Result<(lors_exnode::ExNode, bool)> {
-    let input = (a.file.as_os_str() != "-")
-        .then(|| {
-            std::fs::File::open(&a.file).with_context(|| format!("opening {}", a.file.display()))
-        })
-        .transpose()?;
-    let meta = input.as_ref().and_then(|f| f.metadata().ok());
-    // What identifies this upload in a record for resuming it.
-    let identity = (meta.as_ref().filter(|m| m.is_file())).map(|m| leftover::identity(m, opts));
-    let partial = leftover::record_path(out);
-    let done = match &identity {
-        Some(id) => leftover::resumable(&partial, id).map_err(|e| match e {
-            e @ leftover::LeftoverError::Foreign { .. } => UsageError(e.to_string()).into(),
-            e => anyhow::Error::new(e),
-        })?,
-        None => Vec::new(),
+) -> anyhow::Result<Done> {
+    let source = match a.file.as_os_str() == "-" {
+        true => Source::Stream(Box::new(tokio::io::stdin()), None),
+        false => Source::open(&a.file)?,
     };
-    if !done.is_empty() && !a.report.quiet {
-        let blocks: std::collections::BTreeSet<u64> =
-            done.iter().map(|m| m.exnode_offset).collect();
+    let ready = rt.block_on(job.prepare(&source, pool)).map_err(refused)?;
+    let resumed = ready.resumed_blocks();
+    if resumed > 0 && !a.report.quiet {
         eprintln!(
-            "lors: resuming the upload recorded in {}: {} blocks already stored are not sent again",
-            partial.display(),
-            blocks.len()
+            "lors: resuming the upload recorded in {}.partial: {resumed} blocks already stored are not sent again",
+            a_out(job).display(),
         );
     }
     // SIGINT/SIGTERM: the upload stops, releases what it cut off and
     // records what it stored.
     let (stop_rx, signal) = crate::commands::stop_on_signal(rt);
-    let control = Control {
-        stop: Some(stop_rx),
-        done: done.clone(),
-    };
-    let r = rt.block_on(async {
-        let pool = pool.clone();
-        match input {
-            None => upload(tokio::io::stdin(), None, opts, pool, progress.clone()).await,
-            Some(f) if meta.as_ref().is_some_and(std::fs::Metadata::is_file) => {
-                upload_file_with(f, opts, pool, progress.clone(), control).await
-            }
-            Some(f) => {
-                // A pipe or device: read it as a stream.
-                let size = meta.as_ref().map(|m| m.len()).filter(|&n| n > 0);
-                upload(
-                    tokio::fs::File::from_std(f),
-                    size,
-                    opts,
-                    pool,
-                    progress.clone(),
-                )
-                .await
-            }
-        }
-    });
+    let r = rt.block_on(job.run(ready, source, pool.clone(), progress.clone(), Some(stop_rx)));
     progress.finish();
-    let id = identity.as_deref();
+    let out = a_out(job);
     match r {
-        Ok(up) => {
-            if !up.unreleased.mappings.is_empty() {
-                record_unreleased(
-                    &up.unreleased,
+        Ok(done) => {
+            if let Some(left) = &done.unreleased {
+                say_left(
                     "the upload succeeded, but of the allocations of attempts that failed, ",
-                    out,
+                    left,
                 );
             }
-            Ok((up.exnode, !done.is_empty()))
+            if let Some(c) = done.replaced.as_ref().filter(|_| !a.report.quiet) {
+                replaced_said(out, c);
+            }
+            Ok(done)
         }
-        Err(lors::Error::Interrupted {
-            stored,
-            released,
-            stranded,
-        }) => {
-            record_partial("interrupted", &stored, released, &stranded, id, &partial);
+        Err(Failed::Interrupted(left)) => {
+            say_left("upload interrupted: ", &left);
             Err(crate::commands::interrupted(&signal))
         }
-        // A resumed upload that fails keeps the record of what it resumed
-        // from (those allocations are named nowhere else).
-        Err(lors::Error::Abandoned {
-            cause,
-            released,
-            stranded,
-        }) if !done.is_empty() => {
-            let kept = lors_exnode::ExNode {
-                mappings: done,
-                ..Default::default()
-            };
-            record_partial("failed", &kept, released, &stranded, id, &partial);
-            Err((*cause).into())
+        Err(Failed::Failed { cause, left }) => {
+            if !left.is_nothing() || left.released > 0 {
+                say_left("upload failed: ", &left);
+            }
+            Err(cause.into())
         }
-        Err(e) => Err(failed(e, out)),
+        Err(Failed::NotSaved { cause, left }) => {
+            say_left("", &left);
+            Err(anyhow::Error::new(cause).context(format!(
+                "the upload finished but its exNode could not be written at {}",
+                out.display()
+            )))
+        }
+        Err(Failed::NotReleased { cause }) => Err(anyhow::Error::new(cause).context(format!(
+            "{} is saved; releasing what the exNode it replaced named failed",
+            out.display()
+        ))),
     }
 }
 
-/// Saves the uploaded `x` at `out`, then releases what the exNode it
-/// `replaced` named; the new data is released if the save fails (nothing
-/// would name it).
-pub(super) fn save(
-    rt: &tokio::runtime::Runtime,
-    out: &std::path::Path,
-    x: &lors_exnode::ExNode,
-    replaced: Option<super::checks::Replaced>,
-    pool: &std::sync::Arc<lors::Pool>,
-) -> anyhow::Result<Option<lors::commit::Committed>> {
-    let saved = match replaced {
-        Some(r) => (rt.block_on(lors::commit::save_then_release(out, x, r.old, pool)))
-            .map(Some)
-            .map_err(anyhow::Error::new),
-        None => lors::xnd::save(out, x)
-            .map(|()| None)
-            .map_err(anyhow::Error::new),
-    };
-    let Err(e) = saved else {
-        return saved;
-    };
-    // Saved, and what followed failed: the new data is named, and stays.
-    let digest = lors::commit::digest(x);
-    if lors::xnd::load(out).is_ok_and(|y| lors::commit::digest(&y) == digest) {
-        return Err(e.context(format!(
-            "{} is saved; releasing what the exNode it replaced named failed",
-            out.display()
-        )));
+/// The job's output (`lors upload` always has one).
+fn a_out(job: &Upload) -> &std::path::Path {
+    job.out.as_deref().unwrap_or(std::path::Path::new("-"))
+}
+
+/// A refused upload as the command line says it: a usage error where the
+/// user's flags are what to change.
+pub(super) fn refused(e: Refused) -> anyhow::Error {
+    match e {
+        Refused::Exists(p) => UsageError(format!(
+            "{} already exists and may hold the only capabilities to its data: choose another -o, or give --force to replace it",
+            p.display()
+        ))
+        .into(),
+        e @ Refused::Foreign(_) => UsageError(e.to_string()).into(),
+        e => e.into(),
     }
-    // Without its exNode nobody can reach the data: free it now.
-    let made: Vec<_> = x.allocations().cloned().collect();
-    let kept = rt.block_on(pool.release_all(made.clone())).len();
-    Err(e.context(format!(
-        "the upload finished but its exNode could not be written; {} of {} allocations were released",
-        made.len() - kept,
-        made.len()
-    )))
 }
