@@ -6,6 +6,8 @@ import pytest
 
 import lors
 from conftest import pattern
+from test_interrupt import named
+from test_safety import held
 
 
 def addrs(ds):
@@ -80,6 +82,9 @@ def test_an_existing_exnode_is_not_overwritten_without_force(tmp_path, depots):
     with pytest.raises(FileExistsError, match="force=True"):
         lors.upload(src, out, depots=addrs(depots), copies=1)
     lors.upload(src, out, depots=addrs(depots), copies=1, force=True)
+    # Replaced, the old exNode's allocations were released: the depots hold
+    # what the new one names, nothing more.
+    assert held(depots) == named(out)
 
 
 def test_augment_trim_and_refresh_change_the_exnode_in_place(tmp_path, depots):

@@ -25,6 +25,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context as _;
+use lors::job::edit::Edit;
 use lors::settings::{Layer, Settings};
 use lors_exnode::ExNode;
 
@@ -173,7 +174,7 @@ pub fn unreadable(x: &ExNode, probes: &[lors::manage::Probe]) -> anyhow::Result<
         }
         return Ok(());
     }
-    let gaps = lors::manage::uncovered(x, &live);
+    let gaps = x.uncovered(&live);
     if gaps.is_empty() {
         return Ok(());
     }
@@ -384,61 +385,41 @@ async fn recv(sig: &mut Option<tokio::signal::unix::Signal>) -> Option<()> {
     }
 }
 
-/// The [`crate::Interrupted`] error for the signal [`stop_on_signal`] saw.
 /// How long a command that changes an exNode waits for another lors
 /// command (a keeper's cycle, a second route) to let go of it.
 pub const LOCK_WAIT: std::time::Duration = lors::job::LOCK_WAIT;
 
-/// Starts a command that changes the exNode at `out` with `pool`
-/// ([`lors::commit::Session`]): its lock, what an earlier run left
-/// settled, its allocations journaled until `end`.
+/// Starts a command that changes the exNode `x`, read from `input`, to be
+/// saved at `out` ([`lors::job::edit::Edit::begin`]).
 pub fn begin(
     rt: &tokio::runtime::Runtime,
+    (input, x): (&std::path::Path, ExNode),
     out: &std::path::Path,
     pool: &std::sync::Arc<lors::Pool>,
-) -> anyhow::Result<lors::commit::Session> {
-    Ok(rt.block_on(lors::commit::Session::begin(out, pool, LOCK_WAIT))?)
+) -> anyhow::Result<Edit> {
+    Ok(rt.block_on(Edit::begin(Some(input), x, out, pool))?)
 }
 
-/// `x`, read from `input`, as it stands once `out`'s lock is held: read
-/// again when the run replaces it in place (another command may have
-/// changed it before the lock was taken).
-pub fn as_locked<'a>(
-    x: std::borrow::Cow<'a, ExNode>,
-    input: &std::path::Path,
-    out: &std::path::Path,
-) -> anyhow::Result<std::borrow::Cow<'a, ExNode>> {
-    Ok(match out == input {
-        true => std::borrow::Cow::Owned(lors::xnd::load(out)?),
-        false => x,
-    })
-}
-
-/// `x`, about to be saved at `out`: when that is a new file beside the
-/// `input` it came from (`read` from there), the input stays whole — it keeps its references,
-/// so nothing it names is the run's to free — and `x` takes its own on
-/// what it shares with the input, so removing either later leaves the
-/// other its data. Whether `out` is such a new file.
-pub fn as_new_file(
+/// Saves `y` for `edit`, then releases `free` ([`Edit::save`]); says
+/// what a new file beside the input could not take its own reference on.
+pub fn save(
     rt: &tokio::runtime::Runtime,
-    (input, read): (&std::path::Path, &ExNode),
-    out: &std::path::Path,
-    x: &mut ExNode,
+    edit: &Edit,
+    y: &mut ExNode,
+    free: Vec<lors_exnode::Mapping>,
     pool: &std::sync::Arc<lors::Pool>,
-) -> anyhow::Result<bool> {
-    if input == out {
-        return Ok(false);
-    }
-    let borrowed = rt.block_on(lors::commit::share_with(read, x, pool));
-    if borrowed > 0 {
+) -> anyhow::Result<lors::job::edit::Saved> {
+    let saved = rt.block_on(edit.save(y, free, pool))?;
+    if let Some(input) = edit.input().filter(|_| saved.borrowed > 0) {
         eprintln!(
-            "lors: {borrowed} allocations {} shares with {} could not take a reference of their own: removing {} frees them",
-            out.display(),
+            "lors: {} allocations {} shares with {} could not take a reference of their own: removing {} frees them",
+            saved.borrowed,
+            edit.out().display(),
             input.display(),
             input.display()
         );
     }
-    Ok(true)
+    Ok(saved)
 }
 
 /// The note for a run whose release was skipped because it wrote a new
@@ -451,19 +432,25 @@ pub fn input_keeps(input: &std::path::Path) {
     );
 }
 
-/// Ends `session` after `r`: `r`, unless ending failed where `r` did not.
+/// Ends `edit` after `r`: `r`, unless ending failed where `r` did not.
 pub fn end<T>(
     rt: &tokio::runtime::Runtime,
-    session: lors::commit::Session,
+    edit: Edit,
     pool: &std::sync::Arc<lors::Pool>,
     r: anyhow::Result<T>,
 ) -> anyhow::Result<T> {
-    let ended = rt.block_on(session.end(pool));
+    ended(r, rt.block_on(edit.end(pool)))
+}
+
+/// `r`, unless ending the run it came from (`ended`: what freeing what no
+/// exNode names came to) failed where `r` did not.
+pub fn ended<T>(r: anyhow::Result<T>, ended: lors::Result<usize>) -> anyhow::Result<T> {
     let v = r?;
     ended.map_err(|e| anyhow::Error::from(e).context("finishing: freeing what no exNode names"))?;
     Ok(v)
 }
 
+/// The [`crate::Interrupted`] error for the signal [`stop_on_signal`] saw.
 pub fn interrupted(which: &std::sync::atomic::AtomicU8) -> anyhow::Error {
     let code = which.load(std::sync::atomic::Ordering::SeqCst);
     crate::Interrupted(if code == 0 { 130 } else { code }).into()
@@ -572,7 +559,7 @@ impl Targets {
         beside_held: bool,
     ) -> anyhow::Result<lors::directory::Found> {
         let (held, exclude) = if beside_held {
-            let holders: Vec<std::collections::BTreeSet<String>> = (lors::manage::blocks(x))
+            let holders: Vec<std::collections::BTreeSet<String>> = (x.blocks())
                 .values()
                 .map(|idx| idx.iter().filter_map(|&i| x.mappings[i].depot()).collect())
                 .collect();

@@ -12,7 +12,6 @@
 //! frame) and never inflates a block beyond its logical size.
 
 use std::borrow::Cow;
-use std::fmt::Write as _;
 use std::ops::Range;
 
 use aes_gcm::aead::{Aead, KeyInit};
@@ -190,23 +189,7 @@ fn random_nonce() -> [u8; NONCE_BYTES] {
     n
 }
 
-fn hex(bytes: &[u8]) -> String {
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        let _ = write!(s, "{b:02x}");
-    }
-    s
-}
-
-fn unhex(s: &str) -> Option<Vec<u8>> {
-    if !s.len().is_multiple_of(2) {
-        return None;
-    }
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
-        .collect()
-}
+use lors_ibp::hex::{decode as unhex, encode as hex};
 
 /// The `r` part of `cur`, without a copy when it is borrowed.
 fn narrow(cur: Cow<'_, [u8]>, r: Range<usize>) -> Cow<'_, [u8]> {

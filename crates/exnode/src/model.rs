@@ -220,7 +220,74 @@ pub struct ExNode {
     pub holes: Vec<Hole>,
 }
 
+/// The exNode metadata item naming the file (as the LoRS tools write it).
+pub const FILENAME_META: &str = "filename";
+
+/// The exNode metadata item with the LoRS version that wrote the file.
+pub const LORS_VERSION_META: &str = "lorsversion";
+
+/// The exNode metadata item recording how many replicas of each block the
+/// file keeps: set by upload, kept by writes through xio and the mount.
+pub const COPIES_META: &str = "lors_copies";
+
 impl ExNode {
+    /// Blocks of the exNode: each distinct logical range with the indices
+    /// of the mappings (replicas) that hold it.
+    pub fn blocks(&self) -> std::collections::BTreeMap<(u64, u64), Vec<usize>> {
+        let mut b: std::collections::BTreeMap<(u64, u64), Vec<usize>> = Default::default();
+        for (i, m) in self.mappings.iter().enumerate() {
+            b.entry((m.exnode_offset, m.logical_length))
+                .or_default()
+                .push(i);
+        }
+        b
+    }
+
+    /// How many replicas of each block the file keeps: its recorded policy
+    /// ([`COPIES_META`]), else — an exNode from before it was recorded, or
+    /// from another tool — the most any of its blocks has on distinct
+    /// depots. `None` for an exNode with neither.
+    pub fn copies_policy(&self) -> Option<usize> {
+        if let Some(Value::Integer(n)) = self.meta(COPIES_META) {
+            return usize::try_from(*n).ok().filter(|&n| n >= 1);
+        }
+        (self.blocks().values())
+            .map(|idx| {
+                let on: std::collections::HashSet<String> = idx
+                    .iter()
+                    .filter_map(|&i| self.mappings[i].depot())
+                    .collect();
+                on.len()
+            })
+            .max()
+            .filter(|&n| n >= 1)
+    }
+
+    /// Byte ranges of `[0, logical size)` that no live mapping covers: what
+    /// a download could not read (a hole is no gap: it is zeros). `live[i]`
+    /// says whether mapping `i` answered.
+    pub fn uncovered(&self, live: &[bool]) -> Vec<(u64, u64)> {
+        let mut spans: Vec<(u64, u64)> = (self.mappings.iter().zip(live))
+            .filter(|(_, l)| **l)
+            .map(|(m, _)| (m.exnode_offset, m.logical_end()))
+            .chain(self.holes.iter().map(|h| (h.offset, h.end())))
+            .collect();
+        spans.sort_unstable();
+        let mut gaps = Vec::new();
+        let mut at = 0u64;
+        for (s, e) in spans {
+            if s > at {
+                gaps.push((at, s));
+            }
+            at = at.max(e);
+        }
+        let size = self.logical_size();
+        if at < size {
+            gaps.push((at, size));
+        }
+        gaps
+    }
+
     /// Every allocation: the mappings, then the parity blocks. Where
     /// commands number allocations (probes, refresh, trim), parity block
     /// `j` is number `mappings.len() + j`.
@@ -253,9 +320,33 @@ impl ExNode {
         }
     }
 
+    /// Whether the file is erasure-coded: it has parity blocks, or the
+    /// record of a code (even one whose parity is all gone). Such a file's
+    /// redundancy is its parity, not copies.
+    pub fn is_erasure_coded(&self) -> bool {
+        !self.parity.is_empty() || self.meta(crate::erasure::META_CODEC).is_some()
+    }
+
+    /// A new, empty exNode of the file `name`, with the metadata the LoRS
+    /// tools write at its top ([`FILENAME_META`], [`LORS_VERSION_META`]).
+    ///
+    /// ```
+    /// let x = lors_exnode::ExNode::of_file("run42.dat");
+    /// assert_eq!(x.filename(), Some("run42.dat"));
+    /// ```
+    pub fn of_file(name: &str) -> ExNode {
+        let mut x = ExNode::default();
+        x.set_meta(Metadata::string(FILENAME_META, name));
+        x.set_meta(Metadata::double(
+            LORS_VERSION_META,
+            crate::xml::LORS_VERSION,
+        ));
+        x
+    }
+
     /// The `filename` metadata.
     pub fn filename(&self) -> Option<&str> {
-        match self.meta("filename") {
+        match self.meta(FILENAME_META) {
             Some(Value::String(s)) => Some(s),
             _ => None,
         }

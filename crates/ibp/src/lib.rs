@@ -21,6 +21,7 @@ pub mod caps;
 pub mod client;
 pub mod error;
 pub mod ewma;
+pub mod hex;
 pub mod idle;
 pub mod proto;
 pub mod spliced;

@@ -599,7 +599,7 @@ impl PostgresStore {
             config,
             schema: schema.to_owned(),
             channel: format!("lors_lbone_{schema}"),
-            instance: instance.iter().map(|b| format!("{b:02x}")).collect(),
+            instance: lors_ibp::hex::encode(&instance),
         };
         bounded(async {
             let mut db = store.pool.get().await?;

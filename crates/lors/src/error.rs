@@ -192,6 +192,13 @@ pub enum Error {
         /// The holder's pid, as its lock file says.
         holder: Option<u32>,
     },
+    /// The exNode changed between the moment a command chose what to change
+    /// in it (mapping numbers) and the moment it held its lock.
+    #[error("{} changed while this command waited for it: run it again (see lors ls)", .path.display())]
+    Changed {
+        /// The exNode.
+        path: std::path::PathBuf,
+    },
     /// An `.xnd` file (an exNode, or the record beside one) could not be
     /// read or saved.
     #[error(transparent)]

@@ -53,8 +53,9 @@ pub struct Repaired {
     /// bytes are lost unless a depot comes back).
     pub lost: Vec<(u64, std::ops::Range<u64>)>,
     /// Stripes whose repair failed or fell short, and why (the blocks
-    /// made for them are in the exNode all the same).
-    pub failed: Vec<(u64, String)>,
+    /// made for them are in the exNode all the same); `None` for a repair
+    /// task that ended without saying which stripe (a panic: a bug).
+    pub failed: Vec<(Option<u64>, String)>,
 }
 
 /// Repairs `x` (see the module documentation), storing new blocks on
@@ -143,11 +144,11 @@ pub async fn repair(
                 progress.advance("", made.iter().map(|m| m.alloc_length).sum());
                 new.extend(made);
                 if let Err(err) = r {
-                    failed.push((s, err.to_string()));
+                    failed.push((Some(s), err.to_string()));
                 }
             }
             Err(j) if j.is_cancelled() => {}
-            Err(j) => failed.push((u64::MAX, j.to_string())),
+            Err(j) => failed.push((None, j.to_string())),
         }
     }
     if interrupted {
@@ -156,7 +157,7 @@ pub async fn repair(
         let kept = pool.release_all(made).await;
         return Err(Error::stopped(total, kept));
     }
-    failed.sort();
+    failed.sort_by_key(|(s, _)| s.map_or(u64::MAX, |s| s));
     let mut r = shared.result(new);
     (r.lost, r.failed) = (lost, failed);
     shared.drop_corrupt(&mut r);

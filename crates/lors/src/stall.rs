@@ -24,6 +24,7 @@
 //! assert_eq!(t.stall_after(cap), Duration::from_secs_f64(0.7125 * 4.0));
 //! ```
 
+use lors_ibp::ewma::Ewma;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -43,10 +44,19 @@ pub const RELEASE_WAIT: Duration = Duration::from_secs(5);
 /// sample taken as it is and later ones moving it by an eighth, so it
 /// follows a path that speeds up or slows down without one sample swinging
 /// it.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 pub struct Typical {
-    secs: f64,
+    secs: Ewma,
     samples: u32,
+}
+
+impl Default for Typical {
+    fn default() -> Self {
+        Typical {
+            secs: Ewma::new(1.0 / 8.0),
+            samples: 0,
+        }
+    }
 }
 
 impl Typical {
@@ -57,18 +67,23 @@ impl Typical {
 
     /// Adds `units` of work (bytes, say) that took `took` together.
     pub fn record_per(&mut self, took: Duration, units: u64) {
-        let t = took.as_secs_f64() / units.max(1) as f64;
-        self.secs = if self.samples == 0 {
-            t
-        } else {
-            self.secs + (t - self.secs) / 8.0
-        };
+        self.secs.add(took.as_secs_f64() / units.max(1) as f64);
         self.samples = self.samples.saturating_add(1);
     }
 
     /// Whether anything has been timed.
     pub fn known(&self) -> bool {
         self.samples > 0
+    }
+
+    /// How many times work was timed.
+    pub fn samples(&self) -> u32 {
+        self.samples
+    }
+
+    /// The typical seconds one unit takes (0 while nothing is timed).
+    pub fn per_unit(&self) -> f64 {
+        self.secs.get().unwrap_or(0.0)
     }
 
     /// How long no progress is a stall, at most `cap`: [`FACTOR`] times the
@@ -82,7 +97,7 @@ impl Typical {
         if !self.known() {
             return cap;
         }
-        scaled(self.secs * units as f64, cap)
+        scaled(self.per_unit() * units as f64, cap)
     }
 }
 

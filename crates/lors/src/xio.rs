@@ -115,7 +115,7 @@ pub struct File {
     /// write: they, not the write's time, are saved.
     times_set: bool,
     /// Replicas every block written gets: the file's policy
-    /// ([`crate::manage::copies_policy`]). A write that cannot have them
+    /// ([`lors_exnode::ExNode::copies_policy`]). A write that cannot have them
     /// fails rather than store fewer.
     copies: usize,
     /// Logical size, with what is buffered or being stored.

@@ -188,7 +188,7 @@ impl PyExNode {
         d.set_item("filename", x.filename())?;
         d.set_item("mappings", x.mappings.len())?;
         d.set_item("parity", x.parity.len())?;
-        let copies: Vec<usize> = lors::manage::blocks(x).values().map(Vec::len).collect();
+        let copies: Vec<usize> = x.blocks().values().map(Vec::len).collect();
         d.set_item("copies", copies.iter().min().copied().unwrap_or(0))?;
         d.set_item("ec", self.ec())?;
         let mut per_depot = std::collections::BTreeMap::<String, usize>::new();
@@ -233,7 +233,7 @@ impl PyExNode {
             }
             None => {
                 let data_live = &live[..x.mappings.len().min(live.len())];
-                d.set_item("unreadable", lors::manage::uncovered(x, data_live))?;
+                d.set_item("unreadable", x.uncovered(data_live))?;
             }
         }
         Ok(d)
@@ -249,7 +249,7 @@ impl PyExNode {
             Some(e) => format!("ec={:?}", e.scheme.to_string()),
             None => format!(
                 "copies={}",
-                (lors::manage::blocks(&self.x).values().map(Vec::len).min()).unwrap_or(0)
+                (self.x.blocks().values().map(Vec::len).min()).unwrap_or(0)
             ),
         };
         format!(

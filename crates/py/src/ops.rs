@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use lors::download::{DownloadOptions, Output};
+use lors::job::edit::{Edit, Unfinished, copies_outcome};
 use lors::job::upload::{Failed, Source, Upload};
 use lors::manage::{CopyOptions, Selection};
 use lors::settings::Settings;
@@ -354,18 +355,6 @@ pub(crate) fn read_ranges<'py>(
     }
 }
 
-/// Where a changed exNode goes: `output`, else the file it came from.
-fn save_to(py: Python<'_>, t: &Target, output: Option<PathOrStr>, x: ExNode) -> PyResult<PyExNode> {
-    let path = match output {
-        Some(o) => Some(exnode_ref(&o.0)?.path),
-        None => t.path.clone(),
-    };
-    if let Some(p) = &path {
-        lors::xnd::save(p, &x).map_err(|e| from_xnd(py, &e))?;
-    }
-    Ok(PyExNode::new(as_saved(x, path.as_deref()), path))
-}
-
 /// `x` as saved at `path`: with the record of the file it was saved as
 /// (what tells a later copy of it for one), so the object and its file
 /// are the same exNode.
@@ -413,18 +402,88 @@ pub(crate) fn augment(
         reliability: s.reliability,
         stop: Some(rx),
     };
-    let pool = pool(&s, None);
+    // A pool of its own: the edit journals every allocation it makes.
+    let pool = Arc::new(lors::Pool::new(s.client()));
     let mut watch = Watch::new(progress);
     let tally = watch.tally.clone();
-    let x = t.x.clone();
+    let out = output_path(&t, output)?;
+    let (input, x, to) = (t.path.clone(), (*t.x).clone(), out.clone());
     let run = async move {
-        lors::manage::augment(&x, &found.depots, copies, &copy, &pool, tally.as_ref()).await
+        let Some(out) = to else {
+            let r = lors::manage::augment(&x, &found.depots, copies, &copy, &pool, tally.as_ref());
+            return copies_outcome(r.await, None);
+        };
+        let edit = Edit::begin(input.as_deref(), x, &out, &pool)
+            .await
+            .map_err(failed)?;
+        let r = lors::manage::augment(
+            edit.exnode(),
+            &found.depots,
+            copies,
+            &copy,
+            &pool,
+            tally.as_ref(),
+        );
+        let r = match copies_outcome(r.await, Some(&out)) {
+            Ok(mut y) => (edit.save(&mut y, Vec::new(), &pool).await)
+                .map(|_| y)
+                .map_err(failed),
+            Err(e) => Err(e),
+        };
+        let ended = edit.end(&pool).await;
+        let y = r?;
+        ended.map_err(failed)?;
+        Ok(y)
     };
-    match block_on(py, run, &mut watch, Stop::Signal(tx)) {
-        Ok(Ok(x)) => save_to(py, &t, output, x),
-        Ok(Err(e)) => Err(from_lors(py, &e, None)),
-        Err(s) => Err(s.err),
+    let y = match block_on(py, run, &mut watch, Stop::Signal(tx)) {
+        Ok(r) => r.map_err(|e| unfinished(py, None, e))?,
+        Err(Stopped { err, result }) => {
+            return Err(match result {
+                Some(Err(e)) => unfinished(py, Some(err), e),
+                _ => err,
+            });
+        }
+    };
+    Ok(PyExNode::new(as_saved(y, out.as_deref()), out))
+}
+
+/// Where a changed exNode goes: `output`, else the file it came from.
+fn output_path(t: &Target, output: Option<PathOrStr>) -> PyResult<Option<PathBuf>> {
+    Ok(match output {
+        Some(o) => Some(exnode_ref(&o.0)?.path),
+        None => t.path.clone(),
+    })
+}
+
+/// An error of a copy job's set-up or save, which left nothing to say.
+fn failed(cause: lors::Error) -> Unfinished {
+    Unfinished::Failed {
+        cause: Box::new(cause),
+        left: lors::job::Left::default(),
     }
+}
+
+/// The exception of a copy job that did not finish (`stopped`: the
+/// KeyboardInterrupt that stopped it), with a note saying what it left.
+fn unfinished(py: Python<'_>, stopped: Option<PyErr>, e: Unfinished) -> PyErr {
+    let (err, left) = match e {
+        Unfinished::Interrupted(left) => (
+            stopped.unwrap_or_else(|| {
+                pyo3::exceptions::PyKeyboardInterrupt::new_err(
+                    "interrupted: the exNode is unchanged",
+                )
+            }),
+            left,
+        ),
+        Unfinished::Failed { cause, left } => {
+            (stopped.unwrap_or_else(|| from_lors(py, &cause, None)), left)
+        }
+    };
+    if !left.is_nothing() || left.released > 0 {
+        let note = format!("lors: {left}{}", left.released_clause());
+        let _ = err.value(py).call_method1("add_note", (note,));
+    }
+    err
 }
 
 /// Removes (and by default frees) the allocations on `depots`, or those
@@ -456,47 +515,41 @@ pub(crate) fn trim(
         }
     };
     let s = Opts::timeout_only(timeout.as_ref(), t.uri.as_ref())?;
-    let pool = Arc::new(pool(&s, None));
-    let trimmed =
-        lors::manage::trim(&t.x, &sel, allow_holes).map_err(|e| from_lors(py, &e, None))?;
-    let path = match output {
-        Some(o) => Some(exnode_ref(&o.0)?.path),
-        None => t.path.clone(),
-    };
-    // Into a new file beside the input: the input keeps what it names.
-    let new_file = matches!((&path, &t.path), (Some(p), Some(i)) if p != i);
-    let old: Vec<_> = match release && !new_file {
-        true => trimmed.dropped.into_iter().map(|(_, m)| m).collect(),
-        false => Vec::new(),
-    };
-    let mut x = trimmed.exnode;
-    if new_file {
-        let (pool, input, mut y) = (pool.clone(), t.x.clone(), x.clone());
-        let shared = async move {
-            lors::commit::share_with(&input, &mut y, &pool).await;
-            y
-        };
-        x = crate::run::wait(py, shared)?;
-    }
-    // Saved before anything it no longer names is freed (lors::commit); an
-    // exNode only in memory is the caller's to keep.
-    let run = {
-        let (x, path) = (x.clone(), path.clone());
-        async move {
-            match &path {
-                Some(p) => {
-                    lors::commit::check_output(p)?;
-                    // A copy made with cp takes its references before its
-                    // own are dropped.
-                    lors::commit::adopt(p, &pool).await?;
-                    lors::commit::save_then_release(p, &x, old, &pool).await?;
-                }
-                None => drop(pool.release_all(old).await),
+    // What to remove, checked before anything else (a mapping that is not
+    // there, a last replica), with nothing touched.
+    lors::manage::trim(&t.x, &sel, allow_holes).map_err(|e| from_lors(py, &e, None))?;
+    // A pool of its own: the edit journals what it does.
+    let pool = Arc::new(lors::Pool::new(s.client()));
+    let path = output_path(&t, output)?;
+    let (input, before, out) = (t.path.clone(), (*t.x).clone(), path.clone());
+    let run = async move {
+        let Some(out) = out else {
+            // An exNode only in memory is the caller's to keep.
+            let t = lors::manage::trim(&before, &sel, allow_holes)?;
+            if release {
+                pool.release_all(t.dropped.into_iter().map(|(_, m)| m).collect())
+                    .await;
             }
-            Ok::<(), lors::Error>(())
+            return Ok(t.exnode);
+        };
+        let edit = Edit::begin(input.as_deref(), before.clone(), &out, &pool).await?;
+        let r = async {
+            edit.check_as_read(&before)?;
+            let mut t = lors::manage::trim(edit.exnode(), &sel, allow_holes)?;
+            let free = match release {
+                true => t.dropped.into_iter().map(|(_, m)| m).collect(),
+                false => Vec::new(),
+            };
+            edit.save(&mut t.exnode, free, &pool).await?;
+            Ok::<_, lors::Error>(t.exnode)
         }
+        .await;
+        let ended = edit.end(&pool).await;
+        let y = r?;
+        ended?;
+        Ok::<_, lors::Error>(y)
     };
-    crate::run::wait(py, run)?.map_err(|e| from_lors(py, &e, None))?;
+    let x = crate::run::wait(py, run)?.map_err(|e| from_lors(py, &e, None))?;
     Ok(PyExNode::new(as_saved(x, path.as_deref()), path))
 }
 
@@ -635,8 +688,8 @@ pub(crate) fn copy(
     let s = opts.settings(t.uri.as_ref())?;
     let pool = pool(&s, None);
     let name = out.display().to_string();
-    let copies = lors::manage::copies_policy(&t.x).unwrap_or(1);
-    let coded = !t.x.parity.is_empty();
+    let copies = t.x.copies_policy().unwrap_or(1);
+    let coded = t.x.is_erasure_coded();
     let biggest = (t.x.mappings.iter()).map(|m| m.alloc_length).max();
     // Depots for the copies: enough beside those holding each block.
     let found = match (coded, biggest) {

@@ -57,7 +57,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     if a.repair {
         return repair(&a, &s, &x, &rt, progress);
     }
-    if x.meta(lors_exnode::erasure::META_CODEC).is_some() || !x.parity.is_empty() {
+    if x.is_erasure_coded() {
         return Err(crate::UsageError(
             "the file is erasure-coded (lors upload --ec): its redundancy is its parity, not copies; lors augment --repair remakes lost blocks, and more redundancy takes a stronger code (upload it again with --ec K+M, more parity)".into(),
         )
@@ -72,23 +72,23 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         stop: Some(stop),
     };
     let out = a.output.clone().map_or(a.exnode.path.clone(), |o| o.path);
-    // Before any depot is touched: a typo in -o must cost nothing.
-    lors::commit::check_output(&out)?;
     let pool = std::sync::Arc::new(a.bwlimit.pool(s.client()));
-    let session = super::begin(&rt, &out, &pool)?;
-    let x = super::as_locked(std::borrow::Cow::Owned(x), &a.exnode.path, &out)?;
+    // Before any depot is touched: a typo in -o costs nothing.
+    let edit = super::begin(&rt, (&a.exnode.path, x), &out, &pool)?;
+    let x = edit.exnode();
     let y = rt.block_on(async {
-        lors::manage::augment(&x, &found.depots, a.copies, &opts, &pool, progress.as_ref()).await
+        lors::manage::augment(x, &found.depots, a.copies, &opts, &pool, progress.as_ref()).await
     });
     progress.finish();
-    // A failed save leaves the copies named nowhere: the session's end
-    // frees them (its journal lists them).
+    let before = x.mappings.len();
+    // A failed save leaves the copies named nowhere: the edit's end frees
+    // them (its journal lists them).
     let r = super::upload::copies_outcome("augment", y, &out, &signal).and_then(|mut y| {
-        super::as_new_file(&rt, (&a.exnode.path, &x), &out, &mut y, &pool)?;
-        Ok(lors::xnd::save(&out, &y).map(|()| y)?)
+        super::save(&rt, &edit, &mut y, Vec::new(), &pool)?;
+        Ok(y)
     });
-    let y = super::end(&rt, session, &pool, r)?;
-    let added = y.mappings.len() - x.mappings.len();
+    let y = super::end(&rt, edit, &pool, r)?;
+    let added = y.mappings.len() - before;
     if progress.is_json() {
         progress.done(&Summary {
             added,
@@ -126,15 +126,14 @@ fn repair(
         stop: Some(stop),
     };
     let out = a.output.as_ref().map_or(&a.exnode.path, |o| &o.path);
-    lors::commit::check_output(out)?;
     let pool = std::sync::Arc::new(a.bwlimit.pool(s.client()));
-    let session = super::begin(rt, out, &pool)?;
+    let edit = super::begin(rt, (&a.exnode.path, x.clone()), out, &pool)?;
     let r = (|| {
-        let x = super::as_locked(std::borrow::Cow::Borrowed(x), &a.exnode.path, out)?;
+        let x = edit.exnode();
         let r = rt.block_on(async {
             let check_all = !a.lost_only;
             lors::repair::repair(
-                &x,
+                x,
                 &probes,
                 check_all,
                 &found.depots,
@@ -145,20 +144,11 @@ fn repair(
             .await
         });
         progress.finish();
-        let mut r = match r {
-            Err(e @ lors::Error::Abandoned { .. }) => return Err(super::upload::failed(e, out)),
-            r => super::upload::copies_outcome("repair", r, out, &signal)?,
-        };
-        let new_file = super::as_new_file(rt, (&a.exnode.path, &x), out, &mut r.exnode, &pool)?;
+        let mut r = super::upload::copies_outcome("repair", r, out, &signal)?;
         // Saved before the corrupt blocks it replaced are freed (the
         // input's, unless the result is a new file beside it).
-        let to_free = match new_file {
-            true => Vec::new(),
-            false => r.to_free.clone(),
-        };
-        let done = rt.block_on(lors::commit::save_then_release(
-            out, &r.exnode, to_free, &pool,
-        ))?;
+        let free = r.to_free.clone();
+        let done = super::save(rt, &edit, &mut r.exnode, free, &pool)?.committed;
         if let Some(rec) = &done.record {
             eprintln!(
                 "lors: {} corrupt blocks replaced but not released: named in {} to free later",
@@ -168,7 +158,7 @@ fn repair(
         }
         Ok(r)
     })();
-    let r = super::end(rt, session, &pool, r)?;
+    let r = super::end(rt, edit, &pool, r)?;
     if progress.is_json() {
         progress.done(&RepairSummary {
             stripes: r.stripes,
@@ -190,7 +180,10 @@ fn repair(
         );
     }
     for (stripe, why) in &r.failed {
-        eprintln!("lors: stripe {stripe} not repaired: {why}");
+        match stripe {
+            Some(s) => eprintln!("lors: stripe {s} not repaired: {why}"),
+            None => eprintln!("lors: a stripe's repair ended without a result: {why}"),
+        }
     }
     if let Some((first, bytes)) = r.lost.first() {
         anyhow::bail!(

@@ -11,6 +11,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use anyhow::Context as _;
 use lors::Pool;
 use lors::uri::ExnodeRef;
 
@@ -41,7 +42,7 @@ pub struct CpArgs {
 
 pub fn cp(a: CpArgs) -> anyhow::Result<()> {
     let s = super::settings(&a.net, Default::default(), Some(&a.source))?;
-    let mut x = lors::xnd::load(&a.source.path)?;
+    let x = lors::xnd::load(&a.source.path)?;
     let target = match a.target.is_dir() {
         true => {
             let name = (a.source.path.file_name())
@@ -57,19 +58,15 @@ pub fn cp(a: CpArgs) -> anyhow::Result<()> {
         ))
         .into());
     }
-    lors::commit::check_output(&target)?;
     let rt = super::runtime(super::Threads::One)?;
     let pool = Arc::new(Pool::new(s.client()));
-    let borrowed = rt.block_on(lors::commit::take_references(&mut x, |_| true, &pool));
-    if let Err(e) = lors::xnd::save(&target, &x) {
-        // Named by no new file: the references taken go back.
-        let held: Vec<_> = (x.allocations())
-            .filter(|m| !lors::commit::is_borrowed(m))
-            .cloned()
-            .collect();
-        rt.block_on(pool.release_all(held));
-        return Err(anyhow::Error::from(e).context(format!("saving {}", target.display())));
-    }
+    let borrowed = (rt.block_on(lors::job::copy_file(x, &target, &pool))).with_context(|| {
+        format!(
+            "copying {} to {}",
+            a.source.path.display(),
+            target.display()
+        )
+    })?;
     if borrowed > 0 {
         eprintln!(
             "lors: {borrowed} allocations could not take a reference for {} (their depots did not answer): until `lors keep` or another copy takes one, freeing {} frees them",

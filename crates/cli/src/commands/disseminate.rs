@@ -126,14 +126,28 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let rt = super::runtime(super::Threads::Many)?;
     let (stop, signal) = super::stop_on_signal(&rt);
     opts.stop = Some(stop);
-    let done = rt.block_on(async {
-        let pool = Arc::new(a.bwlimit.pool(s.client()));
-        disseminate(input, to, &opts, pool, progress.clone()).await
-    })?;
+    let from = match &input {
+        Input::ExNode(x) => Some(x.clone()),
+        Input::File(_) => None,
+    };
+    let pool = Arc::new(a.bwlimit.pool(s.client()));
+    let done = rt.block_on(disseminate(
+        input,
+        to,
+        &opts,
+        pool.clone(),
+        progress.clone(),
+    ))?;
     progress.finish();
     let complete = done.sites.iter().filter(|r| r.complete).count();
     if complete > 0 {
-        lors::xnd::save(&out, &done.exnode)?;
+        // A failed save releases the copies made: nothing would name them.
+        rt.block_on(lors::job::save_new(
+            &out,
+            &done.exnode,
+            from.as_ref(),
+            &pool,
+        ))?;
     }
     if !done.unreleased.mappings.is_empty() {
         super::upload::say_left(

@@ -54,7 +54,7 @@ pub fn run(mut a: Args) -> anyhow::Result<()> {
         }
         (Some(n), _) => n,
         (None, Some(_)) => 1,
-        (None, None) => lors::manage::copies_policy(&x).or(s.copies).unwrap_or(1),
+        (None, None) => x.copies_policy().or(s.copies).unwrap_or(1),
     };
     // A coded file moves block by block, each stripe onto as many depots.
     let spread = match coded {
@@ -92,15 +92,11 @@ pub fn run(mut a: Args) -> anyhow::Result<()> {
         .into());
     }
     let out = a.output.clone().map_or(a.exnode.path.clone(), |o| o.path);
-    // Before any depot is touched: a typo in -o must cost nothing.
-    lors::commit::check_output(&out)?;
     let pool = std::sync::Arc::new(a.bwlimit.pool(s.client()));
-    let session = super::begin(&rt, &out, &pool)?;
-    let r = (|| {
-        let x = super::as_locked(std::borrow::Cow::Owned(x), &a.exnode.path, &out)?;
-        route(&a, &s, &rt, &x, &targets, &out, &pool, &progress)
-    })();
-    super::end(&rt, session, &pool, r)
+    // Before any depot is touched: a typo in -o costs nothing.
+    let edit = super::begin(&rt, (&a.exnode.path, x), &out, &pool)?;
+    let r = route(&a, &s, &rt, &edit, &targets, &pool, &progress);
+    super::end(&rt, edit, &pool, r)
 }
 
 /// The route itself, under the output's lock: copies, the new exNode
@@ -110,12 +106,12 @@ fn route(
     a: &Args,
     s: &lors::settings::Settings,
     rt: &tokio::runtime::Runtime,
-    x: &lors_exnode::ExNode,
+    edit: &lors::job::edit::Edit,
     targets: &[String],
-    out: &std::path::Path,
     pool: &std::sync::Arc<lors::Pool>,
     progress: &std::sync::Arc<Reporter>,
 ) -> anyhow::Result<()> {
+    let (x, out) = (edit.exnode(), edit.out());
     let (stop, signal) = super::stop_on_signal(rt);
     let opts = lors::manage::CopyOptions {
         duration: s.duration,
@@ -134,8 +130,7 @@ fn route(
     {
         crate::report::clear();
         let mut stored = stored.clone();
-        super::as_new_file(rt, (&a.exnode.path, x), out, &mut stored, pool)?;
-        lors::xnd::save(out, &stored)?;
+        super::save(rt, edit, &mut stored, Vec::new(), pool)?;
         let n = stored.allocations().count() - x.allocations().count();
         eprintln!(
             "lors: route interrupted: the {n} copies made so far are kept in {} beside the old ones; run the same `lors route` on it again to copy the rest",
@@ -148,26 +143,25 @@ fn route(
     if lors_exnode::erasure::Erasure::of(&t.exnode)?.is_none() {
         // What the file keeps from now on, for writes and the keeper.
         let n = i64::try_from(a.copies.unwrap_or(1)).unwrap_or(i64::MAX);
-        let policy = lors_exnode::model::Metadata::integer(lors::manage::COPIES_META, n);
+        let policy = lors_exnode::model::Metadata::integer(lors_exnode::model::COPIES_META, n);
         t.exnode.set_meta(policy);
     }
     // The new exNode is saved before anything only the old one named is
     // released: a failure or a kill in between leaves the old file or the
     // new one whole, and what is to be freed recorded in OUT.partial.
-    let new_file = super::as_new_file(rt, (&a.exnode.path, x), out, &mut t.exnode, pool)?;
-    let old = match a.keep_old || new_file {
+    let old = match a.keep_old {
         true => Vec::new(),
         false => t.dropped.iter().map(|(_, m)| m.clone()).collect(),
     };
-    if new_file && !a.keep_old {
+    if edit.new_file() && !a.keep_old {
         super::input_keeps(&a.exnode.path);
     }
-    let done = match rt.block_on(lors::commit::save_then_release(out, &t.exnode, old, pool)) {
-        Ok(done) => done,
+    let done = match super::save(rt, edit, &mut t.exnode, old, pool) {
+        Ok(saved) => saved.committed,
         Err(e) => {
             // Nothing was released; the copies made are named nowhere, and
             // the end of the session frees them (its journal lists them).
-            return Err(anyhow::Error::from(e).context(format!(
+            return Err(e.context(format!(
                 "route: the new exNode could not be saved; {} is unchanged, every old replica kept and the new copies released",
                 a.exnode.path.display(),
             )));

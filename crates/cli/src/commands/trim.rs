@@ -56,13 +56,12 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let sel = selection(&a, &before)?;
     lors::manage::trim(&before, &sel, a.allow_holes)?;
     let out = a.output.clone().map_or(a.exnode.path.clone(), |o| o.path);
-    lors::commit::check_output(&out)?;
     let rt = super::runtime(super::Threads::One)?;
     let pool = std::sync::Arc::new(Pool::new(s.client()));
     // Under the lock from before the exNode is read to after it is saved.
-    let session = super::begin(&rt, &out, &pool)?;
-    let r = trim(&a, &rt, &pool, &out, &before, &sel);
-    super::end(&rt, session, &pool, r)
+    let edit = super::begin(&rt, (&a.exnode.path, before.clone()), &out, &pool)?;
+    let r = trim(&a, &rt, &pool, &edit, &before, &sel);
+    super::end(&rt, edit, &pool, r)
 }
 
 /// What `-m` or `--depot` selects in `x`.
@@ -100,28 +99,21 @@ fn trim(
     a: &Args,
     rt: &tokio::runtime::Runtime,
     pool: &std::sync::Arc<Pool>,
-    out: &std::path::Path,
+    edit: &lors::job::edit::Edit,
     before: &lors_exnode::ExNode,
     sel: &Selection,
 ) -> anyhow::Result<()> {
-    let x = lors::xnd::load(&a.exnode.path)?;
+    let (x, out) = (edit.exnode(), edit.out());
     // Mapping numbers name what the user saw: not another version.
-    // (A copy made outside lors took its references meanwhile: the same
-    // allocations, in the same order.)
-    let keys = |x: &lors_exnode::ExNode| x.allocations().map(lors::commit::key).collect::<Vec<_>>();
-    anyhow::ensure!(
-        keys(&x) == keys(before) && x.mappings.len() == before.mappings.len(),
-        "{} changed while this trim waited for it: run it again (see lors ls)",
-        a.exnode.path.display()
-    );
+    edit.check_as_read(before)?;
     let numbering = x.numbering();
-    let mut t = lors::manage::trim(&x, sel, a.allow_holes)?;
-    let new_file = super::as_new_file(rt, (&a.exnode.path, &x), out, &mut t.exnode, pool)?;
+    let mut t = lors::manage::trim(x, sel, a.allow_holes)?;
+    let new_file = edit.new_file();
     let progress = Reporter::new("trim", Unit::Allocations, &a.report, false);
     // A record beside an exNode (`OUT.partial`) frees only what that
     // exNode no longer names: a run that died before its save recorded
     // allocations the old exNode still holds.
-    let named_beside = named_beside(&a.exnode.path)?;
+    let named_beside = lors::job::edit::named_beside(&a.exnode.path)?;
     let mut not_released: Vec<(usize, String)> = Vec::new();
     if a.decrement && !new_file {
         let mut old = Vec::new();
@@ -136,13 +128,13 @@ fn trim(
             }
         }
         progress.start(Some(old.len() as u64));
-        let done = rt.block_on(lors::commit::save_then_release(out, &t.exnode, old, pool))?;
+        let done = super::save(rt, edit, &mut t.exnode, old, pool)?.committed;
         progress.advance("", done.freed as u64);
         progress.finish();
         not_released.extend(done.not_released(&t.dropped));
     } else {
         progress.start(Some(0));
-        lors::xnd::save(out, &t.exnode)?;
+        super::save(rt, edit, &mut t.exnode, Vec::new(), pool)?;
         progress.finish();
         if a.decrement {
             super::input_keeps(&a.exnode.path);
@@ -163,19 +155,6 @@ fn trim(
         eprintln!("lors: removed {} mappings -> {}", t.removed, out.display());
     }
     Ok(())
-}
-
-/// When `path` is a record `OUT.partial`, the allocations `OUT` names.
-fn named_beside(path: &std::path::Path) -> anyhow::Result<std::collections::HashSet<String>> {
-    let s = path.as_os_str().to_string_lossy();
-    let Some(base) = s.strip_suffix(".partial") else {
-        return Ok(Default::default());
-    };
-    let base = std::path::Path::new(base);
-    if std::fs::symlink_metadata(base).is_err() {
-        return Ok(Default::default());
-    }
-    Ok(lors::commit::named(&lors::xnd::load(base)?))
 }
 
 /// `--json`: what a trim removed.

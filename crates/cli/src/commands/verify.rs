@@ -91,7 +91,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             let states: Vec<String> = states.iter().map(|(s, k)| format!("{k} {s}")).collect();
             let of = match lors_exnode::erasure::Erasure::of(x)? {
                 Some(e) => format!("blocks of {} stripes ({})", e.stripes(), e.scheme),
-                None => format!("replicas of {} blocks", lors::manage::blocks(x).len()),
+                None => format!("replicas of {} blocks", x.blocks().len()),
             };
             report.push(match file.replicas {
                 0 if x.logical_size() == 0 => format!("{name}: empty, nothing to read"),
@@ -249,7 +249,7 @@ fn lost(x: &lors_exnode::ExNode, good: &[bool]) -> anyhow::Result<Vec<(u64, u64)
         .filter(|m| m.margin < 0)
         .map(|m| (m.bytes.start, m.bytes.end))
         .collect(),
-        None => lors::manage::uncovered(x, good),
+        None => x.uncovered(good),
     })
 }
 

@@ -32,7 +32,7 @@ fn route_keeps_the_files_copy_count_unless_told() {
         assert_eq!(on.len(), 2, "block at {offset}: {on:?}");
         assert!(on.iter().all(|d| targets.contains(d.as_str())), "{on:?}");
     }
-    assert_eq!(lors::manage::copies_policy(&x), Some(2));
+    assert_eq!(x.copies_policy(), Some(2));
     assert_downloads(&xnd, &data, dir.path());
 
     let (ok, _, err) = lors(&[
@@ -47,7 +47,7 @@ fn route_keeps_the_files_copy_count_unless_told() {
     assert!(ok, "{err}");
     let x = lors::xnd::load(&xnd).unwrap();
     assert!(replicas(&x).values().all(|on| on == &[ds[6].addr.clone()]));
-    assert_eq!(lors::manage::copies_policy(&x), Some(1));
+    assert_eq!(x.copies_policy(), Some(1));
     let (ok, _, err) = lors(&[
         "route",
         "-q",

@@ -14,7 +14,7 @@ use crate::util::{
 /// Live replicas per block, on which depots.
 fn holders(x: &Path) -> Vec<Vec<String>> {
     let x = lors::xnd::load(x).unwrap();
-    lors::manage::blocks(&x)
+    x.blocks()
         .values()
         .map(|idx| {
             idx.iter()

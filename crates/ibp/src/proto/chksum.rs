@@ -123,17 +123,9 @@ impl BlockHasher {
 
     /// The block's lowercase hex digest; the hasher starts the next block.
     pub fn finish_hex(&mut self) -> String {
-        let bytes = self.finish_bytes();
-        let mut s = String::with_capacity(bytes.len() * 2);
-        for b in bytes {
-            s.push(char::from(HEX[usize::from(b >> 4)]));
-            s.push(char::from(HEX[usize::from(b & 15)]));
-        }
-        s
+        crate::hex::encode(&self.finish_bytes())
     }
 }
-
-const HEX: &[u8; 16] = b"0123456789abcdef";
 
 /// Frames `data` as a checksummed data phase (what a client sends after a
 /// checksummed STORE or WRITE, and what the depot sends after a checksummed

@@ -345,10 +345,9 @@ pub struct Sched {
     events: Vec<Event>,
     counters: Counters,
     scratch: Vec<DepotId>,
-    /// Seconds per byte a fetch has taken, a moving average over the pieces
-    /// delivered by their only fetch, and how many were timed.
-    secs_per_byte: f64,
-    timed: u32,
+    /// Seconds per byte a fetch has taken, over the pieces delivered by
+    /// their only fetch.
+    fetch_time: crate::stall::Typical,
     /// Length of the last piece a depot delivered: the unit the evidence
     /// that a depot is slow is counted in.
     claimed_len: u64,
@@ -408,8 +407,7 @@ impl Sched {
             events: Vec::new(),
             counters: Counters::default(),
             scratch: Vec::new(),
-            secs_per_byte: 0.0,
-            timed: 0,
+            fetch_time: Default::default(),
             claimed_len: 0,
             cancelled: std::collections::HashSet::new(),
         };
@@ -512,8 +510,8 @@ impl Sched {
     /// How long a depot's fetch of `len` bytes typically takes here, once
     /// enough fetches are timed to say.
     pub fn typical_fetch(&self, len: u64) -> Option<Duration> {
-        (self.timed >= STRAGGLER_SAMPLES)
-            .then(|| Duration::from_secs_f64(self.secs_per_byte * len as f64))
+        (self.fetch_time.samples() >= STRAGGLER_SAMPLES)
+            .then(|| Duration::from_secs_f64(self.fetch_time.per_unit() * len as f64))
     }
 
     /// Whether piece `p`, still `range` (offset, length), is delivered or
@@ -1236,10 +1234,13 @@ impl Sched {
     /// time is known and nobody has fetched it twice yet.
     fn straggles_since(&self, p: PieceId) -> Option<Instant> {
         let s = &self.pieces[p];
-        if s.st != St::Running || s.running_on.len() != 1 || self.timed < STRAGGLER_SAMPLES {
+        if s.st != St::Running
+            || s.running_on.len() != 1
+            || self.fetch_time.samples() < STRAGGLER_SAMPLES
+        {
             return None;
         }
-        let expected = Duration::from_secs_f64(self.secs_per_byte * s.len as f64);
+        let expected = Duration::from_secs_f64(self.fetch_time.per_unit() * s.len as f64);
         Some(s.started + expected.mul_f64(STRAGGLER_FACTOR).max(STRAGGLER_MIN))
     }
 
@@ -1450,16 +1451,8 @@ impl Sched {
                 // A rebuilt piece's time is that of a stripe's reads and a
                 // decode, not of a depot's read.
                 if sole && len > 0 && !self.cfg.rebuilders.contains(&d) {
-                    let spb = now.saturating_duration_since(started).as_secs_f64() / len as f64;
-                    // The first pieces set it; later ones move it by an
-                    // eighth, so the estimate follows a link that speeds up
-                    // or slows down without one piece swinging it.
-                    self.secs_per_byte = if self.timed == 0 {
-                        spb
-                    } else {
-                        self.secs_per_byte + (spb - self.secs_per_byte) / 8.0
-                    };
-                    self.timed += 1;
+                    let took = now.saturating_duration_since(started);
+                    self.fetch_time.record_per(took, len);
                 }
             }
             // Moved off a stalled depot, which then delivered it after all.
@@ -1508,7 +1501,7 @@ impl Sched {
             });
             let straggles = oldest.is_some_and(|&(since, p)| {
                 let expected =
-                    Duration::from_secs_f64(self.secs_per_byte * self.pieces[p].len as f64);
+                    Duration::from_secs_f64(self.fetch_time.per_unit() * self.pieces[p].len as f64);
                 now.saturating_duration_since(since)
                     >= expected.mul_f64(STRAGGLER_FACTOR).max(STRAGGLER_MIN)
             });
@@ -1603,14 +1596,14 @@ impl Sched {
     pub fn stall_after(&self, d: DepotId) -> Duration {
         let cap = self.cfg.stall;
         // One timed piece is enough: the floor guards against its noise.
-        if self.timed == 0 {
+        if !self.fetch_time.known() {
             return cap;
         }
         let oldest = (self.running.iter())
             .find(|&&(_, p)| (self.pieces[p].running_on.iter()).any(|&m| self.depot_of[m] == d));
         match oldest {
             Some(&(_, p)) => {
-                crate::stall::scaled(self.secs_per_byte * self.pieces[p].len as f64, cap)
+                crate::stall::scaled(self.fetch_time.per_unit() * self.pieces[p].len as f64, cap)
             }
             None => cap,
         }

@@ -69,15 +69,16 @@ pub(super) async fn cycle(
     match crate::repair::repair(x, &probes, false, depots, &policy.copy, pool, &NoProgress).await {
         Ok(r) => {
             kept.short = (r.failed.iter())
-                .filter(|(s, _)| *s != u64::MAX)
-                .map(|(s, _)| e.stripe(*s))
+                .filter_map(|(s, _)| *s)
+                .map(|s| e.stripe(s))
                 .map(|b| (b.start, b.end))
                 .collect();
             // Without depots, why there are none is the error that matters.
             kept.heal_error = (r.failed.first()).map(|(s, why)| {
-                unplaced
-                    .clone()
-                    .unwrap_or_else(|| format!("stripe {s}: {why}"))
+                unplaced.clone().unwrap_or_else(|| match s {
+                    Some(s) => format!("stripe {s}: {why}"),
+                    None => why.clone(),
+                })
             });
             // Each stripe still short, with its own margin and reason.
             // (A block made this cycle is live; one the input had, as probed.)
@@ -89,7 +90,7 @@ pub(super) async fn cycle(
             };
             let now = e.margins(after, present);
             if let Some((_, list)) = kept.stripes.as_mut() {
-                for (s, why) in r.failed.iter().filter(|(s, _)| *s != u64::MAX) {
+                for (s, why) in r.failed.iter().filter_map(|(s, w)| Some((s.as_ref()?, w))) {
                     let margin = now.iter().find(|m| m.stripe == *s).map_or(-1, |m| m.margin);
                     list.push(StripeShort {
                         stripe: *s,
@@ -118,7 +119,7 @@ pub(super) async fn cycle(
                 .filter_map(|(i, _)| {
                     let m = x.allocation(*i)?;
                     let (s, _) = e.shard_of(m, *i >= data)?;
-                    (!r.failed.iter().any(|(f, _)| *f == s)).then(|| m.clone())
+                    (!r.failed.iter().any(|(f, _)| *f == Some(s))).then(|| m.clone())
                 })
                 .collect();
             if !fixed.is_empty() {

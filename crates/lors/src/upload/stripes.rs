@@ -85,23 +85,8 @@ pub(super) async fn run<R: AsyncRead + Unpin>(
             break;
         }
     }
-    if stop.interrupted {
-        tasks.abort_all();
-    }
-    let interrupted = super::settle_blocks(
-        tasks,
-        &control,
-        stop.interrupted,
-        &mut results,
-        &mut stop.failure,
-    )
-    .await;
-    if interrupted {
-        return Err(shared.interrupted(Vec::new()).await);
-    }
-    if let Some(e) = stop.failure {
-        return Err(shared.abandon(e).await);
-    }
+    // An erasure-coded upload is not resumed: stopped, it keeps nothing.
+    let results = super::end_blocks(&shared, tasks, &control, stop, results, false).await?;
     let mut x = shared.exnode_of(results);
     let (parity, data) = std::mem::take(&mut x.mappings)
         .into_iter()

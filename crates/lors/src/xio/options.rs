@@ -6,8 +6,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::SystemTime;
 
+use lors_exnode::ExNode;
 use lors_exnode::functions::Codec;
-use lors_exnode::{ExNode, Metadata as Meta};
 
 use super::attrs::stamp;
 use super::cache::Cache;
@@ -270,13 +270,11 @@ impl OpenOptions {
         }
         // Writes keep the file's redundancy: its recorded policy, else what
         // its blocks have; a new file takes the settings' and records it.
-        let copies = (crate::manage::copies_policy(&x))
-            .or(settings.copies)
-            .unwrap_or(1);
-        if writable && crate::manage::copies_policy(&x).is_none() {
+        let copies = (x.copies_policy()).or(settings.copies).unwrap_or(1);
+        if writable && x.copies_policy().is_none() {
             let n = i64::try_from(copies).unwrap_or(i64::MAX);
             x.set_meta(lors_exnode::Metadata::integer(
-                crate::manage::COPIES_META,
+                lors_exnode::model::COPIES_META,
                 n,
             ));
         }
@@ -328,19 +326,16 @@ impl OpenOptions {
 }
 
 fn new_exnode(path: &Path) -> ExNode {
-    let mut x = ExNode::default();
     let name = path
         .file_stem()
         .map_or_else(String::new, |s| s.to_string_lossy().into_owned());
-    x.set_meta(Meta::string("filename", &name));
-    x.set_meta(Meta::double("lorsversion", lors_exnode::xml::LORS_VERSION));
-    x
+    ExNode::of_file(&name)
 }
 
 /// A write would change an erasure-coded file's data blocks without their
 /// parity: such files open read-only.
 fn refuse_erasure(x: &lors_exnode::ExNode, path: &std::path::Path) -> io::Result<()> {
-    if x.parity.is_empty() && x.meta(lors_exnode::erasure::META_CODEC).is_none() {
+    if !x.is_erasure_coded() {
         return Ok(());
     }
     Err(io::Error::new(

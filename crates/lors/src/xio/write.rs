@@ -133,20 +133,17 @@ impl File {
             let turn = (off / self.buf_cap.max(1) as u64) as usize % depots.len();
             depots.rotate_left(turn);
         }
-        let s = &self.settings;
+        // The settings' upload, but blocks of one buffer, the file's own
+        // copies, no stripes, and nothing fitted to the distance: a buffer
+        // is one block.
         let opts = UploadOptions {
-            depots,
             block_size: self.settings.block_size.unwrap_or(DEFAULT_BUFFER as u64),
             copies: self.copies,
-            threads: self.settings.threads.unwrap_or(8),
-            duration: s.duration,
-            reliability: s.reliability,
-            filename: String::new(),
             erasure: None,
-            e2e: self.e2e.clone(),
             sparse: false,
             auto_threads: false,
             auto_block_size: false,
+            ..UploadOptions::from_settings(&self.settings, depots, String::new(), self.e2e.clone())
         };
         let pool = self.pool.clone();
         let len = data.len() as u64;

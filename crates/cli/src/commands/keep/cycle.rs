@@ -95,7 +95,7 @@ pub(super) fn one_cycle(
             &probed,
         );
         let kept = match session {
-            Ok(session) => crate::commands::end(rt, session, &pool, kept),
+            Ok(session) => crate::commands::ended(kept, rt.block_on(session.end(&pool))),
             Err(_) => kept,
         };
         match kept {
@@ -153,10 +153,7 @@ fn keep_one(
     let x = lors_exnode::xml::parse(&before)
         .map_err(|e| anyhow::anyhow!("parsing exNode {}: {e}", path.display()))?;
     let checked = scrub.plan(&x, path, first);
-    let copies = policy
-        .copies
-        .or_else(|| lors::manage::copies_policy(&x))
-        .unwrap_or(1);
+    let copies = policy.copies.or_else(|| x.copies_policy()).unwrap_or(1);
     // Where new replicas may go: asked for each exNode that needs one (its
     // blocks' holders differ), and only then.
     let used = &*placed;

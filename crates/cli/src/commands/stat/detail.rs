@@ -14,7 +14,7 @@ pub(super) fn detail(a: &Args, r: &ExnodeRef) -> anyhow::Result<()> {
     // What a download would refuse is reported, and fails, here too.
     lors::plan::check_exnode(&x)?;
     let probes = crate::commands::probe_all(&x, &s)?;
-    let blocks = lors::manage::blocks(&x);
+    let blocks = x.blocks();
     let live = |i: usize| probes[i].is_live();
     let replicas: Vec<usize> = blocks
         .values()

@@ -181,7 +181,7 @@ struct Health<'a> {
 impl<'a> Health<'a> {
     fn of(x: &lors_exnode::ExNode, probes: &[Probe], file: &'a str) -> anyhow::Result<Self> {
         let live: Vec<bool> = probes.iter().map(Probe::is_live).collect();
-        let blocks = lors::manage::blocks(x);
+        let blocks = x.blocks();
         let soonest_expiry_s = (probes.iter())
             .filter_map(|p| match p {
                 Probe::Live(p) => Some(p.seconds_left),
@@ -204,7 +204,7 @@ impl<'a> Health<'a> {
                 erasure: Some(st.json()),
             });
         }
-        let copies = lors::manage::copies_policy(x).unwrap_or(1);
+        let copies = x.copies_policy().unwrap_or(1);
         Ok(Health {
             file,
             size: x.logical_size(),
@@ -216,9 +216,7 @@ impl<'a> Health<'a> {
                 .unwrap_or(copies),
             copies,
             soonest_expiry_s,
-            lost_bytes: (lors::manage::uncovered(x, &live).iter())
-                .map(|(s, e)| e - s)
-                .sum(),
+            lost_bytes: (x.uncovered(&live).iter()).map(|(s, e)| e - s).sum(),
             erasure: None,
         })
     }

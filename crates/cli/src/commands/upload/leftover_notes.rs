@@ -3,6 +3,7 @@
 //! `OUT.partial` or released; these only say it.
 
 use lors::job::Left;
+use lors::job::edit::Unfinished;
 
 /// Says `left`, after `said` (which says what happened): where it is
 /// named, and how to resume from it or free it.
@@ -25,44 +26,33 @@ pub(crate) fn say_left(said: &str, left: &Left) {
     eprintln!("lors: {said}{left}{free}{}", left.released_clause());
 }
 
-/// The error of a failed copy job (augment's repair), after saying what
-/// it left on the depots: allocations it could not release are recorded
-/// in `OUT.partial`.
-pub(crate) fn failed(e: lors::Error, out: &std::path::Path) -> anyhow::Error {
-    let lors::Error::Abandoned {
-        cause,
-        released,
-        stranded,
-    } = e
-    else {
-        return e.into();
-    };
-    say_left("", &lors::job::unreleased(out, &stranded, released));
-    (*cause).into()
-}
-
-/// The outcome of an augment or route run under [`crate::commands::stop_on_signal`]:
-/// interrupted, the exNode is unchanged, the replicas made were released
-/// (those that could not be are recorded beside `out`), and the error
-/// carries the signal's exit status.
+/// The outcome of a copy job (augment, route, repair) run under
+/// [`crate::commands::stop_on_signal`]: interrupted, the exNode is
+/// unchanged, the replicas made were released (those that could not be are
+/// recorded beside `out`), and the error carries the signal's exit status;
+/// failed, what it left is said before its error.
 pub(crate) fn copies_outcome<T>(
     what: &str,
     r: lors::Result<T>,
     out: &std::path::Path,
     signal: &std::sync::atomic::AtomicU8,
 ) -> anyhow::Result<T> {
-    let Err(lors::Error::Interrupted {
-        released, stranded, ..
-    }) = r
-    else {
-        return Ok(r?);
-    };
-    let left = lors::job::unreleased(out, &stranded, released);
-    say_left(
-        &format!("{what} interrupted: the exNode is unchanged; "),
-        &left,
-    );
-    Err(crate::commands::interrupted(signal))
+    match lors::job::edit::copies_outcome(r, Some(out)) {
+        Ok(v) => Ok(v),
+        Err(Unfinished::Interrupted(left)) => {
+            say_left(
+                &format!("{what} interrupted: the exNode is unchanged; "),
+                &left,
+            );
+            Err(crate::commands::interrupted(signal))
+        }
+        Err(Unfinished::Failed { cause, left }) => {
+            if !left.is_nothing() || left.released > 0 {
+                say_left(&format!("{what} failed: "), &left);
+            }
+            Err((*cause).into())
+        }
+    }
 }
 
 /// What replacing the old exNode released.

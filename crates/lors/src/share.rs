@@ -15,7 +15,7 @@
 //! exNode fails with "no allocation has this key", while the owner's keys
 //! go on working. Deleting an alias needs its own manage key too; the
 //! shared exNode carries it sealed under the owner's manage key of the
-//! allocation (a keystream and tag derived with BLAKE3), so only someone
+//! allocation (ChaCha20-Poly1305 under a key derived with BLAKE3), so only someone
 //! holding both the shared exNode and the owner's can revoke, and the
 //! recipient learns nothing from it.
 //!
@@ -212,7 +212,7 @@ struct Cut {
 
 /// Works out which part of each mapping `opts.range` reaches.
 fn cuts(x: &ExNode, opts: &Options) -> Result<Vec<Cut>, ShareError> {
-    if coded(x) {
+    if x.is_erasure_coded() {
         return coded::cuts(x, opts);
     }
     let size = x.logical_size();
@@ -292,11 +292,6 @@ fn cuts(x: &ExNode, opts: &Options) -> Result<Vec<Cut>, ShareError> {
 fn owner_of<'a>(x: &'a ExNode, c: &Cut) -> &'a Mapping {
     x.allocation(c.index)
         .expect("cuts name the owner's allocations")
-}
-
-/// An erasure-coded exNode: shared whole, block by block ([`coded`]).
-fn coded(x: &ExNode) -> bool {
-    x.meta(lors_exnode::erasure::META_CODEC).is_some() || !x.parity.is_empty()
 }
 
 /// Whether a depot's refusal means it does not know aliases at all.
@@ -433,7 +428,7 @@ fn refusal(
     if let Some(e) = failures.iter().find_map(|(i, f)| fatal(*i, f)) {
         return Some(e);
     }
-    if coded(x) {
+    if x.is_erasure_coded() {
         return coded::refusal(x, got, failures);
     }
     // Every byte must keep at least one replica.
@@ -480,7 +475,7 @@ fn shared_exnode(x: &ExNode, cuts: &[Cut], mut got: BTreeMap<usize, CapSet>) -> 
             }
             // A block of a code keeps its place, unreadable, so the
             // others keep theirs in the stripes; a replica is left out.
-            None if coded(x) => {}
+            None if x.is_erasure_coded() => {}
             None => continue,
         }
         if c.index >= x.mappings.len() {
@@ -702,53 +697,54 @@ fn seal_key(master: &Capability, alias_read: &Capability) -> [u8; 32] {
     *h.finalize().as_bytes()
 }
 
-/// Tag bytes in front of a sealed value: a wrong key is told from a right
-/// one.
-const TAG: usize = 16;
+/// What starts a seal made with ChaCha20-Poly1305 (before it, seals were
+/// a BLAKE3 keystream and tag: [`unseal_v1`] still opens those).
+const SEAL_V2: &str = "2:";
 
-fn keystream(key: &[u8; 32], len: usize) -> Vec<u8> {
-    let mut ks = vec![0; len];
-    let mut h = blake3::Hasher::new_keyed(key);
-    h.update(b"stream");
-    h.finalize_xof().fill(&mut ks);
-    ks
-}
-
-fn tag(key: &[u8; 32], plain: &[u8]) -> [u8; 32] {
-    let mut h = blake3::Hasher::new_keyed(key);
-    h.update(b"tag");
-    h.update(plain);
-    *h.finalize().as_bytes()
-}
-
-/// `plain` encrypted with a keystream of `key`, after a tag, in hex.
+/// `plain` sealed with ChaCha20-Poly1305 under `key`, in hex after
+/// [`SEAL_V2`]. Each key seals one value only (it is derived for one
+/// alias), so the nonce can be fixed.
 fn seal(key: &[u8; 32], plain: &[u8]) -> String {
-    let ks = keystream(key, plain.len());
-    let mut out = tag(key, plain)[..TAG].to_vec();
-    out.extend(plain.iter().zip(ks).map(|(p, k)| p ^ k));
-    out.iter().map(|b| format!("{b:02x}")).collect()
+    use chacha20poly1305::aead::{Aead as _, KeyInit as _};
+    let aead = chacha20poly1305::ChaCha20Poly1305::new(key.into());
+    let sealed = (aead.encrypt(&Default::default(), plain))
+        .expect("ChaCha20-Poly1305 seals any value of a capability's length");
+    format!("{SEAL_V2}{}", lors_ibp::hex::encode(&sealed))
 }
 
-/// What [`seal`] sealed, if `key` is the key it used.
+/// What [`seal`] (or an older lors's seal) sealed, if `key` is the key it
+/// used.
 fn unseal(key: &[u8; 32], sealed: &str) -> Option<Vec<u8>> {
     // A capability URL is far shorter; a bound keeps hostile input cheap.
-    if sealed.len() > 4096 || !sealed.len().is_multiple_of(2) || sealed.len() < 2 * TAG {
+    if sealed.len() > 4096 {
         return None;
     }
-    let bytes: Vec<u8> = (0..sealed.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(sealed.get(i..i + 2)?, 16).ok())
-        .collect::<Option<_>>()?;
+    let Some(hex) = sealed.strip_prefix(SEAL_V2) else {
+        return unseal_v1(key, sealed);
+    };
+    use chacha20poly1305::aead::{Aead as _, KeyInit as _};
+    let aead = chacha20poly1305::ChaCha20Poly1305::new(key.into());
+    aead.decrypt(&Default::default(), lors_ibp::hex::decode(hex)?.as_slice())
+        .ok()
+}
+
+/// Opens a seal of the first format (shares made before ChaCha20-Poly1305
+/// sealed them): a 16-byte BLAKE3 tag, then the value XORed with a BLAKE3
+/// keystream, in hex.
+fn unseal_v1(key: &[u8; 32], sealed: &str) -> Option<Vec<u8>> {
+    const TAG: usize = 16;
+    let bytes = lors_ibp::hex::decode(sealed).filter(|b| b.len() >= TAG)?;
     let (t, body) = bytes.split_at(TAG);
-    let ks = keystream(key, body.len());
-    let plain: Vec<u8> = body.iter().zip(ks).map(|(c, k)| c ^ k).collect();
-    let want = tag(key, &plain);
-    let same = want[..TAG]
-        .iter()
-        .zip(t)
-        .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-        == 0;
-    same.then_some(plain)
+    let mut plain = vec![0; body.len()];
+    let mut h = blake3::Hasher::new_keyed(key);
+    h.update(b"stream");
+    h.finalize_xof().fill(&mut plain);
+    plain.iter_mut().zip(body).for_each(|(p, c)| *p ^= c);
+    let mut h = blake3::Hasher::new_keyed(key);
+    h.update(b"tag");
+    h.update(&plain);
+    let want = h.finalize();
+    bool::from(subtle::ConstantTimeEq::ct_eq(&want.as_bytes()[..TAG], t)).then_some(plain)
 }
 
 #[cfg(test)]
@@ -757,6 +753,34 @@ mod tests {
 
     fn cap(key: &str) -> Capability {
         format!("ibp://h:6714/0#{key}/1/MANAGE").parse().unwrap()
+    }
+
+    /// A seal as lors made them before ChaCha20-Poly1305 (the first format).
+    fn seal_v1(key: &[u8; 32], plain: &[u8]) -> String {
+        let mut ks = vec![0; plain.len()];
+        let mut h = blake3::Hasher::new_keyed(key);
+        h.update(b"stream");
+        h.finalize_xof().fill(&mut ks);
+        let mut h = blake3::Hasher::new_keyed(key);
+        h.update(b"tag");
+        h.update(plain);
+        let mut out = h.finalize().as_bytes()[..16].to_vec();
+        out.extend(plain.iter().zip(ks).map(|(p, k)| p ^ k));
+        lors_ibp::hex::encode(&out)
+    }
+
+    #[test]
+    fn seals_of_older_shares_still_open() {
+        let (master, other) = (cap("ownerkey"), cap("otherkey"));
+        let read: Capability = "ibp://h:6714/0#aliasread/9/READ".parse().unwrap();
+        let plain = b"ibp://h:6714/0#aliasmanage/9/MANAGE";
+        let old = seal_v1(&seal_key(&master, &read), plain);
+        assert_eq!(
+            unseal(&seal_key(&master, &read), &old).as_deref(),
+            Some(&plain[..])
+        );
+        assert_eq!(unseal(&seal_key(&other, &read), &old), None);
+        assert!(seal(&seal_key(&master, &read), plain).starts_with(SEAL_V2));
     }
 
     #[test]

@@ -25,6 +25,7 @@ use crate::leftover::{self, LeftoverError};
 use crate::xnd::XndError;
 use crate::{Error, Pool};
 
+pub mod edit;
 pub mod upload;
 
 /// How long a job that changes an exNode waits for another lors command
@@ -162,6 +163,43 @@ pub(crate) fn record(
 /// the `released` it did: what is left, said.
 pub fn unreleased(out: &Path, stranded: &ExNode, released: usize) -> Left {
     record(out, &ExNode::default(), stranded, None, released)
+}
+
+/// Saves `x`, made from the exNode `from` (if any), at `out`; when the
+/// save fails, what `x` names and `from` does not — allocations this job
+/// made, which nothing else names — is released before the error returns.
+pub async fn save_new(
+    out: &Path,
+    x: &ExNode,
+    from: Option<&ExNode>,
+    pool: &std::sync::Arc<Pool>,
+) -> Result<(), Error> {
+    let Err(e) = crate::xnd::save(out, x) else {
+        return Ok(());
+    };
+    let theirs = from.map(crate::commit::named).unwrap_or_default();
+    let made = (x.allocations())
+        .filter(|m| crate::commit::key(m).is_some_and(|k| !theirs.contains(&k)))
+        .filter(|m| !crate::commit::is_borrowed(m));
+    pool.release_all(made.cloned().collect()).await;
+    Err(e.into())
+}
+
+/// Copies the exNode `x` to the new file `target` (as `cp` would, but
+/// with references of its own on what it names, so removing either file
+/// leaves the other its data). The number of allocations that could not
+/// take a reference (their depots did not answer): removing the original
+/// frees them until one is taken.
+pub async fn copy_file(
+    mut x: ExNode,
+    target: &Path,
+    pool: &std::sync::Arc<Pool>,
+) -> Result<usize, Error> {
+    crate::commit::check_output(target)?;
+    let borrowed = crate::commit::take_references(&mut x, |_| true, pool).await;
+    // The references taken are x's own; the borrowed ones are the original's.
+    save_new(target, &x, None, pool).await?;
+    Ok(borrowed)
 }
 
 /// Releases `stored` and `stranded` (a job with nowhere to record them):

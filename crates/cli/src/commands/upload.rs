@@ -12,7 +12,7 @@ mod store;
 
 pub(crate) use checks::check_output;
 use checks::{chain, check_block_size, output};
-pub(crate) use leftover_notes::{copies_outcome, failed, say_left};
+pub(crate) use leftover_notes::{copies_outcome, say_left};
 use store::store;
 
 use super::{block_size_arg, nonzero_block_size_arg};

@@ -121,7 +121,7 @@ impl<'a> Places<'a> {
 #[derive(Debug, Clone)]
 pub struct Policy {
     /// Live replicas each block keeps; `None`: the exNode's own
-    /// ([`manage::copies_policy`]).
+    /// ([`ExNode::copies_policy`]).
     pub copies: Option<usize>,
     /// What a refresh sets.
     pub lease: Lease,
@@ -286,10 +286,10 @@ pub async fn cycle(
     let live = |i: usize| probes[i].is_live() && !corrupt.iter().any(|(c, _)| *c == i);
     let copies = policy
         .copies
-        .or_else(|| manage::copies_policy(x))
+        .or_else(|| x.copies_policy())
         .unwrap_or(1)
         .max(1);
-    let blocks = manage::blocks(x);
+    let blocks = x.blocks();
     let (new, heal_error) = heal(x, &blocks, &live, copies, depots, policy, pool).await?;
     let healed = new.len();
     let s = settle(x, &blocks, &probes, &live, new, copies);
@@ -487,7 +487,7 @@ fn settle(
     }
     live_now.extend(new.iter().map(|_| true));
     kept.mappings.extend(new);
-    let lost = manage::uncovered(&kept, &live_now);
+    let lost = kept.uncovered(&live_now);
     Settled {
         kept,
         trimmed,

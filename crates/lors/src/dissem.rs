@@ -33,7 +33,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lors_exnode::{ExNode, Mapping, Metadata};
+use lors_exnode::{ExNode, Mapping};
 use lors_ibp::proto::Reliability;
 use tokio::task::JoinSet;
 
@@ -228,7 +228,7 @@ fn layout(input: &Input, sites: &[String], block_size: Option<u64>) -> Result<La
 /// Cuts an exNode into blocks that tile it once: where replicas are cut
 /// differently, the range with the most readable replicas at each point.
 fn exnode_layout(x: &ExNode, sites: &[String]) -> Result<Layout> {
-    let ranges = crate::manage::blocks(x);
+    let ranges = x.blocks();
     let size = x.logical_size();
     let mut blocks = Vec::new();
     let mut origin_depots: Vec<String> = Vec::new();
@@ -607,15 +607,7 @@ impl<'a> Spread<'a> {
     async fn finish(mut self, input: &Input) -> Outcome {
         let mut x = match input {
             Input::ExNode(x) => x.clone(),
-            Input::File(_) => {
-                let mut x = ExNode::default();
-                x.set_meta(Metadata::string("filename", &self.opts.filename));
-                x.set_meta(Metadata::double(
-                    "lorsversion",
-                    lors_exnode::xml::LORS_VERSION,
-                ));
-                x
-            }
+            Input::File(_) => ExNode::of_file(&self.opts.filename),
         };
         let unreachable = self.s.unreachable();
         let mut release = Vec::new();

@@ -309,8 +309,7 @@ impl Uploader {
     async fn interrupted(&self, mut results: Vec<(usize, Vec<Mapping>)>) -> Error {
         self.settle().await;
         results.sort_by_key(|(i, _)| *i);
-        let mut stored = ExNode::default();
-        stored.set_meta(Metadata::string("filename", &self.opts.filename));
+        let mut stored = ExNode::of_file(&self.opts.filename);
         stored.mappings = results.into_iter().flat_map(|(_, m)| m).collect();
         let used: HashSet<&lors_ibp::Capability> = (stored.mappings.iter())
             .filter_map(|m| m.manage.as_ref())
@@ -330,8 +329,7 @@ impl Uploader {
 
     /// An exNode naming allocations the upload could not release.
     fn unreleased(&self, mappings: Vec<Mapping>) -> ExNode {
-        let mut x = ExNode::default();
-        x.set_meta(Metadata::string("filename", &self.opts.filename));
+        let mut x = ExNode::of_file(&self.opts.filename);
         x.set_meta(Metadata::string(
             "lors_unreleased",
             "allocations an upload could not release; free them with lors trim --decrement",
@@ -807,24 +805,34 @@ async fn run<R: AsyncRead + Unpin>(
     // Unless the upload is told to stop: then they are cut off, and what
     // they allocated is in the ledger (an ALLOCATE whose reply never came
     // is not: the depot frees it at the end of its lease).
+    let results = end_blocks(&shared, tasks, &control, stop, results, true).await?;
+    shared.finish(results, copies).await
+}
+
+/// The blocks in flight settled ([`settle_blocks`], cut off when the
+/// upload was told to stop): the blocks stored, or the upload's error —
+/// [`Error::Interrupted`] naming the blocks stored when `resumable`, else
+/// none of them (all released), or the first failure, everything released.
+async fn end_blocks(
+    shared: &Uploader,
+    mut tasks: tokio::task::JoinSet<Result<(usize, Vec<Mapping>)>>,
+    control: &Control,
+    mut stop: Stop,
+    mut results: Stored,
+    resumable: bool,
+) -> Result<Stored> {
     if stop.interrupted {
         tasks.abort_all();
     }
-    let interrupted = settle_blocks(
-        tasks,
-        &control,
-        stop.interrupted,
-        &mut results,
-        &mut stop.failure,
-    )
-    .await;
-    if interrupted {
-        return Err(shared.interrupted(results).await);
+    let failure = &mut stop.failure;
+    if settle_blocks(tasks, control, stop.interrupted, &mut results, failure).await {
+        let kept = if resumable { results } else { Vec::new() };
+        return Err(shared.interrupted(kept).await);
     }
     if let Some(e) = stop.failure {
         return Err(shared.abandon(e).await);
     }
-    shared.finish(results, copies).await
+    Ok(results)
 }
 
 /// The room for the block at `offset`: `bs`, or with a sparse layout up
@@ -1050,19 +1058,14 @@ impl Uploader {
         let mut x = self.exnode_of(results);
         // The policy writes through xio and the mount keep.
         let n = i64::try_from(copies).unwrap_or(i64::MAX);
-        x.set_meta(Metadata::integer(crate::manage::COPIES_META, n));
+        x.set_meta(Metadata::integer(lors_exnode::model::COPIES_META, n));
         self.finished(x).await
     }
 
     /// The blocks stored (by their index), in order, as an exNode.
     fn exnode_of(&self, mut results: Vec<(usize, Vec<Mapping>)>) -> ExNode {
         results.sort_by_key(|(i, _)| *i);
-        let mut x = ExNode::default();
-        x.set_meta(Metadata::string("filename", &self.opts.filename));
-        x.set_meta(Metadata::double(
-            "lorsversion",
-            lors_exnode::xml::LORS_VERSION,
-        ));
+        let mut x = ExNode::of_file(&self.opts.filename);
         x.mappings = results.into_iter().flat_map(|(_, m)| m).collect();
         x
     }
