@@ -25,11 +25,12 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context as _;
+use lors::job::Refused;
 use lors::job::edit::Edit;
 use lors::settings::{Layer, Settings};
 use lors_exnode::ExNode;
 
-use crate::UsageError;
+use crate::exit::UsageError;
 
 /// `println!` that returns an error instead of panicking when standard output
 /// is gone (`lors stat x | head -1`); `main` turns a broken pipe into a quiet
@@ -385,6 +386,26 @@ async fn recv(sig: &mut Option<tokio::signal::unix::Signal>) -> Option<()> {
     }
 }
 
+/// Refuses, before anything is stored, an output that would overwrite an
+/// exNode (unless `force`) or that cannot be written.
+pub fn check_output(out: &std::path::Path, force: bool) -> anyhow::Result<()> {
+    lors::job::check_output(out, force).map_err(refused)
+}
+
+/// A refused upload as the command line says it: a usage error where the
+/// user's flags are what to change.
+pub fn refused(e: Refused) -> anyhow::Error {
+    match e {
+        Refused::Exists(p) => UsageError(format!(
+            "{} already exists and may hold the only capabilities to its data: choose another -o, or give --force to replace it",
+            p.display()
+        ))
+        .into(),
+        e @ Refused::Foreign(_) => UsageError(e.to_string()).into(),
+        e => e.into(),
+    }
+}
+
 /// How long a command that changes an exNode waits for another lors
 /// command (a keeper's cycle, a second route) to let go of it.
 pub const LOCK_WAIT: std::time::Duration = lors::job::LOCK_WAIT;
@@ -450,10 +471,10 @@ pub fn ended<T>(r: anyhow::Result<T>, ended: lors::Result<usize>) -> anyhow::Res
     Ok(v)
 }
 
-/// The [`crate::Interrupted`] error for the signal [`stop_on_signal`] saw.
+/// The [`crate::exit::Interrupted`] error for the signal [`stop_on_signal`] saw.
 pub fn interrupted(which: &std::sync::atomic::AtomicU8) -> anyhow::Error {
     let code = which.load(std::sync::atomic::Ordering::SeqCst);
-    crate::Interrupted(if code == 0 { 130 } else { code }).into()
+    crate::exit::Interrupted(if code == 0 { 130 } else { code }).into()
 }
 
 /// A command's settings: its `flags` (with `net`'s timeout) over the
@@ -603,7 +624,7 @@ pub fn read_token_file(path: &Path) -> anyhow::Result<String> {
         .with_context(|| format!("reading the token file {}", path.display()))?;
     let token = text.lines().next().unwrap_or("").trim();
     if token.is_empty() {
-        return Err(crate::UsageError(format!(
+        return Err(crate::exit::UsageError(format!(
             "the token file {} is empty: put the token on its first line",
             path.display()
         ))

@@ -58,7 +58,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         return repair(&a, &s, &x, &rt, progress);
     }
     if x.is_erasure_coded() {
-        return Err(crate::UsageError(
+        return Err(crate::exit::UsageError(
             "the file is erasure-coded (lors upload --ec): its redundancy is its parity, not copies; lors augment --repair remakes lost blocks, and more redundancy takes a stronger code (upload it again with --ec K+M, more parity)".into(),
         )
         .into());
@@ -83,7 +83,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let before = x.mappings.len();
     // A failed save leaves the copies named nowhere: the edit's end frees
     // them (its journal lists them).
-    let r = super::upload::copies_outcome("augment", y, &out, &signal).and_then(|mut y| {
+    let r = crate::left::copies_outcome("augment", y, &out, &signal).and_then(|mut y| {
         super::save(&rt, &edit, &mut y, Vec::new(), &pool)?;
         Ok(y)
     });
@@ -144,7 +144,7 @@ fn repair(
             .await
         });
         progress.finish();
-        let mut r = super::upload::copies_outcome("repair", r, out, &signal)?;
+        let mut r = crate::left::copies_outcome("repair", r, out, &signal)?;
         // Saved before the corrupt blocks it replaced are freed (the
         // input's, unless the result is a new file beside it).
         let free = r.to_free.clone();

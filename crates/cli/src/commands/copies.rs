@@ -15,7 +15,7 @@ use anyhow::Context as _;
 use lors::Pool;
 use lors::uri::ExnodeRef;
 
-use crate::UsageError;
+use crate::exit::UsageError;
 
 /// Copy an exNode: the copy takes its own reference on every allocation,
 /// so trimming, routing, overwriting or removing either file leaves the

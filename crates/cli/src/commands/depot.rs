@@ -15,7 +15,7 @@ use lors_depot::config::{
     ByteSize, Config, ResourceConfig, Span, SyncPolicy, parse_duration, parse_size,
 };
 
-use crate::UsageError;
+use crate::exit::UsageError;
 
 /// Run an IBP storage depot.
 ///

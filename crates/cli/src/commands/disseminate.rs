@@ -7,7 +7,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use lors::dissem::{Input, Options, disseminate};
 
-use crate::UsageError;
+use crate::exit::UsageError;
 use crate::report::{ReportOpts, Reporter, Unit};
 use lors_ibp::units::Bytes;
 
@@ -101,7 +101,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     // Another exNode in the way may hold the only capabilities to its
     // data; the input itself is rewritten with its mappings kept.
     if out != a.input {
-        super::upload::check_output(&out, a.force)?;
+        super::check_output(&out, a.force)?;
     }
     let filename = (a.input.file_name())
         .map(|n| n.to_string_lossy().into_owned())
@@ -150,7 +150,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         ))?;
     }
     if !done.unreleased.mappings.is_empty() {
-        super::upload::say_left(
+        crate::left::say_left(
             "copies on sites that did not complete could not be released: ",
             &lors::job::unreleased(&out, &done.unreleased, 0),
         );

@@ -8,7 +8,7 @@ use lors::settings::Layer;
 use lors::uri::ExnodeRef;
 
 use super::nonzero_block_size_arg;
-use crate::UsageError;
+use crate::exit::UsageError;
 use crate::report::{ReportOpts, Reporter, Unit};
 
 mod summary;

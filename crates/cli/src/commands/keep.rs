@@ -115,17 +115,18 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let lease = match a.lease.as_str() {
         "max" => Lease::Max,
         d => Lease::To(
-            super::duration_arg(d).map_err(|e| crate::UsageError(format!("--lease {d}: {e}")))?,
+            super::duration_arg(d)
+                .map_err(|e| crate::exit::UsageError(format!("--lease {d}: {e}")))?,
         ),
     };
     if a.every < Duration::from_secs(1) {
-        return Err(crate::UsageError(
+        return Err(crate::exit::UsageError(
             "--every must be at least 1s: each cycle probes every allocation".into(),
         )
         .into());
     }
     if a.file_deadline.is_some_and(|d| d < Duration::from_secs(1)) {
-        return Err(crate::UsageError(
+        return Err(crate::exit::UsageError(
             "--file-deadline must be at least 1s: each exNode's turn probes every allocation"
                 .into(),
         )
@@ -134,7 +135,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     if let Lease::To(d) = lease
         && d <= a.every
     {
-        return Err(crate::UsageError(format!(
+        return Err(crate::exit::UsageError(format!(
             "--lease {} is not longer than --every {}: leases would end between cycles",
             a.lease,
             Secs(a.every.as_secs())

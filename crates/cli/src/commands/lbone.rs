@@ -10,7 +10,7 @@ use lors_lbone::server::{Config, LBone};
 use lors_lbone::store::{PostgresStore, SqliteStore, Store};
 
 use super::duration_arg;
-use crate::UsageError;
+use crate::exit::UsageError;
 
 /// Run the L-Bone: the depot directory, its HTTP/JSON API and dashboard, and
 /// the legacy query protocol of the original LoRS tools.

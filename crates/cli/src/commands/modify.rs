@@ -2,7 +2,7 @@
 
 use lors::uri::ExnodeRef;
 
-use crate::UsageError;
+use crate::exit::UsageError;
 
 /// Write a copy of an exNode without some capabilities, to share it safely.
 #[derive(clap::Args)]

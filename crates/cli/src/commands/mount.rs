@@ -6,7 +6,7 @@ use anyhow::Context as _;
 use lors::settings::Layer;
 
 use super::{block_size_arg, nonzero_block_size_arg};
-use crate::UsageError;
+use crate::exit::UsageError;
 
 /// Serve a directory of exNodes as ordinary files: NAME.xnd appears as NAME.
 #[derive(clap::Args)]

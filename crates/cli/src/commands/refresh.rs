@@ -8,7 +8,7 @@ use lors::uri::ExnodeRef;
 use lors_ibp::StatusCode;
 
 use super::duration_arg;
-use crate::UsageError;
+use crate::exit::UsageError;
 use crate::report::{ReportOpts, Reporter, Unit};
 use lors_ibp::units::Secs;
 

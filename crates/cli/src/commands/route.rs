@@ -3,7 +3,7 @@
 use lors::manage::{Replicas, Selection};
 use lors::uri::ExnodeRef;
 
-use crate::UsageError;
+use crate::exit::UsageError;
 use crate::report::{ReportOpts, Reporter, Unit};
 
 /// Move a file: copy its blocks onto the target depots (depot to depot,
@@ -138,7 +138,7 @@ fn route(
         );
         return Err(crate::commands::interrupted(&signal));
     }
-    let y = super::upload::copies_outcome("route", y, out, &signal)?;
+    let y = crate::left::copies_outcome("route", y, out, &signal)?;
     let mut t = lors::manage::trim(&y, &Selection::NotOn(targets.to_vec()), false)?;
     if lors_exnode::erasure::Erasure::of(&t.exnode)?.is_none() {
         // What the file keeps from now on, for writes and the keeper.

@@ -7,7 +7,7 @@ use lors::Pool;
 use lors::share::{Options, Revoked};
 use lors::uri::ExnodeRef;
 
-use crate::UsageError;
+use crate::exit::UsageError;
 use lors_ibp::units::Secs;
 
 /// Write an exNode that reads a file (or a range of it) through IBP

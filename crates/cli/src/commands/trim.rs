@@ -5,7 +5,7 @@ use lors::uri::ExnodeRef;
 use lors::manage::Selection;
 use lors::{Pool, Progress as _};
 
-use crate::UsageError;
+use crate::exit::UsageError;
 use crate::report::{ReportOpts, Reporter, Unit};
 
 /// Remove mappings by index or depot; with --decrement also release their allocations.

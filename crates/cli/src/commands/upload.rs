@@ -7,12 +7,9 @@ use lors::upload::UploadOptions;
 use lors::uri::ExnodeRef;
 
 mod checks;
-mod leftover_notes;
 mod store;
 
-pub(crate) use checks::check_output;
 use checks::{chain, check_block_size, output};
-pub(crate) use leftover_notes::{copies_outcome, say_left};
 use store::store;
 
 use super::{block_size_arg, nonzero_block_size_arg};
@@ -139,7 +136,7 @@ fn ec_arg(v: &str) -> Result<EcArg, String> {
 pub fn run(a: Args) -> anyhow::Result<()> {
     let uri = output(&a)?;
     let out = uri.path.clone();
-    check_output(&out, a.force)?;
+    super::check_output(&out, a.force)?;
     let flags = Layer {
         copies: a.copies,
         ec: a.ec.clone().map(|e| e.0).or(a.copies.map(|_| None)),

@@ -10,8 +10,8 @@ use lors_ibp::units::Bytes;
 use serde::Serialize;
 
 use super::{DirArgs, PredictArgs};
-use crate::UsageError;
 use crate::commands::outln;
+use crate::exit::UsageError;
 
 pub(super) fn print_points(points: &[Point]) -> anyhow::Result<()> {
     const MIB: f64 = (1u64 << 20) as f64;

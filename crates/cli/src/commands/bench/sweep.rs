@@ -8,8 +8,8 @@ use lors_bench::lab::{self, LabError, Outcome, Scenario, Step, SweepOptions};
 use lors_bench::sweep::Plan;
 use lors_ibp::units::{Bytes, Secs};
 
-use crate::UsageError;
 use crate::commands::outln;
+use crate::exit::UsageError;
 
 #[derive(clap::Args)]
 #[command(

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use lors_depot::Depot;
 use lors_lbone::client::BaseUrl;
 
-use crate::UsageError;
+use crate::exit::UsageError;
 
 /// Registration with an L-Bone.
 #[derive(clap::Args)]

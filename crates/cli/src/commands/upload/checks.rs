@@ -8,7 +8,7 @@ use lors::xndrc::Xndrc;
 use lors_exnode::functions::Codec;
 
 use super::Args;
-use crate::UsageError;
+use crate::exit::UsageError;
 
 /// The end-to-end encoding the flags ask for.
 pub(super) fn chain(a: &Args, rc: &Xndrc) -> anyhow::Result<Option<Codec>> {
@@ -21,12 +21,6 @@ pub(super) fn chain(a: &Args, rc: &Xndrc) -> anyhow::Result<Option<Codec>> {
         block_size: a.e2e_block_size,
     };
     e2e.codec(rc).map_err(|e| UsageError(e).into())
-}
-
-/// Refuses, before anything is stored, an output that would overwrite an
-/// exNode (unless `force`) or that cannot be written.
-pub(crate) fn check_output(out: &std::path::Path, force: bool) -> anyhow::Result<()> {
-    lors::job::check_output(out, force).map_err(super::store::refused)
 }
 
 /// Smallest block (allocation) size taken without `--small-blocks`.

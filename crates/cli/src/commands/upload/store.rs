@@ -4,12 +4,10 @@
 use std::sync::Arc;
 
 use lors::Pool;
-use lors::job::Refused;
 use lors::job::upload::{Done, Failed, Source, Upload};
 
 use super::Args;
-use super::leftover_notes::{replaced_said, say_left};
-use crate::UsageError;
+use crate::left::{replaced_said, say_left};
 use crate::report::Reporter;
 
 /// Stores the input (resuming from the record an interrupted run of the
@@ -26,7 +24,9 @@ pub(super) fn store(
         true => Source::Stream(Box::new(tokio::io::stdin()), None),
         false => Source::open(&a.file)?,
     };
-    let ready = rt.block_on(job.prepare(&source, pool)).map_err(refused)?;
+    let ready = rt
+        .block_on(job.prepare(&source, pool))
+        .map_err(crate::commands::refused)?;
     let resumed = ready.resumed_blocks();
     if resumed > 0 && !a.report.quiet {
         eprintln!(
@@ -80,18 +80,4 @@ pub(super) fn store(
 /// The job's output (`lors upload` always has one).
 fn a_out(job: &Upload) -> &std::path::Path {
     job.out.as_deref().unwrap_or(std::path::Path::new("-"))
-}
-
-/// A refused upload as the command line says it: a usage error where the
-/// user's flags are what to change.
-pub(super) fn refused(e: Refused) -> anyhow::Error {
-    match e {
-        Refused::Exists(p) => UsageError(format!(
-            "{} already exists and may hold the only capabilities to its data: choose another -o, or give --force to replace it",
-            p.display()
-        ))
-        .into(),
-        e @ Refused::Foreign(_) => UsageError(e.to_string()).into(),
-        e => e.into(),
-    }
 }

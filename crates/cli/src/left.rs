@@ -56,7 +56,7 @@ pub(crate) fn copies_outcome<T>(
 }
 
 /// What replacing the old exNode released.
-pub(super) fn replaced_said(out: &std::path::Path, done: &lors::commit::Committed) {
+pub(crate) fn replaced_said(out: &std::path::Path, done: &lors::commit::Committed) {
     match (done.kept.first(), &done.record) {
         (Some((_, why)), Some(record)) => eprintln!(
             "lors: {} replaced: {} allocations of the old exNode released, {} not ({why}): named in {} for the next command on it to free",
