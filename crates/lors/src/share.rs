@@ -175,14 +175,25 @@ pub enum ShareError {
     WrongOwner,
 }
 
+/// A replica or alias a share operation left out, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeftOut {
+    /// The bytes of the shared file it holds.
+    pub bytes: std::ops::Range<u64>,
+    /// Its depot.
+    pub depot: String,
+    /// Why it was left out.
+    pub why: String,
+}
+
 /// A share [`share`] made.
 #[derive(Debug, Clone)]
 pub struct Shared {
     /// The exNode to hand out: alias read capabilities only.
     pub exnode: ExNode,
-    /// Replicas left out, their depot unreachable or failing, as
-    /// `(first byte, end, depot, why)`; every byte still has another.
-    pub skipped: Vec<(u64, u64, String, String)>,
+    /// Replicas left out, their depot unreachable or failing; every byte
+    /// still has another.
+    pub skipped: Vec<LeftOut>,
     /// When the first alias ends (Unix seconds).
     pub expires_at: u64,
 }
@@ -195,8 +206,8 @@ pub struct Revoked {
     /// Aliases already gone (revoked before, expired, or their allocation
     /// freed).
     pub gone: usize,
-    /// Aliases left as they were: `(first byte, end, depot, why)`.
-    pub failed: Vec<(u64, u64, String, String)>,
+    /// Aliases left as they were.
+    pub failed: Vec<LeftOut>,
 }
 
 /// The part of one owner mapping a share reaches: the window of the
@@ -385,12 +396,11 @@ pub async fn share(x: &ExNode, opts: &Options, pool: &Pool) -> Result<Shared, Sh
         .map(|(i, f)| {
             let c = &cuts[*i];
             let m = owner_of(x, c);
-            (
-                c.mapping.exnode_offset + at,
-                c.mapping.logical_end() + at,
-                m.depot().unwrap_or_default(),
-                f.to_string(),
-            )
+            LeftOut {
+                bytes: c.mapping.exnode_offset + at..c.mapping.logical_end() + at,
+                depot: m.depot().unwrap_or_default(),
+                why: f.to_string(),
+            }
         })
         .collect();
     Ok(Shared {
@@ -646,12 +656,11 @@ async fn each_alias(
                 jobs.push((masters.len(), alias));
                 masters.push((master, from, to, depot));
             }
-            None => out.failed.push((
-                from,
-                to,
+            None => out.failed.push(LeftOut {
+                bytes: from..to,
                 depot,
-                "the owner's exNode no longer names this allocation (healed or trimmed since the share was made): the alias ends with the allocation or its own lease".into(),
-            )),
+                why: "the owner's exNode no longer names this allocation (healed or trimmed since the share was made): the alias ends with the allocation or its own lease".into(),
+            }),
         }
     }
     let masters = Arc::new(masters);
@@ -669,20 +678,25 @@ async fn each_alias(
     .await;
     for (i, r) in done {
         let (_, from, to, depot) = &masters[i];
+        let left_out = |why: String| LeftOut {
+            bytes: *from..*to,
+            depot: depot.clone(),
+            why,
+        };
         match r {
             Ok(()) => out.done += 1,
             Err(Failure::Op(e)) if e.status() == Some(StatusCode::CAP_NOT_FOUND) => {
                 if extend.is_some() {
-                    out.failed
-                        .push((*from, *to, depot.clone(), "the alias is gone".into()));
+                    out.failed.push(left_out("the alias is gone".into()));
                 } else {
                     out.gone += 1;
                 }
             }
-            Err(f) => out.failed.push((*from, *to, depot.clone(), f.to_string())),
+            Err(f) => out.failed.push(left_out(f.to_string())),
         }
     }
-    out.failed.sort();
+    out.failed
+        .sort_by_key(|l| (l.bytes.start, l.bytes.end, l.depot.clone()));
     Ok(out)
 }
 

@@ -127,7 +127,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     lors::xnd::save(&out.path, &made.exnode)?;
     if !a.quiet {
         let code = lors_exnode::erasure::Erasure::of(&made.exnode)?;
-        for (from, to, depot, why) in &made.skipped {
+        for lors::share::LeftOut { bytes, depot, why } in &made.skipped {
+            let (from, to) = (bytes.start, bytes.end);
             match code {
                 Some(_) => eprintln!(
                     "lors: warning: the block on {depot} is not in the share ({why}); its stripe is rebuilt from the others when read"
@@ -173,8 +174,8 @@ fn report(
     expires: Option<u64>,
     quiet: bool,
 ) -> anyhow::Result<()> {
-    for (from, to, depot, why) in &r.failed {
-        eprintln!("lors: bytes {from}..{to} on {depot}: not {verb}: {why}");
+    for lors::share::LeftOut { bytes, depot, why } in &r.failed {
+        eprintln!("lors: bytes {bytes:?} on {depot}: not {verb}: {why}");
     }
     if !quiet {
         let gone = match r.gone {
