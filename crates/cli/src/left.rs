@@ -9,18 +9,19 @@ use lors::job::edit::Unfinished;
 /// named, and how to resume from it or free it.
 pub(crate) fn say_left(said: &str, left: &Left) {
     crate::report::clear();
-    let resume = match left.resumable {
-        true => "; run the same command again to resume",
-        false => "",
-    };
     let free = match left.trim_args() {
-        Some(args) if !left.is_nothing() => format!(
-            "{resume}, or free them with `lors trim --decrement --allow-holes {args}`{}",
-            match left.blocks {
-                0 => " once the depots are back (else they expire with their lease)",
-                _ => "",
+        Some(args) if !left.is_nothing() => {
+            let trim = format!("`lors trim --decrement --allow-holes {args}`");
+            match (left.resumable, left.blocks) {
+                (true, _) => {
+                    format!("; run the same command again to resume, or free them with {trim}")
+                }
+                (false, 0) => format!(
+                    ": free them with {trim} once the depots are back (else they expire with their lease)"
+                ),
+                (false, _) => format!(": free them with {trim}"),
             }
-        ),
+        }
         _ => String::new(),
     };
     eprintln!("lors: {said}{left}{free}{}", left.released_clause());
