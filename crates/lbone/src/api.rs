@@ -7,8 +7,36 @@ use crate::rank::{self, Query};
 /// Longest query string read.
 pub const MAX_QUERY: usize = 4096;
 
+/// Why a query string is refused (answered 400 with this text).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum QueryError {
+    /// Longer than [`MAX_QUERY`].
+    #[error("the query is longer than {MAX_QUERY} bytes")]
+    TooLong,
+    /// A `%` not followed by two hex digits.
+    #[error("bad percent escape")]
+    BadEscape,
+    /// Decoded bytes that are not UTF-8.
+    #[error("not UTF-8")]
+    NotUtf8,
+    /// A parameter the API does not have (never ignored).
+    #[error("unknown parameter {0:?}")]
+    Unknown(String),
+    /// A parameter whose value cannot be read.
+    #[error("{param}: {why}")]
+    BadValue {
+        /// The parameter.
+        param: &'static str,
+        /// What is wrong with its value.
+        why: String,
+    },
+    /// `lat` without `lon` (or the other way), or out of range.
+    #[error("lat and lon go together, within ±90 / ±180")]
+    LatLon,
+}
+
 /// Decodes `%XX` (and `+` as space when `plus`); invalid escapes are errors.
-pub fn percent_decode(s: &str, plus: bool) -> Result<String, String> {
+pub fn percent_decode(s: &str, plus: bool) -> Result<String, QueryError> {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
@@ -19,7 +47,7 @@ pub fn percent_decode(s: &str, plus: bool) -> Result<String, String> {
                     .get(i + 1..i + 3)
                     .and_then(|h| std::str::from_utf8(h).ok())
                     .and_then(|h| u8::from_str_radix(h, 16).ok())
-                    .ok_or("bad percent escape")?;
+                    .ok_or(QueryError::BadEscape)?;
                 out.push(hex);
                 i += 3;
             }
@@ -33,7 +61,7 @@ pub fn percent_decode(s: &str, plus: bool) -> Result<String, String> {
             }
         }
     }
-    String::from_utf8(out).map_err(|_| "not UTF-8".to_owned())
+    String::from_utf8(out).map_err(|_| QueryError::NotUtf8)
 }
 
 /// A query string's parameters, decoded, in order.
@@ -44,9 +72,9 @@ pub fn percent_decode(s: &str, plus: bool) -> Result<String, String> {
 ///            [("location".to_owned(), "city= Brno".to_owned()), ("count".to_owned(), "2".to_owned())]);
 /// assert!(params("a=%zz").is_err());
 /// ```
-pub fn params(raw: &str) -> Result<Vec<(String, String)>, String> {
+pub fn params(raw: &str) -> Result<Vec<(String, String)>, QueryError> {
     if raw.len() > MAX_QUERY {
-        return Err(format!("the query is longer than {MAX_QUERY} bytes"));
+        return Err(QueryError::TooLong);
     }
     raw.split('&')
         .filter(|s| !s.is_empty())
@@ -58,21 +86,22 @@ pub fn params(raw: &str) -> Result<Vec<(String, String)>, String> {
 }
 
 /// The ranking query the parameters ask for.
-pub fn query_from(params: &[(String, String)]) -> Result<Query, String> {
+pub fn query_from(params: &[(String, String)]) -> Result<Query, QueryError> {
     let param = |name: &str| {
         params
             .iter()
             .find(|(k, _)| k == name)
             .map(|(_, v)| v.as_str())
     };
-    let size = |k: &str| -> Result<u64, String> {
+    let bad = |param: &'static str, why: String| QueryError::BadValue { param, why };
+    let size = |k: &'static str| -> Result<u64, QueryError> {
         param(k).map_or(Ok(0), |v| {
-            lors_ibp::units::parse_size(v).map_err(|e| format!("{k}: {e}"))
+            lors_ibp::units::parse_size(v).map_err(|e| bad(k, e))
         })
     };
-    let float = |k: &str| -> Result<Option<f64>, String> {
+    let float = |k: &'static str| -> Result<Option<f64>, QueryError> {
         param(k)
-            .map(|v| v.parse::<f64>().map_err(|_| format!("{k}: not a number")))
+            .map(|v| v.parse::<f64>().map_err(|_| bad(k, "not a number".into())))
             .transpose()
     };
     let near = match (float("lat")?, float("lon")?) {
@@ -80,30 +109,27 @@ pub fn query_from(params: &[(String, String)]) -> Result<Query, String> {
             Some((a, b))
         }
         (None, None) => None,
-        _ => return Err("lat and lon go together, within ±90 / ±180".into()),
+        _ => return Err(QueryError::LatLon),
     };
-    for (k, _) in params {
-        if ![
-            "count", "hard", "soft", "duration", "type", "location", "lat", "lon", "all",
-        ]
-        .contains(&k.as_str())
-        {
-            return Err(format!("unknown parameter {k:?}"));
-        }
+    const KNOWN: [&str; 9] = [
+        "count", "hard", "soft", "duration", "type", "location", "lat", "lon", "all",
+    ];
+    if let Some((k, _)) = params.iter().find(|(k, _)| !KNOWN.contains(&k.as_str())) {
+        return Err(QueryError::Unknown(k.clone()));
     }
     Ok(Query {
         count: param("count").map_or(Ok(0), |v| {
-            v.parse().map_err(|_| "count: not a number".to_string())
+            v.parse().map_err(|_| bad("count", "not a number".into()))
         })?,
         hard: size("hard")?,
         soft: size("soft")?,
         duration: param("duration").map_or(Ok(0), |v| {
             lors_ibp::units::parse_duration(v)
                 .map(|d| d.as_secs())
-                .map_err(|e| format!("duration: {e}"))
+                .map_err(|e| bad("duration", e))
         })?,
         alloc_type: param("type").map(str::to_owned),
-        hint: rank::parse_hint(param("location").unwrap_or(""))?,
+        hint: rank::parse_hint(param("location").unwrap_or("")).map_err(|e| bad("location", e))?,
         near,
         include_offline: param("all").is_some_and(|v| v == "1" || v == "true"),
     })

@@ -484,11 +484,11 @@ impl LBone {
         }
         let params = match api::params(raw_query) {
             Ok(p) => p,
-            Err(e) => return error(400, &e),
+            Err(e) => return error(400, &e.to_string()),
         };
         let q = match api::query_from(&params) {
             Ok(q) => q,
-            Err(e) => return error(400, &e),
+            Err(e) => return error(400, &e.to_string()),
         };
         let busy = || error(503, "the directory is busy: retry in a second");
         // Until a listing of every depot has been made, a kilobyte a depot
