@@ -130,22 +130,29 @@ fn refused(py: Python<'_>, e: lors::job::Refused) -> PyErr {
 /// The exception of an upload that did not finish (`stopped`: the
 /// KeyboardInterrupt that stopped it), with a note saying what it left.
 fn upload_failed(py: Python<'_>, stopped: Option<PyErr>, failed: Failed) -> PyErr {
-    let note = failed.left().map(|left| {
-        let resume = match (&left.record, left.resumable) {
-            (Some(_), true) => ": the same lors.upload call resumes from it",
-            _ => "",
-        };
-        format!("lors: {left}{resume}{}", left.released_clause())
-    });
     let err = match (stopped, failed.cause()) {
         (Some(err), _) => err,
         (None, Some(cause)) => from_lors(py, cause, None),
         (None, None) => pyo3::exceptions::PyKeyboardInterrupt::new_err("upload interrupted"),
     };
-    if let Some(note) = note {
-        let _ = err.value(py).call_method1("add_note", (note,));
+    if let Some(left) = failed.left() {
+        note_left(py, &err, left);
     }
     err
+}
+
+/// Adds to `err` the note saying what an unfinished job `left`, when it
+/// left or released anything.
+fn note_left(py: Python<'_>, err: &PyErr, left: &lors::job::Left) {
+    if left.is_nothing() && left.released == 0 {
+        return;
+    }
+    let resume = match (&left.record, left.resumable) {
+        (Some(_), true) => ": the same call resumes from it",
+        _ => "",
+    };
+    let note = format!("lors: {left}{resume}{}", left.released_clause());
+    let _ = err.value(py).call_method1("add_note", (note,));
 }
 
 /// The upload's options, its depots found as the settings say.
@@ -479,10 +486,7 @@ fn unfinished(py: Python<'_>, stopped: Option<PyErr>, e: Unfinished) -> PyErr {
             (stopped.unwrap_or_else(|| from_lors(py, &cause, None)), left)
         }
     };
-    if !left.is_nothing() || left.released > 0 {
-        let note = format!("lors: {left}{}", left.released_clause());
-        let _ = err.value(py).call_method1("add_note", (note,));
-    }
+    note_left(py, &err, &left);
     err
 }
 

@@ -243,8 +243,8 @@ impl Upload {
         }
     }
 
-    /// Records what a run that did not finish left (released, without an
-    /// output).
+    /// Records what a run that did not finish left; released when there is
+    /// no output, or its record cannot be written.
     async fn leave(
         &self,
         pool: &Arc<Pool>,
@@ -253,9 +253,18 @@ impl Upload {
         identity: Option<&str>,
         released: usize,
     ) -> Left {
-        match &self.out {
-            Some(out) => super::record(out, stored, stranded, identity, released),
-            None => super::release(pool, stored, stranded, released).await,
+        let Some(out) = &self.out else {
+            return super::release(pool, stored, stranded, released).await;
+        };
+        let left = super::record(out, stored, stranded, identity, released);
+        if left.unrecorded.is_none() {
+            return left;
+        }
+        // Nowhere to name them (the record is not a file lors can read or
+        // replace): released, so nothing is left that nothing names.
+        Left {
+            unrecorded: left.unrecorded,
+            ..super::release(pool, stored, stranded, released).await
         }
     }
 
