@@ -35,33 +35,30 @@ pub enum QueryError {
     LatLon,
 }
 
-/// Decodes `%XX` (and `+` as space when `plus`); invalid escapes are errors.
+/// Decodes `%XX` (and `+` as space when `plus`). Stricter than the
+/// decoder under it: a `%` not followed by two hex digits is an error, not
+/// kept as it is.
 pub fn percent_decode(s: &str, plus: bool) -> Result<String, QueryError> {
     let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        match b[i] {
-            b'%' => {
-                let hex = b
-                    .get(i + 1..i + 3)
-                    .and_then(|h| std::str::from_utf8(h).ok())
-                    .and_then(|h| u8::from_str_radix(h, 16).ok())
-                    .ok_or(QueryError::BadEscape)?;
-                out.push(hex);
-                i += 3;
-            }
-            b'+' if plus => {
-                out.push(b' ');
-                i += 1;
-            }
-            c => {
-                out.push(c);
-                i += 1;
-            }
-        }
+    let escapes_ok = (b.iter().enumerate())
+        .filter(|&(_, &c)| c == b'%')
+        .all(|(i, _)| {
+            b.get(i + 1..i + 3)
+                .is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit))
+        });
+    if !escapes_ok {
+        return Err(QueryError::BadEscape);
     }
-    String::from_utf8(out).map_err(|_| QueryError::NotUtf8)
+    let spaced;
+    let s = if plus && s.contains('+') {
+        spaced = s.replace('+', " ");
+        &spaced
+    } else {
+        s
+    };
+    (percent_encoding::percent_decode_str(s).decode_utf8())
+        .map(|d| d.into_owned())
+        .map_err(|_| QueryError::NotUtf8)
 }
 
 /// A query string's parameters, decoded, in order.
@@ -158,5 +155,10 @@ mod tests {
             assert!(query_from(&params(bad).unwrap()).is_err(), "{bad}");
         }
         assert!(params(&"a".repeat(MAX_QUERY + 1)).is_err());
+        for bad in ["a=%", "a=%4", "a=%g0", "%zz=1"] {
+            assert_eq!(params(bad), Err(QueryError::BadEscape), "{bad}");
+        }
+        assert_eq!(params("a=%ff"), Err(QueryError::NotUtf8));
+        assert_eq!(params("a=%2B+b").unwrap()[0].1, "+ b");
     }
 }

@@ -10,6 +10,90 @@ use crate::model::{DepotView, RateReport, RateReports, Registration};
 pub use lors_http::BaseUrl;
 use lors_http::client as http;
 
+/// Why an L-Bone could not be asked, or refused.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// `LBONE_SERVER` (or a list of them) cannot be read.
+    #[error("L-Bone {given:?}: {why}")]
+    Address {
+        /// What was given.
+        given: String,
+        /// What is wrong with it.
+        why: &'static str,
+    },
+    /// An `http(s)://` address that is not a usable URL.
+    #[error("{0}")]
+    Url(String),
+    /// More than [`MAX_LBONES`] in a list.
+    #[error("at most {MAX_LBONES} L-Bones in a list")]
+    TooMany,
+    /// An empty list.
+    #[error("no L-Bone given")]
+    NoneGiven,
+    /// The legacy protocol's TCP exchange failed.
+    #[error("L-Bone {at}: {source}")]
+    Io {
+        /// `host:port`.
+        at: String,
+        /// What the socket said.
+        source: std::io::Error,
+    },
+    /// No whole legacy answer in time.
+    #[error("L-Bone {at} did not answer within {after:?}")]
+    Timeout {
+        /// `host:port`.
+        at: String,
+        /// The time allowed.
+        after: Duration,
+    },
+    /// A legacy server's error or malformed reply.
+    #[error(transparent)]
+    Legacy(#[from] legacy::LegacyError),
+    /// No HTTP answer.
+    #[error(transparent)]
+    Fetch(#[from] http::FetchError),
+    /// An HTTP answer other than 200.
+    #[error("the L-Bone answered {status}: {body}")]
+    Status {
+        /// Its status.
+        status: u16,
+        /// Its body, as text.
+        body: String,
+    },
+    /// A 200 whose body is not what the API returns.
+    #[error("L-Bone answer is not a depot list: {0}")]
+    Answer(serde_json::Error),
+    /// The registration token was refused (401): a setting to fix, not a
+    /// failure to wait out.
+    #[error("the L-Bone refused the registration token")]
+    TokenRefused,
+    /// Asked of a legacy L-Bone, which names addresses only.
+    #[error("the legacy L-Bone protocol returns addresses only")]
+    AddressesOnly,
+    /// A query's task ended without an answer (it panicked).
+    #[error("{0}")]
+    Task(tokio::task::JoinError),
+    /// Every L-Bone of a list failed: each with what it said.
+    #[error("{}", list(.0))]
+    Each(Vec<(String, Error)>),
+}
+
+fn list(failures: &[(String, Error)]) -> String {
+    let each: Vec<String> = failures.iter().map(|(d, e)| format!("{d}: {e}")).collect();
+    each.join("; ")
+}
+
+impl Error {
+    /// Whether every L-Bone asked refused the registration token.
+    pub fn is_token_refused(&self) -> bool {
+        match self {
+            Error::TokenRefused => true,
+            Error::Each(v) => !v.is_empty() && v.iter().all(|(_, e)| e.is_token_refused()),
+            _ => false,
+        }
+    }
+}
+
 /// An L-Bone to ask: our HTTP API, or any server speaking the legacy protocol.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Directory {
@@ -54,7 +138,7 @@ impl std::fmt::Display for Directory {
 }
 
 /// A boxed call on one L-Bone of a list.
-type Call<T> = std::pin::Pin<Box<dyn std::future::Future<Output = Result<T, String>> + Send>>;
+type Call<T> = std::pin::Pin<Box<dyn std::future::Future<Output = Result<T, Error>> + Send>>;
 
 /// The first answer of `members`, asked in order: the next is asked when
 /// one fails, or has not answered within [`HEDGE`]. The others are
@@ -63,7 +147,7 @@ type Call<T> = std::pin::Pin<Box<dyn std::future::Future<Output = Result<T, Stri
 async fn first_answer<T: Send + 'static>(
     members: &[Directory],
     call: impl Fn(Directory) -> Call<T>,
-) -> Result<(T, Directory), String> {
+) -> Result<(T, Directory), Error> {
     let mut asked = tokio::task::JoinSet::new();
     let mut next = 0;
     let mut failures = Vec::new();
@@ -71,9 +155,9 @@ async fn first_answer<T: Send + 'static>(
         if asked.is_empty() {
             let Some(d) = members.get(next) else {
                 return Err(if failures.is_empty() {
-                    "no L-Bone given".to_owned()
+                    Error::NoneGiven
                 } else {
-                    failures.join("; ")
+                    Error::Each(failures)
                 });
             };
             let work = call(d.clone());
@@ -86,9 +170,9 @@ async fn first_answer<T: Send + 'static>(
                 Ok((Ok(v), d)) => return Ok((v, d)),
                 Ok((Err(e), d)) => {
                     tracing::warn!(lbone = %d, "L-Bone failed, trying the next: {e}");
-                    failures.push(format!("{d}: {e}"));
+                    failures.push((d.to_string(), e));
                 }
-                Err(e) => failures.push(e.to_string()),
+                Err(e) => failures.push(("a query task".to_owned(), Error::Task(e))),
             },
             () = tokio::time::sleep(HEDGE), if next < members.len() => {
                 let d = &members[next];
@@ -136,13 +220,13 @@ impl Directory {
     ///            Directory::Either("127.0.0.1".into(), 8767));
     /// assert!(matches!(Directory::parse("http://127.0.0.1:8767", None).unwrap(), Directory::Http(_)));
     /// ```
-    pub fn parse(server: &str, port: Option<u16>) -> Result<Directory, String> {
+    pub fn parse(server: &str, port: Option<u16>) -> Result<Directory, Error> {
         let list: Vec<&str> = server
             .split(|c: char| c == ',' || c.is_whitespace())
             .filter(|s| !s.is_empty())
             .collect();
         if list.len() > MAX_LBONES {
-            return Err(format!("at most {MAX_LBONES} L-Bones in a list"));
+            return Err(Error::TooMany);
         }
         if list.len() > 1 {
             return list
@@ -154,14 +238,20 @@ impl Directory {
         Self::parse_one(server, port)
     }
 
-    fn parse_one(server: &str, port: Option<u16>) -> Result<Directory, String> {
+    fn parse_one(server: &str, port: Option<u16>) -> Result<Directory, Error> {
         let server = server.trim();
+        let bad = |why| Error::Address {
+            given: server.to_owned(),
+            why,
+        };
         if server.starts_with("http://") || server.starts_with("https://") {
-            return BaseUrl::parse(server).map(Directory::Http);
+            return BaseUrl::parse(server)
+                .map(Directory::Http)
+                .map_err(Error::Url);
         }
         if server.is_empty() || server.contains('/') {
-            return Err(format!(
-                "L-Bone {server:?}: give a host (with LBONE_PORT) or an http(s)://host:port URL"
+            return Err(bad(
+                "give a host (with LBONE_PORT) or an http(s)://host:port URL",
             ));
         }
         match server.rsplit_once(':') {
@@ -170,9 +260,9 @@ impl Directory {
                     .parse()
                     .ok()
                     .filter(|&p| p != 0)
-                    .ok_or_else(|| format!("L-Bone {server:?}: bad port"))?;
+                    .ok_or_else(|| bad("bad port"))?;
                 if h.is_empty() {
-                    return Err(format!("L-Bone {server:?}: no host"));
+                    return Err(bad("no host"));
                 }
                 Ok(if p == crate::LEGACY_PORT {
                     Directory::Legacy(h.to_owned(), p)
@@ -235,7 +325,7 @@ impl Directory {
     }
 
     /// Ranked depots (`host:port`) for `q`.
-    pub async fn depots(&self, q: &DepotQuery, timeout: Duration) -> Result<Vec<String>, String> {
+    pub async fn depots(&self, q: &DepotQuery, timeout: Duration) -> Result<Vec<String>, Error> {
         self.depots_from(q, timeout).await.map(|(v, _)| v)
     }
 
@@ -245,7 +335,7 @@ impl Directory {
         &self,
         q: &DepotQuery,
         timeout: Duration,
-    ) -> Result<(Vec<String>, Directory), String> {
+    ) -> Result<(Vec<String>, Directory), Error> {
         let Directory::Any(ds) = self else {
             let d = self.resolve_one().await;
             return d.depots_one(q, timeout).await.map(|v| (v, d));
@@ -258,7 +348,7 @@ impl Directory {
     }
 
     /// The depots one resolved L-Bone names.
-    async fn depots_one(&self, q: &DepotQuery, timeout: Duration) -> Result<Vec<String>, String> {
+    async fn depots_one(&self, q: &DepotQuery, timeout: Duration) -> Result<Vec<String>, Error> {
         let (host, port) = match self {
             Directory::Http(_) => {
                 return Ok(self
@@ -269,7 +359,8 @@ impl Directory {
                     .collect());
             }
             Directory::Legacy(host, port) | Directory::Either(host, port) => (host, *port),
-            Directory::Any(_) => return Err("a list of L-Bones inside a list".into()),
+            // Lists hold no lists: `parse` makes none.
+            Directory::Any(_) => return Err(Error::NoneGiven),
         };
         let req = LegacyRequest::Depots {
             count: q.count,
@@ -278,25 +369,26 @@ impl Directory {
             duration: q.duration,
             location: q.location.clone(),
         };
+        let at = || format!("{host}:{port}");
         let work = async {
-            let mut s = tokio::net::TcpStream::connect((host.as_str(), port))
-                .await
-                .map_err(|e| format!("connecting to L-Bone {host}:{port}: {e}"))?;
-            s.write_all(&legacy::encode_request(&req))
-                .await
-                .map_err(|e| e.to_string())?;
+            let mut s = tokio::net::TcpStream::connect((host.as_str(), port)).await?;
+            s.write_all(&legacy::encode_request(&req)).await?;
             let mut reply = Vec::new();
             // At most 10,000 depots of 266 bytes each.
             (&mut s)
                 .take(20 + 10_000 * 266)
                 .read_to_end(&mut reply)
-                .await
-                .map_err(|e| e.to_string())?;
-            legacy::parse_depots_reply(&reply).map_err(|e| e.to_string())
+                .await?;
+            Ok::<_, std::io::Error>(reply)
         };
-        let list = tokio::time::timeout(timeout, work)
+        let reply = tokio::time::timeout(timeout, work)
             .await
-            .map_err(|_| format!("L-Bone {host}:{port} did not answer within {timeout:?}"))??;
+            .map_err(|_| Error::Timeout {
+                at: at(),
+                after: timeout,
+            })?
+            .map_err(|source| Error::Io { at: at(), source })?;
+        let list = legacy::parse_depots_reply(&reply)?;
         Ok(list
             .into_iter()
             .map(|(h, p)| {
@@ -315,7 +407,7 @@ impl Directory {
         q: &DepotQuery,
         all: bool,
         timeout: Duration,
-    ) -> Result<Vec<DepotView>, String> {
+    ) -> Result<Vec<DepotView>, Error> {
         let Directory::Any(ds) = self else {
             return self.resolve_one().await.views_one(q, all, timeout).await;
         };
@@ -333,9 +425,9 @@ impl Directory {
         q: &DepotQuery,
         all: bool,
         timeout: Duration,
-    ) -> Result<Vec<DepotView>, String> {
+    ) -> Result<Vec<DepotView>, Error> {
         let Directory::Http(base) = self else {
-            return Err("the legacy L-Bone protocol returns addresses only".into());
+            return Err(Error::AddressesOnly);
         };
         let mut path = format!(
             "/api/v1/depots?count={}&hard={}&duration={}",
@@ -348,14 +440,9 @@ impl Directory {
         if all {
             path.push_str("&all=1");
         }
-        let (status, body) = http::fetch(base, "GET", &path, None, None, timeout)
-            .await
-            .map_err(|e| e.to_string())?;
+        let (status, body) = http::fetch(base, "GET", &path, None, None, timeout).await?;
         if status != 200 {
-            return Err(format!(
-                "L-Bone answered {status}: {}",
-                String::from_utf8_lossy(&body)
-            ));
+            return Err(Error::status(status, &body));
         }
         // Not `deny_unknown_fields`: the answer also carries `now` and
         // `offline_after`, and newer servers may add more.
@@ -363,14 +450,13 @@ impl Directory {
         struct Answer {
             depots: Vec<DepotView>,
         }
-        let a: Answer = serde_json::from_slice(&body)
-            .map_err(|e| format!("L-Bone answer is not a depot list: {e}"))?;
+        let a: Answer = serde_json::from_slice(&body).map_err(Error::Answer)?;
         Ok(a.depots)
     }
 
     /// Reports measured rates (HTTP API only; the legacy protocol has no
     /// such message, so this is a no-op there).
-    pub async fn report(&self, rates: Vec<RateReport>, timeout: Duration) -> Result<(), String> {
+    pub async fn report(&self, rates: Vec<RateReport>, timeout: Duration) -> Result<(), Error> {
         if rates.is_empty() {
             return Ok(());
         }
@@ -386,36 +472,49 @@ impl Directory {
     }
 
     /// [`Directory::report`] to one resolved L-Bone.
-    async fn report_one(&self, rates: Vec<RateReport>, timeout: Duration) -> Result<(), String> {
+    async fn report_one(&self, rates: Vec<RateReport>, timeout: Duration) -> Result<(), Error> {
         let Directory::Http(base) = self else {
             return Ok(());
         };
-        let body = serde_json::to_vec(&RateReports { rates }).map_err(|e| e.to_string())?;
-        let (status, resp) = http::fetch(base, "POST", "/api/v1/rates", None, Some(&body), timeout)
-            .await
-            .map_err(|e| e.to_string())?;
-        if status == 200 {
-            Ok(())
-        } else {
-            Err(format!(
-                "L-Bone answered {status}: {}",
-                String::from_utf8_lossy(&resp)
-            ))
+        let body = json_of(&RateReports { rates });
+        let (status, resp) =
+            http::fetch(base, "POST", "/api/v1/rates", None, Some(&body), timeout).await?;
+        match status {
+            200 => Ok(()),
+            _ => Err(Error::status(status, &resp)),
         }
     }
 }
 
-/// Percent-encodes a query component.
-pub fn encode_component(s: &str) -> String {
-    let mut o = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-            o.push(b as char);
-        } else {
-            o.push_str(&format!("%{b:02X}"));
+impl Error {
+    fn status(status: u16, body: &[u8]) -> Error {
+        Error::Status {
+            status,
+            body: String::from_utf8_lossy(body).into_owned(),
         }
     }
-    o
+}
+
+/// A message body as JSON. Our messages are plain structs of strings and
+/// numbers: encoding them cannot fail.
+fn json_of(v: &impl serde::Serialize) -> Vec<u8> {
+    serde_json::to_vec(v).unwrap_or_default()
+}
+
+/// Bytes a query component keeps as they are (RFC 3986's unreserved).
+const COMPONENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+/// Percent-encodes a query component.
+///
+/// ```
+/// assert_eq!(lors_lbone::client::encode_component("city= Brno"), "city%3D%20Brno");
+/// ```
+pub fn encode_component(s: &str) -> String {
+    percent_encoding::utf8_percent_encode(s, COMPONENT).to_string()
 }
 
 /// Registers (or heartbeats) once. Errors say what to fix.
@@ -424,8 +523,8 @@ pub async fn register(
     token: &str,
     reg: &Registration,
     timeout: Duration,
-) -> Result<(), String> {
-    let body = serde_json::to_vec(reg).map_err(|e| e.to_string())?;
+) -> Result<(), Error> {
+    let body = json_of(reg);
     post_with_token(base, "/api/v1/register", token, &body, timeout).await
 }
 
@@ -436,14 +535,10 @@ pub async fn deregister(
     token: &str,
     depot: &crate::model::Departure,
     timeout: Duration,
-) -> Result<(), String> {
-    let body = serde_json::to_vec(depot).map_err(|e| e.to_string())?;
+) -> Result<(), Error> {
+    let body = json_of(depot);
     post_with_token(base, "/api/v1/deregister", token, &body, timeout).await
 }
-
-/// What [`register`] and [`deregister`] say when the L-Bone refuses the
-/// token: a setting to fix, not a failure to wait out.
-pub const TOKEN_REFUSED: &str = "the L-Bone refused the registration token";
 
 async fn post_with_token(
     base: &BaseUrl,
@@ -451,39 +546,33 @@ async fn post_with_token(
     token: &str,
     body: &[u8],
     timeout: Duration,
-) -> Result<(), String> {
-    let (status, resp) = http::fetch(base, "POST", path, Some(token), Some(body), timeout)
-        .await
-        .map_err(|e| e.to_string())?;
+) -> Result<(), Error> {
+    let (status, resp) = http::fetch(base, "POST", path, Some(token), Some(body), timeout).await?;
     match status {
         200 => Ok(()),
-        401 => Err(TOKEN_REFUSED.into()),
-        _ => Err(format!(
-            "the L-Bone answered {status}: {}",
-            String::from_utf8_lossy(&resp)
-        )),
+        401 => Err(Error::TokenRefused),
+        _ => Err(Error::status(status, &resp)),
     }
 }
 
 /// Registers (or heartbeats, or with `leave` deregisters) with the first
 /// of `bases`, in order from `from`, that takes it; returns which did. With
 /// several, each has at most five seconds: a hung instance must not cost
-/// the whole heartbeat. Fails with [`TOKEN_REFUSED`] when every one refused
-/// the token, else with every failure.
+/// the whole heartbeat. Fails with every failure ([`Error::is_token_refused`]
+/// when every one refused the token).
 pub async fn register_first(
     bases: &[BaseUrl],
     from: usize,
     token: &str,
     body: &Announcement<'_>,
     timeout: Duration,
-) -> Result<usize, String> {
+) -> Result<usize, Error> {
     let each = if bases.len() > 1 {
         timeout.min(Duration::from_secs(5))
     } else {
         timeout
     };
     let mut failures = Vec::new();
-    let mut refused = 0;
     for k in 0..bases.len() {
         let i = (from + k) % bases.len();
         let r = match body {
@@ -492,16 +581,13 @@ pub async fn register_first(
         };
         match r {
             Ok(()) => return Ok(i),
-            Err(e) => {
-                refused += usize::from(e == TOKEN_REFUSED);
-                failures.push(format!("{}: {e}", bases[i]));
-            }
+            Err(e) => failures.push((bases[i].to_string(), e)),
         }
     }
-    if refused == bases.len() {
-        return Err(TOKEN_REFUSED.into());
-    }
-    Err(failures.join("; "))
+    Err(match failures.len() {
+        1 => failures.remove(0).1,
+        _ => Error::Each(failures),
+    })
 }
 
 /// What a depot tells its L-Bones.

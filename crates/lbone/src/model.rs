@@ -102,6 +102,31 @@ pub const MAX_TYPE: usize = 32;
 /// its bound fit.
 pub const MAX_REGISTRATION: usize = 256 << 10;
 
+/// Why a registration is refused (answered 400 with this text).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Invalid {
+    /// Not a host name or address a client could reach.
+    #[error("bad host {0:?}")]
+    Host(String),
+    /// Port 0.
+    #[error("port 0")]
+    Port,
+    /// No resource, or more than [`MAX_RESOURCES`].
+    #[error("1 to {MAX_RESOURCES} resources, please")]
+    Resources,
+    /// A text field, the tags or a resource's types past their bounds.
+    #[error(
+        "text fields are limited to {MAX_TEXT} bytes, tags to {MAX_TAGS}, types to {MAX_TYPES} per resource"
+    )]
+    TooLong,
+    /// An allocation type name longer than [`MAX_TYPE`].
+    #[error("allocation type names are limited to {MAX_TYPE} bytes")]
+    TypeName,
+    /// One of latitude and longitude, or either out of range.
+    #[error("latitude and longitude go together, within ±90 / ±180")]
+    LatLon,
+}
+
 impl Registration {
     /// `host:port`, the depot's identity in the directory.
     pub fn addr(&self) -> String {
@@ -112,17 +137,16 @@ impl Registration {
         }
     }
 
-    /// Checks the bounds and that the host is usable; the message says what
-    /// is wrong.
-    pub fn validate(&self) -> Result<(), String> {
+    /// Checks the bounds and that the host is usable.
+    pub fn validate(&self) -> Result<(), Invalid> {
         if !valid_host(&self.host) {
-            return Err(format!("bad host {:?}", self.host));
+            return Err(Invalid::Host(self.host.clone()));
         }
         if self.port == 0 {
-            return Err("port 0".into());
+            return Err(Invalid::Port);
         }
         if self.resources.is_empty() || self.resources.len() > MAX_RESOURCES {
-            return Err(format!("1 to {MAX_RESOURCES} resources, please"));
+            return Err(Invalid::Resources);
         }
         let l = &self.location;
         let texts = [&l.city, &l.state, &l.country, &l.zip, &l.airport];
@@ -138,22 +162,18 @@ impl Registration {
                 .iter()
                 .any(|r| r.rid.len() > MAX_TEXT || r.types.len() > MAX_TYPES)
         {
-            return Err(format!(
-                "text fields are limited to {MAX_TEXT} bytes, tags to {MAX_TAGS}, types to {MAX_TYPES} per resource"
-            ));
+            return Err(Invalid::TooLong);
         }
         if (self.resources.iter())
             .flat_map(|r| &r.types)
             .any(|t| t.len() > MAX_TYPE)
         {
-            return Err(format!(
-                "allocation type names are limited to {MAX_TYPE} bytes"
-            ));
+            return Err(Invalid::TypeName);
         }
         if l.latitude.is_some() != l.longitude.is_some()
             || (l.latitude.is_some() && l.point().is_none())
         {
-            return Err("latitude and longitude go together, within ±90 / ±180".into());
+            return Err(Invalid::LatLon);
         }
         Ok(())
     }
@@ -298,4 +318,47 @@ pub struct Sample {
     pub reported_sum: f64,
     /// How many rates clients reported in the minute.
     pub reports: u64,
+}
+
+/// The answer to `GET /api/v1/history`: a day of [`Sample`]s.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct History {
+    /// Seconds between samples.
+    pub step: i64,
+    /// Oldest first.
+    pub samples: Vec<Sample>,
+}
+
+/// The answer to `POST /api/v1/register`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Welcome {
+    /// Always true (a refusal is an error answer).
+    pub ok: bool,
+    /// How often the directory expects a heartbeat.
+    pub heartbeat_seconds: u64,
+}
+
+/// The answer to `POST /api/v1/deregister`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Removed {
+    /// Always true.
+    pub ok: bool,
+    /// Whether the directory listed the depot.
+    pub removed: bool,
+}
+
+/// The answer to `POST /api/v1/rates`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Recorded {
+    /// Always true.
+    pub ok: bool,
+    /// How many reports named a listed depot and were kept.
+    pub recorded: usize,
+}
+
+/// The answer to `GET /healthz`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Healthy {
+    /// Always true: the server answers.
+    pub ok: bool,
 }

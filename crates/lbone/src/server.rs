@@ -10,25 +10,35 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, watch};
 
-use axum::Router;
-use axum::body::{Body, Bytes};
-use axum::extract::{ConnectInfo, RawQuery, State};
-use axum::http::header::{AUTHORIZATION, CACHE_CONTROL, CONTENT_TYPE, X_CONTENT_TYPE_OPTIONS};
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
-use axum::routing::{get, post};
-use http_body_util::Full;
+use axum::body::Bytes;
+use axum::http::HeaderMap;
 use lors_http::peers::{Peers, Slot, place_for};
 
-use crate::api;
 use crate::budget::{self, Budget, NoRoom, Room};
 use crate::forecast::client_net;
 use crate::legacy::{self, LegacyRequest};
 use crate::metrics::{Metrics, Registered};
-use crate::model::{Departure, DepotRecord, DepotView, RateReports, Registration};
+use crate::model::{
+    Departure, DepotRecord, DepotView, RateReports, Recorded, Registration, Removed, Welcome,
+};
 use crate::rank::{self, Query};
 use crate::store::{Change, Store};
 
 type Response = axum::response::Response;
+
+mod http;
+pub use http::{ApiError, router};
+
+/// Why the directory could not read or keep what it was asked for.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+    /// Indexing the listing on a blocking thread failed.
+    #[error("indexing the directory: {0}")]
+    Indexing(tokio::task::JoinError),
+}
 
 /// How long a listing read from the store serves queries before it is read
 /// again (registrations and departures refresh it at once).
@@ -199,9 +209,9 @@ impl<T> Fresh<T> {
     }
 
     /// The value, from `read` when it is missing or old.
-    async fn get<F>(&self, read: F) -> Result<Arc<T>, String>
+    async fn get<F, E>(&self, read: F) -> Result<Arc<T>, E>
     where
-        F: std::future::Future<Output = Result<T, String>>,
+        F: std::future::Future<Output = Result<T, E>>,
     {
         use std::sync::atomic::Ordering::SeqCst;
         let had = match self.cached() {
@@ -293,12 +303,12 @@ impl LBone {
             && lors_ibp::caps::ct_eq(given.as_bytes(), self.token_hash.as_bytes())
     }
 
-    /// A store call's outcome, its failure counted and put in words.
+    /// A store call's outcome, its failure counted.
     async fn stored<T>(
         &self,
         call: impl std::future::Future<Output = Result<T, crate::store::StoreError>>,
-    ) -> Result<T, String> {
-        let r = call.await.map_err(|e| e.to_string());
+    ) -> Result<T, ServerError> {
+        let r = call.await.map_err(ServerError::Store);
         if r.is_err() {
             self.metrics.store_error();
         }
@@ -307,7 +317,7 @@ impl LBone {
 
     /// Every depot, as the directory in memory held them at most
     /// [`LISTING_FRESH`] ago: concurrent queries share one copy.
-    async fn depots(&self) -> Result<Arc<Listing>, String> {
+    async fn depots(&self) -> Result<Arc<Listing>, ServerError> {
         // Copied and indexed on a blocking thread: at 10,000 depots that
         // is milliseconds no query on the async workers should wait behind.
         let dir = self.directory.clone();
@@ -323,7 +333,7 @@ impl LBone {
                 Listing { depots, index }
             })
             .await
-            .map_err(|e| format!("indexing the directory: {e}"))
+            .map_err(ServerError::Indexing)
         };
         self.listing.get(read).await
     }
@@ -336,7 +346,7 @@ impl LBone {
     /// read from a time `began`: a depot the store has is kept unless
     /// memory holds a newer heartbeat; one it lacks is dropped unless it
     /// registered here since `began` (the read may predate it).
-    async fn refresh(&self, addrs: Option<Vec<String>>, began: i64) -> Result<(), String> {
+    async fn refresh(&self, addrs: Option<Vec<String>>, began: i64) -> Result<(), ServerError> {
         let (fresh, asked) = match addrs {
             None => (self.stored(self.store.list()).await?, None),
             Some(a) => {
@@ -378,7 +388,7 @@ impl LBone {
     }
 
     /// Reads the whole directory from the store into memory.
-    pub async fn load(&self) -> Result<(), String> {
+    pub async fn load(&self) -> Result<(), ServerError> {
         self.refresh(None, now()).await
     }
 
@@ -426,7 +436,11 @@ impl LBone {
     }
 
     /// Ranks depots for a client on `peer`'s network.
-    pub async fn query(&self, q: Query, peer: std::net::IpAddr) -> Result<Vec<DepotView>, String> {
+    pub async fn query(
+        &self,
+        q: Query,
+        peer: std::net::IpAddr,
+    ) -> Result<Vec<DepotView>, ServerError> {
         let net = client_net(peer);
         let listing = self.depots().await?;
         let fc = self.forecasts_for(net).await?;
@@ -442,7 +456,7 @@ impl LBone {
 
     /// The forecasts for clients on `net`, read from the store at most
     /// [`LISTING_FRESH`] ago.
-    async fn forecasts_for(&self, net: String) -> Result<Arc<Forecasts>, String> {
+    async fn forecasts_for(&self, net: String) -> Result<Arc<Forecasts>, ServerError> {
         let entry = {
             let mut map = self.forecasts.lock().unwrap_or_else(|e| e.into_inner());
             if map.len() >= MAX_ANSWERS && !map.contains_key(&net) {
@@ -475,22 +489,18 @@ impl LBone {
     /// is taken from those given in the last second to the same question
     /// from the same network, or ranked and encoded on one of a few turns.
     /// However many clients ask at once, few copies of the directory exist.
-    async fn listing(&self, raw_query: &str, peer: std::net::IpAddr) -> Response {
+    async fn listing(
+        &self,
+        asked: http::DepotsQuery,
+        peer: std::net::IpAddr,
+    ) -> Result<Response, ApiError> {
         #[derive(serde::Serialize)]
         struct Listing<'a> {
             depots: &'a [DepotView],
             offline_after: i64,
             now: i64,
         }
-        let params = match api::params(raw_query) {
-            Ok(p) => p,
-            Err(e) => return error(400, &e.to_string()),
-        };
-        let q = match api::query_from(&params) {
-            Ok(q) => q,
-            Err(e) => return error(400, &e.to_string()),
-        };
-        let busy = || error(503, "the directory is busy: retry in a second");
+        let http::DepotsQuery { raw, query: q, all } = asked;
         // Until a listing of every depot has been made, a kilobyte a depot
         // (more than a registration with a full location takes).
         let depots = self.directory_len().max(1);
@@ -502,28 +512,18 @@ impl LBone {
             0 => largest,
             n => largest.min((largest / depots).saturating_mul(n).saturating_add(4096)),
         };
-        let key = (client_net(peer), raw_query.to_owned());
+        let key = (client_net(peer), raw);
         if let Some(hit) = self.answered(&key) {
             return self.again(hit, peer).await;
         }
-        let mut room = match self.room(estimate, peer).await {
-            Ok(r) => r,
-            Err(e) => return e,
-        };
-        let Ok(_turn) = tokio::time::timeout(self.cfg.io_timeout, self.workers.acquire()).await
-        else {
-            return busy();
-        };
+        let mut room = self.room(estimate, peer).await?;
+        let _turn = self.turn().await?;
         // Made by whoever had the turn before.
         if let Some(hit) = self.answered(&key) {
             drop((_turn, room));
             return self.again(hit, peer).await;
         }
-        let all = q.include_offline && params.len() == 1;
-        let v = match self.query(q, peer).await {
-            Ok(v) => v,
-            Err(e) => return error(503, &e),
-        };
+        let v = self.query(q, peer).await?;
         // Encoded into room for the listing expected, so the buffer is not
         // grown by doubling past it; the views go before the body is shared.
         let mut body = Vec::with_capacity(estimate);
@@ -532,9 +532,7 @@ impl LBone {
             offline_after: secs(self.cfg.offline_after),
             now: now(),
         };
-        if serde_json::to_writer(&mut body, &listing).is_err() {
-            return error(500, "the listing could not be encoded");
-        }
+        serde_json::to_writer(&mut body, &listing).map_err(|_| ApiError::Encode)?;
         drop(v);
         let body = Bytes::from(body);
         // Every depot's listing is the largest there is; a smaller one may
@@ -551,13 +549,9 @@ impl LBone {
         }
         // Larger than expected (the directory grew): more room, the turn
         // still held so the next one finds this answer made.
-        if let Err(e) = self
-            .budget
+        (self.budget)
             .grow(&mut room, body.len(), self.cfg.io_timeout)
-            .await
-        {
-            return self.refusal(e);
-        }
+            .await?;
         {
             let mut answers = self.answers.lock().unwrap_or_else(|e| e.into_inner());
             answers.retain(|_, (at, _, _)| at.elapsed() < LISTING_FRESH);
@@ -567,7 +561,17 @@ impl LBone {
             }
         }
         drop(_turn);
-        json_held(body, room)
+        Ok(http::json_held(body, room))
+    }
+
+    /// One of the few turns to rank or read on, waited for up to the I/O
+    /// timeout.
+    async fn turn(&self) -> Result<tokio::sync::SemaphorePermit<'_>, ApiError> {
+        tokio::time::timeout(self.cfg.io_timeout, self.workers.acquire())
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .ok_or(ApiError::Room(NoRoom::Busy))
     }
 
     /// An answer made already, sent again: its body is reserved, this
@@ -576,15 +580,11 @@ impl LBone {
         &self,
         (body, reserved): (Bytes, Arc<budget::Reserved>),
         peer: std::net::IpAddr,
-    ) -> Response {
-        match self
-            .budget
+    ) -> Result<Response, ApiError> {
+        let room = (self.budget)
             .again(&reserved, peer, self.cfg.io_timeout)
-            .await
-        {
-            Ok(room) => json_held(body, room),
-            Err(e) => self.refusal(e),
-        }
+            .await?;
+        Ok(http::json_held(body, room))
     }
 
     /// Depots in the directory now.
@@ -604,20 +604,9 @@ impl LBone {
     }
 
     /// Room for `bytes` of response in the body budget, for `peer`, waited
-    /// for up to the I/O timeout; else the answer to give instead.
-    async fn room(&self, bytes: usize, peer: std::net::IpAddr) -> Result<Room, Response> {
-        (self.budget.room(bytes, peer, self.cfg.io_timeout).await).map_err(|e| self.refusal(e))
-    }
-
-    /// What a client is told when its answer finds no room.
-    fn refusal(&self, e: NoRoom) -> Response {
-        match e {
-            NoRoom::Share => error(
-                429,
-                "your address has as many answers in flight as it may: read them, then retry",
-            ),
-            NoRoom::Busy => error(503, "the directory is busy: retry in a second"),
-        }
+    /// for up to the I/O timeout.
+    async fn room(&self, bytes: usize, peer: std::net::IpAddr) -> Result<Room, ApiError> {
+        Ok(self.budget.room(bytes, peer, self.cfg.io_timeout).await?)
     }
 
     /// Whether `net` may post another rate report this minute.
@@ -633,7 +622,7 @@ impl LBone {
 
     /// One sweep: note depots that went offline (silent longer than
     /// `offline_after`), drop those silent longer than `drop_after`.
-    pub async fn sweep(&self) -> Result<Vec<String>, String> {
+    pub async fn sweep(&self) -> Result<Vec<String>, ServerError> {
         let t = now();
         let cutoff = t - secs(self.cfg.drop_after);
         let offline_cutoff = t - secs(self.cfg.offline_after);
@@ -684,7 +673,7 @@ impl LBone {
         depots: &[DepotRecord],
         t: i64,
         offline_cutoff: i64,
-    ) -> Result<(), String> {
+    ) -> Result<(), ServerError> {
         let mut x = crate::model::Sample {
             t: t - t.rem_euclid(SAMPLE_STEP),
             depots: depots.len() as u64,
@@ -716,7 +705,7 @@ impl LBone {
     /// `GET /api/v1/history`: the last day's samples, read from the store
     /// at most every [`HISTORY_FRESH`] (and after each new sample) and
     /// shared, its room taken from the body budget once.
-    async fn history(&self, peer: std::net::IpAddr) -> Response {
+    async fn history(&self, peer: std::net::IpAddr) -> Result<Response, ApiError> {
         let t = now();
         let minute = t - t.rem_euclid(SAMPLE_STEP);
         let cached = || {
@@ -731,58 +720,46 @@ impl LBone {
         // Room as large as the last answer, before the turn: a turn is
         // never held waiting for an address's share.
         use std::sync::atomic::Ordering::Relaxed;
-        let mut room = match self.room(self.history_bytes.load(Relaxed), peer).await {
-            Ok(r) => r,
-            Err(e) => return e,
-        };
+        let mut room = self.room(self.history_bytes.load(Relaxed), peer).await?;
         // One read at a time: the others wait for it, then share it.
-        let Ok(_turn) = tokio::time::timeout(self.cfg.io_timeout, self.workers.acquire()).await
-        else {
-            return error(503, "the directory is busy: retry in a second");
-        };
+        let _turn = self.turn().await?;
         if let Some(hit) = cached() {
             drop((_turn, room));
             return self.again(hit, peer).await;
         }
-        let samples = match self.stored(self.store.samples(t - 86_400)).await {
-            Ok(v) => v,
-            Err(e) => return error(503, &e),
+        let samples = self.stored(self.store.samples(t - 86_400)).await?;
+        let history = crate::model::History {
+            step: SAMPLE_STEP,
+            samples,
         };
-        let body =
-            Bytes::from(serde_json::json!({"step": SAMPLE_STEP, "samples": samples}).to_string());
-        if let Err(e) = self
-            .budget
+        let body = Bytes::from(serde_json::to_vec(&history).map_err(|_| ApiError::Encode)?);
+        (self.budget)
             .grow(&mut room, body.len(), self.cfg.io_timeout)
-            .await
-        {
-            return self.refusal(e);
-        }
+            .await?;
         self.history_bytes.store(body.len(), Relaxed);
         *self.history.lock().unwrap_or_else(|e| e.into_inner()) =
             Some((minute, (Instant::now(), body.clone(), room.body())));
         drop(_turn);
-        json_held(body, room)
+        Ok(http::json_held(body, room))
     }
 
     /// `GET /metrics`, its room (as large as the last) taken from the body
     /// budget before it is made.
-    async fn metrics_page(&self, peer: std::net::IpAddr, headers: &HeaderMap) -> Response {
+    async fn metrics_page(
+        &self,
+        peer: std::net::IpAddr,
+        headers: &HeaderMap,
+    ) -> Result<Response, ApiError> {
         use std::sync::atomic::Ordering::Relaxed;
-        let room = match self.room(self.metrics_bytes.load(Relaxed), peer).await {
-            Ok(r) => r,
-            Err(e) => return e,
-        };
-        let l = match self.depots().await {
-            Ok(l) => l,
-            Err(e) => return error(503, &e),
-        };
+        let room = self.room(self.metrics_bytes.load(Relaxed), peer).await?;
+        let l = self.depots().await?;
         let text = self
             .metrics
             .render(&l.depots, now(), secs(self.cfg.offline_after));
         self.metrics_bytes.store(text.len(), Relaxed);
         let r = lors_http::metrics::exposition(headers, text);
         let (parts, body) = r.into_parts();
-        Response::from_parts(parts, Body::new(Held { body, _room: room }))
+        Ok(Response::from_parts(parts, http::held(body, room)))
     }
 
     fn offline_lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<String>> {
@@ -790,44 +767,23 @@ impl LBone {
     }
 
     /// `POST /api/v1/deregister`.
-    async fn deregister(&self, body: &[u8]) -> Response {
-        let d: Departure = match serde_json::from_slice(body) {
-            Ok(d) => d,
-            Err(e) => return error(400, &format!("deregistration body: {e}")),
-        };
+    async fn deregister(&self, d: Departure) -> Result<Removed, ApiError> {
         let addr = d.addr();
-        let a = addr.clone();
-        match self.stored(self.store.remove(&a)).await {
-            Ok(known) => {
-                self.directory_write().remove(&addr);
-                self.listing_changed().await;
-                self.offline_lock().remove(&addr);
-                self.metrics.registered(Registered::Departure);
-                tracing::info!(depot = %addr, known, "deregistered");
-                ok(serde_json::json!({"ok": true, "removed": known}))
-            }
-            Err(e) => error(503, &e),
-        }
+        let known = self.stored(self.store.remove(&addr)).await?;
+        self.directory_write().remove(&addr);
+        self.listing_changed().await;
+        self.offline_lock().remove(&addr);
+        self.metrics.registered(Registered::Departure);
+        tracing::info!(depot = %addr, known, "deregistered");
+        Ok(Removed {
+            ok: true,
+            removed: known,
+        })
     }
 
     /// `POST /api/v1/register`: a registration or a heartbeat.
-    async fn register(&self, body: &[u8]) -> Response {
-        if body.len() > crate::model::MAX_REGISTRATION {
-            return error(
-                413,
-                &format!(
-                    "a registration is at most {} bytes",
-                    crate::model::MAX_REGISTRATION
-                ),
-            );
-        }
-        let reg: Registration = match serde_json::from_slice(body) {
-            Ok(r) => r,
-            Err(e) => return error(400, &format!("registration body: {e}")),
-        };
-        if let Err(e) = reg.validate() {
-            return error(400, &e);
-        }
+    async fn register(&self, reg: Registration) -> Result<Welcome, ApiError> {
+        reg.validate()?;
         let addr = reg.addr();
         let t = now();
         let record = DepotRecord {
@@ -835,62 +791,51 @@ impl LBone {
             first_seen: t,
             last_seen: t,
         };
-        match self.stored(self.store.upsert(&reg, t)).await {
-            Ok(before) => {
-                let new_here = {
-                    let mut dir = self.directory_write();
-                    match dir.get_mut(&addr) {
-                        Some(d) => {
-                            d.reg = record.reg;
-                            d.last_seen = d.last_seen.max(t);
-                            false
-                        }
-                        None => {
-                            dir.insert(addr.clone(), record);
-                            true
-                        }
-                    }
-                };
-                if before.is_none() || new_here {
-                    self.listing_changed().await;
+        let before = self.stored(self.store.upsert(&reg, t)).await?;
+        let new_here = {
+            let mut dir = self.directory_write();
+            match dir.get_mut(&addr) {
+                Some(d) => {
+                    d.reg = record.reg;
+                    d.last_seen = d.last_seen.max(t);
+                    false
                 }
-                self.metrics.registered(if before.is_none() {
-                    Registered::New
-                } else {
-                    Registered::Heartbeat
-                });
-                let was_offline = self.offline_lock().remove(&addr);
-                match before {
-                    None => tracing::info!(depot = %addr, "registered"),
-                    Some(_) if was_offline => {
-                        tracing::info!(depot = %addr, "online again")
-                    }
-                    Some(_) => tracing::debug!(depot = %addr, "heartbeat"),
+                None => {
+                    dir.insert(addr.clone(), record);
+                    true
                 }
-                ok(serde_json::json!({
-                    "ok": true,
-                    "heartbeat_seconds": self.cfg.heartbeat.as_secs(),
-                }))
             }
-            Err(e) => error(503, &e),
+        };
+        if before.is_none() || new_here {
+            self.listing_changed().await;
         }
+        self.metrics.registered(if before.is_none() {
+            Registered::New
+        } else {
+            Registered::Heartbeat
+        });
+        let was_offline = self.offline_lock().remove(&addr);
+        match before {
+            None => tracing::info!(depot = %addr, "registered"),
+            Some(_) if was_offline => {
+                tracing::info!(depot = %addr, "online again")
+            }
+            Some(_) => tracing::debug!(depot = %addr, "heartbeat"),
+        }
+        Ok(Welcome {
+            ok: true,
+            heartbeat_seconds: self.cfg.heartbeat.as_secs(),
+        })
     }
 
     /// `POST /api/v1/rates`: throughput a client network measured.
-    async fn rates(&self, body: &[u8], peer: std::net::IpAddr) -> Response {
-        let r: RateReports = match serde_json::from_slice(body) {
-            Ok(r) => r,
-            Err(e) => return error(400, &format!("rates body: {e}")),
-        };
+    async fn rates(&self, r: RateReports, peer: std::net::IpAddr) -> Result<Recorded, ApiError> {
         if r.rates.len() > 1024 || r.rates.iter().any(|x| x.depot.len() > 300) {
-            return error(400, "at most 1024 reports of known depots");
+            return Err(ApiError::TooManyRates);
         }
         let net = client_net(peer);
         if !self.may_report(&net) {
-            return error(
-                429,
-                "too many rate reports from your network: at most 60 a minute",
-            );
+            return Err(ApiError::ReportsPerMinute);
         }
         // Only depots the directory lists get a forecast: checked against
         // the directory in memory (keyed by address), then by the store.
@@ -908,26 +853,24 @@ impl LBone {
             .collect();
         let sum = known.iter().map(|(_, b)| b.max(0.0)).sum::<f64>();
         let count = known.len() as u64;
-        let n = self.stored(self.store.record_rates(&net, known, t)).await;
-        match n {
-            Ok(n) => {
-                // The network's next query sees its own reports.
-                if let Some(f) = self
-                    .forecasts
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .get(&client_net(peer))
-                {
-                    f.clear();
-                }
-                let mut r = self.reported.lock().unwrap_or_else(|e| e.into_inner());
-                r.0 += sum;
-                r.1 += count;
-                drop(r);
-                ok(serde_json::json!({"ok": true, "recorded": n}))
-            }
-            Err(e) => error(503, &e),
+        let n = self.stored(self.store.record_rates(&net, known, t)).await?;
+        // The network's next query sees its own reports.
+        if let Some(f) = self
+            .forecasts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&client_net(peer))
+        {
+            f.clear();
         }
+        let mut r = self.reported.lock().unwrap_or_else(|e| e.into_inner());
+        r.0 += sum;
+        r.1 += count;
+        drop(r);
+        Ok(Recorded {
+            ok: true,
+            recorded: n,
+        })
     }
 
     /// Answers one legacy message.
@@ -1066,159 +1009,6 @@ async fn legacy_loop(l: TcpListener, lb: Arc<LBone>, mut shutdown: watch::Receiv
             lb.serve_legacy(s, peer, slot, place).await;
         });
     }
-}
-
-/// A JSON answer.
-fn ok(v: serde_json::Value) -> Response {
-    json(200, Body::from(v.to_string()))
-}
-
-/// A JSON error: `{"error": "…"}`.
-fn error(status: u16, reason: &str) -> Response {
-    json(
-        status,
-        Body::from(serde_json::json!({ "error": reason }).to_string()),
-    )
-}
-
-fn json(status: u16, body: Body) -> Response {
-    let mut r = Response::new(body);
-    *r.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    r.headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    r
-}
-
-/// A shared listing, holding its room in the body budget until the body
-/// has been sent (or the client has gone).
-fn json_held(body: Bytes, room: Room) -> Response {
-    json(
-        200,
-        Body::new(Held {
-            body: Full::new(body),
-            _room: room,
-        }),
-    )
-}
-
-/// A body and the budget it holds.
-struct Held<B> {
-    body: B,
-    _room: Room,
-}
-
-impl<B: http_body::Body<Data = Bytes> + Unpin> http_body::Body for Held<B> {
-    type Data = Bytes;
-    type Error = B::Error;
-
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
-        std::pin::Pin::new(&mut self.body).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.body.size_hint()
-    }
-}
-
-/// Lets a request through only with the L-Bone's token (`Authorization:
-/// Bearer TOKEN`); a refusal is counted and logged.
-async fn require_token(
-    State(lb): State<Arc<LBone>>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    req: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> Response {
-    let given = (req.headers().get(AUTHORIZATION))
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim);
-    if lb.token_ok(given) {
-        return next.run(req).await;
-    }
-    lb.metrics.refused_token();
-    let path = req.uri().path();
-    tracing::warn!(peer = %peer.ip(), path, "refused: wrong or missing token");
-    error(
-        401,
-        "registration needs the L-Bone token: Authorization: Bearer TOKEN",
-    )
-}
-
-/// The HTTP API and the dashboard.
-pub fn router(lb: Arc<LBone>) -> Router {
-    type S = State<Arc<LBone>>;
-    type Peer = ConnectInfo<SocketAddr>;
-    let dashboard = || async { ([(CONTENT_TYPE, "text/html; charset=utf-8")], DASHBOARD) };
-    let http = lb.metrics.http.clone();
-    // The routes that change the directory: the token is checked before
-    // the body is read.
-    let registration = Router::new()
-        .route(
-            "/api/v1/register",
-            post(|State(lb): S, body: Bytes| async move { lb.register(&body).await }),
-        )
-        .route(
-            "/api/v1/deregister",
-            post(|State(lb): S, body: Bytes| async move { lb.deregister(&body).await }),
-        )
-        .route_layer(axum::middleware::from_fn_with_state(
-            lb.clone(),
-            require_token,
-        ));
-    let router = Router::new()
-        .route("/", get(dashboard))
-        .route("/index.html", get(dashboard))
-        .route(
-            "/healthz",
-            get(|| async { ok(serde_json::json!({"ok": true})) }),
-        )
-        .route(
-            "/api/v1/history",
-            get(|State(lb): S, peer: Peer| async move { lb.history(peer.0.ip()).await }),
-        )
-        .route(
-            "/metrics",
-            get(|State(lb): S, peer: Peer, headers: HeaderMap| async move {
-                lb.metrics_page(peer.0.ip(), &headers).await
-            }),
-        )
-        .route(
-            "/api/v1/depots",
-            get(
-                |State(lb): S, peer: Peer, RawQuery(q): RawQuery| async move {
-                    lb.listing(q.as_deref().unwrap_or(""), peer.0.ip()).await
-                },
-            ),
-        )
-        .merge(registration)
-        .route(
-            "/api/v1/rates",
-            post(|State(lb): S, peer: Peer, body: Bytes| async move {
-                lb.rates(&body, peer.0.ip()).await
-            }),
-        )
-        .method_not_allowed_fallback(|| async { error(405, "method not allowed") })
-        .fallback(|| async {
-            error(
-                404,
-                "no such endpoint: try GET /api/v1/depots or the dashboard at /",
-            )
-        })
-        .layer(axum::middleware::map_response(|mut r: Response| async {
-            let h = r.headers_mut();
-            h.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
-            h.insert(X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
-            r
-        }))
-        .with_state(lb);
-    http.layer(router)
 }
 
 /// The HTTP limits of `cfg`.

@@ -66,10 +66,23 @@ pub enum DirectoryError {
     NoSource,
     /// An `LBONE_SERVER` line of `~/.xndrc` is malformed.
     #[error("~/.xndrc: {0}")]
-    BadServer(String),
-    /// Every L-Bone asked failed or listed no depot; the last one's answer.
+    BadServer(lors_lbone::client::Error),
+    /// Every L-Bone asked failed; the last one's failure.
     #[error("asking the L-Bone for depots: {0}")]
-    Lbone(String),
+    Lbone(lors_lbone::client::Error),
+    /// The L-Bone answered but named no depot that fits.
+    #[error(
+        "asking the L-Bone for depots: it lists no online depot with {bytes} bytes for {secs} s{}",
+        if near.is_empty() { String::new() } else { format!(" near {near:?}") }
+    )]
+    NoneFits {
+        /// Bytes asked for.
+        bytes: u64,
+        /// Lease asked for, seconds.
+        secs: u64,
+        /// The location hint, if any.
+        near: String,
+    },
 }
 
 /// Finds depots in the order the [module docs](self) give. `named` is an
@@ -134,16 +147,11 @@ pub async fn find_depots(
                 });
             }
             Ok(_) => {
-                last = DirectoryError::Lbone(format!(
-                    "it lists no online depot with {} bytes for {} s{}",
-                    want.bytes,
-                    want.secs,
-                    if want.location.is_empty() {
-                        String::new()
-                    } else {
-                        format!(" near {:?}", want.location)
-                    }
-                ));
+                last = DirectoryError::NoneFits {
+                    bytes: want.bytes,
+                    secs: want.secs,
+                    near: want.location.clone(),
+                };
             }
             Err(e) => {
                 // The error returned says it; a list's failover says

@@ -77,7 +77,7 @@ pub enum SettingsError {
     },
     /// The L-Bone named by a flag, the URI or the environment.
     #[error("{0}")]
-    Lbone(String),
+    Lbone(lors_lbone::client::Error),
     /// A value outside what the tools accept, from whichever source.
     #[error("{0}")]
     Invalid(String),

@@ -160,7 +160,7 @@ async fn three_instances_on_one_postgres_lose_nothing_when_one_dies_or_hangs() {
                         0
                     }
                     Err(e) => {
-                        failed.lock().unwrap().push(e);
+                        failed.lock().unwrap().push(e.to_string());
                         0
                     }
                 };
@@ -193,7 +193,7 @@ async fn three_instances_on_one_postgres_lose_nothing_when_one_dies_or_hangs() {
                         current = i;
                         heartbeats.fetch_add(1, Relaxed);
                     }
-                    Err(e) => failed.lock().unwrap().push(e),
+                    Err(e) => failed.lock().unwrap().push(e.to_string()),
                 }
                 k += 1;
             }

@@ -110,7 +110,10 @@ pub async fn join_lbone(
     loc: lors_lbone::model::Location,
     every: std::time::Duration,
     stop: tokio::sync::watch::Receiver<bool>,
-) -> (Result<(), String>, tokio::task::JoinHandle<()>) {
+) -> (
+    Result<(), lors_lbone::client::Error>,
+    tokio::task::JoinHandle<()>,
+) {
     let reg = registration(depot, &loc);
     let first = lors_lbone::client::register_first(
         &bases,
@@ -240,10 +243,11 @@ pub(super) async fn join(
         Ok(()) => println!("lors depot: registered with L-Bone {urls}"),
         // A wrong token never comes right by itself: stop, and
         // say what to fix.
-        Err(e) if e == lors_lbone::client::TOKEN_REFUSED => {
+        Err(e) if e.is_token_refused() => {
             task.abort();
             return Err(UsageError(format!(
-                "{e} at {urls}: check --lbone-token, --lbone-token-file or LORS_LBONE_TOKEN (the L-Bone's is in its data directory, file `token`)"
+                "{} at {urls}: check --lbone-token, --lbone-token-file or LORS_LBONE_TOKEN (the L-Bone's is in its data directory, file `token`)",
+                lors_lbone::client::Error::TokenRefused
             ))
             .into());
         }
