@@ -156,34 +156,29 @@ pub fn probe_all(x: &ExNode, s: &Settings) -> anyhow::Result<Vec<lors::manage::P
 /// replica, after printing their report.
 pub fn unreadable(x: &ExNode, probes: &[lors::manage::Probe]) -> anyhow::Result<()> {
     let live: Vec<bool> = probes.iter().map(lors::manage::Probe::is_live).collect();
-    if let Some(e) = lors_exnode::erasure::Erasure::of(x)? {
-        let lost: Vec<_> = (e
-            .margins(x, |i| live.get(i).copied().unwrap_or(false))
-            .into_iter())
-        .filter(|m| m.margin < 0)
-        .collect();
-        if let Some(first) = lost.first() {
+    let gaps = lors_exnode::erasure::unreadable(x, &live)?;
+    if let Some(code) = &gaps.stripes {
+        if let (Some(first), Some(bytes)) = (code.lost.first(), gaps.bytes.first()) {
             anyhow::bail!(
-                "{} of {} stripes have fewer than the {} live blocks they need (first: stripe {}, bytes {}..{}): the file cannot be downloaded whole; see the state of each mapping above",
-                lost.len(),
-                e.stripes(),
-                e.scheme.data,
-                first.stripe,
-                first.bytes.start,
-                first.bytes.end
+                "{} of {} stripes have fewer than the {} live blocks they need (first: stripe {first}, bytes {}..{}): the file cannot be downloaded whole; see the state of each mapping above",
+                code.lost.len(),
+                code.of,
+                code.scheme.data,
+                bytes.start,
+                bytes.end
             );
         }
         return Ok(());
     }
-    let gaps = x.uncovered(&live);
+    let gaps = gaps.bytes;
     if gaps.is_empty() {
         return Ok(());
     }
-    let bytes: u64 = gaps.iter().map(|(s, e)| e - s).sum();
+    let bytes: u64 = gaps.iter().map(|r| r.end - r.start).sum();
     let shown: Vec<String> = gaps
         .iter()
         .take(3)
-        .map(|(s, e)| format!("{s}..{e}"))
+        .map(|r| format!("{}..{}", r.start, r.end))
         .collect();
     anyhow::bail!(
         "{bytes} of {} bytes have no live replica (bytes {}{}): the file cannot be downloaded whole; see the state of each mapping above",

@@ -578,6 +578,62 @@ impl Erasure {
     }
 }
 
+/// What of a file cannot be read from its live allocations alone.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Unreadable {
+    /// The bytes, in order: of a replicated file those no live replica
+    /// covers, of an erasure-coded one the stripes that cannot be decoded.
+    pub bytes: Vec<Range<u64>>,
+    /// Of an erasure-coded file, its stripes.
+    pub stripes: Option<Stripes>,
+}
+
+/// An erasure-coded file's stripes, as [`Unreadable`] found them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stripes {
+    /// Its code.
+    pub scheme: Scheme,
+    /// Stripes in all.
+    pub of: u64,
+    /// Those with fewer live blocks than the code's data blocks, in order.
+    pub lost: Vec<u64>,
+}
+
+/// What of `x` cannot be read when allocation `i` (mappings, then parity
+/// blocks: [`ExNode::allocations`]) is live as `live[i]` says: the one
+/// answer for a replicated and an erasure-coded file.
+///
+/// ```
+/// use lors_exnode::{ExNode, Mapping};
+/// let mut x = ExNode::default();
+/// for at in [0, 10] {
+///     x.mappings.push(Mapping { exnode_offset: at, logical_length: 10, ..Mapping::default() });
+/// }
+/// let u = lors_exnode::erasure::unreadable(&x, &[true, false]).unwrap();
+/// assert_eq!(u.bytes, [10..20]);
+/// assert!(u.stripes.is_none());
+/// ```
+pub fn unreadable(x: &ExNode, live: &[bool]) -> Result<Unreadable, ErasureError> {
+    let Some(e) = Erasure::of(x)? else {
+        return Ok(Unreadable {
+            bytes: x.uncovered(live),
+            stripes: None,
+        });
+    };
+    let lost: Vec<Margin> = (e.margins(x, |i| live.get(i).copied().unwrap_or(false)))
+        .into_iter()
+        .filter(|m| m.margin < 0)
+        .collect();
+    Ok(Unreadable {
+        bytes: lost.iter().map(|m| m.bytes.clone()).collect(),
+        stripes: Some(Stripes {
+            scheme: e.scheme,
+            of: e.stripes(),
+            lost: lost.iter().map(|m| m.stripe).collect(),
+        }),
+    })
+}
+
 /// One stripe's state (see [`Erasure::margins`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Margin {

@@ -266,7 +266,7 @@ impl ExNode {
     /// Byte ranges of `[0, logical size)` that no live mapping covers: what
     /// a download could not read (a hole is no gap: it is zeros). `live[i]`
     /// says whether mapping `i` answered.
-    pub fn uncovered(&self, live: &[bool]) -> Vec<(u64, u64)> {
+    pub fn uncovered(&self, live: &[bool]) -> Vec<std::ops::Range<u64>> {
         let mut spans: Vec<(u64, u64)> = (self.mappings.iter().zip(live))
             .filter(|(_, l)| **l)
             .map(|(m, _)| (m.exnode_offset, m.logical_end()))
@@ -277,13 +277,13 @@ impl ExNode {
         let mut at = 0u64;
         for (s, e) in spans {
             if s > at {
-                gaps.push((at, s));
+                gaps.push(at..s);
             }
             at = at.max(e);
         }
         let size = self.logical_size();
         if at < size {
-            gaps.push((at, size));
+            gaps.push(at..size);
         }
         gaps
     }
@@ -302,6 +302,18 @@ impl ExNode {
         d.sort();
         d.dedup();
         d
+    }
+
+    /// Bytes stored on each depot (its allocations' lengths), by depot
+    /// name: what a transfer of the whole file moved to or from each.
+    pub fn stored_per_depot(&self) -> Vec<(String, u64)> {
+        let mut per: std::collections::BTreeMap<String, u64> = Default::default();
+        for m in self.allocations() {
+            if let Some(d) = m.depot() {
+                *per.entry(d).or_default() += m.alloc_length;
+            }
+        }
+        per.into_iter().collect()
     }
 
     /// A metadata item by name.

@@ -212,30 +212,25 @@ impl PyExNode {
             .map(|(i, (m, p))| (i, m.depot().unwrap_or_default(), p.reason()))
             .collect();
         d.set_item("dead", dead)?;
-        match erasure(x) {
-            Some(e) => {
-                let margins = e.margins(x, |i| live.get(i).copied().unwrap_or(false));
-                let min = margins.iter().map(|m| m.margin).min();
-                d.set_item("margin", min)?;
-                let at = |f: fn(i64) -> bool| -> Vec<u64> {
-                    (margins.iter())
-                        .filter(|m| f(m.margin))
-                        .map(|m| m.stripe)
-                        .collect()
-                };
-                d.set_item("stripes_at_margin_0", at(|m| m == 0))?;
-                d.set_item("stripes_lost", at(|m| m < 0))?;
-                let lost: Vec<(u64, u64)> = (margins.iter())
-                    .filter(|m| m.margin < 0)
-                    .map(|m| (m.bytes.start, m.bytes.end))
-                    .collect();
-                d.set_item("unreadable", lost)?;
-            }
-            None => {
-                let data_live = &live[..x.mappings.len().min(live.len())];
-                d.set_item("unreadable", x.uncovered(data_live))?;
-            }
+        if let Some(e) = erasure(x) {
+            let margins = e.margins(x, |i| live.get(i).copied().unwrap_or(false));
+            let min = margins.iter().map(|m| m.margin).min();
+            d.set_item("margin", min)?;
+            let at = |f: fn(i64) -> bool| -> Vec<u64> {
+                (margins.iter())
+                    .filter(|m| f(m.margin))
+                    .map(|m| m.stripe)
+                    .collect()
+            };
+            d.set_item("stripes_at_margin_0", at(|m| m == 0))?;
+            d.set_item("stripes_lost", at(|m| m < 0))?;
         }
+        // An erasure record this version cannot read is read as replicas
+        // (as `ec` says None). `[(start, end)]`, as the API has always given.
+        let gaps = (lors_exnode::erasure::unreadable(x, &live))
+            .map_or_else(|_| x.uncovered(&live), |u| u.bytes);
+        let pairs: Vec<(u64, u64)> = gaps.iter().map(|r| (r.start, r.end)).collect();
+        d.set_item("unreadable", pairs)?;
         Ok(d)
     }
 

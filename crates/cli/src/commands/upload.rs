@@ -168,16 +168,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         force: a.force,
     };
     let x = store(&a, &job, &rt, &pool, &progress)?.exnode;
-    let mut per_depot: std::collections::BTreeMap<String, u64> = Default::default();
-    for m in x.mappings.iter().chain(&x.parity) {
-        if let Some(d) = m.depot() {
-            *per_depot.entry(d).or_default() += m.alloc_length;
-        }
-    }
-    let per_depot: Vec<(String, u64)> = per_depot.into_iter().collect();
     rt.block_on(lors::directory::report_rates(
         found.directory.as_ref(),
-        &per_depot,
+        &x.stored_per_depot(),
         started.elapsed(),
     ));
     summary(&a, &progress, &out, &x, copies, started.elapsed());

@@ -68,7 +68,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     for ((name, x, _), checks) in jobs.iter().zip(all) {
         let mut lines = replica_lines(x, &checks, name, json, a.all)?;
         let good: Vec<bool> = checks.iter().map(Check::is_good).collect();
-        let lost = lost(x, &good)?;
+        let lost = lors_exnode::erasure::unreadable(x, &good)?.bytes;
         let mut file = Summary {
             replicas: checks.len(),
             good: checks.iter().filter(|c| matches!(c, Check::Good)).count(),
@@ -79,7 +79,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             ..Summary::default()
         };
         file.bad = file.replicas - file.good - file.unchecked;
-        file.lost_bytes = lost.iter().map(|(s, e)| e - s).sum();
+        file.lost_bytes = lost.iter().map(|r| r.end - r.start).sum();
         if !json {
             let mut states: Vec<(&str, usize)> = Vec::new();
             for c in &checks {
@@ -100,7 +100,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         }
         report.append(&mut lines);
         if !json {
-            for (s, e) in &lost {
+            for std::ops::Range { start: s, end: e } in &lost {
                 report.push(format!("  LOST: bytes {s}..{e} have no good replica"));
             }
         }
@@ -236,21 +236,6 @@ fn files(args: &[ExnodeRef]) -> anyhow::Result<Vec<(&ExnodeRef, std::path::PathB
         out.extend(w.files.into_iter().map(|p| (r, p)));
     }
     Ok(out)
-}
-
-/// The byte ranges of `x` no good allocation can give back: bytes no good
-/// replica holds, or of an erasure-coded file the stripes with fewer than
-/// their data blocks' number of good blocks.
-fn lost(x: &lors_exnode::ExNode, good: &[bool]) -> anyhow::Result<Vec<(u64, u64)>> {
-    Ok(match lors_exnode::erasure::Erasure::of(x)? {
-        Some(e) => (e
-            .margins(x, |i| good.get(i).copied().unwrap_or(false))
-            .into_iter())
-        .filter(|m| m.margin < 0)
-        .map(|m| (m.bytes.start, m.bytes.end))
-        .collect(),
-        None => x.uncovered(good),
-    })
 }
 
 /// `--json`: one replica's check.

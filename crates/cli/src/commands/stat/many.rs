@@ -216,7 +216,7 @@ impl<'a> Health<'a> {
                 .unwrap_or(copies),
             copies,
             soonest_expiry_s,
-            lost_bytes: (x.uncovered(&live).iter()).map(|(s, e)| e - s).sum(),
+            lost_bytes: (x.uncovered(&live).iter()).map(|r| r.end - r.start).sum(),
             erasure: None,
         })
     }
