@@ -41,6 +41,16 @@ impl From<&lors_ibp::Error> for Cause {
     }
 }
 
+impl From<&Error> for Cause {
+    fn from(e: &Error) -> Cause {
+        Cause {
+            text: e.to_string(),
+            code: e.status(),
+            depot: e.depot().map(str::to_owned),
+        }
+    }
+}
+
 impl From<&str> for Cause {
     fn from(text: &str) -> Cause {
         Cause::local(text)

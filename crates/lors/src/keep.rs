@@ -34,6 +34,7 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::ops::Range;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,7 +42,7 @@ use std::time::Duration;
 use lors_exnode::{ExNode, Mapping};
 use lors_ibp::proto::Reliability;
 
-use crate::error::{Error, Result};
+use crate::error::{Cause, Error, Result};
 use crate::manage::{self, CopyOptions, Lease, Probe, Replicas};
 use crate::pool::Pool;
 use crate::progress::NoProgress;
@@ -165,18 +166,18 @@ pub struct Kept {
     /// Leases extended.
     pub refreshed: usize,
     /// Leases that could not be extended: mapping index in the input, why.
-    pub not_refreshed: Vec<(usize, String)>,
+    pub not_refreshed: Vec<(usize, Cause)>,
     /// New replicas made.
     pub healed: usize,
     /// Mappings dropped.
     pub trimmed: usize,
     /// Byte ranges with no live replica: lost unless their depot comes back.
-    pub lost: Vec<(u64, u64)>,
+    pub lost: Vec<Range<u64>>,
     /// Blocks still short of their copies after the cycle (no depot could
     /// take them), as byte ranges.
-    pub short: Vec<(u64, u64)>,
+    pub short: Vec<Range<u64>>,
     /// Why healing fell short, if it did.
-    pub heal_error: Option<String>,
+    pub heal_error: Option<Unhealed>,
     /// Stored bytes read back and checked.
     pub scrubbed: u64,
     /// Replicas the scrub found corrupt: mapping index in the input, why.
@@ -201,12 +202,26 @@ pub struct StripeShort {
     /// The stripe.
     pub stripe: u64,
     /// Its bytes in the file.
-    pub bytes: std::ops::Range<u64>,
+    pub bytes: Range<u64>,
     /// How many more of its blocks it can lose and still be read
     /// (negative: it cannot be read now).
     pub margin: i64,
     /// Why its blocks were not made again.
-    pub why: String,
+    pub why: Unhealed,
+}
+
+/// Why a cycle could not give every block its copies (or every stripe its
+/// blocks).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unhealed {
+    /// No depot to put them on, and why: the L-Bone's failure, no lock
+    /// beside the file, none given.
+    #[error("{0}")]
+    NoDepots(String),
+    /// Copying failed: the last failure, with its depot and status when a
+    /// depot answered with one.
+    #[error("{0}")]
+    Failed(Cause),
 }
 
 /// Reads back and checks the live mappings among `which`: the corrupt ones
@@ -320,7 +335,7 @@ async fn refresh_due(
     probes: &[Probe],
     policy: &Policy,
     pool: &Arc<Pool>,
-) -> (usize, Vec<(usize, String)>) {
+) -> (usize, Vec<(usize, Cause)>) {
     let due: Vec<usize> = (0..probes.len())
         .filter(|&i| match &probes[i] {
             Probe::Live(p) => u64::try_from(p.seconds_left).unwrap_or(0) < policy.margin.as_secs(),
@@ -343,7 +358,7 @@ async fn refresh_due(
     for (j, r) in manage::refresh(&sub, policy.lease, pool, &NoProgress).await {
         match r {
             Ok(_) => refreshed += 1,
-            Err(e) => not_refreshed.push((due[j], e.text)),
+            Err(e) => not_refreshed.push((due[j], e)),
         }
     }
     (refreshed, not_refreshed)
@@ -360,7 +375,7 @@ async fn heal(
     places: &Places<'_>,
     policy: &Policy,
     pool: &Arc<Pool>,
-) -> Result<(Vec<Mapping>, Option<String>)> {
+) -> Result<(Vec<Mapping>, Option<Unhealed>)> {
     let mut by_lack: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
     for idx in blocks.values() {
         let good: Vec<usize> = idx.iter().copied().filter(|&i| live(i)).collect();
@@ -389,11 +404,14 @@ async fn heal(
                 release(&new, pool).await;
                 return Err(e);
             }
-            Err(e) => heal_error = Some(e.to_string()),
+            Err(e) => heal_error = Some(Unhealed::Failed(Cause::from(&e))),
         }
     }
     // Without depots, why there are none is the error that matters.
-    Ok((new, heal_error.map(|e| unplaced.unwrap_or(e))))
+    Ok((
+        new,
+        heal_error.map(|e| unplaced.map_or(e, Unhealed::NoDepots)),
+    ))
 }
 
 /// The blocks of an exNode: mapping indices by (offset, length).
@@ -403,8 +421,8 @@ type Blocks = BTreeMap<(u64, u64), Vec<usize>>;
 struct Settled {
     kept: ExNode,
     trimmed: usize,
-    short: Vec<(u64, u64)>,
-    lost: Vec<(u64, u64)>,
+    short: Vec<Range<u64>>,
+    lost: Vec<Range<u64>>,
     /// Corrupt replicas dropped.
     bad: Vec<Mapping>,
     /// Replicas on depots silent past the grace, dropped.
@@ -443,7 +461,7 @@ fn settle(
         let alive = live_after(*range, idx);
         let whole = alive >= copies;
         if !whole && alive > 0 {
-            short.push((range.0, range.0 + range.1));
+            short.push(range.0..range.0 + range.1);
         }
         for &i in idx {
             let drop = match &probes[i] {
@@ -515,8 +533,10 @@ pub async fn release(made: &[lors_exnode::Mapping], pool: &Arc<Pool>) {
 }
 
 mod files;
+mod keeper;
 mod pause;
 mod probed;
 mod stripes;
 pub use files::{Cursor, SaveError, Scrub, Totals, save_kept};
+pub use keeper::{Cycle, FileError, Keeper, Outcome, Targets};
 pub use probed::Probed;

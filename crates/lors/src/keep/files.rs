@@ -139,7 +139,7 @@ impl Totals {
             }
         }
         self.trimmed += k.trimmed;
-        self.lost_bytes += k.lost.iter().map(|(s, e)| e - s).sum::<u64>();
+        self.lost_bytes += k.lost.iter().map(|r| r.end - r.start).sum::<u64>();
     }
 
     /// Whether everything is kept: nothing lost, short, unrefreshed or

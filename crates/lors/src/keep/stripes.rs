@@ -7,8 +7,8 @@ use std::sync::Arc;
 use lors_exnode::ExNode;
 use lors_exnode::erasure::Erasure;
 
-use super::{Kept, Policy, StripeShort};
-use crate::error::{Error, Result};
+use super::{Kept, Policy, StripeShort, Unhealed};
+use crate::error::{Cause, Error, Result};
 use crate::manage::Probe;
 use crate::pool::Pool;
 use crate::progress::NoProgress;
@@ -22,7 +22,7 @@ pub(super) struct Seen {
     /// Leases extended, before the scrub.
     pub refreshed: usize,
     /// Leases not extended, with why.
-    pub not_refreshed: Vec<(usize, String)>,
+    pub not_refreshed: Vec<(usize, Cause)>,
 }
 
 /// One cycle (see [`super::cycle`]) over the erasure-coded `x`.
@@ -52,7 +52,7 @@ pub(super) async fn cycle(
         trimmed: 0,
         lost: (margins.iter())
             .filter(|m| m.margin < 0)
-            .map(|m| (m.bytes.start, m.bytes.end))
+            .map(|m| m.bytes.clone())
             .collect(),
         short: Vec::new(),
         heal_error: None,
@@ -71,11 +71,14 @@ pub(super) async fn cycle(
             kept.short = (r.failed.iter())
                 .filter_map(|(s, _)| *s)
                 .map(|s| e.stripe(s))
-                .map(|b| (b.start, b.end))
                 .collect();
             // Without depots, why there are none is the error that matters.
+            let unhealed = |why: String| match &unplaced {
+                Some(u) => Unhealed::NoDepots(u.clone()),
+                None => Unhealed::Failed(Cause::local(why)),
+            };
             kept.heal_error = (r.failed.first()).map(|(s, why)| {
-                unplaced.clone().unwrap_or_else(|| match s {
+                unhealed(match s {
                     Some(s) => format!("stripe {s}: {why}"),
                     None => why.clone(),
                 })
@@ -96,7 +99,7 @@ pub(super) async fn cycle(
                         stripe: *s,
                         bytes: e.stripe(*s),
                         margin,
-                        why: why.clone(),
+                        why: unhealed(why.clone()),
                     });
                 }
             }
@@ -131,7 +134,7 @@ pub(super) async fn cycle(
             kept.dropped_corrupt.extend(r.to_free);
         }
         Err(err @ Error::Interrupted { .. }) => return Err(err),
-        Err(err) => kept.heal_error = Some(err.to_string()),
+        Err(err) => kept.heal_error = Some(Unhealed::Failed(Cause::from(&err))),
     }
     Ok(kept)
 }

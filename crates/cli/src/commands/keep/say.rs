@@ -6,37 +6,49 @@ use lors::keep::{Kept, Totals};
 /// Files not kept that a cycle names on standard error (JSON names all).
 const SAID_FAILURES: usize = 100;
 
-/// Counts (and, among the first [`SAID_FAILURES`], says) an exNode the
-/// cycle could not keep.
+/// Says (among the first [`SAID_FAILURES`]; JSON says all) why an exNode
+/// was not kept.
 pub(super) fn failed(
-    totals: &mut Totals,
+    totals: &Totals,
     name: &str,
-    e: &anyhow::Error,
+    e: &lors::keep::FileError,
     json: bool,
 ) -> anyhow::Result<()> {
-    totals.exnodes += 1;
-    totals.failed += 1;
+    let e = in_words(e);
     match json {
         true => crate::commands::outln!(
             "{}",
             crate::commands::json_line(
-                &serde_json::json!({"event": "failed", "file": name, "error": format!("{e:#}")})
+                &serde_json::json!({"event": "failed", "file": name, "error": e})
             )?
         ),
-        false if totals.failed <= SAID_FAILURES => eprintln!("lors: {name}: not kept: {e:#}"),
+        false if totals.failed <= SAID_FAILURES => eprintln!("lors: {name}: not kept: {e}"),
         false => {}
     }
     Ok(())
 }
 
-/// Counts an exNode another lors command holds, and says so.
-pub(super) fn busy(
-    totals: &mut Totals,
-    name: &str,
-    holder: Option<u32>,
-    json: bool,
-) -> anyhow::Result<()> {
-    totals.busy += 1;
+/// A file's failure and its causes, the deadline named by the option
+/// that sets it.
+fn in_words(e: &lors::keep::FileError) -> String {
+    let mut words = match e {
+        lors::keep::FileError::Deadline(d) => format!(
+            "not done within {} (--file-deadline): left to the next cycle",
+            lors_ibp::units::Secs(d.as_secs())
+        ),
+        e => e.to_string(),
+    };
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        words.push_str(": ");
+        words.push_str(&c.to_string());
+        cause = c.source();
+    }
+    words
+}
+
+/// Says that another lors command holds an exNode.
+pub(super) fn busy(name: &str, holder: Option<u32>, json: bool) -> anyhow::Result<()> {
     let who = holder.map(|p| format!(" (pid {p})")).unwrap_or_default();
     match json {
         true => crate::commands::outln!(
@@ -93,13 +105,13 @@ pub(super) fn kept(name: &str, k: &Kept, json: bool, quiet: bool) -> anyhow::Res
                 "file": name,
                 "copies": k.copies,
                 "refreshed": k.refreshed,
-                "not_refreshed": k.not_refreshed.iter().map(|(i, e)| serde_json::json!({"mapping": i, "error": e})).collect::<Vec<_>>(),
+                "not_refreshed": k.not_refreshed.iter().map(|(i, e)| serde_json::json!({"mapping": i, "error": e.text})).collect::<Vec<_>>(),
                 "healed": k.healed,
-                "stripes_short": k.stripes.as_ref().map(|(_, v)| v.iter().map(|s| serde_json::json!({"stripe": s.stripe, "start": s.bytes.start, "end": s.bytes.end, "margin": s.margin, "why": s.why})).collect::<Vec<_>>()),
+                "stripes_short": k.stripes.as_ref().map(|(_, v)| v.iter().map(|s| serde_json::json!({"stripe": s.stripe, "start": s.bytes.start, "end": s.bytes.end, "margin": s.margin, "why": s.why.to_string()})).collect::<Vec<_>>()),
                 "trimmed": k.trimmed,
-                "lost": k.lost,
-                "short": k.short,
-                "heal_error": k.heal_error,
+                "lost": pairs(&k.lost),
+                "short": pairs(&k.short),
+                "heal_error": k.heal_error.as_ref().map(ToString::to_string),
                 "scrubbed_bytes": k.scrubbed,
                 "corrupt": k.corrupt.iter().map(|(i, e)| serde_json::json!({"mapping": i, "error": e})).collect::<Vec<_>>(),
             }))?
@@ -147,7 +159,7 @@ pub(super) fn kept(name: &str, k: &Kept, json: bool, quiet: bool) -> anyhow::Res
             );
         }
     }
-    for (s, e) in k.short.iter().filter(|_| k.stripes.is_none()) {
+    for std::ops::Range { start: s, end: e } in k.short.iter().filter(|_| k.stripes.is_none()) {
         eprintln!(
             "lors: {name}: bytes {s}..{e} are short of {} live copies{}",
             k.copies,
@@ -157,8 +169,13 @@ pub(super) fn kept(name: &str, k: &Kept, json: bool, quiet: bool) -> anyhow::Res
                 .unwrap_or_default()
         );
     }
-    for (s, e) in &k.lost {
+    for std::ops::Range { start: s, end: e } in &k.lost {
         eprintln!("lors: {name}: LOST: bytes {s}..{e} have no live replica");
     }
     Ok(())
+}
+
+/// Byte ranges as `--json` has always written them: `[start, end]` pairs.
+fn pairs(ranges: &[std::ops::Range<u64>]) -> Vec<[u64; 2]> {
+    ranges.iter().map(|r| [r.start, r.end]).collect()
 }
