@@ -540,6 +540,19 @@ pub fn revoked(x: &ExNode) -> Option<String> {
     ))
 }
 
+/// Checked before a download writes anything: when `x` is a share and a
+/// depot says one of its keys is gone, the sentence [`revoked`] says;
+/// `None` for any other exNode, or a share whose keys its depots still
+/// know (or that cannot be asked now: the download says what is wrong
+/// then).
+pub async fn gone(x: &ExNode, pool: &Pool) -> Option<String> {
+    let why = revoked(x)?;
+    let probes = crate::manage::probe_all(x, pool).await;
+    (probes.iter())
+        .any(|p| matches!(p, crate::manage::Probe::Gone))
+        .then_some(why)
+}
+
 /// Best effort: deletes aliases made for a share that failed. One that
 /// cannot be deleted holds no space and its keys were never handed out; it
 /// ends with its lease.

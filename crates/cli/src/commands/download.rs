@@ -108,7 +108,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let cfg = s.client();
     // A share checked before anything is written: revoked or run out, it
     // says so in one line and leaves nothing behind.
-    if let Some(why) = rt.block_on(share_gone(&x, cfg.clone())) {
+    let probing = lors::Pool::new(cfg.clone());
+    if let Some(why) = rt.block_on(lors::share::gone(&x, &probing)) {
         anyhow::bail!(why);
     }
     let progress = Reporter::new("download", Unit::Bytes, &a.report, stdout);
@@ -228,19 +229,6 @@ fn same_file(a: &std::path::Path, b: &std::path::Path) -> bool {
         (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
         _ => false,
     }
-}
-
-/// For a share (`lors share`): why it can no longer be read, when a depot
-/// says its keys are gone; `None` for any other exNode, or a share whose
-/// keys its depots still know (or that cannot be asked now: the download
-/// says what is wrong then).
-async fn share_gone(x: &lors_exnode::ExNode, cfg: lors_ibp::ClientConfig) -> Option<String> {
-    let why = lors::share::revoked(x)?;
-    let pool = lors::Pool::new(cfg);
-    let probes = lors::manage::probe_all(x, &pool).await;
-    (probes.iter())
-        .any(|p| matches!(p, lors::manage::Probe::Gone))
-        .then_some(why)
 }
 
 /// A download through a shared exNode whose depots no longer know its

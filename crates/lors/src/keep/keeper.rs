@@ -129,10 +129,14 @@ impl Keeper<'_> {
                 0 if scrub.cursor.file == *path => scrub.cursor.mapping,
                 _ => 0,
             };
-            let outcome = match self
-                .one(path, s, &pool, scrub, first, &mut placed, &probed)
-                .await
-            {
+            let turn = Turn {
+                path,
+                s,
+                pool: &pool,
+                first,
+                probed: &probed,
+            };
+            let outcome = match self.one(&turn, scrub, &mut placed).await {
                 Ok(Some(o)) => o,
                 Ok(None) => {
                     // Stopped in its turn.
@@ -161,17 +165,13 @@ impl Keeper<'_> {
     }
 
     /// One file's turn; `None` when stopped in it (nothing changed).
-    #[allow(clippy::too_many_arguments)]
     async fn one(
         &self,
-        path: &Path,
-        s: &Settings,
-        pool: &Arc<Pool>,
+        t: &Turn<'_>,
         scrub: &mut Scrub,
-        first: usize,
         placed: &mut HashMap<String, usize>,
-        probed: &Probed,
     ) -> Result<Option<Outcome>, FileError> {
+        let (path, pool) = (t.path, t.pool);
         // A file that is no exNode (empty, damaged, hostile) is passed
         // over before anything else: no lock, no depot.
         crate::plan::check_exnode(&crate::xnd::load(path)?)?;
@@ -186,9 +186,7 @@ impl Keeper<'_> {
             Err(e) => Err(format!("{e:#}")),
         };
         let no_place = session.as_ref().err().cloned();
-        let kept = self
-            .locked(path, s, pool, scrub, first, placed, no_place, probed)
-            .await;
+        let kept = self.locked(t, scrub, placed, no_place).await;
         if let Ok(session) = session {
             let ended = session.end(pool).await;
             if kept.is_ok() {
@@ -200,24 +198,20 @@ impl Keeper<'_> {
 
     /// The cycle of one file whose lock is held (or could not be made:
     /// `no_place` says why, and no new replicas are made).
-    #[allow(clippy::too_many_arguments)]
     async fn locked(
         &self,
-        path: &Path,
-        s: &Settings,
-        pool: &Arc<Pool>,
+        t: &Turn<'_>,
         scrub: &mut Scrub,
-        first: usize,
         placed: &mut HashMap<String, usize>,
         no_place: Option<String>,
-        probed: &Probed,
     ) -> Result<Option<Kept>, FileError> {
+        let (path, s, pool) = (t.path, t.s, t.pool);
         let before = crate::xnd::read_regular(path, crate::xnd::MAX_XND_BYTES)?;
         let x = lors_exnode::xml::parse(&before).map_err(|source| XndError::Parse {
             path: path.to_owned(),
             source,
         })?;
-        let checked = scrub.plan(&x, path, first);
+        let checked = scrub.plan(&x, path, t.first);
         let policy = Policy {
             copies: self.copies,
             lease: self.lease,
@@ -249,7 +243,7 @@ impl Keeper<'_> {
         // However the depots behave, one file's turn ends: what it began
         // is dropped (copies in flight are freed by the session's end,
         // from its journal) and the file waits for the next cycle.
-        let run = super::cycle(&x, &places, &policy, pool, &checked, probed);
+        let run = super::cycle(&x, &places, &policy, pool, &checked, t.probed);
         let mut k = match tokio::time::timeout(self.file_deadline, run).await {
             Ok(Ok(k)) => k,
             Ok(Err(crate::Error::Interrupted { .. })) => return Ok(None),
@@ -270,6 +264,17 @@ impl Keeper<'_> {
         }
         Ok(Some(k))
     }
+}
+
+/// One file's turn in a cycle: the file, its settings, and what the
+/// cycle shares with it.
+struct Turn<'a> {
+    path: &'a Path,
+    s: &'a Settings,
+    pool: &'a Arc<Pool>,
+    /// The scrub's first mapping here.
+    first: usize,
+    probed: &'a Probed,
 }
 
 /// The probes of `batch`'s exNodes, taken at once; those that do not load
