@@ -11,35 +11,49 @@ use crate::util::*;
 
 /// The allocations each depot holds: the data files under its directory.
 pub(crate) fn held(ds: &[DepotProc], dir: &Path) -> BTreeMap<String, BTreeSet<u64>> {
-    let mut out = BTreeMap::new();
-    for (i, d) in ds.iter().enumerate() {
-        let mut ids = BTreeSet::new();
-        let data = dir.join(format!("d{i}")).join("data");
-        for sub in std::fs::read_dir(&data).into_iter().flatten().flatten() {
-            for f in std::fs::read_dir(sub.path())
-                .into_iter()
-                .flatten()
-                .flatten()
-            {
-                let name = f.file_name().to_string_lossy().into_owned();
-                if let Ok(id) = u64::from_str_radix(&name, 16)
-                    && name.len() == 16
-                {
-                    ids.insert(id);
-                }
-            }
-        }
-        out.insert(d.addr.clone(), ids);
-    }
-    out
+    (ds.iter().enumerate())
+        .map(|(i, d)| (d.addr.clone(), held_in(&dir.join(format!("d{i}")))))
+        .collect()
 }
 
-/// The allocations the exNodes `xnds` name, by depot.
+/// The allocations the depot whose directory is `depot` holds.
+pub(crate) fn held_in(depot: &Path) -> BTreeSet<u64> {
+    let mut ids = BTreeSet::new();
+    for sub in std::fs::read_dir(depot.join("data"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        for f in std::fs::read_dir(sub.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let name = f.file_name().to_string_lossy().into_owned();
+            if let Ok(id) = u64::from_str_radix(&name, 16)
+                && name.len() == 16
+            {
+                ids.insert(id);
+            }
+        }
+    }
+    ids
+}
+
+/// The allocations the exNodes `xnds` name, by depot (every depot of `ds`
+/// listed, naming none or some).
 pub(crate) fn named(ds: &[DepotProc], xnds: &[&PathBuf]) -> BTreeMap<String, BTreeSet<u64>> {
     let mut out: BTreeMap<String, BTreeSet<u64>> = ds
         .iter()
         .map(|d| (d.addr.clone(), BTreeSet::new()))
         .collect();
+    out.extend(named_in(xnds));
+    out
+}
+
+/// The allocations the exNodes `xnds` name, by the depots they name.
+pub(crate) fn named_in(xnds: &[&PathBuf]) -> BTreeMap<String, BTreeSet<u64>> {
+    let mut out: BTreeMap<String, BTreeSet<u64>> = BTreeMap::new();
     for p in xnds {
         let x = lors::xnd::load(p).unwrap();
         for m in x.allocations() {
