@@ -25,7 +25,6 @@ use crate::pool::Pool;
 use crate::progress::{Event, Progress};
 use crate::stall::{Kind, Watcher};
 
-mod ahead;
 mod distance;
 mod e2e;
 mod sparse;
@@ -203,8 +202,6 @@ struct Uploader {
     /// Copies stored so far (a block waiting on busy depots waits on while
     /// this moves).
     stored: std::sync::atomic::AtomicU64,
-    /// Allocations made ahead for depots far away.
-    ahead: Arc<ahead::Ahead>,
 }
 
 impl Uploader {
@@ -231,8 +228,7 @@ impl Uploader {
         }
     }
 
-    /// Allocates for the block at `offset` on `addr` and notes it in the
-    /// ledger; or takes one made ahead for it (and asks for the next).
+    /// Allocates for the block at `offset` on `addr` and notes it in the ledger.
     async fn allocate(
         &self,
         addr: &str,
@@ -240,47 +236,19 @@ impl Uploader {
         len: u64,
         data: &Data,
     ) -> lors_ibp::Result<CapSet> {
-        let (ready, more) = self.ahead.take(addr, data.len());
-        if more {
-            let next = self.send_allocate(addr, (0, data.len()), data.len());
-            let (ahead, at) = (self.ahead.clone(), addr.to_owned());
-            tokio::spawn(async move {
-                let caps = next.await.ok().and_then(Result::ok);
-                ahead.arrived(&at, caps);
-            });
-        }
-        if let Some(caps) = ready {
-            return Ok(caps);
-        }
-        let alloc = self.send_allocate(addr, (offset, len), data.len());
-        let answer = async {
-            alloc.await.unwrap_or_else(|e| {
-                Err(lors_ibp::Error::Local {
-                    during: "allocating",
-                    source: std::io::Error::other(e.to_string()),
-                })
-            })
-        };
-        self.watch.run(&[addr], Kind::Op, answer).await
-    }
-
-    /// Sends an ALLOCATE of `size` bytes to `addr`, in a task of its own
-    /// that runs to the reply and puts what it grants in the ledger (as
-    /// the block at `offset`, `len` bytes long).
-    fn send_allocate(
-        &self,
-        addr: &str,
-        (offset, len): (u64, u64),
-        size: u64,
-    ) -> tokio::task::JoinHandle<lors_ibp::Result<CapSet>> {
         let (pool, made, count) = (
             self.pool.clone(),
             self.made.clone(),
             self.allocating.clone(),
         );
-        let (rel, dur, at) = (self.opts.reliability, self.opts.duration, addr.to_owned());
+        let (rel, dur, size, at) = (
+            self.opts.reliability,
+            self.opts.duration,
+            data.len(),
+            addr.to_owned(),
+        );
         count.send_modify(|v| v.push(at.clone()));
-        tokio::spawn(async move {
+        let alloc = tokio::spawn(async move {
             let r = pool.allocate(&at, rel, dur, size).await;
             if let Ok(caps) = &r {
                 let m = mapping(offset, len, size, &None, caps.clone());
@@ -292,7 +260,16 @@ impl Uploader {
                 }
             });
             r
-        })
+        });
+        let answer = async {
+            alloc.await.unwrap_or_else(|e| {
+                Err(lors_ibp::Error::Local {
+                    during: "allocating",
+                    source: std::io::Error::other(e.to_string()),
+                })
+            })
+        };
+        self.watch.run(&[addr], Kind::Op, answer).await
     }
 
     /// Waits, at most [`crate::stall::RELEASE_WAIT`], for ALLOCATEs still
@@ -519,9 +496,6 @@ impl Uploader {
         }
     }
 }
-
-/// Most allocations made ahead (ready or on their way) for one depot.
-const AHEAD_DEPTH: usize = 8;
 
 /// Rounds of pauses a block waits for busy depots, while no other block
 /// is stored, before it fails.
@@ -757,13 +731,6 @@ async fn run<R: AsyncRead + Unpin>(
     let shared = Uploader::new(opts, pool, progress.clone())?;
     let copies = opts.copies.max(1);
     let (threads, bs) = shared.fit_distance(size, &input, &control).await;
-    if threads > opts.threads.max(1) {
-        // Far away: a few allocations ready on each depot (module ahead).
-        let depots = opts.depots.len().max(1);
-        shared
-            .ahead
-            .arm(threads.div_ceil(depots).clamp(2, AHEAD_DEPTH));
-    }
     progress.start(size);
     let bs = usize::try_from(bs).unwrap_or(usize::MAX);
     let slots = Arc::new(Semaphore::new(threads));
@@ -833,7 +800,6 @@ async fn run<R: AsyncRead + Unpin>(
             break;
         }
     }
-    shared.ahead.close();
     // Blocks in flight finish or fail before we decide, never cut off: an
     // allocation they make must reach the ledger for a failure to free it.
     // Unless the upload is told to stop: then they are cut off, and what
@@ -1007,7 +973,6 @@ impl Uploader {
             allocating: Arc::new(tokio::sync::watch::channel(Vec::new()).0),
             watch,
             stored: std::sync::atomic::AtomicU64::new(0),
-            ahead: Arc::default(),
         }))
     }
 

@@ -564,8 +564,8 @@ fn at_distance_with_loss_every_command_is_byte_exact() {
     // the 10 MiB default that would go over a single connection.
     let blocks = lors::xnd::load(Path::new(&xnd)).unwrap().mappings.len();
     assert_eq!(blocks, 24, "blocks of the upload at distance");
-    // Far away the upload makes allocations ahead of its blocks: those no
-    // block used are freed before it ends, so the depots hold exactly the
+    // Through the loss, every allocation an attempt made and no block
+    // kept was freed before the upload ended: the depots hold exactly the
     // blocks the exNode names.
     let named = crate::copies::named_in(&[&PathBuf::from(&xnd)]);
     for (i, site) in sites.iter().enumerate().take(2) {
