@@ -227,7 +227,7 @@ pub enum Error {
 }
 
 /// An error and its sources, as `anyhow` prints them with `{:#}`.
-pub(crate) fn chain(e: &dyn std::error::Error) -> String {
+pub fn chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut next = e.source();
     while let Some(c) = next {

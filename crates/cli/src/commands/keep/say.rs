@@ -31,20 +31,13 @@ pub(super) fn failed(
 /// A file's failure and its causes, the deadline named by the option
 /// that sets it.
 fn in_words(e: &lors::keep::FileError) -> String {
-    let mut words = match e {
+    match e {
         lors::keep::FileError::Deadline(d) => format!(
             "not done within {} (--file-deadline): left to the next cycle",
             lors_ibp::units::Secs(d.as_secs())
         ),
-        e => e.to_string(),
-    };
-    let mut cause = std::error::Error::source(e);
-    while let Some(c) = cause {
-        words.push_str(": ");
-        words.push_str(&c.to_string());
-        cause = c.source();
+        e => lors::error::chain(e),
     }
-    words
 }
 
 /// Says that another lors command holds an exNode.
