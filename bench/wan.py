@@ -15,8 +15,9 @@ The experiments (depot hosts 1..k, the client host k+1):
   (d) one depot on a 1 Gbit/s LAN (no wire: it cannot add distance at 1 Gbit/s on
       two cores without becoming the bottleneck, and the LAN has none)
 and beside them (e) upload and augment at 188 ms (`--sending`), (f) a 15 Mbit/s
-stream from eight depots at 188 ms into a player (`--stream RUNS`) and (g)
-`lors disseminate` to four sites at 30-188 ms (`--dissem ROUNDS`).
+stream from eight depots at 188 ms into a player (`--stream RUNS`), (g)
+`lors disseminate` to four sites at 30-188 ms (`--dissem ROUNDS`) and (h) 100
+files of 1 MiB against one of 100 MiB, up and down at 188 ms (`--files ROUNDS`).
 each with TCP "untuned" (buffers capped at 64 KiB on every host, as the paper's
 hosts) and "tuned" (the machine's own autotuning). Every depot host serves the
 same file through a LoRS depot (a full replica each), nginx, xrootd and a
@@ -373,6 +374,98 @@ def sending(lors: Path, d: Path, tcps: list[str], per_link: int, rounds: int) ->
     return texts
 
 
+# Many small files against one large one, as GridFTP's pipelining (-pp) is
+# measured: per-file round trips are what distance costs them.
+FILES = Topology("(h) 100 files of 1 MiB against one of 100 MiB, one depot 188 ms away", [(100, 94.0)])
+
+
+def files(lors: Path, d: Path, tcps: list[str], count: int, rounds: int) -> list[str]:
+    """`lors upload` and `lors download` of COUNT files of 1 MiB side by side
+    against one file of COUNT MiB, beside `globus-url-copy` with and
+    without pipelining (-pp), to and from a depot 188 ms away."""
+    www = d / "www"
+    many, one = www / "many", www / "one.bin"
+    many.mkdir(exist_ok=True)
+    many.chmod(0o755)
+    names = [many / f"f{i:03}" for i in range(count)]
+    for f in names:
+        if not f.exists() or f.stat().st_size != 1 << 20:
+            f.write_bytes(os.urandom(1 << 20))
+        f.chmod(0o644)
+    make_file(one, count << 20)
+    one.chmod(0o644)
+    lab = WanLab(lors, d, FILES, one, place=False)
+    h1 = lab.depots()[0]
+    l_ = str(lors)
+    ftp = f"ftp://{lab.addr[1]}:{FTP_PORT}"
+    placed_one, placed_many = d / "placed-one.xnd", d / "placed-many"
+    up_one, up_many = d / "up-one.xnd", d / "up-many"
+    out_one, out_many = d / "out-one.bin", d / "out-many"
+    size = count << 20
+
+    def fresh(p: Path) -> list[list[str]]:
+        return [["rm", "-rf", str(p)], ["mkdir", "-m", "777", str(p)]]
+
+    texts = []
+    try:
+        for tcp in tcps:
+            lab.tcp(tcp)
+            log(f"placing the files to download on host 1 ({tcp})")
+            for c in fresh(placed_many):
+                subprocess.run(c, check=True)
+            up = [l_, "upload", "-q", "-n", "--force", "-c", "1", "--depot", h1]
+            subprocess.run(lab.at_client([*up, "-o", str(placed_one), str(one)]), check=True)
+            subprocess.run(lab.at_client([*up, "-o", f"{placed_many}/", *map(str, names)]), check=True)
+            xnds = sorted(str(p) for p in placed_many.glob("*.xnd"))
+            cs = [
+                Case(f"lors upload, one file of {count} MiB", "ours",
+                     lab.at_client([*up, "-o", str(up_one), str(one)]), size,
+                     after=[lab.at_client([l_, "rm", "-q", str(up_one)])]),
+                Case(f"lors upload, {count} files of 1 MiB", "ours",
+                     lab.at_client([*up, "-o", f"{up_many}/", *map(str, names)]), size,
+                     before=fresh(up_many),
+                     after=[["sh", "-c", f"ip netns exec {ns(lab.client)[3]} {l_} rm -q {up_many}/*.xnd"]]),
+                Case(f"lors download, one file of {count} MiB", "ours",
+                     lab.at_client([l_, "download", "-q", "-o", str(out_one), str(placed_one)]), size,
+                     verify=(out_one, one), after=[["rm", "-f", str(out_one)]]),
+                Case(f"lors download, {count} files of 1 MiB", "ours",
+                     lab.at_client([l_, "download", "-q", "-o", f"{out_many}/", *xnds]), size,
+                     before=fresh(out_many), verify=(out_many / names[-1].name, names[-1])),
+                Case(f"globus-url-copy -p 16, one file of {count} MiB, up", "peer",
+                     lab.at_client(["globus-url-copy", "-p", "16", "-fast", f"file://{one}",
+                                    f"{ftp}{www}/gu-one.bin"]), size,
+                     after=[["rm", "-f", str(www / "gu-one.bin")]]),
+                Case(f"globus-url-copy -pp -cc 16, {count} files of 1 MiB, up", "peer",
+                     lab.at_client(["globus-url-copy", "-pp", "-cc", "16", "-fast", "-cd", f"file://{many}/",
+                                    f"{ftp}{www}/gu-many/"]), size,
+                     after=[["rm", "-rf", str(www / "gu-many")]]),
+                Case(f"globus-url-copy -p 16, one file of {count} MiB, down", "peer",
+                     lab.at_client(["globus-url-copy", "-p", "16", "-fast", f"{ftp}{one}",
+                                    f"file://{d}/gd-one.bin"]), size,
+                     after=[["rm", "-f", str(d / "gd-one.bin")]]),
+                Case(f"globus-url-copy -pp -cc 16, {count} files of 1 MiB, down", "peer",
+                     lab.at_client(["globus-url-copy", "-pp", "-cc", "16", "-fast", "-cd", f"{ftp}{many}/",
+                                    f"file://{d}/gd-many/"]), size,
+                     after=[["rm", "-rf", str(d / "gd-many")]]),
+            ]
+            measure(cs, rounds, timeout=max(120.0, 10 * size * 8 / 100e6))
+            lines = [f"### {FILES.name}, TCP {tcp}", "", f"{rounds} round(s) after the warm-up.", "",
+                     "| case | median s | min-max | Mbit/s | many / one |", "|---|---|---|---|---|"]
+            for i, c in enumerate(cs):
+                if c.failed or not c.times:
+                    lines.append(f"| {c.name} | failed: {c.failed} | | | |")
+                    continue
+                t = median(c.times)
+                pair = cs[i - 1] if i % 2 else None
+                ratio = f"{t / median(pair.times):.2f}" if pair and pair.times and not pair.failed else ""
+                lines.append(f"| {c.name} | {t:.1f} | {min(c.times):.1f}-{max(c.times):.1f} | "
+                             f"{size * 8 / t / 1e6:.1f} | {ratio} |")
+            emit(texts, lines)
+    finally:
+        lab.stop()
+    return texts
+
+
 # The paper's video: 15 Mbit/s, striped over depots 188 ms away.
 STREAM = Topology("(f) a 15 Mbit/s stream from eight depots 188 ms away", [(100, 94.0)] * 8)
 PLAYER = Path(__file__).resolve().parent / "player.py"
@@ -503,6 +596,9 @@ def main() -> int:
     ap.add_argument("--dissem", type=int, metavar="ROUNDS", default=0,
                     help="also disseminate to four sites at 30-188 ms, ROUNDS rounds")
     ap.add_argument("--dissem-mib", type=int, default=128, help="MiB disseminated (default 128)")
+    ap.add_argument("--files", type=int, metavar="ROUNDS", default=0,
+                    help="also 100 files of 1 MiB against one of 100 MiB, up and down at 188 ms, ROUNDS rounds")
+    ap.add_argument("--files-count", type=int, default=100, help="files of 1 MiB (default 100)")
     ap.add_argument("--baseline", help="an earlier lors binary whose default download runs beside")
     ap.add_argument("--dir", default="/dev/shm/lors-wan", help="working directory on tmpfs")
     ap.add_argument("--out", help="also write the Markdown report here")
@@ -536,6 +632,8 @@ def main() -> int:
         out += sending(lors, d, a.tcp.split(","), a.per_link << 20, a.rounds)
     if a.stream:
         out += stream(lors, d, a.tcp.split(","), a.stream_mib, a.stream)
+    if a.files:
+        out += files(lors, d, a.tcp.split(","), a.files_count, a.files)
     if a.dissem:
         out += dissem(lors, d, a.tcp.split(","), a.dissem_mib, a.dissem)
     if headline:

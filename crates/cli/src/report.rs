@@ -29,7 +29,7 @@ pub fn clear() {
 }
 
 /// Writes a line to stderr above the bars (or plainly when none are drawn).
-fn eprint_line(line: &str) {
+pub(crate) fn eprint_line(line: &str) {
     let bars = bars_slot().clone();
     match bars {
         Some(mp) if !mp.is_hidden() => {
@@ -153,6 +153,11 @@ struct State {
     last_tick: Instant,
     depots: BTreeMap<String, Depot>,
     stopped: bool,
+    /// Retries said once each (by their line), and how many more of the
+    /// same were not: a depot that refuses every piece of a large file
+    /// gives one line, not thousands.
+    retries_said: std::collections::HashSet<String>,
+    retries_unsaid: u64,
 }
 
 /// Progress for one command; a [`lors::Progress`].
@@ -208,6 +213,8 @@ impl Reporter {
                 last_tick: now,
                 depots: BTreeMap::new(),
                 stopped: false,
+                retries_said: Default::default(),
+                retries_unsaid: 0,
             }),
             wake: Condvar::new(),
             bars,
@@ -382,6 +389,10 @@ impl Reporter {
             let s = self.lock();
             eprintln!("lors: {}", self.total_line(&s, usize::MAX));
         }
+        let unsaid = self.lock().retries_unsaid;
+        if unsaid > 0 && !matches!(self.mode, Mode::Json { .. }) {
+            eprintln!("lors: and {unsaid} more retries like those above");
+        }
     }
 
     /// With `--json`, the `done` event: `summary`'s fields after
@@ -484,7 +495,17 @@ impl lors::Progress for Reporter {
                     _ => None,
                 },
             })),
-            _ => eprint_line(&format!("lors: {e}")),
+            _ => {
+                let line = format!("lors: {e}");
+                if let Event::Retry { .. } = e {
+                    let mut s = self.lock();
+                    if !s.retries_said.insert(line.clone()) {
+                        s.retries_unsaid += 1;
+                        return;
+                    }
+                }
+                eprint_line(&line);
+            }
         }
     }
 }
@@ -603,6 +624,21 @@ fn fit(s: &str, width: usize) -> String {
     let mut out: String = s.chars().take(width.saturating_sub(1)).collect();
     out.push('…');
     out
+}
+
+/// One progress for many transfers side by side (a batch of files): each
+/// adds to it, none restarts it (the batch starts it with every file's
+/// size).
+pub struct Shared(pub Arc<Reporter>);
+
+impl lors::Progress for Shared {
+    fn advance(&self, depot: &str, n: u64) {
+        lors::Progress::advance(&*self.0, depot, n);
+    }
+
+    fn event(&self, e: &Event) {
+        lors::Progress::event(&*self.0, e);
+    }
 }
 
 #[cfg(test)]

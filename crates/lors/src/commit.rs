@@ -172,7 +172,11 @@ pub fn check_output(path: &Path) -> std::result::Result<(), XndError> {
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
-    let probe = dir.join(format!(".lors-probe{}", std::process::id()));
+    // Unique within the process too: the jobs of a batch (or a program's
+    // threads) check outputs in one directory at once.
+    static PROBES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = PROBES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let probe = dir.join(format!(".lors-probe{}.{n}", std::process::id()));
     std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)

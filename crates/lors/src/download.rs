@@ -120,6 +120,11 @@ pub struct DownloadOptions {
     /// memory let it hold), so a player reading at a constant rate starts
     /// with a margin against the network's hiccups. 0: write at once.
     pub start_buffer: u64,
+    /// Downloads running beside this one from the same depots (a batch
+    /// of files, `lors download -j`): the connections a depot's distance
+    /// adds are shared among them, so together they open about as many as
+    /// one download would (each keeps [`AUTO_CONNECTIONS`]). 0 or 1: alone.
+    pub beside: usize,
 }
 
 /// The flags of `lors download` that tune how it reads, as a command
@@ -195,6 +200,7 @@ impl Tuning {
             memory: self.memory,
             stall: self.stall,
             start_buffer: self.start_buffer,
+            beside: 0,
         }
     }
 }
@@ -220,6 +226,7 @@ impl Default for DownloadOptions {
             memory: 96 << 20,
             stall: Duration::from_secs(30),
             start_buffer: 0,
+            beside: 0,
         }
     }
 }
@@ -733,6 +740,7 @@ fn sched_config(opts: &DownloadOptions, names: &[String]) -> sched::Config {
     let depots = |f: &dyn Fn(&String) -> bool| (0..names.len()).filter(|&d| f(&names[d])).collect();
     sched::Config {
         conns_per_depot: opts.conns_per_depot,
+        beside: opts.beside,
         threads: opts.threads,
         hedge: opts.hedge,
         stall: opts.stall,

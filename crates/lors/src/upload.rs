@@ -30,6 +30,7 @@ mod e2e;
 mod sparse;
 mod stripes;
 
+pub use distance::Slots;
 pub use e2e::E2e;
 
 /// Upload settings.
@@ -547,6 +548,11 @@ pub struct Control {
     /// `stored` of its [`Error::Interrupted`]): those blocks are not sent
     /// again. Only for a regular file with the same block size.
     pub done: Vec<Mapping>,
+    /// Blocks in flight shared with the other uploads of a batch: this
+    /// upload's blocks take their turns there instead of its own
+    /// `threads`, and its block size is fitted to the batch's count. Not
+    /// for an erasure-coded upload, whose stripes keep their own.
+    pub slots: Option<Slots>,
 }
 
 impl Control {
@@ -733,7 +739,10 @@ async fn run<R: AsyncRead + Unpin>(
     let (threads, bs) = shared.fit_distance(size, &input, &control).await;
     progress.start(size);
     let bs = usize::try_from(bs).unwrap_or(usize::MAX);
-    let slots = Arc::new(Semaphore::new(threads));
+    let slots = match &control.slots {
+        Some(s) => s.semaphore(),
+        None => Arc::new(Semaphore::new(threads)),
+    };
     let mut tasks = tokio::task::JoinSet::new();
     let mut results: Vec<(usize, Vec<Mapping>)> = Vec::new();
     let mut offset = 0u64;
@@ -987,16 +996,19 @@ impl Uploader {
         control: &Control,
     ) -> (usize, u64) {
         let (mut threads, mut bs) = (self.opts.threads.max(1), self.opts.block_size.max(1));
-        if !self.opts.auto_threads {
-            return (threads, bs);
-        }
-        let addrs = self.lock().addrs.clone();
-        let rtts = self
-            .pool
-            .round_trips(&addrs, crate::pool::MEASURE_WAIT)
-            .await;
         let near = threads;
-        threads = distance::threads(threads, &rtts);
+        if let Some(batch) = &control.slots {
+            threads = batch.threads();
+        } else if !self.opts.auto_threads {
+            return (threads, bs);
+        } else {
+            let addrs = self.lock().addrs.clone();
+            let rtts = self
+                .pool
+                .round_trips(&addrs, crate::pool::MEASURE_WAIT)
+                .await;
+            threads = distance::threads(threads, &rtts);
+        }
         let earlier = control.done.iter().map(|m| m.logical_length).max();
         if let Some(earlier) = earlier.filter(|&l| l > 0 && l <= bs) {
             bs = earlier;

@@ -82,6 +82,7 @@ pub(crate) fn upload(
         opts: up,
         out: out.clone(),
         force,
+        slots: None,
     };
     let (job, source, ready) = {
         let pool = pool.clone();

@@ -1,5 +1,6 @@
 //! `lors download`: fetch an exNode's file from its depots.
 
+use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -11,7 +12,10 @@ use super::nonzero_block_size_arg;
 use crate::exit::UsageError;
 use crate::report::{ReportOpts, Reporter, Unit};
 
+mod batch;
+mod output;
 mod summary;
+use output::output;
 use summary::summary;
 
 /// Download a file from the depots its exNode names (fastest replicas first).
@@ -22,6 +26,7 @@ use summary::summary;
   lors download --start-buffer 8M -o - video.xnd | mplayer -   # 8 MB ahead before play
   lors download -o run42.dat run42.xnd            # again after a failure: resumes
   lors download -o results/ run42.xnd             # writes results/<recorded name>
+  lors download -o results/ xnds/*.xnd            # many files, side by side
   lors download -o /dev/null run42.xnd            # fetch and verify, keep nothing
   lors download -O 1G -L 100M -o part.bin run42.xnd
   lors download -t 16 -a 8 --prebuffer 32 -o - big.xnd > big.dat  # 32 blocks ahead
@@ -31,13 +36,19 @@ prebuffer depth, is --prebuffer).")]
 pub struct Args {
     #[command(flatten)]
     bwlimit: super::Bwlimit,
-    /// The exNode.
-    #[arg(value_parser = super::exnode_arg, value_name = "FILE.xnd|lors://…")]
-    exnode: ExnodeRef,
-    /// Where the data goes, as with -o (`lors download X.xnd OUT`, as cp
-    /// and rclone take it).
-    #[arg(value_name = "OUT", conflicts_with_all = ["output", "auto_name"])]
-    dest: Option<PathBuf>,
+    /// The exNodes. Two words without -o or -f are X.xnd OUT (as cp and
+    /// rclone take them); more exNodes need -o DIR or -f (each to its
+    /// recorded name) and are fetched side by side.
+    #[arg(value_name = "FILE.xnd|lors://…", required = true)]
+    words: Vec<String>,
+    /// Files fetched at once, of many [default: 4; from far depots as many
+    /// as share, four each, the connections one file would open].
+    #[arg(short = 'j', long, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    jobs: Option<u32>,
+    /// Leave out an exNode whose output is already there (from an earlier
+    /// run of the same command); an interrupted one resumes either way.
+    #[arg(long)]
+    skip_existing: bool,
     /// Output file; `-` writes standard output; a directory (or a path
     /// ending in `/`) gets the exNode's recorded file name. Data goes to
     /// OUT.lors-part and is renamed to OUT once complete.
@@ -73,13 +84,18 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
+    let (exnodes, dest) = words(&a)?;
     let flags = Layer {
         block_size: a.block_size,
         threads: a.threads,
         ..a.lbone.layer()
     };
-    let s = super::settings(&a.net, flags, Some(&a.exnode))?;
-    let x = lors::xnd::load(&a.exnode.path)?;
+    let s = super::settings(&a.net, flags, Some(&exnodes[0]))?;
+    if exnodes.len() > 1 {
+        return batch::run(&a, &s, exnodes);
+    }
+    let exnode = &exnodes[0];
+    let x = lors::xnd::load(&exnode.path)?;
     let size = x.logical_size();
     let offset = a.tuning.offset;
     if offset > size || (offset == size && size > 0) {
@@ -89,7 +105,17 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         ))
         .into());
     }
-    let out = output(&a, &x)?;
+    let out = output(&a, &x, exnode, dest)?;
+    if a.skip_existing && out.as_os_str() != "-" && out.is_file() {
+        if !a.report.quiet && !a.report.json {
+            eprintln!(
+                "lors: {} is there: {} skipped",
+                out.display(),
+                exnode.path.display()
+            );
+        }
+        return Ok(());
+    }
     let stdout = out.as_os_str() == "-";
     // A device or pipe (/dev/null, a FIFO) is written as a stream, in order.
     let device = !stdout && std::fs::metadata(&out).is_ok_and(|m| !m.is_file() && !m.is_dir());
@@ -99,12 +125,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let rt = super::runtime(super::Threads::Many)?;
     let directory = super::directory(&rt, &s);
     let last_resort = rt.block_on(lors::directory::last_resort(directory.as_ref(), &x));
-    let block_size = s
-        .block_size
-        .unwrap_or(DownloadOptions::default().block_size);
-    let opts = a
-        .tuning
-        .options(block_size, s.threads.unwrap_or(0), last_resort);
+    let opts = options(&a, &s, last_resort);
     let cfg = s.client();
     // A share checked before anything is written: revoked or run out, it
     // says so in one line and leaves nothing behind.
@@ -138,28 +159,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         };
         download(&x, output, &opts, pool, progress.clone()).await
     });
-    let revoked = (stats.as_ref().err()).and_then(|e| lors::share::access_lost(&x, e));
-    let stats = match stats.map_err(|e| share_revoked(&x, e)) {
+    let stats = match stats {
         Ok(s) => s,
-        // Revoked mid-way: a rerun cannot resume, so nothing is kept.
-        Err(_) if revoked.is_some() && !stdout && !device => {
-            let _ = std::fs::remove_file(lors::download::partial_path(&out));
-            let _ = std::fs::remove_file(lors::download::record_path(&out));
-            anyhow::bail!(revoked.unwrap_or_default());
-        }
-        Err(e) if !stdout && !device => {
-            let part = lors::download::partial_path(&out);
-            return Err(if part.exists() {
-                e.context(format!(
-                    "download to {} failed; what was fetched is kept in {}: run the same command again to resume (--restart to start over)",
-                    out.display(),
-                    part.display()
-                ))
-            } else {
-                e.context(format!("download to {} failed", out.display()))
-            });
-        }
-        Err(e) => return Err(e),
+        Err(e) if !stdout && !device => return Err(failed(&x, &out, e)),
+        Err(e) => return Err(share_revoked(&x, e)),
     };
     progress.finish();
     rt.block_on(lors::directory::report_rates(
@@ -171,63 +174,73 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Where the data goes: `-o` (a directory takes the recorded name), or
-/// the recorded name with `-f`. A recorded name is the exNode's word, not
-/// the user's: it never replaces a file that is there (a `run42.xnd`
-/// holding the only copy of its capabilities, a `.bashrc`); and no output
-/// is ever the exNode being read.
-fn output(a: &Args, x: &lors_exnode::ExNode) -> anyhow::Result<PathBuf> {
-    let recorded = || -> Result<PathBuf, UsageError> {
-        x.filename()
-            .filter(|f| !f.is_empty() && !f.contains('/') && *f != "." && *f != "..")
-            .map(PathBuf::from)
-            .ok_or_else(|| UsageError("the exNode records no usable file name; use -o FILE".into()))
-    };
-    let output = a.output.clone().or_else(|| a.dest.clone());
-    let (out, named_by_exnode) = match (&output, a.auto_name) {
-        (Some(o), _)
-            if o.as_os_str() != "-"
-                && (o.is_dir() || o.as_os_str().to_string_lossy().ends_with('/')) =>
-        {
-            if !o.is_dir() {
-                return Err(UsageError(format!("{} is not a directory", o.display())).into());
+/// The exNodes the words name, and the output a second word names
+/// (`lors download X.xnd OUT`); more exNodes need `-o DIR` or `-f`.
+fn words(a: &Args) -> anyhow::Result<(Vec<ExnodeRef>, Option<PathBuf>)> {
+    let mut words = a.words.clone();
+    let mut dest = None;
+    if words.len() == 2 && a.output.is_none() && !a.auto_name {
+        dest = words.pop().map(PathBuf::from);
+    }
+    let exnodes = (words.iter())
+        .map(|w| super::exnode_arg(w).map_err(UsageError))
+        .collect::<Result<Vec<_>, _>>()?;
+    if exnodes.len() > 1 {
+        if a.tuning.offset > 0 || a.tuning.length.is_some() {
+            return Err(UsageError("-O and -L take one exNode".into()).into());
+        }
+        match &a.output {
+            Some(o) if o.as_os_str() == "-" || !o.is_dir() => {
+                return Err(UsageError(format!(
+                    "{} exNodes: -o names the directory their files go in (each under its recorded name), and {} is not one",
+                    exnodes.len(),
+                    o.display()
+                ))
+                .into());
             }
-            (o.join(recorded()?), true)
+            None if !a.auto_name => {
+                return Err(UsageError(format!(
+                    "say where the files of {} exNodes go: -o DIR (each under its recorded name) or -f (here)",
+                    exnodes.len()
+                ))
+                .into());
+            }
+            _ => {}
         }
-        (Some(o), _) => (o.clone(), false),
-        (None, true) => (recorded()?, true),
-        (None, false) => {
-            return Err(UsageError(
-                "say where the data goes: -o OUT (or -o - for stdout, -f for the recorded name)"
-                    .into(),
-            )
-            .into());
-        }
-    };
-    if named_by_exnode && std::fs::symlink_metadata(&out).is_ok() {
-        return Err(UsageError(format!(
-            "{} is there already, and the name comes from the exNode: it is not replaced. Name the output with -o {} to replace it, or -o another path",
-            out.display(),
-            out.display()
-        ))
-        .into());
     }
-    if out.as_os_str() != "-" && same_file(&out, &a.exnode.path) {
-        return Err(UsageError(format!(
-            "{} is the exNode being read: writing the data there would destroy it; name another output with -o",
-            out.display()
-        ))
-        .into());
-    }
-    Ok(out)
+    Ok((exnodes, dest))
 }
 
-/// Whether `a` and `b` name one file (both there, same device and inode).
-fn same_file(a: &std::path::Path, b: &std::path::Path) -> bool {
-    use std::os::unix::fs::MetadataExt as _;
-    match (std::fs::metadata(a), std::fs::metadata(b)) {
-        (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
-        _ => false,
+/// The download's options from the flags and settings `s`.
+fn options(
+    a: &Args,
+    s: &lors::settings::Settings,
+    last_resort: HashSet<String>,
+) -> DownloadOptions {
+    let block_size = s
+        .block_size
+        .unwrap_or(DownloadOptions::default().block_size);
+    a.tuning
+        .options(block_size, s.threads.unwrap_or(0), last_resort)
+}
+
+/// A download of `x` to the file `out` failed: what to do next. What
+/// was fetched is kept for a rerun to resume, unless the share was
+/// revoked mid-way (a rerun cannot resume then, so nothing is kept).
+fn failed(x: &lors_exnode::ExNode, out: &std::path::Path, e: lors::Error) -> anyhow::Error {
+    if let Some(why) = lors::share::access_lost(x, &e) {
+        let _ = std::fs::remove_file(lors::download::partial_path(out));
+        let _ = std::fs::remove_file(lors::download::record_path(out));
+        return anyhow::anyhow!(why);
+    }
+    let part = lors::download::partial_path(out);
+    match part.exists() {
+        true => anyhow::Error::from(e).context(format!(
+            "download to {} failed; what was fetched is kept in {}: run the same command again to resume (--restart to start over)",
+            out.display(),
+            part.display()
+        )),
+        false => anyhow::Error::from(e).context(format!("download to {} failed", out.display())),
     }
 }
 

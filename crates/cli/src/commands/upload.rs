@@ -1,4 +1,4 @@
-//! `lors upload`: store a file on depots as an exNode.
+//! `lors upload`: store files on depots, each as an exNode.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -6,11 +6,14 @@ use std::sync::Arc;
 use lors::upload::UploadOptions;
 use lors::uri::ExnodeRef;
 
+mod batch;
 mod checks;
 mod store;
+mod summary;
 
-use checks::{chain, check_block_size, output};
+use checks::{Target, chain, check_block_size, targets};
 use store::store;
+use summary::{Report, summary};
 
 use super::{block_size_arg, nonzero_block_size_arg};
 use crate::report::{ReportOpts, Reporter, Unit};
@@ -22,6 +25,8 @@ use lors::settings::Layer;
   lors upload --depot d1:6714 --depot d2:6714 -c 2 -b 10M -o run42.xnd run42.dat
   tar c data/ | lors upload --depot d1:6714 -c 1 -o data.tar.xnd -
   lors upload --depot d1:6714 -c 1 -f video.mp4          # writes video.mp4.xnd
+  lors upload --depot d1:6714 -c 2 -o xnds/ run42/*.dat   # many files, side by side
+  lors upload --depot d1:6714 -c 2 -o xnds/ --skip-existing run42/*.dat   # again: the rest
   lors upload --depot d1:6714 -c 1 -z -e aes -o s.xnd secret.tar   # compress + encrypt
   lors upload --depot d1:6714 -c 1 -k md5 -o old.xnd f   # readable by LoRS 0.82 tools
   lors upload --depot d1:6714 -c 1 --zlib -o z.xnd f      # LoRS zlib + MD5, ditto
@@ -30,11 +35,21 @@ Every e2e block is checksummed with BLAKE3 unless -n or -k none (MD5 with --zlib
 pub struct Args {
     #[command(flatten)]
     bwlimit: super::Bwlimit,
-    /// File to upload; `-` reads standard input.
-    file: PathBuf,
-    /// Where the exNode goes, as with -o (`lors upload FILE OUT.xnd`).
-    #[arg(value_name = "OUT.xnd", conflicts_with_all = ["output", "auto_name"], value_parser = super::exnode_arg)]
-    dest: Option<ExnodeRef>,
+    /// Files to upload; `-` reads standard input. Two words without -o or
+    /// -f are FILE OUT.xnd; more files need -f (each FILE.xnd) or -o DIR,
+    /// and go side by side, sharing the blocks in flight.
+    #[arg(value_name = "FILE", required = true)]
+    files: Vec<PathBuf>,
+    /// Files uploaded at once, of many [default: as many as the blocks in
+    /// flight (-t, raised by the depots' round trips): small files far
+    /// away each wait out their round trips side by side].
+    #[arg(short = 'j', long, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    jobs: Option<u32>,
+    /// Leave out a file whose exNode is already there (from an earlier run
+    /// of the same command) instead of refusing; an interrupted file is
+    /// resumed either way.
+    #[arg(long, conflicts_with = "force")]
+    skip_existing: bool,
     /// Depot HOST or HOST:PORT (port 6714 unless given) to use (repeat, or a
     /// comma list) [default: ask the L-Bone
     /// (-H, LBONE_SERVER, a lors://HOST URI), else the DEPOT lines of
@@ -134,9 +149,17 @@ fn ec_arg(v: &str) -> Result<EcArg, String> {
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let uri = output(&a)?;
-    let out = uri.path.clone();
-    super::check_output(&out, a.force)?;
+    let mut targets = targets(&a)?;
+    if a.skip_existing {
+        targets.retain(|t| !skipped(&a, t));
+        if targets.is_empty() {
+            return Ok(());
+        }
+    }
+    for t in &targets {
+        super::check_output(&t.out.path, a.force)?;
+    }
+    let uri = &targets[0].out;
     let flags = Layer {
         copies: a.copies,
         ec: a.ec.clone().map(|e| e.0).or(a.copies.map(|_| None)),
@@ -144,13 +167,17 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         threads: a.threads,
         ..a.lease.layer(a.place.layer(a.lbone.layer()))
     };
-    let s = super::settings(&a.net, flags, Some(&uri))?;
+    let s = super::settings(&a.net, flags, Some(uri))?;
     let rt = super::runtime(super::Threads::Many)?;
-    let stdin = a.file.as_os_str() == "-";
-    let mut opts =
-        UploadOptions::from_settings(&s, Vec::new(), filename(&a, &out), chain(&a, &s.rc)?);
+    let mut opts = UploadOptions::from_settings(&s, Vec::new(), String::new(), chain(&a, &s.rc)?);
     opts.sparse = !a.dense;
-    check_block_size(opts.block_size, a.small_blocks, (!stdin).then_some(&a.file))?;
+    for t in &targets {
+        check_block_size(
+            opts.block_size,
+            a.small_blocks,
+            (!t.stdin()).then_some(&t.file),
+        )?;
+    }
     let (spread, bytes) = opts.need();
     let mut found = super::Placement {
         depots: &a.depots,
@@ -158,105 +185,56 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     }
     .find(&rt, spread, bytes, Vec::new())?;
     opts.depots = std::mem::take(&mut found.depots);
-    let copies = opts.copies;
     let started = std::time::Instant::now();
     let pool = Arc::new(a.bwlimit.pool(s.client()));
+    if targets.len() > 1 {
+        let b = batch::Batch {
+            a: &a,
+            rt: &rt,
+            pool: &pool,
+            directory: found.directory.as_ref(),
+        };
+        return b.run(targets, opts);
+    }
+    let t = &targets[0];
+    opts.filename = filename(t);
+    let copies = opts.copies;
     let progress = Reporter::new("upload", Unit::Bytes, &a.report, false);
     let job = lors::job::upload::Upload {
         opts,
-        out: Some(out.clone()),
+        out: Some(t.out.path.clone()),
         force: a.force,
+        slots: None,
     };
-    let x = store(&a, &job, &rt, &pool, &progress)?.exnode;
+    let x = store(&a, t, &job, &rt, &pool, &progress)?.exnode;
     rt.block_on(lors::directory::report_rates(
         found.directory.as_ref(),
         &x.stored_per_depot(),
         started.elapsed(),
     ));
-    summary(&a, &progress, &out, &x, copies, started.elapsed());
+    summary(&a, &progress, &t.out.path, &x, copies, started.elapsed());
     Ok(())
 }
 
-/// The file's name as the exNode records it.
-fn filename(a: &Args, out: &std::path::Path) -> String {
-    if a.file.as_os_str() == "-" {
-        out.file_stem()
-            .map_or_else(|| "stdin".into(), |s| s.to_string_lossy().into_owned())
-    } else {
-        a.file
-            .file_name()
-            .map_or_else(String::new, |s| s.to_string_lossy().into_owned())
-    }
-}
-
-/// The last word: a line on stderr, or the `--json` summary.
-fn summary(
-    a: &Args,
-    progress: &Reporter,
-    out: &std::path::Path,
-    x: &lors_exnode::ExNode,
-    copies: usize,
-    took: std::time::Duration,
-) {
-    let ec = lors_exnode::erasure::Erasure::of(x)
-        .ok()
-        .flatten()
-        .map(|e| e.scheme);
-    let (size, holes) = (x.logical_size(), x.hole_bytes());
-    let secs = took.as_secs_f64();
-    let mib_per_s = (size - holes) as f64 / 1048576.0 / secs.max(1e-9);
-    if progress.is_json() {
-        progress.done(&Report {
-            exnode: &out.display().to_string(),
-            size,
-            holes,
-            mappings: x.mappings.len(),
-            copies: if ec.is_some() { 1 } else { copies },
-            ec: ec.map(|e| e.to_string()),
-            parity: x.parity.len(),
-            seconds: super::json_secs(took),
-            mib_per_s: (mib_per_s * 10.0).round() / 10.0,
-        });
-    } else if !a.report.quiet {
-        let how = match ec {
-            Some(e) => format!(
-                "{} data and {} parity blocks (erasure code {e}: any {} of each stripe's {} may be lost)",
-                x.mappings.len(),
-                x.parity.len(),
-                e.parity,
-                e.blocks()
-            ),
-            None => format!("{} mappings ({copies} copies)", x.mappings.len()),
-        };
-        let sparse = match holes {
-            0 => String::new(),
-            h => format!(" ({h} of them in holes, not stored)"),
-        };
+/// `--skip-existing`: `t`'s exNode is there; said unless quiet.
+fn skipped(a: &Args, t: &Target) -> bool {
+    let there = !t.stdin() && t.out.path.exists();
+    if there && !a.report.quiet && !a.report.json {
         eprintln!(
-            "lors: uploaded {size} bytes{sparse} as {how} in {secs:.2}s, {mib_per_s:.1} MiB/s -> {}",
-            out.display()
+            "lors: {} is there: {} skipped",
+            t.out.path.display(),
+            t.file.display()
         );
     }
+    there
 }
 
-/// `--json`: what an upload made.
-#[derive(serde::Serialize)]
-struct Report<'a> {
-    exnode: &'a str,
-    size: u64,
-    /// Bytes of `size` in holes (a sparse file's), not stored.
-    #[serde(skip_serializing_if = "is_zero")]
-    holes: u64,
-    mappings: usize,
-    copies: usize,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    ec: Option<String>,
-    #[serde(skip_serializing_if = "is_zero")]
-    parity: usize,
-    seconds: f64,
-    mib_per_s: f64,
-}
-
-fn is_zero<T: Default + PartialEq>(n: &T) -> bool {
-    *n == T::default()
+/// The file's name as the exNode records it.
+fn filename(t: &Target) -> String {
+    if t.stdin() {
+        (t.out.path.file_stem())
+            .map_or_else(|| "stdin".into(), |s| s.to_string_lossy().into_owned())
+    } else {
+        (t.file.file_name()).map_or_else(String::new, |s| s.to_string_lossy().into_owned())
+    }
 }

@@ -18,7 +18,7 @@ fn named(path: &Path) -> u64 {
 }
 
 /// `lors upload` interrupted by `signal` after `after`; its exit status.
-fn interrupted_upload(args: &[&str], signal: &str, after: Duration) -> (i32, String) {
+pub(crate) fn interrupted_upload(args: &[&str], signal: &str, after: Duration) -> (i32, String) {
     let mut child = lors_cmd(args)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())

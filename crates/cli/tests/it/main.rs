@@ -1,6 +1,7 @@
 //! Integration tests: real `lors` processes on 127.0.0.1 with OS-assigned ports.
 
 mod abuse;
+mod batch;
 mod bench;
 mod copies;
 mod dashboard;

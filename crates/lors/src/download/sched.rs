@@ -120,6 +120,10 @@ pub struct Config {
     /// Connections per depot; 0 = [`super::AUTO_CONNECTIONS`], halved for a
     /// depot each time it says it is busy.
     pub conns_per_depot: usize,
+    /// Downloads sharing the depots (see
+    /// [`super::DownloadOptions::beside`]): the connections distance adds
+    /// are divided by it.
+    pub beside: usize,
     /// Fetches in flight across all depots; 0 = no cap.
     pub threads: usize,
     /// Fetch the oldest straggler again from another replica when idle.
@@ -146,6 +150,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             conns_per_depot: 0,
+            beside: 0,
             threads: 0,
             hedge: true,
             window: None,
@@ -376,7 +381,8 @@ impl Sched {
                 stalled: false,
                 beaten: 0,
                 slow: false,
-                tune: (cfg.conns_per_depot == 0 && !cfg.rebuilders.contains(&d)).then(Tune::new),
+                tune: (cfg.conns_per_depot == 0 && !cfg.rebuilders.contains(&d))
+                    .then(|| Tune::new(cfg.beside)),
                 delivered: None,
                 bytes: 0,
                 running: 0,

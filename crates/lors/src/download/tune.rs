@@ -64,16 +64,21 @@ pub(crate) struct Tune {
     /// Its first worker connects ahead for the connections it will earn,
     /// and sets the level once those are made.
     pub(crate) ahead: bool,
+    /// Downloads sharing the depot: what distance adds is divided by it.
+    beside: usize,
 }
 
 impl Tune {
-    pub(crate) fn new() -> Self {
+    /// A depot's budget for a download beside `beside` others from it
+    /// (0 or 1: alone).
+    pub(crate) fn new(beside: usize) -> Self {
         Tune {
             level: AUTO_CONNECTIONS,
             backed_off: None,
             rtt: Duration::ZERO,
             placed: false,
             ahead: false,
+            beside: beside.max(1),
         }
     }
 
@@ -104,7 +109,17 @@ impl Tune {
             return None;
         }
         self.rtt = rtt;
-        let want = connections_for(rtt).clamp(AUTO_CONNECTIONS, MAX_AUTO_CONNECTIONS);
+        let far = connections_for(rtt);
+        if self.beside > 1 && far > AUTO_CONNECTIONS {
+            // Far away, a batch's files share what one download would
+            // open: fewer than the LAN's eight each, so more files fit.
+            let share = (far / self.beside).clamp(1, MAX_AUTO_CONNECTIONS);
+            if share <= self.level {
+                self.level = share;
+                return None;
+            }
+        }
+        let want = (far / self.beside).clamp(AUTO_CONNECTIONS, MAX_AUTO_CONNECTIONS);
         (want > self.level).then(|| std::mem::replace(&mut self.level, want)..want)
     }
 }
@@ -115,7 +130,7 @@ mod tests {
 
     #[test]
     fn busy_replies_halve_the_connections_down_to_one() {
-        let mut t = Tune::new();
+        let mut t = Tune::new(1);
         let t0 = Instant::now();
         let levels: Vec<usize> = (0..5)
             .map(|i| {
@@ -128,7 +143,7 @@ mod tests {
 
     #[test]
     fn a_wave_of_busy_replies_halves_once_per_settling_time() {
-        let mut t = Tune::new();
+        let mut t = Tune::new(1);
         assert_eq!(
             t.at_distance(Duration::from_millis(188)),
             Some(AUTO_CONNECTIONS..94)
@@ -145,19 +160,32 @@ mod tests {
     #[test]
     fn distance_adds_connections_once_and_never_after_a_busy_reply() {
         let ms = Duration::from_millis;
-        let mut lan = Tune::new();
+        let mut lan = Tune::new(1);
         assert_eq!(lan.at_distance(ms(1)), None);
-        let mut far = Tune::new();
+        let mut far = Tune::new(1);
         assert_eq!(far.at_distance(ms(188)), Some(AUTO_CONNECTIONS..94));
         assert_eq!(far.at_distance(ms(300)), None, "measured once");
-        let mut farther = Tune::new();
+        let mut farther = Tune::new(1);
         assert_eq!(
             farther.at_distance(ms(900)),
             Some(AUTO_CONNECTIONS..MAX_AUTO_CONNECTIONS)
         );
-        let mut busy = Tune::new();
+        let mut busy = Tune::new(1);
         busy.back_off(Instant::now());
         assert_eq!(busy.at_distance(ms(188)), None);
         assert_eq!(busy.level, AUTO_CONNECTIONS / 2);
+    }
+
+    #[test]
+    fn downloads_side_by_side_share_what_distance_adds() {
+        let ms = Duration::from_millis;
+        let mut one_of_four = Tune::new(4);
+        assert_eq!(one_of_four.at_distance(ms(188)), Some(AUTO_CONNECTIONS..23));
+        let mut one_of_23 = Tune::new(23);
+        assert_eq!(one_of_23.at_distance(ms(188)), None);
+        assert_eq!(one_of_23.level, 4, "far away, fewer than a LAN's eight");
+        let mut on_a_lan = Tune::new(23);
+        assert_eq!(on_a_lan.at_distance(ms(1)), None);
+        assert_eq!(on_a_lan.level, AUTO_CONNECTIONS, "near, eight each");
     }
 }

@@ -51,6 +51,9 @@ pub struct Upload {
     /// Replace an exNode at `out`: once the new one is saved, what only
     /// the old one named is released.
     pub force: bool,
+    /// Blocks in flight shared with the other uploads of a batch
+    /// ([`crate::upload::Slots`]); `None`: its own.
+    pub slots: Option<crate::upload::Slots>,
 }
 
 /// An upload checked and ready to run ([`Upload::prepare`]).
@@ -203,6 +206,7 @@ impl Upload {
         let control = Control {
             stop,
             done: ready.done.clone(),
+            slots: self.slots.clone(),
         };
         let (opts, p) = (&self.opts, pool.clone());
         let r = match source {

@@ -14,8 +14,13 @@
 //! blocks each moving one window per round trip leave the link idle, so
 //! the work is dealt in smaller blocks that the quicker connections
 //! take more of.
+use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::Semaphore;
+
+use super::UploadOptions;
+use crate::Pool;
 use crate::download::{MAX_AUTO_CONNECTIONS, connections_for};
 
 /// Blocks per connection a file is cut into for distance: one each left
@@ -57,6 +62,61 @@ pub(super) fn block_size(bs: u64, threads: usize, size: Option<u64>, in_memory: 
         fitted = fitted.min((MEMORY_BUDGET / n).max(1 << 20));
     }
     fitted.max(1)
+}
+
+/// Blocks in flight shared by the uploads of a batch (`lors upload` of
+/// many files): a file of a MiB is four blocks at distance, so a hundred of
+/// them one after another would each wait out its round trips with the
+/// link mostly idle. Run side by side with one `Slots`, they keep as many
+/// blocks in flight together as one large file would, and no more (the
+/// depots' per-client caps see one upload's worth of connections).
+///
+/// ```no_run
+/// # async fn f(opts: lors::upload::UploadOptions, pool: std::sync::Arc<lors::Pool>) {
+/// let slots = lors::upload::Slots::measure(&opts, &pool).await;
+/// // Each upload of the batch is given `slots.clone()` in its Control.
+/// assert!(slots.threads() >= 1);
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Slots {
+    sem: Arc<Semaphore>,
+    threads: usize,
+}
+
+impl Slots {
+    /// Blocks in flight for uploads with `opts` to its depots: the
+    /// threads it sets, raised by the depots' round trips (measured
+    /// through `pool`, whose connections the uploads then reuse) unless
+    /// the threads were chosen by hand.
+    pub async fn measure(opts: &UploadOptions, pool: &Arc<Pool>) -> Slots {
+        let mut n = opts.threads.max(1);
+        if opts.auto_threads {
+            let rtts = pool
+                .round_trips(&opts.depots, crate::pool::MEASURE_WAIT)
+                .await;
+            n = threads(n, &rtts);
+        }
+        Slots::new(n)
+    }
+
+    /// `threads` blocks in flight (at least one).
+    pub fn new(threads: usize) -> Slots {
+        let threads = threads.max(1);
+        Slots {
+            sem: Arc::new(Semaphore::new(threads)),
+            threads,
+        }
+    }
+
+    /// Blocks in flight at most, over every upload sharing these slots.
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
+    pub(super) fn semaphore(&self) -> Arc<Semaphore> {
+        self.sem.clone()
+    }
 }
 
 #[cfg(test)]

@@ -51,38 +51,124 @@ pub(super) fn check_block_size(
     .into())
 }
 
-/// Where the exNode goes: `-o`, or `FILE.xnd` with `-f`.
-pub(super) fn output(a: &Args) -> anyhow::Result<ExnodeRef> {
-    let stdin = a.file.as_os_str() == "-";
-    if !stdin && a.file.is_dir() {
+/// A file to upload and where its exNode goes.
+pub(super) struct Target {
+    pub(super) file: PathBuf,
+    pub(super) out: ExnodeRef,
+}
+
+impl Target {
+    /// The input is standard input.
+    pub(super) fn stdin(&self) -> bool {
+        self.file.as_os_str() == "-"
+    }
+}
+
+/// The files to upload and their exNodes: `FILE OUT.xnd`, `-o OUT.xnd
+/// FILE`, `-f FILE...` (each `FILE.xnd`) or `-o DIR FILE...`. Refused
+/// before anything is stored: a directory, standard input among other
+/// files, two files whose exNodes would be one path.
+pub(super) fn targets(a: &Args) -> anyhow::Result<Vec<Target>> {
+    let mut files = a.files.clone();
+    let mut dest = a.output.clone();
+    if files.len() == 2 && dest.is_none() && !a.auto_name {
+        let d = files.pop().unwrap_or_default();
+        dest = Some(legacy_dest(&files[0], &d)?);
+    }
+    if files.len() > 1 {
+        if files.iter().any(|f| f.as_os_str() == "-") {
+            return Err(UsageError(
+                "standard input (-) is uploaded on its own, not among other files".into(),
+            )
+            .into());
+        }
+        match &dest {
+            Some(o) if !o.path.is_dir() => {
+                return Err(UsageError(format!(
+                    "{} files: -o names the directory their exNodes go in (each FILE.xnd), and {} is not one",
+                    files.len(),
+                    o.path.display()
+                ))
+                .into());
+            }
+            None if !a.auto_name => {
+                return Err(UsageError(format!(
+                    "say where the exNodes of {} files go: -f (FILE.xnd beside each) or -o DIR",
+                    files.len()
+                ))
+                .into());
+            }
+            _ => {}
+        }
+    }
+    let mut seen = std::collections::HashSet::new();
+    let mut out = Vec::with_capacity(files.len());
+    for file in files {
+        let t = target(file, dest.clone(), a.auto_name)?;
+        if !seen.insert(t.out.path.clone()) {
+            return Err(UsageError(format!(
+                "two files would have the same exNode {}: upload them into different directories (-o DIR)",
+                t.out.path.display()
+            ))
+            .into());
+        }
+        out.push(t);
+    }
+    Ok(out)
+}
+
+/// The second word of `lors upload FILE OUT.xnd`. A file that is there
+/// and is neither named `.xnd` nor an exNode was meant as a second file
+/// to upload, not as an exNode to replace.
+fn legacy_dest(file: &std::path::Path, d: &std::path::Path) -> anyhow::Result<ExnodeRef> {
+    let xnd_named = d.extension().is_some_and(|e| e == "xnd");
+    if !xnd_named && d.is_file() && lors::xnd::load(d).is_err() {
         return Err(UsageError(format!(
-            "{} is a directory: lors upload stores one file per exNode. For a tree, copy it into a mount (`lors mount XNDS MNT; cp -r {} MNT/`), or upload each file (`for f in {}/*; do lors upload -o xnds/\"${{f##*/}}\".xnd \"$f\"; done`)",
-            a.file.display(),
-            a.file.display(),
-            a.file.display()
+            "{} is a file, not an exNode: to upload it beside {}, add -f (each FILE.xnd) or -o DIR",
+            d.display(),
+            file.display()
         ))
         .into());
     }
-    match (a.output.clone().or_else(|| a.dest.clone()), a.auto_name) {
+    super::super::exnode_arg(&d.to_string_lossy()).map_err(|e| UsageError(e).into())
+}
+
+/// Where `file`'s exNode goes: `-o` (into it when a directory), or
+/// `FILE.xnd` with `-f`.
+fn target(file: PathBuf, o: Option<ExnodeRef>, auto_name: bool) -> anyhow::Result<Target> {
+    let stdin = file.as_os_str() == "-";
+    if !stdin && file.is_dir() {
+        return Err(UsageError(format!(
+            "{} is a directory: lors upload stores one file per exNode. Upload the files in it (`lors upload -o xnds/ {}/*`), or copy the tree into a mount (`lors mount XNDS MNT; cp -r {} MNT/`)",
+            file.display(),
+            file.display(),
+            file.display()
+        ))
+        .into());
+    }
+    let out = match (o, auto_name) {
         // A directory: the exNode goes in it, named after the file.
         (Some(mut o), _) if o.path.is_dir() && !stdin => {
-            let mut name = a.file.file_name().unwrap_or_default().to_owned();
+            let mut name = file.file_name().unwrap_or_default().to_owned();
             name.push(".xnd");
             o.path = o.path.join(name);
-            Ok(o)
+            o
         }
-        (Some(o), _) => Ok(o),
+        (Some(o), _) => o,
         (None, true) if !stdin => {
-            let mut s = a.file.clone().into_os_string();
+            let mut s = file.clone().into_os_string();
             s.push(".xnd");
-            Ok(ExnodeRef {
+            ExnodeRef {
                 path: PathBuf::from(s),
                 ..ExnodeRef::default()
-            })
+            }
         }
-        _ => Err(UsageError(
-            "say where the exNode goes: -o OUT.xnd (or -f to write FILE.xnd)".into(),
-        )
-        .into()),
-    }
+        _ => {
+            return Err(UsageError(
+                "say where the exNode goes: -o OUT.xnd (or -f to write FILE.xnd)".into(),
+            )
+            .into());
+        }
+    };
+    Ok(Target { file, out })
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use lors::Pool;
 use lors::job::upload::{Done, Failed, Source, Upload};
 
-use super::Args;
+use super::{Args, Target};
 use crate::left::{replaced_said, say_left};
 use crate::report::Reporter;
 
@@ -15,14 +15,15 @@ use crate::report::Reporter;
 /// says what it left and where it is named.
 pub(super) fn store(
     a: &Args,
+    t: &Target,
     job: &Upload,
     rt: &tokio::runtime::Runtime,
     pool: &Arc<Pool>,
     progress: &Arc<Reporter>,
 ) -> anyhow::Result<Done> {
-    let source = match a.file.as_os_str() == "-" {
+    let source = match t.stdin() {
         true => Source::Stream(Box::new(tokio::io::stdin()), None),
-        false => Source::open(&a.file)?,
+        false => Source::open(&t.file)?,
     };
     let ready = rt
         .block_on(job.prepare(&source, pool))
@@ -39,7 +40,17 @@ pub(super) fn store(
     let (stop_rx, signal) = crate::commands::stop_on_signal(rt);
     let r = rt.block_on(job.run(ready, source, pool.clone(), progress.clone(), Some(stop_rx)));
     progress.finish();
-    let out = a_out(job);
+    said(r, a_out(job), a.report.quiet, &signal)
+}
+
+/// What a finished, failed or interrupted upload to `out` says it did or
+/// left (on stderr), and its outcome as the command's.
+pub(super) fn said(
+    r: Result<Done, Failed>,
+    out: &std::path::Path,
+    quiet: bool,
+    signal: &std::sync::atomic::AtomicU8,
+) -> anyhow::Result<Done> {
     match r {
         Ok(done) => {
             if let Some(left) = &done.unreleased {
@@ -48,14 +59,14 @@ pub(super) fn store(
                     left,
                 );
             }
-            if let Some(c) = done.replaced.as_ref().filter(|_| !a.report.quiet) {
+            if let Some(c) = done.replaced.as_ref().filter(|_| !quiet) {
                 replaced_said(out, c);
             }
             Ok(done)
         }
         Err(Failed::Interrupted(left)) => {
             say_left("upload interrupted: ", &left);
-            Err(crate::commands::interrupted(&signal))
+            Err(crate::commands::interrupted(signal))
         }
         Err(Failed::Failed { cause, left }) => {
             if !left.is_nothing() || left.released > 0 {
@@ -78,6 +89,6 @@ pub(super) fn store(
 }
 
 /// The job's output (`lors upload` always has one).
-fn a_out(job: &Upload) -> &std::path::Path {
+pub(super) fn a_out(job: &Upload) -> &std::path::Path {
     job.out.as_deref().unwrap_or(std::path::Path::new("-"))
 }
