@@ -181,6 +181,13 @@ fn words(a: &Args) -> anyhow::Result<(Vec<ExnodeRef>, Option<PathBuf>)> {
     let mut dest = None;
     if words.len() == 2 && a.output.is_none() && !a.auto_name {
         dest = words.pop().map(PathBuf::from);
+    } else if words.len() == 2 && lors::xnd::load(std::path::Path::new(&words[1])).is_err() {
+        return Err(UsageError(format!(
+            "the output {} cannot be used with {}: name it once (lors download X.xnd OUT, or -o OUT X.xnd)",
+            words[1],
+            if a.auto_name { "-f" } else { "-o" }
+        ))
+        .into());
     }
     let exnodes = (words.iter())
         .map(|w| super::exnode_arg(w).map_err(UsageError))

@@ -146,6 +146,7 @@ fn a_batch_that_does_not_say_where_each_exnode_goes_stores_nothing() {
     // `FILE OUT.xnd` is still one file; a second data file is not taken
     // for an exNode to replace.
     upload_refused(&[&a, &b], "is a file, not an exNode");
+    upload_refused(&["-o", "x.xnd", &a, "y.xnd"], "cannot be used with -o");
     // Two files named alike would have one exNode.
     let other = dir.path().join("other");
     std::fs::create_dir(&other).unwrap();

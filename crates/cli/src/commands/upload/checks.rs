@@ -74,6 +74,13 @@ pub(super) fn targets(a: &Args) -> anyhow::Result<Vec<Target>> {
     if files.len() == 2 && dest.is_none() && !a.auto_name {
         let d = files.pop().unwrap_or_default();
         dest = Some(legacy_dest(&files[0], &d)?);
+    } else if files.len() == 2 && files[1].as_os_str() != "-" && !files[1].is_file() {
+        return Err(UsageError(format!(
+            "the exNode {} cannot be used with {}: name it once (lors upload FILE OUT.xnd, or -o OUT.xnd FILE)",
+            files[1].display(),
+            if a.auto_name { "-f" } else { "-o" }
+        ))
+        .into());
     }
     if files.len() > 1 {
         if files.iter().any(|f| f.as_os_str() == "-") {
