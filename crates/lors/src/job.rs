@@ -7,7 +7,7 @@
 //! ```no_run
 //! # async fn f(pool: std::sync::Arc<lors::Pool>, opts: lors::upload::UploadOptions) {
 //! use lors::job::upload::{Source, Upload};
-//! let job = Upload { opts, out: Some("run42.xnd".into()), force: false };
+//! let job = Upload { opts, out: Some("run42.xnd".into()), force: false, slots: None };
 //! let source = Source::open("run42.dat".as_ref()).unwrap();
 //! let ready = job.prepare(&source, &pool).await.unwrap();
 //! match job.run(ready, source, pool, std::sync::Arc::new(lors::NoProgress), None).await {
