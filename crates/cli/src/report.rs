@@ -153,9 +153,9 @@ struct State {
     last_tick: Instant,
     depots: BTreeMap<String, Depot>,
     stopped: bool,
-    /// Retries said once each (by their line), and how many more of the
-    /// same were not: a depot that refuses every piece of a large file
-    /// gives one line, not thousands.
+    /// Retries and give-ups said once each (by their line), and how many
+    /// more of the same were not: a depot that refuses every piece of a
+    /// large file gives one line, not thousands.
     retries_said: std::collections::HashSet<String>,
     retries_unsaid: u64,
 }
@@ -391,7 +391,7 @@ impl Reporter {
         }
         let unsaid = self.lock().retries_unsaid;
         if unsaid > 0 && !matches!(self.mode, Mode::Json { .. }) {
-            eprintln!("lors: and {unsaid} more retries like those above");
+            eprintln!("lors: and {unsaid} more lines like those above");
         }
     }
 
@@ -497,7 +497,8 @@ impl lors::Progress for Reporter {
             })),
             _ => {
                 let line = format!("lors: {e}");
-                if let Event::Retry { .. } = e {
+                // The jobs of a batch each give a hung depot up: one line.
+                if matches!(e, Event::Retry { .. } | Event::Failover { .. }) {
                     let mut s = self.lock();
                     if !s.retries_said.insert(line.clone()) {
                         s.retries_unsaid += 1;

@@ -74,7 +74,10 @@ pub(super) fn targets(a: &Args) -> anyhow::Result<Vec<Target>> {
     if files.len() == 2 && dest.is_none() && !a.auto_name {
         let d = files.pop().unwrap_or_default();
         dest = Some(legacy_dest(&files[0], &d)?);
-    } else if files.len() == 2 && files[1].as_os_str() != "-" && !files[1].is_file() {
+    } else if files.len() == 2
+        && files[1].as_os_str() != "-"
+        && files[1].symlink_metadata().is_err()
+    {
         return Err(UsageError(format!(
             "the exNode {} cannot be used with {}: name it once (lors upload FILE OUT.xnd, or -o OUT.xnd FILE)",
             files[1].display(),
