@@ -128,10 +128,11 @@ pub async fn take_references(
 /// How many allocations it could not take a reference on (left borrowed),
 /// or `None` when it is no such copy.
 pub async fn adopt(path: &Path, pool: &Arc<Pool>) -> Result<Option<usize>> {
-    if std::fs::symlink_metadata(path).is_err() {
+    // Nothing there, or not an exNode (what `upload --force` replaces
+    // need not be one): no copy.
+    let Ok(mut x) = xnd::load(path) else {
         return Ok(None);
-    }
-    let mut x = xnd::load(path)?;
+    };
     let borrowed = match xnd::outside_copy(path, &x) {
         None => return Ok(None),
         // The one name left: the original's references are its own.
@@ -722,6 +723,7 @@ impl Drop for Lock {
 pub struct Session {
     out: PathBuf,
     _lock: Lock,
+    journal: Arc<Journal>,
 }
 
 impl Session {
@@ -729,6 +731,15 @@ impl Session {
     /// then what an earlier run left is settled, then the pool's
     /// allocations are journaled.
     pub async fn begin(out: &Path, pool: &Arc<Pool>, wait: std::time::Duration) -> Result<Session> {
+        let s = Session::open(out, pool, wait).await?;
+        pool.set_journal(s.journal.clone());
+        Ok(s)
+    }
+
+    /// [`Session::begin`] for a run whose allocations go through a pool it
+    /// shares (a batch's uploads): each allocation is written into
+    /// [`Session::journal`] by whoever makes it.
+    pub async fn open(out: &Path, pool: &Arc<Pool>, wait: std::time::Duration) -> Result<Session> {
         let lock = {
             let out = out.to_owned();
             tokio::task::spawn_blocking(move || Lock::take(&out, wait))
@@ -754,11 +765,16 @@ impl Session {
                 return Err(Error::io(format!("writing {}", path.display()), e));
             }
         };
-        pool.set_journal(Arc::new(j));
         Ok(Session {
             out: out.to_owned(),
             _lock: lock,
+            journal: Arc::new(j),
         })
+    }
+
+    /// Where this run's allocations are written down.
+    pub fn journal(&self) -> &Arc<Journal> {
+        &self.journal
     }
 
     /// Ends the run: what its journal lists that neither the exNode nor

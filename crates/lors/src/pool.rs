@@ -23,6 +23,24 @@ const MAX_IDLE: usize = 1024;
 /// written down ([`Pool::allocate`]).
 pub const PROVISIONAL_LEASE: Duration = Duration::from_secs(60);
 
+/// A depot whose connection is set up faster than this is near: the
+/// request that makes a provisional lease full costs it next to nothing.
+pub const NEAR: Duration = Duration::from_millis(20);
+
+/// Which allocations made under a journal start with [`PROVISIONAL_LEASE`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Provisional {
+    /// Every one: what an exNode edit makes is a few allocations, and one
+    /// more round trip each is nothing beside its copies.
+    Always,
+    /// Those on a depot nearer than [`NEAR`]. An upload makes an
+    /// allocation per block, and at distance a second request per block
+    /// is a round trip each block would wait for; there an allocation is
+    /// asked for with its full lease, and one granted in the instant of a
+    /// kill stays, empty, until that lease ends.
+    WhereNear,
+}
+
 /// How long a command waits for its depots to answer a connect before it
 /// starts, when it sizes its concurrency by their round trips
 /// ([`Pool::round_trips`]): a depot slower than that is taken as near (it
@@ -167,9 +185,29 @@ impl Pool {
         duration: Duration,
         size: u64,
     ) -> Result<CapSet> {
+        let journal = self.journal.get().map(|j| (&**j, Provisional::Always));
+        (self.allocate_into(addr, reliability, duration, size, journal)).await
+    }
+
+    /// [`Pool::allocate`], written down in `journal` (with none, in this
+    /// pool's own, if it has one), its lease provisional as that says.
+    pub async fn allocate_into(
+        &self,
+        addr: &str,
+        reliability: Reliability,
+        duration: Duration,
+        size: u64,
+        journal: Option<(&crate::commit::Journal, Provisional)>,
+    ) -> Result<CapSet> {
+        let journal = match journal {
+            Some(j) => Some(j),
+            None => self.journal.get().map(|j| (&**j, Provisional::Always)),
+        };
         let mut c = self.get(addr).await?;
-        let journal = self.journal.get();
-        let provisional = journal.is_some() && duration > PROVISIONAL_LEASE;
+        let provisional = journal.is_some_and(|(_, when)| match when {
+            Provisional::Always => true,
+            Provisional::WhereNear => self.rtt(addr).is_some_and(|t| t < NEAR),
+        }) && duration > PROVISIONAL_LEASE;
         let lease = match provisional {
             true => Lease::Secs(PROVISIONAL_LEASE.as_secs()),
             false => Lease::Secs(duration.as_secs()),
@@ -177,7 +215,7 @@ impl Pool {
         let caps = c
             .allocate("0", reliability, AllocType::ByteArray, lease, size.max(1))
             .await?;
-        let Some(j) = journal else {
+        let Some((j, _)) = journal else {
             self.put(c);
             return Ok(caps);
         };

@@ -200,6 +200,8 @@ struct Uploader {
     allocating: Arc<tokio::sync::watch::Sender<Vec<String>>>,
     /// How long depot commands take here: what a hung depot is told apart by.
     watch: Arc<Watcher>,
+    /// Where its allocations are written down ([`Control::journal`]).
+    journal: Option<Arc<crate::commit::Journal>>,
     /// Copies stored so far (a block waiting on busy depots waits on while
     /// this moves).
     stored: std::sync::atomic::AtomicU64,
@@ -237,10 +239,11 @@ impl Uploader {
         len: u64,
         data: &Data,
     ) -> lors_ibp::Result<CapSet> {
-        let (pool, made, count) = (
+        let (pool, made, count, journal) = (
             self.pool.clone(),
             self.made.clone(),
             self.allocating.clone(),
+            self.journal.clone(),
         );
         let (rel, dur, size, at) = (
             self.opts.reliability,
@@ -250,7 +253,8 @@ impl Uploader {
         );
         count.send_modify(|v| v.push(at.clone()));
         let alloc = tokio::spawn(async move {
-            let r = pool.allocate(&at, rel, dur, size).await;
+            let noted = (journal.as_deref()).map(|j| (j, crate::pool::Provisional::WhereNear));
+            let r = pool.allocate_into(&at, rel, dur, size, noted).await;
             if let Ok(caps) = &r {
                 let m = mapping(offset, len, size, &None, caps.clone());
                 made.lock().unwrap_or_else(|e| e.into_inner()).push(m);
@@ -553,6 +557,11 @@ pub struct Control {
     /// `threads`, and its block size is fitted to the batch's count. Not
     /// for an erasure-coded upload, whose stripes keep their own.
     pub slots: Option<Slots>,
+    /// Where each allocation is written down the moment a depot grants it
+    /// (`OUT.journal`, [`crate::commit::Journal`]), so that what a run
+    /// killed with -9 left is freed by the next ([`crate::commit::settle`]);
+    /// `None`: the pool's own journal, if it has one.
+    pub journal: Option<Arc<crate::commit::Journal>>,
 }
 
 impl Control {
@@ -734,7 +743,7 @@ async fn run<R: AsyncRead + Unpin>(
     if let Some(scheme) = opts.erasure {
         return stripes::run(input, size, opts, scheme, pool, progress, control).await;
     }
-    let shared = Uploader::new(opts, pool, progress.clone())?;
+    let shared = Uploader::new(opts, pool, progress.clone(), &control)?;
     let copies = opts.copies.max(1);
     let (threads, bs) = shared.fit_distance(size, &input, &control).await;
     progress.start(size);
@@ -950,6 +959,7 @@ impl Uploader {
         opts: &UploadOptions,
         pool: Arc<Pool>,
         progress: Arc<dyn Progress>,
+        control: &Control,
     ) -> Result<Arc<Self>> {
         // In the order given (the L-Bone's ranking, the user's `--depot`s,
         // a writer's rotation): it breaks ties between equally busy depots.
@@ -981,6 +991,7 @@ impl Uploader {
             made: Arc::new(Mutex::new(Vec::new())),
             allocating: Arc::new(tokio::sync::watch::channel(Vec::new()).0),
             watch,
+            journal: control.journal.clone(),
             stored: std::sync::atomic::AtomicU64::new(0),
         }))
     }

@@ -287,6 +287,12 @@ fn a_record_of_allocations_to_free_frees_only_after_the_save_it_names() {
 /// SIGTERM every third time, else a -9. The signal's name.
 fn kill_at(args: &[&str], after: Duration, k: usize) -> &'static str {
     let signal = if k % 3 == 2 { "TERM" } else { "KILL" };
+    kill_with(args, after, signal);
+    signal
+}
+
+/// Runs `lors ARGS` and sends it `signal` `after` in.
+fn kill_with(args: &[&str], after: Duration, signal: &str) {
     let mut child = lors_cmd(args)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -297,7 +303,6 @@ fn kill_at(args: &[&str], after: Duration, k: usize) -> &'static str {
         .args([&format!("-{signal}"), &child.id().to_string()])
         .status();
     let _ = child.wait();
-    signal
 }
 
 /// A deterministic stream of delays: the same kills on every run.
@@ -395,6 +400,98 @@ fn commands_killed_at_any_point_lose_nothing_and_strand_nothing() {
         "{kills} kills: {by_kind:?}; {granted_at_kill} empty allocations granted in the instant of a kill named nowhere, until their provisional lease ends"
     );
     provisional_leases_end(&ds, dir.path(), &xnd);
+}
+
+/// The allocations the journal at `path` lists, as (depot, id): its lines
+/// are `SIZE READ WRITE MANAGE`.
+fn journaled(path: &Path) -> std::collections::HashSet<(String, u64)> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    (text.lines())
+        .filter_map(|l| l.split_whitespace().nth(3))
+        .filter_map(|c| c.parse::<lors_ibp::caps::Capability>().ok())
+        .filter_map(|c| Some((c.address(), c.typekey.parse().ok()?)))
+        .collect()
+}
+
+/// `lors upload` killed with -9 at many points: every allocation that
+/// holds data is in the exNode (the kill came after the save) or in the
+/// journal beside it, and running the same command again frees what the
+/// journal lists, finishes the upload (byte-exact) and leaves no journal,
+/// lock or record: the depots hold what the exNodes name, and nothing
+/// else that ever held a byte.
+#[test]
+fn an_upload_killed_with_9_strands_nothing_once_run_again() {
+    let kills: u64 = std::env::var("LORS_KILLS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map_or(8, |k: u64| k.div_ceil(3));
+    let dir = tempdir();
+    let ds = crate::util::depots(3, dir.path());
+    let depots = list(&ds.iter().collect::<Vec<_>>());
+    let data = pattern(8 << 20, 13);
+    let src = dir.path().join("in.bin");
+    std::fs::write(&src, &data).unwrap();
+    let mut rng = Lcg(0x9);
+    let mut all = lors_exnode::ExNode::default();
+    let back = dir.path().join("back");
+    for k in 0..kills {
+        let out = dir.path().join(format!("u{k}.xnd"));
+        let args = [
+            "upload",
+            "-q",
+            "-c",
+            "2",
+            "-b",
+            "256K",
+            "--bwlimit",
+            "16M",
+            "--depot",
+            &depots,
+            "-o",
+            out.to_str().unwrap(),
+            src.to_str().unwrap(),
+        ];
+        let after = Duration::from_millis(30 + rng.below(900));
+        kill_with(&args, after, "KILL");
+        let at = format!("kill {k} after {after:?}");
+        // What holds data is named by the saved exNode or the journal.
+        let mut named = all.clone();
+        if let Ok(x) = lors::xnd::load(&out) {
+            named.mappings.extend(x.mappings);
+        }
+        let journal = journaled(&beside(&out, ".journal"));
+        let with_data: Vec<_> = (unnamed_on_disk(&ds, dir.path(), &named).into_iter())
+            .filter(|(addr, id, len)| *len > 0 && !journal.contains(&(addr.clone(), *id)))
+            .collect();
+        assert!(with_data.is_empty(), "{at}: named nowhere: {with_data:?}");
+        if !out.exists() {
+            let (ok, _, err) = lors(&args);
+            assert!(ok, "{at}: run again: {err}");
+        }
+        let (ok, _, err) = lors(&[
+            "download",
+            "-q",
+            "-o",
+            back.to_str().unwrap(),
+            out.to_str().unwrap(),
+        ]);
+        assert!(ok, "{at}: {err}");
+        assert!(std::fs::read(&back).unwrap() == data, "{at}: differs");
+        for ext in [".journal", ".lock", ".partial"] {
+            assert!(!beside(&out, ext).exists(), "{at}: {ext} left");
+        }
+        all.mappings.extend(lors::xnd::load(&out).unwrap().mappings);
+        let with_data: Vec<_> = (unnamed_on_disk(&ds, dir.path(), &all).into_iter())
+            .filter(|(_, _, len)| *len > 0)
+            .collect();
+        assert!(
+            with_data.is_empty(),
+            "{at}: stranded after the rerun: {with_data:?}"
+        );
+    }
+    let held: u64 = ds.iter().map(|d| crate::tools::usage(d).1).sum();
+    let empty = held - lors::commit::named(&all).len() as u64;
+    eprintln!("{kills} kills: {empty} empty allocations granted in the instant of a kill");
 }
 
 /// `lors augment --repair` of an erasure-coded file killed (-9, or

@@ -10,7 +10,7 @@ use lors_exnode::{ExNode, Mapping};
 use tokio::io::AsyncRead;
 
 use super::{Left, Refused};
-use crate::commit::{self, Committed, Lock};
+use crate::commit::{self, Committed, Session};
 use crate::leftover::{self, LeftoverError};
 use crate::upload::{Control, UploadOptions, upload_file_with, upload_with};
 use crate::{Error, Pool, Progress, xnd};
@@ -61,13 +61,13 @@ pub struct Ready {
     identity: Option<String>,
     done: Vec<Mapping>,
     replaced: Option<Replaced>,
+    /// The output's lock and journal (`OUT.journal`), held for the run.
+    session: Option<Session>,
 }
 
-/// The exNode `--force` replaces: its lock, held for the run, and the
-/// allocations it names (a copy made with `cp` having taken references
-/// of its own first).
+/// The exNode `--force` replaces: the allocations it names (a copy made
+/// with `cp` having taken references of its own first).
 struct Replaced {
-    _lock: Lock,
     old: Vec<Mapping>,
 }
 
@@ -168,9 +168,13 @@ impl Upload {
                 identity,
                 done: Vec::new(),
                 replaced: None,
+                session: None,
             });
         };
         super::check_output(out, self.force)?;
+        // Under the output's lock, what a run killed with -9 left is freed
+        // first, and this one's allocations are written down as made.
+        let session = Session::open(out, pool, super::LOCK_WAIT).await?;
         let done = match &identity {
             Some(id) => {
                 leftover::resumable(&leftover::record_path(out), id).map_err(|e| match e {
@@ -180,14 +184,15 @@ impl Upload {
             }
             None => Vec::new(),
         };
-        let replaced = match self.force && xnd::load(out).is_ok() {
-            true => Some(replacing(out, pool).await?),
+        let replaced = match self.force {
+            true => replacing(out),
             false => None,
         };
         Ok(Ready {
             identity,
             done,
             replaced,
+            session: Some(session),
         })
     }
 
@@ -197,22 +202,44 @@ impl Upload {
     /// could not be released).
     pub async fn run(
         &self,
-        ready: Ready,
+        mut ready: Ready,
         source: Source,
         pool: Arc<Pool>,
         progress: Arc<dyn Progress>,
         stop: Option<tokio::sync::watch::Receiver<bool>>,
     ) -> Result<Done, Failed> {
+        let session = ready.session.take();
         let control = Control {
             stop,
             done: ready.done.clone(),
             slots: self.slots.clone(),
+            journal: session.as_ref().map(|s| s.journal().clone()),
         };
         let (opts, p) = (&self.opts, pool.clone());
         let r = match source {
             Source::File(f) => upload_file_with(f, opts, p, progress, control).await,
             Source::Stream(s, size) => upload_with(s, size, opts, p, progress, control).await,
         };
+        let ended = self.end(r, ready, &pool).await;
+        if let Some(s) = session {
+            // Now the exNode or the record names what is kept: the rest
+            // of what the journal lists (allocations released on the way)
+            // is gone, and the journal with it. Should this fail, the
+            // journal stays for the next command on the exNode to settle.
+            let _ = s.end(&pool).await;
+        }
+        ended
+    }
+
+    /// What the upload's end `r` leaves: the exNode saved, or what it
+    /// stored recorded (or released).
+    async fn end(
+        &self,
+        r: crate::Result<crate::upload::Uploaded>,
+        ready: Ready,
+        pool: &Arc<Pool>,
+    ) -> Result<Done, Failed> {
+        let pool = pool.clone();
         let id = ready.identity.as_deref();
         match r {
             Ok(up) => self.finish(up, ready, &pool).await,
@@ -381,13 +408,12 @@ impl Upload {
     }
 }
 
-/// The exNode at `out` that `force` replaces, under its lock.
-async fn replacing(out: &Path, pool: &Arc<Pool>) -> Result<Replaced, Error> {
-    let lock = Lock::take(out, super::LOCK_WAIT)?;
-    commit::adopt(out, pool).await?;
-    let old = (xnd::load(out)?.allocations())
+/// The exNode at `out` that `force` replaces, if there is one (read under
+/// its lock).
+fn replacing(out: &Path) -> Option<Replaced> {
+    let old = (xnd::load(out).ok()?.allocations())
         .filter(|m| m.manage.is_some())
         .cloned()
         .collect();
-    Ok(Replaced { _lock: lock, old })
+    Some(Replaced { old })
 }

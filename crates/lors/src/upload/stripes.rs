@@ -47,7 +47,7 @@ pub(super) async fn run<R: AsyncRead + Unpin>(
             depots: usable,
         });
     }
-    let shared = Uploader::new(opts, pool, progress.clone())?;
+    let shared = Uploader::new(opts, pool, progress.clone(), &control)?;
     progress.start(size);
     let bs = usize::try_from(opts.block_size.max(1)).unwrap_or(usize::MAX);
     // Three stripes at least: one read and encoded while the others are
