@@ -476,7 +476,7 @@ impl lors::Progress for Reporter {
             let mut s = self.lock();
             let d = s.depots.entry(e.depot().to_owned()).or_default();
             d.state = match e {
-                Event::Retry { .. } => d.state,
+                Event::Retry { .. } | Event::Again { .. } => d.state,
                 Event::Failover { .. } => "given up",
                 Event::Stalled { .. } => "stalled",
                 Event::Recovered { .. } => "",
@@ -487,7 +487,9 @@ impl lors::Progress for Reporter {
                 event: e.kind(),
                 depot: e.depot(),
                 why: match e {
-                    Event::Retry { why, .. } | Event::Failover { why, .. } => Some(why),
+                    Event::Retry { why, .. }
+                    | Event::Again { why, .. }
+                    | Event::Failover { why, .. } => Some(why),
                     _ => None,
                 },
                 silent_s: match e {
@@ -498,7 +500,10 @@ impl lors::Progress for Reporter {
             _ => {
                 let line = format!("lors: {e}");
                 // The jobs of a batch each give a hung depot up: one line.
-                if matches!(e, Event::Retry { .. } | Event::Failover { .. }) {
+                if matches!(
+                    e,
+                    Event::Retry { .. } | Event::Again { .. } | Event::Failover { .. }
+                ) {
                     let mut s = self.lock();
                     if !s.retries_said.insert(line.clone()) {
                         s.retries_unsaid += 1;

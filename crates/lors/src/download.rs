@@ -564,6 +564,10 @@ fn user_event(s: &Sched, e: Event) -> progress::Event {
             depot: s.name(depot).to_owned(),
             why,
         },
+        Event::Cut { depot, why } => progress::Event::Again {
+            depot: s.name(depot).to_owned(),
+            why,
+        },
         Event::Stalled { depot, silent, .. } => progress::Event::Stalled {
             depot: s.name(depot).to_owned(),
             silent,

@@ -38,6 +38,16 @@ pub enum Event {
         /// What failed, as the error says it.
         why: String,
     },
+    /// A read from `depot`, which holds the only copy of what it was
+    /// reading, was cut off (a reset, a refused connect): it is asked
+    /// again after a pause, for a while (a depot that restarts comes back).
+    /// A `retry` to a script.
+    Again {
+        /// The depot (`host:port`).
+        depot: String,
+        /// What failed, as the error says it.
+        why: String,
+    },
     /// `depot` is given up for the rest of the operation; its work moves
     /// to the other depots.
     Failover {
@@ -66,6 +76,7 @@ impl Event {
     pub fn depot(&self) -> &str {
         match self {
             Event::Retry { depot, .. }
+            | Event::Again { depot, .. }
             | Event::Failover { depot, .. }
             | Event::Stalled { depot, .. }
             | Event::Recovered { depot } => depot,
@@ -76,7 +87,7 @@ impl Event {
     /// `recovered`), as JSON event streams name it.
     pub fn kind(&self) -> &'static str {
         match self {
-            Event::Retry { .. } => "retry",
+            Event::Retry { .. } | Event::Again { .. } => "retry",
             Event::Failover { .. } => "failover",
             Event::Stalled { .. } => "stalled",
             Event::Recovered { .. } => "recovered",
@@ -90,6 +101,10 @@ impl std::fmt::Display for Event {
             Event::Retry { depot, why } => {
                 write!(f, "depot {depot}: {why}; trying again elsewhere")
             }
+            Event::Again { depot, why } => write!(
+                f,
+                "depot {depot}: {why}; it holds the only copy: asking it again"
+            ),
             Event::Failover { depot, why } => write!(
                 f,
                 "depot {depot} given up: {why}; its work moves to the other depots, if any"

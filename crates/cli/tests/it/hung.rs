@@ -276,3 +276,46 @@ fn every_command_finishes_at_the_pace_of_the_healthy_depots() {
         assert!(got == data, "{made} differs");
     }
 }
+
+/// A file with one copy, on a depot that is killed mid-download and comes
+/// back on its address two seconds later: the reads it cut off are asked
+/// again once it is back, and the download completes byte-exact — it does
+/// not fail at the first reset. A depot that stays away fails the
+/// download, saying which depot, within the grace.
+#[test]
+fn a_single_copy_download_outlasts_its_depot_restarting() {
+    let dir = tempdir();
+    let d0 = dir.path().join("d0");
+    let mut d = DepotProc::start(&d0, &["--sync", "never"]);
+    let data = pattern(24 << 20, 77);
+    let xnd = upload(&[&d], dir.path(), "one", &data, &["-c", "1", "-b", "1M"]);
+    let out = dir.path().join("back");
+    let args = ["download", "-q", "--bwlimit", "8M", "-o"];
+    let mut args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    args.push(out.display().to_string());
+    args.push(xnd.display().to_string());
+    let child = lors_cmd(&args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(800));
+    let addr = d.addr.clone();
+    d.kill9();
+    std::thread::sleep(Duration::from_secs(2));
+    let _d = DepotProc::start(&d0, &["--sync", "never", "--listen", &addr]);
+    let got = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&got.stderr);
+    assert!(got.status.success(), "{err}");
+    assert!(std::fs::read(&out).unwrap() == data, "the file differs");
+
+    // Gone for good: the download fails within the grace, naming it.
+    drop(_d);
+    let n = args.len();
+    args[n - 2] = dir.path().join("again").display().to_string();
+    let t0 = Instant::now();
+    let r = run(&args.iter().map(String::as_str).collect::<Vec<_>>(), None);
+    assert!(!r.ok, "a download from a depot that is gone succeeded");
+    assert!(r.err.contains(&addr), "{}", r.err);
+    assert!(t0.elapsed() < LIMIT, "took {:?}", t0.elapsed());
+}

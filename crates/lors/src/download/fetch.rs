@@ -29,6 +29,9 @@ enum Got {
 pub(super) enum Fail {
     /// This replica (or its depot, when the flag says it is unreachable).
     Remote(Cause, bool),
+    /// The network cut the read off (reset, closed, connect refused): the
+    /// same replica may serve it on the next try.
+    Cut(Cause, bool),
     /// This replica's allocation ends before the piece: it holds less than
     /// the exNode claims.
     Short(Cause),
@@ -44,6 +47,12 @@ fn ibp_err(e: lors_ibp::Error) -> Fail {
         e if e.is_busy() => Fail::Busy(Cause::from(&e)),
         e if e.status() == Some(lors_ibp::proto::StatusCode::WOULD_EXCEED_LIMIT) => {
             Fail::Short(Cause::from(&e))
+        }
+        e @ (lors_ibp::Error::Io { .. }
+        | lors_ibp::Error::Closed { .. }
+        | lors_ibp::Error::Connect { .. }) => {
+            let unreachable = e.is_unreachable();
+            Fail::Cut(Cause::from(&e), unreachable)
         }
         e => {
             let unreachable = e.is_unreachable();
@@ -139,6 +148,15 @@ pub(super) async fn worker(ctx: Arc<Ctx>, d: DepotId, conn: usize, tx: Option<mp
             Err(Fail::Local(e)) => return ctx.fatal(e),
             Err(Fail::Remote(why, unreachable)) => {
                 ctx.update(|g| g.sched.failed(piece, m, why, unreachable));
+                continue;
+            }
+            Err(Fail::Cut(why, unreachable)) => {
+                let now = Instant::now();
+                let pause = ctx.update(|g| g.sched.cut(piece, m, why, unreachable, now));
+                if let Some(pause) = pause {
+                    drop((slot, mem));
+                    tokio::time::sleep(pause).await;
+                }
                 continue;
             }
             Err(Fail::Short(why)) => {

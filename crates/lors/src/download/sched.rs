@@ -63,6 +63,15 @@ const ROW_SCAN: usize = 64;
 /// Busy replies (`-66`) one piece takes before its replica counts as failed.
 pub const BUSY_MAX: u32 = 100;
 
+/// How long a depot that cuts reads off (a connection reset or closed
+/// mid-reply, a connect refused) is asked again for the pieces no other
+/// replica holds, counted from the first such cut since it last
+/// delivered: a depot restarting comes back within it.
+pub const CUT_GRACE: Duration = Duration::from_secs(15);
+
+/// The pause before asking a depot that cut a read off again.
+pub const CUT_PAUSE: Duration = Duration::from_millis(500);
+
 /// Pieces are not cut below this at the end of a download.
 pub const TAIL_PIECE_MIN: u64 = 256 << 10;
 
@@ -196,6 +205,14 @@ pub enum Event {
         /// The error.
         why: String,
     },
+    /// A read from the only replica of its piece was cut off; the depot
+    /// is asked again after a pause ([`Sched::cut`]).
+    Cut {
+        /// The depot.
+        depot: DepotId,
+        /// The error.
+        why: String,
+    },
     /// A depot sent nothing for `silent` while others delivered; `moved`
     /// pieces in flight there went back to the queue for other replicas.
     Stalled {
@@ -307,6 +324,8 @@ struct Depot {
     slow: bool,
     tune: Option<Tune>,
     delivered: Option<Instant>,
+    /// The first read it cut off since it last delivered ([`Sched::cut`]).
+    cut_since: Option<Instant>,
     bytes: u64,
     /// Fetches in flight here.
     running: usize,
@@ -384,6 +403,7 @@ impl Sched {
                 tune: (cfg.conns_per_depot == 0 && !cfg.rebuilders.contains(&d))
                     .then(|| Tune::new(cfg.beside)),
                 delivered: None,
+                cut_since: None,
                 bytes: 0,
                 running: 0,
                 queue: Queue::default(),
@@ -1397,6 +1417,53 @@ impl Sched {
         self.touch_row(self.row(p));
     }
 
+    /// A read of `p` from mapping `m` was cut off by the network: the
+    /// connection reset or closed mid-reply, or the depot refused the
+    /// connect (`unreachable`). Where another replica can serve the piece
+    /// (or it is rebuilt from parity), as [`Sched::failed`]. Where this
+    /// replica is its only one, the piece goes back to the queue without
+    /// blaming it, for [`CUT_GRACE`] from the depot's first cut since it
+    /// last delivered: a depot that restarts, or drops connections over
+    /// its per-client cap, serves the next try, and a single-copy file is
+    /// not lost to one reset. Returns the pause to make before asking
+    /// again; `None` when the read failed for good.
+    pub fn cut(
+        &mut self,
+        p: PieceId,
+        m: usize,
+        why: impl Into<Cause>,
+        unreachable: bool,
+        now: Instant,
+    ) -> Option<Duration> {
+        let d = self.depot_of[m];
+        let s = &self.pieces[p];
+        let alone = self.row(p) == NO_ROW
+            && (s.sources.iter())
+                .all(|&x| x == m || s.failed.contains(&x) || self.depots[self.depot_of[x]].dead);
+        let since = *self.depots[d].cut_since.get_or_insert(now);
+        if !alone || self.depots[d].dead || now.duration_since(since) >= CUT_GRACE {
+            self.failed(p, m, why, unreachable);
+            return None;
+        }
+        let mut why = why.into();
+        if why.depot.is_none() {
+            why.depot = Some(self.names[d].clone());
+        }
+        self.events.push(Event::Cut {
+            depot: d,
+            why: why.text,
+        });
+        self.counters.retries += 1;
+        self.stop_running(p, m);
+        let s = &self.pieces[p];
+        if s.st == St::Running && s.running_on.is_empty() {
+            self.requeue(p);
+        } else {
+            self.refresh(p);
+        }
+        Some(CUT_PAUSE)
+    }
+
     /// The depot of mapping `m` said it is busy: the piece goes back to the
     /// queue without blaming the replica, and a depot not given a fixed
     /// count gets fewer connections. Once a piece has met [`BUSY_MAX`] busy
@@ -1429,6 +1496,7 @@ impl Sched {
     pub fn claim(&mut self, p: PieceId, m: usize, now: Instant) -> bool {
         let d = self.depot_of[m];
         self.depots[d].delivered = Some(now);
+        self.depots[d].cut_since = None;
         // Races lost count in a row: a depot that delivers is not slow.
         if self.pieces[p].st != St::Done {
             self.depots[d].beaten = 0;

@@ -39,7 +39,7 @@ pub(super) fn summary(a: &Args, progress: &Reporter, stats: &lors::download::Sta
                 String::new()
             },
             if stats.retries > 0 {
-                format!(", {} reads retried on replicas", stats.retries)
+                format!(", {} reads retried", stats.retries)
             } else {
                 String::new()
             },

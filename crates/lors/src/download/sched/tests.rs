@@ -1034,3 +1034,53 @@ fn a_stalled_or_slow_depot_has_no_backlog_to_read_parity_from() {
         "a rebuilder has no depot connections"
     );
 }
+
+#[test]
+fn a_cut_read_of_the_only_copy_is_asked_again_within_the_grace_then_lost() {
+    let t0 = Instant::now();
+    // Two pieces, each on depot 0 alone.
+    let plan = plan(2, MIB, |i| vec![i]);
+    let cfg = Config {
+        split_tail: false,
+        ..fixed(1)
+    };
+    let mut s = Sched::new(cfg, vec!["d0:6714".into()], vec![0, 0], plan, t0);
+    let (p, m) = fetch(&mut s, 0, 0, t0);
+    assert_eq!(s.cut(p, m, "reset", false, t0), Some(CUT_PAUSE));
+    assert!(s.lost().is_empty(), "not lost at the first reset");
+    // Asked again: it comes back and delivers; the grace starts over.
+    let t1 = t0 + Duration::from_secs(1);
+    let (q, m) = fetch(&mut s, 0, 0, t1);
+    assert_eq!(q, p, "the piece cut off is read again first");
+    assert!(s.claim(q, m, t1));
+    let (p, m) = fetch(&mut s, 0, 0, t1);
+    assert!(s.cut(p, m, "refused", true, t1).is_some());
+    let t2 = t1 + CUT_GRACE - Duration::from_millis(1);
+    let (p, m) = fetch(&mut s, 0, 0, t2);
+    assert!(s.cut(p, m, "refused", true, t2).is_some());
+    // Gone longer than the grace: lost, the depot given up.
+    let t3 = t1 + CUT_GRACE;
+    let (p, m) = fetch(&mut s, 0, 0, t3);
+    assert_eq!(s.cut(p, m, "refused", true, t3), None);
+    assert_eq!(s.lost().len(), 1);
+    assert!(s.finished());
+}
+
+#[test]
+fn a_cut_read_with_another_replica_moves_to_it_at_once() {
+    let t0 = Instant::now();
+    let plan = plan(1, MIB, two_copies);
+    let names = vec!["d0:6714".into(), "d1:6714".into()];
+    let cfg = Config {
+        split_tail: false,
+        ..fixed(1)
+    };
+    let mut s = Sched::new(cfg, names, vec![0, 1], plan, t0);
+    let (p, m) = fetch(&mut s, 0, 0, t0);
+    assert_eq!(s.cut(p, m, "reset", false, t0), None);
+    assert_eq!(s.pick(0, 0, false, t0), Pick::Exit);
+    let (q, m) = fetch(&mut s, 1, 0, t0);
+    assert_eq!(q, p);
+    assert!(s.claim(q, m, t0));
+    assert!(s.finished() && s.lost().is_empty());
+}
