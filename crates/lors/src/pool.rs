@@ -30,14 +30,17 @@ pub const NEAR: Duration = Duration::from_millis(20);
 /// Which allocations made under a journal start with [`PROVISIONAL_LEASE`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Provisional {
-    /// Every one: what an exNode edit makes is a few allocations, and one
-    /// more round trip each is nothing beside its copies.
+    /// Every one: an exNode edit's copies wait on depot-to-depot SENDs,
+    /// beside which one more round trip per allocation does not show.
     Always,
     /// Those on a depot nearer than [`NEAR`]. An upload makes an
     /// allocation per block, and at distance a second request per block
-    /// is a round trip each block would wait for; there an allocation is
-    /// asked for with its full lease, and one granted in the instant of a
-    /// kill stays, empty, until that lease ends.
+    /// is a round trip each block waits for (an upload 188 ms away, 94
+    /// blocks in flight: 0.78 of the link with it, 0.81 without); there an
+    /// allocation is asked for with its full lease, and one granted in the
+    /// instant of a kill stays, empty, until that lease ends. (An augment
+    /// at the same distance showed no difference: its copies' SENDs, not
+    /// their allocations, set its pace.)
     WhereNear,
 }
 
