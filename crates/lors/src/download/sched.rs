@@ -1453,6 +1453,13 @@ impl Sched {
             depot: d,
             why: why.text,
         });
+        self.ask_again(p, m);
+        Some(CUT_PAUSE)
+    }
+
+    /// The read of `p` from `m` ended without blaming the replica: the
+    /// piece goes back to the queue (unless a hedged twin still runs).
+    fn ask_again(&mut self, p: PieceId, m: usize) {
         self.counters.retries += 1;
         self.stop_running(p, m);
         let s = &self.pieces[p];
@@ -1461,7 +1468,6 @@ impl Sched {
         } else {
             self.refresh(p);
         }
-        Some(CUT_PAUSE)
     }
 
     /// The depot of mapping `m` said it is busy: the piece goes back to the
@@ -1480,14 +1486,7 @@ impl Sched {
             self.failed(p, m, why, false);
             return false;
         }
-        self.counters.retries += 1;
-        self.stop_running(p, m);
-        let s = &self.pieces[p];
-        if s.st == St::Running && s.running_on.is_empty() {
-            self.requeue(p);
-        } else {
-            self.refresh(p);
-        }
+        self.ask_again(p, m);
         true
     }
 
