@@ -61,6 +61,36 @@ fn ibp_err(e: lors_ibp::Error) -> Fail {
     }
 }
 
+/// The scheduler told that the fetch of `piece` from mapping `m` on
+/// connection `conn` failed: the pause to make (holding nothing) before
+/// asking again, when one is due; our own output's error, which ends the
+/// download.
+fn told(
+    ctx: &Ctx,
+    piece: usize,
+    m: usize,
+    conn: usize,
+    fail: Fail,
+) -> Result<Option<Duration>, Error> {
+    let now = Instant::now();
+    Ok(match fail {
+        Fail::Local(e) => return Err(e),
+        Fail::Remote(why, unreachable) => {
+            ctx.update(|g| g.sched.failed(piece, m, why, unreachable));
+            None
+        }
+        Fail::Cut(why, unreachable) => ctx.update(|g| g.sched.cut(piece, m, why, unreachable, now)),
+        Fail::Short(why) => {
+            ctx.update(|g| g.sched.ends_early(piece, m, why));
+            None
+        }
+        // Give the depot room: others' pieces, and a pause that differs
+        // per connection so they do not return together.
+        Fail::Busy(why) => (ctx.update(|g| g.sched.busy(piece, m, why, now)))
+            .then(|| Duration::from_millis(100 + 50 * (conn as u64 % 8))),
+    })
+}
+
 /// Connection `conn` of depot `d`: fetches what the scheduler hands it
 /// until told to exit.
 pub(super) async fn worker(ctx: Arc<Ctx>, d: DepotId, conn: usize, tx: Option<mpsc::Sender<Held>>) {
@@ -145,31 +175,14 @@ pub(super) async fn worker(ctx: Arc<Ctx>, d: DepotId, conn: usize, tx: Option<mp
         tracing::trace!(%depot, conn, offset, len, ms = began.elapsed().as_millis(), ok = fetched.is_ok(), "fetched");
         let got = match fetched {
             Ok(g) => g,
-            Err(Fail::Local(e)) => return ctx.fatal(e),
-            Err(Fail::Remote(why, unreachable)) => {
-                ctx.update(|g| g.sched.failed(piece, m, why, unreachable));
-                continue;
-            }
-            Err(Fail::Cut(why, unreachable)) => {
-                let now = Instant::now();
-                let pause = ctx.update(|g| g.sched.cut(piece, m, why, unreachable, now));
-                if let Some(pause) = pause {
-                    drop((slot, mem));
-                    tokio::time::sleep(pause).await;
-                }
-                continue;
-            }
-            Err(Fail::Short(why)) => {
-                ctx.update(|g| g.sched.ends_early(piece, m, why));
-                continue;
-            }
-            Err(Fail::Busy(why)) => {
-                drop((slot, mem));
-                if ctx.update(|g| g.sched.busy(piece, m, why, Instant::now())) {
-                    // Give the depot room: others' pieces, and a pause that
-                    // differs per connection so they do not return together.
-                    let ms = 100 + 50 * (conn as u64 % 8);
-                    tokio::time::sleep(Duration::from_millis(ms)).await;
+            Err(fail) => {
+                match told(&ctx, piece, m, conn, fail) {
+                    Err(e) => return ctx.fatal(e),
+                    Ok(Some(pause)) => {
+                        drop((slot, mem));
+                        tokio::time::sleep(pause).await;
+                    }
+                    Ok(None) => {}
                 }
                 continue;
             }
