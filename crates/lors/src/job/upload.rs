@@ -239,16 +239,15 @@ impl Upload {
         ready: Ready,
         pool: &Arc<Pool>,
     ) -> Result<Done, Failed> {
-        let pool = pool.clone();
         let id = ready.identity.as_deref();
         match r {
-            Ok(up) => self.finish(up, ready, &pool).await,
+            Ok(up) => self.finish(up, ready, pool).await,
             Err(Error::Interrupted {
                 stored,
                 released,
                 stranded,
             }) => Err(Failed::Interrupted(
-                self.leave(&pool, &stored, &stranded, id, released).await,
+                self.leave(pool, &stored, &stranded, id, released).await,
             )),
             // A resumed upload that fails keeps what it resumed from named
             // (those allocations are named nowhere else).
@@ -261,7 +260,7 @@ impl Upload {
                     mappings: ready.done,
                     ..ExNode::default()
                 };
-                let left = self.leave(&pool, &kept, &stranded, id, released).await;
+                let left = self.leave(pool, &kept, &stranded, id, released).await;
                 Err(Failed::Failed {
                     cause: *cause,
                     left,
